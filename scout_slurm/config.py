@@ -1,0 +1,235 @@
+"""Site configuration: one validated dataclass per component, read from one TOML file.
+
+Precedence is explicit: a flag beats an environment variable (`SCOUT_<SECTION>_<KEY>`), which
+beats the file (`$SCOUT_CONFIG`, default `/etc/scout/scout.toml`), which beats the default.
+Unknown sections or keys are an error that lists the valid ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+from scout_slurm.errors import ConfigError
+
+DEFAULT_CONFIG_PATH = Path("/etc/scout/scout.toml")
+CONFIG_ENV = "SCOUT_CONFIG"
+
+
+@dataclass(frozen=True)
+class EvidenceConfig:
+    root: str = "/var/lib/scout/evidence"
+    max_record_bytes: int = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class SlurmConfig:
+    bin_dir: str = ""          # empty: resolve each binary on PATH (then /usr/bin)
+    timeout_s: float = 30.0
+    retries: int = 3
+    retry_wait_s: float = 2.0
+
+
+@dataclass(frozen=True)
+class WatchdogConfig:
+    poll_interval_s: float = 0.25
+    stall_floor_s: float = 60.0      # never call a stall sooner than this
+    stall_factor: float = 10.0       # ... nor sooner than this many observed step times
+    publish_interval_s: float = 1.0
+    grace_s: float = 5.0             # SIGTERM to SIGKILL
+    startup_grace_s: float = 600.0   # before the first collective, a rank may be slow to start
+
+
+@dataclass(frozen=True)
+class PrologConfig:
+    time_budget_s: float = 20.0
+    fail_on_broken_gpu: bool = False
+
+
+@dataclass(frozen=True)
+class EpilogConfig:
+    time_budget_s: float = 60.0
+    drain_on_local_hardware_error: bool = False
+    # where the localiser runs: "controller" (EpilogSlurmctld reads the evidence) or
+    # "batch-host" (the batch host's node Epilog does, for sites whose controller cannot see it)
+    localise_on: str = "controller"
+    wait_for_nodes_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class RemediationConfig:
+    observe_only: bool = False
+    min_confidence: float = 0.8
+    max_drain_fraction: float = 0.5
+    restart_limit: int = 3
+    min_nodes_after_drain: int = 1
+    requeue: bool = True
+
+
+@dataclass(frozen=True)
+class SiteConfig:
+    evidence: EvidenceConfig = field(default_factory=EvidenceConfig)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+    prolog: PrologConfig = field(default_factory=PrologConfig)
+    epilog: EpilogConfig = field(default_factory=EpilogConfig)
+    remediation: RemediationConfig = field(default_factory=RemediationConfig)
+
+
+_SECTION_TYPES = {
+    "evidence": EvidenceConfig, "slurm": SlurmConfig, "watchdog": WatchdogConfig,
+    "prolog": PrologConfig, "epilog": EpilogConfig, "remediation": RemediationConfig,
+}
+
+
+def _coerce(value: Any, target: type, where: str) -> Any:
+    if target is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return value.lower() in ("1", "true", "yes", "on")
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    if target is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}") from None
+    if target is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: expected a number, got {value!r}") from None
+    if target is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return value
+    raise ConfigError(f"{where}: unsupported type {target}")
+
+
+_TYPES = {"bool": bool, "int": int, "float": float, "str": str}
+
+
+def _build_section(name: str, raw: Mapping[str, Any], source: str) -> Any:
+    cls = _SECTION_TYPES[name]
+    valid = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(raw) - set(valid))
+    if unknown:
+        raise ConfigError(f"{source}: unknown key(s) {', '.join(unknown)} in [{name}]; "
+                          f"valid keys: {', '.join(sorted(valid))}")
+    kwargs = {}
+    for key, value in raw.items():
+        ftype = _TYPES[valid[key].type] if isinstance(valid[key].type, str) else valid[key].type
+        kwargs[key] = _coerce(value, ftype, f"{source}: [{name}] {key}")
+    return cls(**kwargs)
+
+
+def parse_config(data: Mapping[str, Any], *, source: str = "config") -> SiteConfig:
+    """Validate a parsed TOML mapping into a SiteConfig (pure)."""
+    unknown = sorted(set(data) - set(_SECTION_TYPES))
+    if unknown:
+        raise ConfigError(f"{source}: unknown section(s) {', '.join(unknown)}; "
+                          f"valid sections: {', '.join(sorted(_SECTION_TYPES))}")
+    sections = {}
+    for name, raw in data.items():
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"{source}: [{name}] must be a table, got {type(raw).__name__}")
+        sections[name] = _build_section(name, raw, source)
+    cfg = SiteConfig(**sections)
+    _check_ranges(cfg, source)
+    return cfg
+
+
+def _check_ranges(cfg: SiteConfig, source: str) -> None:
+    r = cfg.remediation
+    if not 0.0 <= r.min_confidence <= 1.0:
+        raise ConfigError(f"{source}: [remediation] min_confidence must be within 0..1, got {r.min_confidence}")
+    if not 0.0 <= r.max_drain_fraction <= 1.0:
+        raise ConfigError(f"{source}: [remediation] max_drain_fraction must be within 0..1, got {r.max_drain_fraction}")
+    if cfg.epilog.localise_on not in ("controller", "batch-host"):
+        raise ConfigError(f"{source}: [epilog] localise_on must be 'controller' or 'batch-host', "
+                          f"got {cfg.epilog.localise_on!r}")
+    if cfg.watchdog.stall_floor_s <= 0 or cfg.watchdog.poll_interval_s <= 0:
+        raise ConfigError(f"{source}: [watchdog] stall_floor_s and poll_interval_s must be positive")
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    """`SCOUT_<SECTION>_<KEY>=value` variables as a nested mapping (pure)."""
+    out: dict[str, dict[str, str]] = {}
+    for section, cls in _SECTION_TYPES.items():
+        for f in fields(cls):
+            var = f"SCOUT_{section.upper()}_{f.name.upper()}"
+            if var in environ:
+                out.setdefault(section, {})[f.name] = environ[var]
+    return out
+
+
+def merge(base: SiteConfig, overrides: Mapping[str, Mapping[str, Any]], *, source: str) -> SiteConfig:
+    """Apply overrides (already grouped by section) on top of a config."""
+    changes = {}
+    for section, values in overrides.items():
+        if section not in _SECTION_TYPES:
+            raise ConfigError(f"{source}: unknown section {section}; valid: {', '.join(sorted(_SECTION_TYPES))}")
+        current = dataclasses.asdict(getattr(base, section))
+        current.update(values)
+        changes[section] = _build_section(section, current, source)
+    cfg = dataclasses.replace(base, **changes)
+    _check_ranges(cfg, source)
+    return cfg
+
+
+def load_config(environ: Mapping[str, str], *, path: str | Path | None = None,
+                flags: Mapping[str, Mapping[str, Any]] | None = None) -> SiteConfig:
+    """Read the site config: defaults < file < environment < flags.
+
+    A config file named explicitly (flag or SCOUT_CONFIG) must exist; the default path may not.
+    """
+    explicit = path or environ.get(CONFIG_ENV)
+    cfg_path = Path(explicit) if explicit else DEFAULT_CONFIG_PATH
+    cfg = SiteConfig()
+    if cfg_path.exists():
+        try:
+            with open(cfg_path, "rb") as fh:
+                raw = fh.read(1024 * 1024 + 1)
+            if len(raw) > 1024 * 1024:
+                raise ConfigError(f"{cfg_path}: config file larger than 1 MiB; is this the right file?")
+            data = tomllib.loads(raw.decode("utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"{cfg_path}: cannot read the site config ({exc}); fix the file or point "
+                              f"{CONFIG_ENV} at another") from exc
+        cfg = parse_config(data, source=str(cfg_path))
+    elif explicit:
+        raise ConfigError(f"{cfg_path}: site config not found (named by "
+                          f"{'--config' if path else CONFIG_ENV}); create it or unset the variable")
+    env = env_overrides(environ)
+    if env:
+        cfg = merge(cfg, env, source="environment (SCOUT_* variables)")
+    if flags:
+        cfg = merge(cfg, flags, source="command-line flags")
+    return cfg
+
+
+def render_toml(cfg: SiteConfig) -> str:
+    """The config as TOML text (used by the lab to write its site config)."""
+    lines = []
+    for section in _SECTION_TYPES:
+        lines.append(f"[{section}]")
+        for key, value in dataclasses.asdict(getattr(cfg, section)).items():
+            if isinstance(value, bool):
+                lines.append(f"{key} = {'true' if value else 'false'}")
+            elif isinstance(value, (int, float)):
+                lines.append(f"{key} = {value}")
+            else:
+                lines.append(f"{key} = {_toml_str(value)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_str(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'

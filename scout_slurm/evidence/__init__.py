@@ -1,0 +1,1 @@
+"""The evidence folder: the contract between all parts (layout, typed records, safe storage)."""

@@ -1,0 +1,108 @@
+"""Where each record lives: `<root>/<cluster>/<job id>/...` (pure path arithmetic).
+
+`nodes/` is written by root hooks only; `run-<restart>/` and `checkpoints/` by the job, so the
+privileged hooks treat them as untrusted input.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from scout_slurm.errors import EvidenceError
+
+_CLUSTER_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_NODE_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+def check_node_name(name: str) -> str:
+    if not isinstance(name, str) or not _NODE_OK.match(name) or ".." in name:
+        raise EvidenceError(f"invalid node name {name!r}: letters, digits, '.', '_', '-' only")
+    return name
+
+
+@dataclass(frozen=True)
+class JobFolder:
+    root: Path
+    cluster: str
+    job_id: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.cluster, str) or not _CLUSTER_OK.match(self.cluster):
+            raise EvidenceError(f"invalid cluster name {self.cluster!r} for the evidence folder")
+        if not isinstance(self.job_id, int) or isinstance(self.job_id, bool) or self.job_id <= 0:
+            raise EvidenceError(f"invalid job id {self.job_id!r} for the evidence folder")
+        object.__setattr__(self, "root", Path(self.root))
+
+    @property
+    def cluster_dir(self) -> Path:
+        return self.root / self.cluster
+
+    @property
+    def path(self) -> Path:
+        return self.cluster_dir / str(self.job_id)
+
+    @property
+    def nodes_dir(self) -> Path:
+        return self.path / "nodes"
+
+    def node_dir(self, node: str) -> Path:
+        return self.nodes_dir / check_node_name(node)
+
+    def run_dir(self, restart: int) -> Path:
+        return self.path / f"run-{int(restart)}"
+
+    def ranks_dir(self, restart: int) -> Path:
+        return self.run_dir(restart) / "ranks"
+
+    def progress_dir(self, restart: int) -> Path:
+        return self.run_dir(restart) / "progress"
+
+    def findings_dir(self, restart: int) -> Path:
+        return self.run_dir(restart) / "findings"
+
+    def stacks_dir(self, restart: int) -> Path:
+        return self.run_dir(restart) / "stacks"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.path / "checkpoints"
+
+    def verdict_path(self, restart: int) -> Path:
+        return self.path / f"verdict-{int(restart)}.json"
+
+    def actions_path(self, restart: int) -> Path:
+        return self.path / f"actions-{int(restart)}.json"
+
+    def report_path(self, restart: int) -> Path:
+        return self.path / f"report-{int(restart)}.md"
+
+    def resume_path(self, restart: int) -> Path:
+        """Written by the controller hook for run `restart`: which checkpoint to load."""
+        return self.path / f"resume-{int(restart)}.json"
+
+    def rank_place_path(self, restart: int, rank: int) -> Path:
+        return self.ranks_dir(restart) / f"rank-{int(rank)}.json"
+
+    def rank_exit_path(self, restart: int, rank: int) -> Path:
+        return self.ranks_dir(restart) / f"exit-{int(rank)}.json"
+
+    def progress_path(self, restart: int, rank: int) -> Path:
+        return self.progress_dir(restart) / f"rank-{int(rank)}.json"
+
+    def stall_decision_path(self, restart: int) -> Path:
+        return self.progress_dir(restart) / "stall-decision.json"
+
+    def stacks_path(self, restart: int, rank: int) -> Path:
+        return self.stacks_dir(restart) / f"rank-{int(rank)}.txt"
+
+    def restarts(self) -> list[int]:
+        """Run indices present in the folder, ascending (reads the directory listing only)."""
+        out = []
+        if self.path.is_dir():
+            for entry in self.path.iterdir():
+                m = re.fullmatch(r"run-(\d{1,6})", entry.name)
+                if m:
+                    out.append(int(m.group(1)))
+        return sorted(out)

@@ -1,0 +1,162 @@
+"""Typed, versioned evidence records (frozen dataclasses, written as JSON by `store`).
+
+Every record has a `KIND` tag and a `schema_version`; `store.read_record` refuses a file whose
+kind or version it does not know. No Dict[str, Any] crosses a module boundary.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+
+class ChildState(str, enum.Enum):
+    STARTING = "starting"
+    RUNNING = "running"          # R or S, advancing or not
+    STOPPED = "stopped"          # T: SIGSTOP
+    DISK_SLEEP = "disk_sleep"    # D: uninterruptible sleep
+    EXITED = "exited"
+
+
+class FindingKind(str, enum.Enum):
+    STALL_SUSPECT = "stall_suspect"   # this rank stopped advancing
+    HANG = "hang"                     # agreed: this rank is behind the others
+    DESYNC = "desync"                 # this rank's collective sequence differs from the majority
+    CRASH = "crash"                   # the process exited abnormally
+    SDC = "sdc"                       # numbers differ from the replicas' majority
+    STRAGGLER = "straggler"
+    INFO = "info"
+
+
+class VerdictKind(str, enum.Enum):
+    CLEAN = "clean"
+    HANG = "hang"
+    CRASH = "crash"
+    STRAGGLER = "straggler"
+    SDC = "sdc"
+    INFRA = "infra"
+    INCONCLUSIVE = "inconclusive"
+
+
+@dataclass(frozen=True)
+class CollectiveEntry:
+    seq: int          # scout's own count of collectives this rank entered (1-based)
+    op: str           # all_reduce, broadcast, ddp_bucket_all_reduce, ...
+    nbytes: int
+    group_size: int
+    entered_ns: int   # CLOCK_MONOTONIC on the rank's node
+    left_ns: int      # 0 while still inside
+
+
+@dataclass(frozen=True)
+class RankPlace:
+    KIND: ClassVar[str] = "rank-place"
+    job_id: int
+    restart: int
+    rank: int
+    local_rank: int
+    world_size: int
+    node: str
+    hostname: str
+    task_pid: int
+    child_pid: int
+    gpu_uuids: tuple[str, ...]
+    cuda_visible_devices: str
+    nic: str
+    master_addr: str
+    master_port: int
+    started_at: float
+    schema_version: int = 1
+
+
+@dataclass(frozen=True)
+class ProgressSnapshot:
+    """What a watchdog publishes about its rank, read by every other watchdog and the localiser."""
+    KIND: ClassVar[str] = "progress"
+    rank: int
+    node: str
+    pid: int
+    published_at: float            # wall clock of the publishing node
+    child_state: ChildState
+    coll_entered: int
+    coll_completed: int
+    in_collective: bool
+    current_op: str
+    opt_steps: int
+    pg_seq: int                    # torch's own counter on the default group, -1 if unknown
+    idle_s: float                  # seconds since the record last advanced (monotonic, local)
+    step_time_s: float             # observed typical time between advances, 0 if unknown
+    recent: tuple[CollectiveEntry, ...] = ()
+    bootstrap_active: bool = True
+    schema_version: int = 1
+
+
+@dataclass(frozen=True)
+class ExitRecord:
+    KIND: ClassVar[str] = "exit"
+    rank: int
+    node: str
+    pid: int
+    exit_code: int                 # -1 when killed by a signal
+    signal: int                    # 0 when it exited normally
+    core_dumped: bool
+    at: float                      # wall clock
+    killed_by_scout: bool          # the watchdog ended it after a stall decision
+    last_progress: ProgressSnapshot | None
+    stderr_tail: tuple[str, ...] = ()
+    schema_version: int = 1
+
+
+@dataclass(frozen=True)
+class Finding:
+    KIND: ClassVar[str] = "finding"
+    rank: int
+    node: str
+    kind: FindingKind
+    at: float
+    summary: str
+    details: tuple[str, ...] = ()
+    step: int = -1
+    schema_version: int = 1
+
+
+@dataclass(frozen=True)
+class StallDecision:
+    """Written once (exclusive create) by the first watchdog that decides; the others adopt it."""
+    KIND: ClassVar[str] = "stall-decision"
+    decided_by: int
+    at: float
+    culprits: tuple[int, ...]
+    kind: FindingKind
+    reasoning: tuple[str, ...]
+    schema_version: int = 1
+
+
+@dataclass(frozen=True)
+class Suspect:
+    rank: int
+    node: str
+    kind: VerdictKind
+    confidence: float
+    evidence: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    KIND: ClassVar[str] = "verdict"
+    job_id: int
+    restart: int
+    kind: VerdictKind
+    suspects: tuple[Suspect, ...]
+    confidence: float
+    reasoning: tuple[str, ...]
+    first_failure_at: float        # wall clock, 0 when unknown
+    first_suspect_step: int        # -1 when unknown
+    world_size: int
+    created_at: float
+    schema_version: int = 1
+
+    @property
+    def suspect_nodes(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(s.node for s in self.suspects))

@@ -1,0 +1,1 @@
+"""What slurm.conf points at: Prolog, node Epilog, controller Epilog."""

@@ -1,0 +1,37 @@
+"""Logging set-up: structlog, JSON lines when not on a terminal, readable on one."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import TextIO
+
+import structlog
+
+_configured = False
+
+
+def configure(stream: TextIO | None = None, *, json: bool | None = None, level: int = logging.INFO) -> None:
+    global _configured
+    stream = stream or sys.stderr
+    if json is None:
+        json = not (hasattr(stream, "isatty") and stream.isatty())
+    processors = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    renderer = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
+    structlog.configure(
+        processors=[*processors, structlog.processors.format_exc_info, renderer],
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(file=stream),
+        cache_logger_on_first_use=False,
+    )
+    _configured = True
+
+
+def get_logger(name: str) -> structlog.stdlib.BoundLogger:
+    if not _configured:
+        configure()
+    return structlog.get_logger(name)

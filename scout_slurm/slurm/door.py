@@ -1,0 +1,87 @@
+"""The one door to Slurm. `run_slurm` is the only function in scout that runs a Slurm command.
+
+Binaries are resolved once to absolute paths; argv is a list (never a shell string); every call
+has a keyword-only timeout and is logged with its argv, exit code and duration.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from scout_slurm.errors import SlurmError, SlurmNotInstalled, SlurmTimeout
+from scout_slurm.log import get_logger
+
+SLURM_COMMANDS = frozenset({"scontrol", "squeue", "sinfo", "sacct", "srun", "sbatch", "scancel"})
+_FALLBACK_DIRS = ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin")
+_resolved: dict[tuple[str, str], str] = {}
+log = get_logger("scout.slurm")
+
+
+@dataclass(frozen=True)
+class SlurmResult:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+    duration_s: float
+
+
+def resolve_binary(name: str, *, bin_dir: str = "", path_env: str | None = None) -> str:
+    """Absolute path of a Slurm command, resolved once per (name, bin_dir)."""
+    if name not in SLURM_COMMANDS:
+        raise SlurmError(f"{name!r} is not a Slurm command scout runs; known: {', '.join(sorted(SLURM_COMMANDS))}")
+    key = (name, bin_dir)
+    if key in _resolved:
+        return _resolved[key]
+    found = None
+    if bin_dir:
+        cand = os.path.join(bin_dir, name)
+        found = cand if os.access(cand, os.X_OK) else None
+    else:
+        search = path_env if path_env is not None else os.environ.get("PATH", "")
+        found = shutil.which(name, path=search + os.pathsep + os.pathsep.join(_FALLBACK_DIRS))
+    if not found:
+        raise SlurmNotInstalled(
+            f"the Slurm command {name!r} was not found ({'in ' + bin_dir if bin_dir else 'on PATH or in ' + ', '.join(_FALLBACK_DIRS)}); "
+            "install the Slurm client (Debian: apt-get install slurm-client) or set [slurm] bin_dir in the site config")
+    found = os.path.abspath(found)
+    _resolved[key] = found
+    return found
+
+
+def run_slurm(command: str, args: Sequence[str], *, timeout: float, bin_dir: str = "",
+              env: Mapping[str, str] | None = None, check: bool = True,
+              input_text: str | None = None) -> SlurmResult:
+    """Run one Slurm command and return its result; the only place scout runs Slurm.
+
+    Raises SlurmTimeout past `timeout` seconds, and SlurmError on a non-zero exit when `check`.
+    """
+    for a in args:
+        if not isinstance(a, str):
+            raise TypeError(f"Slurm argument {a!r} must be a str")
+        if "\x00" in a:
+            raise SlurmError(f"refusing a Slurm argument with a NUL byte: {a!r}")
+    argv = (resolve_binary(command, bin_dir=bin_dir), *args)
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                              env=dict(env) if env is not None else None, input=input_text,
+                              stdin=None if input_text is not None else subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        dt = time.monotonic() - t0
+        log.warning("slurm.timeout", argv=list(argv), timeout_s=timeout, duration_s=round(dt, 3))
+        raise SlurmTimeout(f"{command} did not answer within {timeout:.0f} s; is slurmctld up?",
+                           argv=argv, stderr=(exc.stderr or "") if isinstance(exc.stderr, str) else "") from None
+    except OSError as exc:
+        raise SlurmError(f"{command} could not be started: {exc}", argv=argv) from exc
+    dt = time.monotonic() - t0
+    log.info("slurm.call", argv=list(argv), returncode=proc.returncode, duration_s=round(dt, 3))
+    result = SlurmResult(argv, proc.returncode, proc.stdout, proc.stderr, dt)
+    if check and proc.returncode != 0:
+        raise SlurmError(f"{command} failed", argv=argv, returncode=proc.returncode, stderr=proc.stderr)
+    return result

@@ -1,0 +1,213 @@
+"""Pure parsers for what Slurm 22.05 prints: `squeue --json`, `sinfo --json`,
+`scontrol show job -o` / `show node -o`. Text or JSON in, typed records out."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from scout_slurm.errors import SlurmError
+from scout_slurm.slurm.hostlist import expand_hostlist
+
+FINISHED_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+                             "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"})
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    job_id: int
+    name: str
+    state: str                      # RUNNING, PENDING, COMPLETED, ...
+    nodes: tuple[str, ...]          # expanded
+    batch_host: str
+    excluded_nodes: tuple[str, ...]
+    restart_count: int
+    requeue: bool
+    exit_code: int                  # raw wait status as Slurm reports it
+    comment: str
+    user_id: int
+    reason: str = ""
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state in FINISHED_STATES
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    state: str                      # base state: IDLE, ALLOCATED, MIXED, DOWN, ...
+    flags: tuple[str, ...]          # DRAIN, COMPLETING, NOT_RESPONDING, ...
+    reason: str
+    hostname: str
+    address: str
+
+    @property
+    def state_text(self) -> str:
+        return "+".join((self.state, *self.flags))
+
+    @property
+    def is_drained(self) -> bool:
+        return "DRAIN" in self.flags
+
+    @property
+    def is_idle(self) -> bool:
+        return self.state == "IDLE" and not self.flags
+
+
+def _load_json(text: str, what: str) -> Mapping[str, Any]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SlurmError(f"{what}: output is not JSON ({exc}); first bytes: {text[:200]!r}") from None
+    if not isinstance(data, dict):
+        raise SlurmError(f"{what}: expected a JSON object, got {type(data).__name__}")
+    errors = data.get("errors") or []
+    if errors:
+        raise SlurmError(f"{what}: Slurm reported errors: {errors!r}"[:2000])
+    return data
+
+
+def _str(v: Any) -> str:
+    return v if isinstance(v, str) else ("" if v is None else str(v))
+
+
+def _int(v: Any, default: int = 0) -> int:
+    # 22.05 prints plain ints; later versions wrap as {"set": true, "number": N}
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, int):
+        return v
+    if isinstance(v, Mapping):
+        if v.get("set") is False or v.get("infinite"):
+            return default
+        return _int(v.get("number"), default)
+    if isinstance(v, str) and v.strip().lstrip("-").isdigit():
+        return int(v)
+    return default
+
+
+def _state(v: Any) -> tuple[str, tuple[str, ...]]:
+    if isinstance(v, list):  # later versions: ["IDLE", "DRAIN"]
+        parts = [_str(x).upper() for x in v]
+        return (parts[0] if parts else "UNKNOWN"), tuple(parts[1:])
+    return _str(v).upper() or "UNKNOWN", ()
+
+
+def parse_squeue_json(text: str) -> list[JobInfo]:
+    data = _load_json(text, "squeue --json")
+    jobs = data.get("jobs")
+    if not isinstance(jobs, list):
+        raise SlurmError("squeue --json: no 'jobs' list in the output")
+    out = []
+    for j in jobs:
+        if not isinstance(j, Mapping):
+            continue
+        state, _ = _state(j.get("job_state"))
+        out.append(JobInfo(
+            job_id=_int(j.get("job_id")),
+            name=_str(j.get("name")),
+            state=state,
+            nodes=tuple(expand_hostlist(_str(j.get("nodes")))),
+            batch_host=_str(j.get("batch_host")),
+            excluded_nodes=tuple(expand_hostlist(_str(j.get("excluded_nodes")))),
+            restart_count=_int(j.get("restart_cnt")),
+            requeue=bool(j.get("requeue", True)),
+            exit_code=_int(j.get("exit_code")),
+            comment=_str(j.get("comment")),
+            user_id=_int(j.get("user_id"), -1),
+            reason=_str(j.get("state_reason")),
+        ))
+    return out
+
+
+def parse_sinfo_json(text: str) -> list[NodeInfo]:
+    data = _load_json(text, "sinfo --json")
+    nodes = data.get("nodes")
+    if not isinstance(nodes, list):
+        raise SlurmError("sinfo --json: no 'nodes' list in the output")
+    out = []
+    for n in nodes:
+        if not isinstance(n, Mapping):
+            continue
+        state, extra = _state(n.get("state"))
+        flags = tuple(_str(f).upper() for f in (n.get("state_flags") or [])) + extra
+        out.append(NodeInfo(name=_str(n.get("name")), state=state, flags=flags,
+                            reason=_str(n.get("reason")), hostname=_str(n.get("hostname")),
+                            address=_str(n.get("address"))))
+    return out
+
+
+# `scontrol show ... -o`: one record per line, `Key=Value` pairs separated by spaces; values may
+# contain spaces only in a few known trailing keys (Reason=, Comment=, Command=...), which Slurm
+# prints last or which run until the next known `Key=`.
+
+def parse_scontrol_oneliner(line: str) -> dict[str, str]:
+    """One `key=value` line into a dict; a value runs until the next ` Key=` token."""
+    out: dict[str, str] = {}
+    tokens = line.strip().split(" ")
+    key = None
+    for tok in tokens:
+        eq = tok.find("=")
+        if eq > 0 and tok[:eq].replace("_", "").replace(":", "").replace("/", "").isalnum() and tok[0].isupper():
+            key = tok[:eq]
+            out[key] = tok[eq + 1:]
+        elif key is not None:
+            out[key] += " " + tok
+    return out
+
+
+def parse_scontrol_job(text: str) -> list[JobInfo]:
+    out = []
+    for line in text.splitlines():
+        if not line.strip() or not line.lstrip().startswith("JobId="):
+            continue
+        kv = parse_scontrol_oneliner(line)
+        state = kv.get("JobState", "UNKNOWN").upper()
+        ec = kv.get("ExitCode", "0:0")
+        try:
+            code, sig = (int(x) for x in ec.split(":", 1))
+        except ValueError:
+            code, sig = 0, 0
+        nodelist = kv.get("NodeList", "")
+        out.append(JobInfo(
+            job_id=_int(kv.get("JobId")),
+            name=kv.get("JobName", ""),
+            state=state,
+            nodes=tuple(expand_hostlist("" if nodelist in ("(null)", "") else nodelist)),
+            batch_host=kv.get("BatchHost", ""),
+            excluded_nodes=tuple(expand_hostlist("" if kv.get("ExcNodeList", "(null)") == "(null)" else kv["ExcNodeList"])),
+            restart_count=_int(kv.get("Restarts")),
+            requeue=kv.get("Requeue", "1") == "1",
+            exit_code=(code << 8) | sig,
+            comment="" if kv.get("Comment", "(null)") == "(null)" else kv.get("Comment", ""),
+            user_id=_int(kv.get("UserId", "").split("(")[-1].rstrip(")"), -1),
+            reason=kv.get("Reason", ""),
+        ))
+    return out
+
+
+def parse_scontrol_node(text: str) -> list[NodeInfo]:
+    out = []
+    for line in text.splitlines():
+        if not line.lstrip().startswith("NodeName="):
+            continue
+        kv = parse_scontrol_oneliner(line)
+        parts = kv.get("State", "UNKNOWN").upper().split("+")
+        reason = kv.get("Reason", "")
+        # Reason ends with " [user@time]"; keep the text the operator set
+        if reason.endswith("]") and " [" in reason:
+            reason = reason[: reason.rfind(" [")]
+        out.append(NodeInfo(name=kv.get("NodeName", ""), state=parts[0], flags=tuple(parts[1:]),
+                            reason="" if reason == "(null)" else reason,
+                            hostname=kv.get("NodeHostName", ""), address=kv.get("NodeAddr", "")))
+    return out
+
+
+def format_reason(reason: str, *, limit: int = 1000) -> str:
+    """A drain reason safe to pass as one argv element: printable, one line, bounded."""
+    clean = "".join(ch if ch.isprintable() else " " for ch in reason).replace("\n", " ")
+    return clean[:limit]
+
+

@@ -1,0 +1,56 @@
+"""Shared fixtures: one real lab cluster per test session (started by the project's own code,
+stopped also on failure), and helpers to submit jobs and wait for them."""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from scout_slurm.lab.cluster import Lab, LabSpec
+
+
+def _ports_free(base: int, count: int) -> bool:
+    for port in range(base, base + count):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+    return True
+
+
+def _pick_port_base(count: int) -> int:
+    rng = random.Random(os.getpid() ^ int(time.time()))
+    for _ in range(200):
+        base = rng.randrange(20000, 30000, 10)
+        if _ports_free(base, count):
+            return base
+    raise RuntimeError("no free block of local ports for the lab cluster")
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory) -> Lab:
+    """A real 4-node Slurm cluster for the whole session."""
+    state = Path(f"/tmp/scout-lab-test-{os.getpid()}")
+    spec = LabSpec(state_dir=state, nodes=4, port_base=_pick_port_base(6), python=sys.executable)
+    cluster = Lab(spec)
+    try:
+        cluster.up()
+    except Exception:
+        cluster.down()
+        raise
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+
+
+@pytest.fixture()
+def lab_env(lab) -> dict[str, str]:
+    return lab.client_env()
