@@ -1,0 +1,701 @@
+"""Safe storage of evidence records: typed JSON in and out, atomic writes, and reads that a
+root hook can aim at a folder the job wrote without following a planted link, blocking on a
+FIFO or reading without a size bound. Conversion (`record_to_obj`, `record_from_obj`) is pure;
+the file system is reached only under the "Writing" and "Reading" sections below.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import enum
+import errno
+import fnmatch
+import functools
+import json
+import math
+import os
+import re
+import secrets
+import stat
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+from scout_slurm.errors import EvidenceError
+
+MAX_RECORD_BYTES = 4 * 1024 * 1024
+MAX_JSON_DEPTH = 32
+
+# The record's type tag. Not "kind": Finding, StallDecision and Verdict have a field of that name.
+KIND_KEY = "record_kind"
+
+_INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
+
+_PLANTED = "the job may have planted it; the record is ignored"
+_CORRUPT = "the file is corrupt or was not written by scout; the record is ignored"
+
+R = TypeVar("R")
+
+
+class EvidenceMissing(EvidenceError):
+    """The evidence file or folder does not exist (not written yet, or removed)."""
+
+
+class _Invalid(Exception):
+    """A record does not match its dataclass; the caller adds where it came from."""
+
+    def __init__(self, message: str, advice: str | None = None) -> None:
+        super().__init__(message)
+        self.advice = advice
+
+
+# --------------------------------------------------------------------------------------------
+# Records <-> JSON objects
+# --------------------------------------------------------------------------------------------
+
+def record_to_obj(record: Any) -> dict:
+    """The JSON object for `record`, checked against its type hints so that what scout writes
+    it can always read back."""
+    cls = type(record)
+    if isinstance(record, type) or not dataclasses.is_dataclass(cls):
+        raise TypeError(f"record_to_obj needs a dataclass instance, got {record!r}")
+    obj = {f.name: _plain(getattr(record, f.name)) for f in dataclasses.fields(record)}
+    kind = getattr(cls, "KIND", None)
+    if kind is not None:
+        obj[KIND_KEY] = kind
+    _from_obj(cls, obj, f"{cls.__name__} to be written",
+              "a bug in the code that built the record; nothing was written")
+    return obj
+
+
+def record_to_bytes(record: Any) -> bytes:
+    obj = record_to_obj(record)
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+
+
+def record_from_obj(cls: type[R], obj: Any, *, source: str) -> R:
+    """Build a `cls` from a parsed JSON object, refusing anything that does not match the
+    dataclass exactly: wrong tag, newer schema, missing or unknown fields, wrong types."""
+    return _from_obj(cls, obj, source, _CORRUPT)
+
+
+def _from_obj(cls: type[R], obj: Any, source: str, advice: str) -> R:
+    kind = getattr(cls, "KIND", None)
+    try:
+        if not isinstance(obj, dict):
+            raise _Invalid(f"expected a JSON object ({cls.__name__}), got {_show(obj)}")
+        if kind is not None:
+            if KIND_KEY not in obj:
+                raise _Invalid(f"has no {KIND_KEY!r}, expected {kind!r}")
+            if obj[KIND_KEY] != kind:
+                raise _Invalid(f"is a {_show(obj[KIND_KEY])} record, expected {kind!r}",
+                               "check which file was meant")
+        return _build(cls, obj, "", top=True)
+    except _Invalid as e:
+        raise EvidenceError(f"{source}: {e}; {e.advice or advice}") from None
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _build(cls: type, obj: dict, where: str, *, top: bool) -> Any:
+    fields = [f for f in dataclasses.fields(cls) if f.init]
+    names = {f.name for f in fields}
+    allowed = names | ({KIND_KEY} if top and getattr(cls, "KIND", None) is not None else set())
+    if "schema_version" in names:
+        # First, so that a newer record says "upgrade" rather than "unknown field".
+        _check_version(cls, obj, where)
+    unknown = sorted(str(k) for k in obj if k not in allowed)
+    if unknown:
+        at = f" in field {where}" if where else ""
+        raise _Invalid(f"unknown field {unknown[0]!r}{at} (valid: {', '.join(sorted(names))})")
+    hints = _hints(cls)
+    values = {}
+    for f in fields:
+        path = f"{where}.{f.name}" if where else f.name
+        if f.name not in obj:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise _Invalid(f"field {path}: missing")
+            continue
+        values[f.name] = _value(hints[f.name], obj[f.name], path)
+    try:
+        return cls(**values)
+    except (ValueError, TypeError) as e:  # a record's own __post_init__ checks
+        raise _Invalid(f"{f'field {where}: ' if where else ''}{e}") from None
+
+
+def _check_version(cls: type, obj: dict, where: str) -> None:
+    at = f"field {where}: " if where else ""
+    known = next(f.default for f in dataclasses.fields(cls) if f.name == "schema_version")
+    if "schema_version" not in obj:
+        raise _Invalid(f"{at}has no schema_version")
+    version = obj["schema_version"]
+    if not _is_int(version) or version < 1:
+        raise _Invalid(f"{at}schema_version must be a positive integer, got {_show(version)}")
+    if version > known:
+        raise _Invalid(f"{at}{cls.__name__} schema_version {version} is newer than this scout "
+                       f"understands ({known})", "upgrade scout on this node to read it")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _value(tp: Any, value: Any, path: str) -> Any:
+    def wrong(expected: str, detail: str = "") -> _Invalid:
+        return _Invalid(f"field {path}: expected {expected}, got {_show(value)}{detail}")
+
+    origin = typing.get_origin(tp)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise wrong("true or false")
+        return value
+    if tp is int:
+        if not _is_int(value):
+            raise wrong("an integer")
+        if not _INT_MIN <= value <= _INT_MAX:
+            raise wrong("an integer", " (outside the 64-bit range)")
+        return value
+    if tp is float:
+        if not (_is_int(value) or isinstance(value, float)):
+            raise wrong("a number")
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
+        if not math.isfinite(number):
+            raise wrong("a finite number")
+        return number
+    if tp is str:
+        if not isinstance(value, str):
+            raise wrong("a string")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise wrong("a string", " (contains an unpaired surrogate)") from None
+        return value
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        choices = ", ".join(repr(m.value) for m in tp)
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            try:
+                return tp(value)
+            except (ValueError, TypeError):
+                pass
+        raise wrong(f"one of {choices}")
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise wrong(f"a JSON object ({tp.__name__})")
+        return _build(tp, value, path, top=False)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise wrong("a list")
+        args = typing.get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_value(args[0], v, f"{path}[{i}]") for i, v in enumerate(value))
+        if len(value) != len(args):
+            raise wrong(f"a list of {len(args)} items")
+        return tuple(_value(a, v, f"{path}[{i}]")
+                     for i, (a, v) in enumerate(zip(args, value)))
+    if origin is dict:
+        key_tp, val_tp = typing.get_args(tp)
+        if key_tp is not str:
+            raise TypeError(f"unsupported annotation {tp!r}: dict keys must be str")
+        if not isinstance(value, dict):
+            raise wrong("a JSON object")
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise wrong("a JSON object with string keys")
+            out[k] = _value(val_tp, v, f"{path}[{k!r}]")
+        return out
+    if origin is typing.Union or origin is types.UnionType:
+        args = typing.get_args(tp)
+        if value is None:
+            if type(None) in args:
+                return None
+        others = [a for a in args if a is not type(None)]
+        if len(others) == 1:
+            if value is None:
+                raise wrong(_describe(others[0]))
+            return _value(others[0], value, path)
+        for a in others:
+            try:
+                return _value(a, value, path)
+            except _Invalid:
+                continue
+        raise wrong(" or ".join(_describe(a) for a in args))
+    raise TypeError(f"unsupported annotation {tp!r} for field {path}")
+
+
+def _describe(tp: Any) -> str:
+    if tp is type(None):
+        return "null"
+    simple = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    if tp in simple:
+        return simple[tp]
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return f"a JSON object ({tp.__name__})"
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return "one of " + ", ".join(repr(m.value) for m in tp)
+    if typing.get_origin(tp) is tuple:
+        return "a list"
+    return "a JSON object"
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "a JSON object"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, (str, int, float)):
+        text = repr(value)
+        return text if len(text) <= 60 else text[:57] + "..."
+    return f"{type(value).__qualname__} {repr(value)[:60]}"
+
+
+# --------------------------------------------------------------------------------------------
+# JSON text -> object, bounded
+# --------------------------------------------------------------------------------------------
+
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
+def _nesting_exceeds(text: str, limit: int) -> bool:
+    # Brackets inside strings do not nest; drop the strings, then everything but brackets.
+    skeleton = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
+    depth = 0
+    for ch in skeleton:
+        if ch == "[" or ch == "{":
+            depth += 1
+            if depth > limit:
+                return True
+        else:
+            depth -= 1
+    return False
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict:
+    obj = {}
+    for k, v in pairs:
+        if k in obj:
+            raise ValueError(f"duplicate key {k!r}")
+        obj[k] = v
+    return obj
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"non-finite number {name} is not JSON")
+
+
+def _parse_json(data: bytes, source: str) -> Any:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise EvidenceError(f"{source}: not valid UTF-8 (byte {e.start}); {_CORRUPT}") from None
+    if _nesting_exceeds(text, MAX_JSON_DEPTH):
+        raise EvidenceError(f"{source}: JSON nested deeper than {MAX_JSON_DEPTH} levels; "
+                            f"{_CORRUPT}")
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicates,
+                          parse_constant=_refuse_constant)
+    except (ValueError, RecursionError, TypeError) as e:
+        raise EvidenceError(f"{source}: not valid JSON ({e}); {_CORRUPT}") from None
+
+
+# --------------------------------------------------------------------------------------------
+# Writing
+# --------------------------------------------------------------------------------------------
+
+_WRITE_STEPS = ("open", "write", "chmod", "fsync", "replace", "fsync_dir")
+
+
+def _fault(fail_at: str | None, step: str) -> None:
+    """Test seam: raise the OSError a failing disk would at `step`."""
+    if fail_at == step:
+        raise OSError(errno.EIO, f"injected failure at {step}")
+
+
+def atomic_write_bytes(path: Path, data: bytes, *, mode: int = 0o644,
+                       _fail_at: str | None = None) -> None:
+    """Replace `path` by `data` so that a reader sees the old or the new content, never a part:
+    temp file in the same directory, fsync, rename over, fsync the directory."""
+    if _fail_at is not None and _fail_at not in _WRITE_STEPS:
+        raise ValueError(f"_fail_at must be one of {', '.join(_WRITE_STEPS)}")
+    shown = os.fspath(path)
+    dir_fd, name = _open_parent_for_write(shown)
+    try:
+        _refuse_symlink_target(dir_fd, name, shown)
+        tmp = _write_temp(dir_fd, name, data, mode, _fail_at)
+        try:
+            _fault(_fail_at, "replace")
+            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            _unlink_quietly(dir_fd, tmp)
+            raise
+        try:
+            _fault(_fail_at, "fsync_dir")
+            os.fsync(dir_fd)
+        except OSError as e:
+            raise EvidenceError(f"wrote {shown} but could not make the rename durable: "
+                                f"{e.strerror or e}{_hint(e)}") from e
+    except OSError as e:
+        raise _write_error(shown, e) from e
+    finally:
+        os.close(dir_fd)
+
+
+def write_record(path: Path, record: Any, *, mode: int = 0o644) -> None:
+    atomic_write_bytes(path, record_to_bytes(record), mode=mode)
+
+
+def create_record_exclusive(path: Path, record: Any, *, mode: int = 0o644) -> bool:
+    """Make `path` appear, complete, only if it does not exist yet. False: someone else's record
+    (or anything else) is already there."""
+    data = record_to_bytes(record)
+    shown = os.fspath(path)
+    dir_fd, name = _open_parent_for_write(shown)
+    try:
+        tmp = _write_temp(dir_fd, name, data, mode, None)
+        try:
+            created = _publish_exclusive(dir_fd, tmp, name)
+        finally:
+            _unlink_quietly(dir_fd, tmp)
+        if created:
+            os.fsync(dir_fd)
+        return created
+    except OSError as e:
+        raise _write_error(shown, e) from e
+    finally:
+        os.close(dir_fd)
+
+
+def _open_parent_for_write(shown: str) -> tuple[int, str]:
+    head, name = os.path.split(shown)
+    if not name or name in (".", ".."):
+        raise EvidenceError(f"cannot write {shown}: not a file path")
+    try:
+        return os.open(head or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), name
+    except FileNotFoundError:
+        raise EvidenceMissing(f"cannot write {shown}: directory {head or '.'} does not exist; "
+                              "create the evidence folder first") from None
+    except OSError as e:
+        raise _write_error(shown, e) from e
+
+
+def _refuse_symlink_target(dir_fd: int, name: str, shown: str) -> None:
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise EvidenceError(f"cannot write {shown}: it is a symbolic link; {_PLANTED}: remove it")
+    if stat.S_ISDIR(st.st_mode):
+        raise EvidenceError(f"cannot write {shown}: it is a directory; remove it")
+
+
+def _write_temp(dir_fd: int, name: str, data: bytes, mode: int, fail_at: str | None) -> str:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    for _ in range(8):
+        tmp = f".{name[:100]}.{secrets.token_hex(8)}.tmp"
+        _fault(fail_at, "open")
+        try:
+            fd = os.open(tmp, flags, 0o600, dir_fd=dir_fd)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise OSError(errno.EEXIST, "could not create a unique temporary file")
+    try:
+        try:
+            view = memoryview(data)
+            if fail_at == "write":
+                os.write(fd, view[: len(view) // 2])
+                _fault(fail_at, "write")
+            while view:
+                view = view[os.write(fd, view):]
+            _fault(fail_at, "chmod")
+            os.fchmod(fd, mode)
+            _fault(fail_at, "fsync")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        _unlink_quietly(dir_fd, tmp)
+        raise
+    return tmp
+
+
+@functools.cache
+def _renameat2() -> Any:
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_RENAME_NOREPLACE = 1
+
+
+def _publish_exclusive(dir_fd: int, tmp: str, name: str, *, use_renameat2: bool = True) -> bool:
+    # rename(RENAME_NOREPLACE) publishes the file with one link. link()+unlink() (the fallback,
+    # for file systems without the flag) leaves a moment where the file has two links, which
+    # safe_read_bytes refuses; a loser of the race reading right away could see that.
+    fn = _renameat2() if use_renameat2 else None
+    if fn is not None:
+        if fn(dir_fd, os.fsencode(tmp), dir_fd, os.fsencode(name), _RENAME_NOREPLACE) == 0:
+            return True
+        err = ctypes.get_errno()
+        if err == errno.EEXIST:
+            return False
+        if err not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise OSError(err, os.strerror(err))
+    try:
+        os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+    except FileExistsError:
+        return False
+    return True
+
+
+def _unlink_quietly(dir_fd: int, name: str) -> None:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except OSError:
+        pass
+
+
+def _hint(e: OSError) -> str:
+    if e.errno == errno.ENOSPC:
+        return " (disk full? free space on the evidence file system and retry)"
+    if e.errno == errno.EDQUOT:
+        return " (quota exceeded? free space or raise the quota of the evidence file system)"
+    if e.errno == errno.EROFS:
+        return " (the evidence file system is mounted read-only)"
+    if e.errno in (errno.EACCES, errno.EPERM):
+        return " (check the owner and mode of the evidence folder)"
+    return ""
+
+
+def _write_error(shown: str, e: OSError) -> EvidenceError:
+    return EvidenceError(f"cannot write {shown}: {e.strerror or e}{_hint(e)}")
+
+
+# --------------------------------------------------------------------------------------------
+# Reading what a job may have written
+# --------------------------------------------------------------------------------------------
+
+_DIR_PATH = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+_DIR_LIST = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+_FILE_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+
+_TYPE_NAMES = (
+    (stat.S_ISLNK, "is a symbolic link"),
+    (stat.S_ISFIFO, "is a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "is a socket"),
+    (stat.S_ISCHR, "is a character device"),
+    (stat.S_ISBLK, "is a block device"),
+    (stat.S_ISDIR, "is a directory"),
+)
+
+
+def _type_name(mode: int) -> str:
+    for test, words in _TYPE_NAMES:
+        if test(mode):
+            return words
+    return "is not a regular file"
+
+
+def _split_under(path: str, root: str | os.PathLike | None, shown: str) -> tuple[str, list[str]]:
+    """(trusted base directory, components below it) for `path`. With a root, every component
+    below the root is untrusted; without, only the last."""
+    if root is None:
+        head, name = os.path.split(path)
+        if not name:
+            raise EvidenceError(f"{shown}: not a file path")
+        return head or ".", [name]
+    root_n = os.path.normpath(os.path.abspath(os.fspath(root)))
+    path_n = os.path.normpath(os.path.abspath(path))
+    if path_n == root_n or os.path.commonpath([root_n, path_n]) != root_n:
+        raise EvidenceError(f"{shown}: is outside the evidence root {root_n}; {_PLANTED}")
+    return root_n, os.path.relpath(path_n, root_n).split(os.sep)
+
+
+def _open_below(base: str, parts: list[str], shown: str, final_flags: int) -> int:
+    """A descriptor of base/parts..., opening every part without following a link."""
+    try:
+        fd = os.open(base, final_flags if not parts else _DIR_PATH)
+    except FileNotFoundError:
+        raise EvidenceMissing(f"{shown}: directory {base} does not exist") from None
+    except OSError as e:
+        raise EvidenceError(f"{shown}: cannot open directory {base}: {e.strerror or e}") from None
+    try:
+        for i, part in enumerate(parts):
+            flags = (final_flags if i == len(parts) - 1 else _DIR_PATH) | os.O_NOFOLLOW
+            try:
+                next_fd = os.open(part, flags, dir_fd=fd)
+            except OSError as e:
+                where = os.path.join(base, *parts[: i + 1])
+                raise _refusal(e, fd, part, shown, where, want_dir=True) from None
+            os.close(fd)
+            fd = next_fd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _refusal(e: OSError, dir_fd: int, name: str, shown: str, where: str,
+             *, want_dir: bool) -> EvidenceError:
+    subject = f"{shown}:" if where == shown else f"{shown}: component {where}"
+    if isinstance(e, FileNotFoundError):
+        return EvidenceMissing(f"{subject} does not exist")
+    if e.errno in (errno.ELOOP, errno.ENOTDIR):
+        try:
+            mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+        except OSError:
+            mode = 0
+        if stat.S_ISLNK(mode):
+            return EvidenceError(f"{subject} is a symbolic link; {_PLANTED}")
+        if want_dir and mode and not stat.S_ISDIR(mode):
+            return EvidenceError(f"{subject} is not a directory; {_PLANTED}")
+    return EvidenceError(f"{subject} cannot be opened: {e.strerror or e}")
+
+
+def _check_file(st: os.stat_result, shown: str, max_bytes: int) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise EvidenceError(f"{shown}: {_type_name(st.st_mode)}, not a regular file; {_PLANTED}")
+    if st.st_nlink != 1:
+        # A job could hard-link a file it may not read into its own folder for root to read.
+        raise EvidenceError(f"{shown}: has {st.st_nlink} hard links; {_PLANTED}")
+    if st.st_size > max_bytes:
+        raise EvidenceError(f"{shown}: is {st.st_size} bytes, limit {max_bytes}; {_CORRUPT}")
+
+
+def _read_at(dir_fd: int, name: str, shown: str, max_bytes: int) -> bytes:
+    # lstat first so that a device node or FIFO is never even opened (opening some devices has
+    # effects); the fstat after opening is the check that counts.
+    try:
+        _check_file(os.stat(name, dir_fd=dir_fd, follow_symlinks=False), shown, max_bytes)
+        fd = os.open(name, _FILE_READ, dir_fd=dir_fd)
+    except EvidenceError:
+        raise
+    except OSError as e:
+        raise _refusal(e, dir_fd, name, shown, shown, want_dir=False) from None
+    try:
+        _check_file(os.fstat(fd), shown, max_bytes)
+        chunks, total = [], 0
+        while total <= max_bytes:
+            chunk = os.read(fd, min(max_bytes + 1 - total, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    except OSError as e:
+        raise EvidenceError(f"{shown}: cannot be read: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
+    if total > max_bytes:
+        raise EvidenceError(f"{shown}: grew past the limit of {max_bytes} bytes while being read; "
+                            f"{_CORRUPT}")
+    return b"".join(chunks)
+
+
+def safe_read_bytes(path: Path, *, max_bytes: int = MAX_RECORD_BYTES,
+                    root: Path | None = None) -> bytes:
+    """The bytes of a regular, singly linked file of at most `max_bytes`. With `root`, no
+    component from `root` down to the file may be a symbolic link; without, only the file's
+    own name is checked (its directories are trusted)."""
+    shown = os.fspath(path)
+    base, parts = _split_under(shown, root, shown)
+    dir_fd = _open_below(base, parts[:-1], shown, _DIR_PATH)
+    try:
+        return _read_at(dir_fd, parts[-1], shown, max_bytes)
+    finally:
+        os.close(dir_fd)
+
+
+def read_record(path: Path, cls: type[R], *, max_bytes: int = MAX_RECORD_BYTES,
+                root: Path | None = None) -> R:
+    data = safe_read_bytes(path, max_bytes=max_bytes, root=root)
+    return _decode(data, cls, os.fspath(path))
+
+
+def _decode(data: bytes, cls: type[R], source: str) -> R:
+    return record_from_obj(cls, _parse_json(data, source), source=source)
+
+
+def _natural(name: str) -> list[Any]:
+    return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", name)]
+
+
+def list_records(directory: Path, pattern: str, cls: type[R], *, root: Path | None = None,
+                 max_files: int = 100_000,
+                 max_bytes: int = MAX_RECORD_BYTES) -> tuple[list[R], list[str]]:
+    """Every record in `directory` (not below) whose name matches the glob `pattern`, in
+    natural name order (rank-2 before rank-10), and one error line per file that could not be
+    used. Names starting with "." (temporary files of writers) match only a pattern that
+    does. Raises EvidenceError only when the directory itself is missing or unsafe."""
+    shown_dir = os.fspath(directory)
+    if root is None:
+        head, name = os.path.split(os.path.normpath(shown_dir))
+        base, parts = (head or "."), ([name] if name not in ("", ".", "..") else [])
+        if not parts:
+            base = shown_dir
+    else:
+        root_n = os.path.normpath(os.path.abspath(os.fspath(root)))
+        dir_n = os.path.normpath(os.path.abspath(shown_dir))
+        if os.path.commonpath([root_n, dir_n]) != root_n:
+            raise EvidenceError(f"{shown_dir}: is outside the evidence root {root_n}; {_PLANTED}")
+        rel = os.path.relpath(dir_n, root_n)
+        base, parts = root_n, ([] if rel == "." else rel.split(os.sep))
+    dir_fd = _open_below(base, parts, shown_dir, _DIR_LIST)
+    records: list[R] = []
+    errors: list[str] = []
+    try:
+        hidden_ok = pattern.startswith(".")
+        names: list[str] = []
+        try:
+            with os.scandir(dir_fd) as entries:
+                for entry in entries:
+                    if entry.name.startswith(".") and not hidden_ok:
+                        continue
+                    if fnmatch.fnmatchcase(entry.name, pattern):
+                        if len(names) == max_files:
+                            errors.append(f"{shown_dir}: more than {max_files} files match "
+                                          f"{pattern!r}; only {max_files} were read")
+                            break
+                        names.append(entry.name)
+        except OSError as e:
+            raise EvidenceError(f"{shown_dir}: cannot list: {e.strerror or e}") from None
+        for name in sorted(names, key=_natural):
+            shown = os.path.join(shown_dir, name)
+            try:
+                records.append(_decode(_read_at(dir_fd, name, shown, max_bytes), cls, shown))
+            except EvidenceError as e:
+                errors.append(str(e))
+    finally:
+        os.close(dir_fd)
+    return records, errors
