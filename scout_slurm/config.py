@@ -8,6 +8,7 @@ Unknown sections or keys are an error that lists the valid ones.
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -93,7 +94,7 @@ def _coerce(value: Any, target: type, where: str) -> Any:
             return value.lower() in ("1", "true", "yes", "on")
         raise ConfigError(f"{where}: expected true or false, got {value!r}")
     if target is int:
-        if isinstance(value, bool):
+        if isinstance(value, (bool, float)):  # int(2.5) would silently make it 2
             raise ConfigError(f"{where}: expected an integer, got {value!r}")
         try:
             return int(value)
@@ -147,6 +148,13 @@ def parse_config(data: Mapping[str, Any], *, source: str = "config") -> SiteConf
 
 
 def _check_ranges(cfg: SiteConfig, source: str) -> None:
+    # no count, size or duration is negative (nan and inf are no duration either)
+    for section in _SECTION_TYPES:
+        for key, value in dataclasses.asdict(getattr(cfg, section)).items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and not 0 <= value < math.inf:
+                raise ConfigError(f"{source}: [{section}] {key} must be a finite number >= 0, got {value}")
+    if cfg.slurm.timeout_s <= 0:
+        raise ConfigError(f"{source}: [slurm] timeout_s must be positive, got {cfg.slurm.timeout_s}")
     r = cfg.remediation
     if not 0.0 <= r.min_confidence <= 1.0:
         raise ConfigError(f"{source}: [remediation] min_confidence must be within 0..1, got {r.min_confidence}")
@@ -232,4 +240,7 @@ def render_toml(cfg: SiteConfig) -> str:
 
 
 def _toml_str(s: str) -> str:
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    # a TOML basic string takes no raw control character (newline, DEL, ...): escape them
+    return '"' + "".join(
+        "\\" + ch if ch in '"\\' else f"\\u{ord(ch):04x}" if ord(ch) < 0x20 or ord(ch) == 0x7F else ch
+        for ch in s) + '"'

@@ -89,6 +89,8 @@ class ProgressSnapshot:
     step_time_s: float             # observed typical time between advances, 0 if unknown
     recent: tuple[CollectiveEntry, ...] = ()
     bootstrap_active: bool = True
+    publish_seq: int = 0           # increases with every publication: liveness without clocks
+    threshold_s: float = 0.0       # the stall threshold this watchdog applies now
     schema_version: int = 1
 
 
@@ -105,6 +107,7 @@ class ExitRecord:
     killed_by_scout: bool          # the watchdog ended it after a stall decision
     last_progress: ProgressSnapshot | None
     stderr_tail: tuple[str, ...] = ()
+    external_termination: bool = False   # the shim itself was signalled (scancel, srun, node shutdown)
     schema_version: int = 1
 
 

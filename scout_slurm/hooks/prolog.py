@@ -1,8 +1,284 @@
-"""placeholder until implemented: exits 0 so a lab node is never drained by it."""
-import sys
+"""The Prolog (root, on every allocated node, `PrologFlags=Alloc`): lays out the job's evidence
+folder and records this node's hardware map in `nodes/<node>/hardware-map.json`.
 
-def main() -> int:
+Slurm drains a node whose Prolog exits non-zero, so it exits 0 whatever goes wrong (bad
+environment, unreadable config, full disk, timeout, unsafe folder), logging why, unless the site
+set `[prolog] fail_on_broken_gpu` and NVML reported a GPU error. `main` is the rim.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import stat
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from scout_slurm import log as scout_log
+from scout_slurm.config import load_config
+from scout_slurm.errors import ConfigError, EvidenceError
+from scout_slurm.evidence import store
+from scout_slurm.evidence.layout import JobFolder
+from scout_slurm.hwmap.collect import MapBuilder
+from scout_slurm.hwmap.records import HardwareMap
+from scout_slurm.jobenv import HookContext, hook_context
+
+MAP_NAME = "hardware-map.json"
+ROOT_DIR_MODE = 0o755
+JOB_DIR_MODE = 0o750
+RUN_SUBDIRS = ("ranks", "progress", "findings", "stacks")
+
+# Of the time budget: past this share no further part of the map is started, past the next the
+# collection is abandoned (what it has is written), and the rest is for writing.
+STAGE_SHARE = 0.5
+COLLECT_SHARE = 0.75
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class UnsafeFolder(EvidenceError):
+    """A folder of the evidence tree is a link, not a directory, or has an unexpected owner."""
+
+
+@dataclass(frozen=True)
+class Owner:
+    uid: int
+    gid: int
+    mode: int
+
+
+def _describe_owner(uid: int) -> str:
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _ensure_dir(parent_fd: int, name: str, owner: Owner, shown: Path) -> int:
+    """An O_NOFOLLOW descriptor of directory `name` under `parent_fd`, created if missing.
+
+    Several nodes run this at once on shared storage: mkdir may lose the race, which is fine.
+    An existing entry is used only if it is a real directory owned by `owner.uid`, or by root
+    (a root hook on another node that has not yet handed it over; only root can create entries
+    in the root-owned folders above); then it is (re)owned through the descriptor, never a path.
+    """
+    created = True
+    try:
+        os.mkdir(name, owner.mode, dir_fd=parent_fd)
+    except FileExistsError:
+        created = False
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    except OSError as exc:
+        try:
+            mode = os.stat(name, dir_fd=parent_fd, follow_symlinks=False).st_mode
+        except OSError:
+            mode = 0
+        if stat.S_ISLNK(mode):
+            raise UnsafeFolder(f"{shown} is a symbolic link; refusing to follow it (who planted it?); "
+                               f"remove it") from None
+        if mode and not stat.S_ISDIR(mode):
+            raise UnsafeFolder(f"{shown} exists and is not a directory; remove it") from None
+        raise UnsafeFolder(f"{shown}: cannot open: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid not in (owner.uid, 0):
+            raise UnsafeFolder(f"{shown} is owned by {_describe_owner(st.st_uid)}, expected "
+                               f"{_describe_owner(owner.uid)}; refusing to use it (root-squashed NFS? "
+                               f"export the evidence root with no_root_squash)")
+        handed = st.st_uid == 0 and (st.st_uid, st.st_gid) != (owner.uid, owner.gid)
+        if handed:
+            os.fchown(fd, owner.uid, owner.gid)
+        # mkdir's mode went through the umask; a root-owned folder others may write is unsafe.
+        # A folder the job already owns keeps whatever mode the job gave it.
+        if created or handed or (st.st_uid == 0 and st.st_mode & 0o022):
+            os.fchmod(fd, owner.mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _job_owner(uid: int, log: Any) -> Owner:
+    try:
+        gid = pwd.getpwuid(uid).pw_gid
+    except KeyError:
+        # HookContext has no SLURM_JOB_GID; without a passwd entry the group stays root's,
+        # which lets no one but root and the job read the job's folders (mode 0750).
+        log.warning("prolog.no_passwd_entry", uid=uid, using_gid=0)
+        gid = 0
+    return Owner(uid, gid, JOB_DIR_MODE)
+
+
+def prepare_job_folder(folder: JobFolder, node: str, restart: int, job_owner: Owner,
+                       log: Any) -> Path | None:
+    """Create the job's folders; returns this node's folder (root-owned), or None if unsafe.
+
+    The evidence root is the site's own (it may be a link the administrator made); every folder
+    below it is opened without following links. The job's own folders failing does not stop
+    the node's map from being written.
+    """
+    root_owner = Owner(0, 0, ROOT_DIR_MODE)
+    fds: list[int] = []
+    try:
+        try:
+            root_fd = os.open(folder.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise UnsafeFolder(f"evidence root {folder.root} does not exist: create it on storage every "
+                               f"node sees, or fix [evidence] root in the site config") from None
+        fds.append(root_fd)
+        cluster_fd = _ensure_dir(root_fd, folder.cluster, root_owner, folder.cluster_dir)
+        fds.append(cluster_fd)
+        job_fd = _ensure_dir(cluster_fd, str(folder.job_id), root_owner, folder.path)
+        fds.append(job_fd)
+        nodes_fd = _ensure_dir(job_fd, "nodes", root_owner, folder.nodes_dir)
+        fds.append(nodes_fd)
+        fds.append(_ensure_dir(nodes_fd, folder.node_dir(node).name, root_owner, folder.node_dir(node)))
+        try:
+            run_fd = _ensure_dir(job_fd, folder.run_dir(restart).name, job_owner, folder.run_dir(restart))
+            fds.append(run_fd)
+            for sub in RUN_SUBDIRS:
+                fds.append(_ensure_dir(run_fd, sub, job_owner, folder.run_dir(restart) / sub))
+            fds.append(_ensure_dir(job_fd, "checkpoints", job_owner, folder.checkpoints_dir))
+        except (OSError, EvidenceError) as exc:
+            log.error("prolog.job_folders_failed", reason=str(exc),
+                      consequence="the job may be unable to write its evidence")
+        return folder.node_dir(node)
+    except (OSError, EvidenceError) as exc:
+        log.error("prolog.folder_failed", reason=str(exc), consequence="the hardware map is not written")
+        return None
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+class _Outcome:
+    def __init__(self) -> None:
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+
+def _within(fn: Callable[[], Any], seconds: float, name: str) -> tuple[bool, _Outcome]:
+    """Run fn in a daemon thread for at most `seconds`: a hung NFS server or GPU driver must not
+    hold the Prolog past its budget (the thread is abandoned; the process exits anyway)."""
+    outcome = _Outcome()
+
+    def target() -> None:
+        try:
+            outcome.value = fn()
+        except BaseException as exc:  # noqa: BLE001 - reported by the caller
+            outcome.error = exc
+
+    thread = threading.Thread(target=target, name=f"scout-prolog-{name}", daemon=True)
+    thread.start()
+    thread.join(max(0.0, seconds))
+    return not thread.is_alive(), outcome
+
+
+def _run(ctx: HookContext, environ: Mapping[str, str], log: Any, *, sysfs_root: Path, proc_root: Path,
+         nvml_loader: Any, clock: Callable[[], float]) -> int:
+    start = time.monotonic()
+    try:
+        cfg = load_config(environ)
+    except ConfigError as exc:
+        log.error("prolog.bad_config", reason=str(exc),
+                  consequence="nothing recorded: the evidence root is unknown; exit 0")
+        return 0
+    budget = cfg.prolog.time_budget_s
+    builder = MapBuilder(ctx.node, sysfs_root=sysfs_root, proc_root=proc_root, nvml_loader=nvml_loader,
+                         clock=clock, deadline_s=budget * STAGE_SHARE)
+    collecting = _Outcome()
+    collector = threading.Thread(target=lambda: setattr(collecting, "value", builder.run()),
+                                 name="scout-prolog-collect", daemon=True)
+    collector.start()
+
+    node_dir: Path | None = None
+    try:
+        folder = JobFolder(Path(cfg.evidence.root), ctx.cluster, ctx.job_id)
+        owner = _job_owner(ctx.job_uid, log)
+        done, out = _within(lambda: prepare_job_folder(folder, ctx.node, ctx.restart, owner, log),
+                            start + budget * COLLECT_SHARE - time.monotonic(), "folders")
+        if not done:
+            log.error("prolog.folder_timeout", root=cfg.evidence.root, budget_s=budget,
+                      consequence="the hardware map is not written (evidence storage hung?)")
+        elif out.error is not None:
+            log.error("prolog.folder_failed", reason=f"{type(out.error).__name__}: {out.error}")
+        else:
+            node_dir = out.value
+    except EvidenceError as exc:
+        log.error("prolog.folder_failed", reason=str(exc))
+
+    collector.join(max(0.0, start + budget * COLLECT_SHARE - time.monotonic()))
+    if collector.is_alive() or collecting.value is None:
+        why = (f"timed out after {time.monotonic() - start:.1f} s (budget {budget:g} s) while "
+               f"collecting {builder.stage}")
+        hwmap = builder.snapshot((why,))
+        log.error("prolog.collect_timeout", reason=why)
+    else:
+        hwmap = collecting.value
+
+    if node_dir is not None:
+        path = node_dir / MAP_NAME
+        done, out = _within(lambda: store.write_record(path, hwmap, mode=0o644),
+                            start + budget - time.monotonic(), "write")
+        if not done:
+            log.error("prolog.write_timeout", path=str(path), budget_s=budget)
+        elif out.error is not None:
+            log.error("prolog.write_failed", path=str(path), reason=str(out.error),
+                      consequence="no hardware map for this node")
+        else:
+            log.info("prolog.map_written", path=str(path), gpus=len(hwmap.gpus), nics=len(hwmap.nics),
+                     ib_ports=len(hwmap.ib_ports), nvml_status=hwmap.nvml_status,
+                     problems=len(hwmap.problems), duration_s=round(time.monotonic() - start, 3))
+    for problem in hwmap.problems[:20]:
+        log.warning("prolog.map_problem", problem=problem)
+
+    return _exit_code(hwmap, cfg.prolog.fail_on_broken_gpu, log)
+
+
+def _exit_code(hwmap: HardwareMap, fail_on_broken_gpu: bool, log: Any) -> int:
+    if hwmap.nvml_failed:
+        if fail_on_broken_gpu:
+            log.error("prolog.broken_gpu", nvml_status=hwmap.nvml_status,
+                      action="exit 1: Slurm drains this node ([prolog] fail_on_broken_gpu = true)")
+            return 1
+        log.warning("prolog.broken_gpu", nvml_status=hwmap.nvml_status,
+                    action="exit 0 ([prolog] fail_on_broken_gpu = false)")
     return 0
+
+
+def main(*, environ: Mapping[str, str] | None = None, sysfs_root: Path = Path("/sys"),
+         proc_root: Path = Path("/proc"), nvml_loader: Any = None,
+         clock: Callable[[], float] = time.time) -> int:
+    """0 unless `[prolog] fail_on_broken_gpu` is set and NVML reported a GPU error (then 1).
+
+    The keyword arguments are test seams; Slurm runs it with none.
+    """
+    environ = os.environ if environ is None else environ
+    scout_log.configure()
+    log = scout_log.get_logger("scout.prolog")
+    try:
+        ctx = hook_context(environ)
+    except ConfigError as exc:
+        log.error("prolog.bad_environment", reason=str(exc), consequence="nothing recorded; exit 0")
+        return 0
+    if not ctx.node:
+        log.error("prolog.bad_environment", reason="SLURMD_NODENAME is not set: is this the node Prolog?",
+                  consequence="nothing recorded; exit 0")
+        return 0
+    log = log.bind(job_id=ctx.job_id, node=ctx.node, restart=ctx.restart)
+    try:
+        return _run(ctx, environ, log, sysfs_root=sysfs_root, proc_root=proc_root,
+                    nvml_loader=nvml_loader, clock=clock)
+    except Exception as exc:  # noqa: BLE001 - a Prolog that raises would drain the node
+        log.exception("prolog.unexpected_error", reason=f"{type(exc).__name__}: {exc}",
+                      consequence="exit 0; please report this")
+        return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -213,6 +213,17 @@ def _processes_using(root: Path) -> list[int]:
     return found
 
 
+def _port_in_use(port: int) -> bool:
+    """Whether something listens on 127.0.0.1:port (SO_REUSEADDR: a TIME_WAIT leftover is not a clash)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
 def _kill_and_wait(pids: list[int], *, timeout: float = 5.0) -> None:
     for pid in pids:
         try:
@@ -253,6 +264,13 @@ class Lab:
         bins = check_binaries()
         self.down()
         p = self.paths
+        # a daemon that cannot bind dies after forking, and our clients would reach whatever
+        # holds the port instead: refuse up front
+        ports = range(self.spec.port_base, self.spec.port_base + self.spec.nodes + 1)
+        busy = [port for port in ports if _port_in_use(port)]
+        if busy:
+            raise LabError(f"lab: port(s) {', '.join(map(str, busy))} on 127.0.0.1 are in use by another "
+                           f"program (another lab?); choose another --port-base than {self.spec.port_base}")
         for d in (p.etc, p.munge_dir, p.run, p.logs, p.spool / "ctld", p.evidence, p.hooks, p.work,
                   p.root / "cgroup-empty"):
             d.mkdir(parents=True, exist_ok=True)

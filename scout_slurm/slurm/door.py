@@ -75,7 +75,7 @@ def run_slurm(command: str, args: Sequence[str], *, timeout: float, bin_dir: str
     except subprocess.TimeoutExpired as exc:
         dt = time.monotonic() - t0
         log.warning("slurm.timeout", argv=list(argv), timeout_s=timeout, duration_s=round(dt, 3))
-        raise SlurmTimeout(f"{command} did not answer within {timeout:.0f} s; is slurmctld up?",
+        raise SlurmTimeout(f"{command} did not answer within {timeout:g} s; is slurmctld up?",
                            argv=argv, stderr=(exc.stderr or "") if isinstance(exc.stderr, str) else "") from None
     except OSError as exc:
         raise SlurmError(f"{command} could not be started: {exc}", argv=argv) from exc
@@ -85,3 +85,14 @@ def run_slurm(command: str, args: Sequence[str], *, timeout: float, bin_dir: str
     if check and proc.returncode != 0:
         raise SlurmError(f"{command} failed", argv=argv, returncode=proc.returncode, stderr=proc.stderr)
     return result
+
+
+def exec_slurm(command: str, args: Sequence[str], *, env: Mapping[str, str], bin_dir: str = "") -> None:
+    """Replace this process with a Slurm command (scout-srun: srun's exit status and signals
+    must be the user's, exactly). Logged like every other call; never returns."""
+    for a in args:
+        if "\x00" in a:
+            raise SlurmError(f"refusing a Slurm argument with a NUL byte: {a!r}")
+    path = resolve_binary(command, bin_dir=bin_dir, path_env=env.get("PATH"))
+    log.info("slurm.exec", argv=[path, *args])
+    os.execve(path, [path, *args], dict(env))

@@ -6,7 +6,8 @@ import re
 
 from scout_slurm.errors import SlurmError
 
-_NAME_OK = re.compile(r"^[A-Za-z0-9._-]+$")
+_NAME_OK = re.compile(r"^[A-Za-z0-9._-]+\Z")  # \Z, not $: "$" also matches before a final newline
+_NUMBER = re.compile(r"[0-9]+")  # not str.isdigit: it accepts '²', which int() refuses
 MAX_HOSTS = 1_000_000
 
 
@@ -63,7 +64,7 @@ def _expand_one(part: str, whole: str) -> list[str]:
         r = r.strip()
         if "-" in r:
             lo, hi = r.split("-", 1)
-            if not (lo.isdigit() and hi.isdigit()):
+            if not (_NUMBER.fullmatch(lo) and _NUMBER.fullmatch(hi)):
                 raise SlurmError(f"hostlist {whole!r}: range {r!r} is not numeric")
             width = len(lo) if lo.startswith("0") and len(lo) > 1 else 0
             a, b = int(lo), int(hi)
@@ -73,7 +74,7 @@ def _expand_one(part: str, whole: str) -> list[str]:
                 raise SlurmError(f"hostlist {whole!r}: range {r!r} is too large")
             hosts.extend(f"{prefix}{str(i).zfill(width)}{suffix}" for i in range(a, b + 1))
         else:
-            if not r.isdigit():
+            if not _NUMBER.fullmatch(r):
                 raise SlurmError(f"hostlist {whole!r}: {r!r} is not a number")
             hosts.append(f"{prefix}{r}{suffix}")
     if rest:

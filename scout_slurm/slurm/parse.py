@@ -4,11 +4,17 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from scout_slurm.errors import SlurmError
 from scout_slurm.slurm.hostlist import expand_hostlist
+
+_INT_TEXT = re.compile(r"-?[0-9]+")  # not str.isdigit: it accepts '²', which int() refuses
+# scontrol -o prints a multi-line node reason as `line1 [user@time]` then each further line
+# after one space and seven more: put the lines back together and drop the stamp
+_REASON_STAMP = re.compile(r" \[[^\[\]\s]+@[^\[\]\s]+\](?=$| {8})")
 
 FINISHED_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
                              "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"})
@@ -59,7 +65,7 @@ class NodeInfo:
 def _load_json(text: str, what: str) -> Mapping[str, Any]:
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, RecursionError) as exc:  # RecursionError: nested too deeply
         raise SlurmError(f"{what}: output is not JSON ({exc}); first bytes: {text[:200]!r}") from None
     if not isinstance(data, dict):
         raise SlurmError(f"{what}: expected a JSON object, got {type(data).__name__}")
@@ -82,8 +88,9 @@ def _int(v: Any, default: int = 0) -> int:
     if isinstance(v, Mapping):
         if v.get("set") is False or v.get("infinite"):
             return default
-        return _int(v.get("number"), default)
-    if isinstance(v, str) and v.strip().lstrip("-").isdigit():
+        v = v.get("number")  # wrapped once, never deeper
+        return v if isinstance(v, int) and not isinstance(v, bool) else default
+    if isinstance(v, str) and _INT_TEXT.fullmatch(v.strip()):
         return int(v)
     return default
 
@@ -132,7 +139,9 @@ def parse_sinfo_json(text: str) -> list[NodeInfo]:
         if not isinstance(n, Mapping):
             continue
         state, extra = _state(n.get("state"))
-        flags = tuple(_str(f).upper() for f in (n.get("state_flags") or [])) + extra
+        raw_flags = n.get("state_flags")
+        raw_flags = raw_flags if isinstance(raw_flags, list) else [raw_flags] if raw_flags else []
+        flags = tuple(_str(f).upper() for f in raw_flags) + extra
         out.append(NodeInfo(name=_str(n.get("name")), state=state, flags=flags,
                             reason=_str(n.get("reason")), hostname=_str(n.get("hostname")),
                             address=_str(n.get("address"))))
@@ -195,14 +204,20 @@ def parse_scontrol_node(text: str) -> list[NodeInfo]:
             continue
         kv = parse_scontrol_oneliner(line)
         parts = kv.get("State", "UNKNOWN").upper().split("+")
-        reason = kv.get("Reason", "")
-        # Reason ends with " [user@time]"; keep the text the operator set
-        if reason.endswith("]") and " [" in reason:
-            reason = reason[: reason.rfind(" [")]
+        reason = _scontrol_reason(kv.get("Reason", ""))
         out.append(NodeInfo(name=kv.get("NodeName", ""), state=parts[0], flags=tuple(parts[1:]),
                             reason="" if reason == "(null)" else reason,
                             hostname=kv.get("NodeHostName", ""), address=kv.get("NodeAddr", "")))
     return out
+
+
+def _scontrol_reason(text: str) -> str:
+    """The reason the operator set, from scontrol's `first line [user@time]        next line`."""
+    m = _REASON_STAMP.search(text)
+    if not m:
+        return text
+    first, rest = text[:m.start()], text[m.end():]
+    return "\n".join([first, *rest.split(" " * 8)[1:]])  # rest is empty or starts with the 8 spaces
 
 
 def format_reason(reason: str, *, limit: int = 1000) -> str:

@@ -1,0 +1,315 @@
+"""scout's hooks inside the training process: wrap torch.distributed's Python collectives,
+DDP's comm hook and the optimizer step, so every collective and step lands in the progress
+record. Installing keeps the originals; `InstalledHooks.remove()` restores them; installing
+twice is a no-op. Imports only the standard library and torch (lazily)."""
+
+from __future__ import annotations
+
+import atexit
+import faulthandler
+import functools
+import importlib.abc
+import importlib.machinery
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from scout_slurm.inject.spec import FaultSpec, parse_fault
+from scout_slurm.task import progress as progress_mod
+
+STACK_SIGNAL = signal.SIGRTMIN + 5
+COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+               "reduce_scatter_tensor", "barrier", "all_to_all", "all_to_all_single", "reduce", "gather",
+               "scatter", "send", "recv", "all_gather_object", "broadcast_object_list")
+
+
+class _State:
+    def __init__(self) -> None:
+        self.progress_dir: Path | None = None
+        self.writer: progress_mod.ProgressWriter | None = None
+        self.fault: FaultSpec | None = None
+        self.restart = 0
+        self.rank = -1
+        self.world = 0
+        self.skip_next_all_reduce = False
+        self.default_pg = None
+        self.installed: "InstalledHooks | None" = None
+        self.lock = threading.Lock()
+
+
+STATE = _State()
+
+
+class InstalledHooks:
+    """A handle on everything patched: `remove()` puts the originals back."""
+
+    def __init__(self) -> None:
+        self._restore: list[tuple[Any, str, Any]] = []
+        self._removers: list[Callable[[], None]] = []
+
+    def patch(self, owner: Any, name: str, new: Any) -> None:
+        self._restore.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, new)
+
+    def on_remove(self, fn: Callable[[], None]) -> None:
+        self._removers.append(fn)
+
+    def remove(self) -> None:
+        for owner, name, old in reversed(self._restore):
+            setattr(owner, name, old)
+        self._restore.clear()
+        for fn in self._removers:
+            fn()
+        self._removers.clear()
+        STATE.installed = None
+
+
+def _nbytes(obj: Any) -> int:
+    try:
+        if hasattr(obj, "element_size") and hasattr(obj, "numel"):
+            return int(obj.numel()) * int(obj.element_size())
+        if isinstance(obj, (list, tuple)):
+            return sum(_nbytes(o) for o in obj[:64])
+    except Exception:  # noqa: BLE001 - size is informative only
+        return 0
+    return 0
+
+
+def _group_size(group: Any) -> int:
+    try:
+        if group is not None and hasattr(group, "size"):
+            return int(group.size())
+    except Exception:  # noqa: BLE001
+        pass
+    return STATE.world
+
+
+def _pg_seq() -> int:
+    pg = STATE.default_pg
+    if pg is None:
+        return -1
+    try:
+        return int(pg._get_sequence_number_for_group())
+    except Exception:  # noqa: BLE001 - private API; progress works without it
+        return -1
+
+
+def _wrap_collective(name: str, fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def scout_collective(*args, **kwargs):
+        w = STATE.writer
+        if w is None:
+            return fn(*args, **kwargs)
+        if name == "all_reduce" and STATE.skip_next_all_reduce:
+            STATE.skip_next_all_reduce = False
+            return None  # injected desync: this rank silently skips one all_reduce
+        seq = w.enter(name, _nbytes(args[0]) if args else 0, _group_size(kwargs.get("group")), _pg_seq())
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            w.leave(seq)
+    scout_collective.__scout_original__ = fn
+    return scout_collective
+
+
+def _opened_writer(rank: int, world: int) -> None:
+    if STATE.progress_dir is None or STATE.writer is not None:
+        return
+    path = STATE.progress_dir / f"rank-{rank}.bin"
+    if not path.exists():
+        progress_mod.create(path)
+    STATE.writer = progress_mod.ProgressWriter(path, rank=rank, world_size=world)
+    STATE.rank, STATE.world = rank, world
+    atexit.register(STATE.writer.deactivate)
+
+
+def _patch_distributed(handle: InstalledHooks, dist: Any) -> None:
+    c10d = dist.distributed_c10d
+    original_init = c10d.init_process_group
+    original_all_reduce = c10d.all_reduce
+    late_done: list[bool] = []
+
+    @functools.wraps(original_init)
+    def scout_init_process_group(*args, **kwargs):
+        result = original_init(*args, **kwargs)
+        try:
+            STATE.default_pg = c10d._get_default_group()
+            _opened_writer(c10d.get_rank(), c10d.get_world_size())
+            if not late_done:
+                late_done.append(True)
+                _patch_ddp(handle, original_all_reduce=original_all_reduce)
+                _patch_optimizer(handle)
+        except Exception as exc:  # noqa: BLE001 - never break the job
+            sys.stderr.write(f"scout: cannot open the progress record: {exc!r}\n")
+        return result
+
+    for owner in (dist, c10d):
+        handle.patch(owner, "init_process_group", scout_init_process_group)
+    for name in COLLECTIVES:
+        fn = getattr(c10d, name, None)
+        if fn is None:
+            continue
+        wrapped = _wrap_collective(name, fn)
+        handle.patch(c10d, name, wrapped)
+        if getattr(dist, name, None) is fn:
+            handle.patch(dist, name, wrapped)
+
+
+def _patch_ddp(handle: InstalledHooks, original_all_reduce: Callable) -> None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def scout_default_hook(state, bucket):  # no annotations: DDP checks them
+        w = STATE.writer
+        group = state if state is not None else STATE.default_pg
+        tensor = bucket.buffer()
+        size = _group_size(group)
+        tensor.div_(size)
+        seq = w.enter("ddp_bucket_all_reduce", _nbytes(tensor), size, _pg_seq()) if w else 0
+        fut = original_all_reduce(tensor, group=state, async_op=True).get_future()
+
+        def done(f):
+            if w:
+                w.leave(seq)
+            return f.value()[0]
+        return fut.then(done)
+
+    original_register = DDP.register_comm_hook
+
+    @functools.wraps(original_register)
+    def scout_register_comm_hook(self, state, hook):
+        def composed(st, bucket):
+            w = STATE.writer
+            seq = w.enter("ddp_bucket_all_reduce", _nbytes(bucket.buffer()), STATE.world, _pg_seq()) if w else 0
+            fut = hook(st, bucket)
+
+            def done(f):
+                if w:
+                    w.leave(seq)
+                return f.value()
+            return fut.then(done)
+        self._scout_hooked = True
+        return original_register(self, state, composed)
+
+    original_forward = DDP.forward
+
+    @functools.wraps(original_forward)
+    def scout_forward(self, *args, **kwargs):
+        if not getattr(self, "_scout_hooked", False):
+            self._scout_hooked = True
+            if STATE.writer is not None:
+                try:
+                    original_register(self, self.process_group, scout_default_hook)
+                except Exception as exc:  # noqa: BLE001
+                    sys.stderr.write(f"scout: DDP comm hook not installed: {exc!r}\n")
+        return original_forward(self, *args, **kwargs)
+
+    handle.patch(DDP, "register_comm_hook", scout_register_comm_hook)
+    handle.patch(DDP, "forward", scout_forward)
+
+
+def _patch_optimizer(handle: InstalledHooks) -> None:
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    def scout_step_hook(optimizer, args, kwargs):
+        w = STATE.writer
+        if w is None:
+            return
+        step = w.step()
+        fault = STATE.fault
+        if fault is not None and fault.applies(STATE.rank, step, STATE.restart):
+            _fire(fault)
+
+    h = register_optimizer_step_post_hook(scout_step_hook)
+    handle.on_remove(h.remove)
+
+
+def _fire(fault: FaultSpec) -> None:
+    sys.stderr.write(f"scout: injecting fault {fault.kind} on rank {STATE.rank} at step {fault.step}\n")
+    sys.stderr.flush()
+    kind = fault.kind
+    if kind == "sleep":
+        time.sleep(fault.seconds)
+    elif kind == "spin":
+        deadline = time.monotonic() + fault.seconds
+        x = 0
+        while time.monotonic() < deadline:
+            x += 1
+    elif kind == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif kind == "skip_allreduce":
+        STATE.skip_next_all_reduce = True
+    elif kind == "exit":
+        sys.exit(fault.code)
+    elif kind == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif kind == "segv":
+        import ctypes
+        ctypes.string_at(0)
+    elif kind == "raise":
+        raise RuntimeError(f"scout injected exception at step {fault.step}")
+
+
+class _PatchAfterImport(importlib.abc.MetaPathFinder):
+    """Runs a patch right after a module executes, before user code sees it."""
+
+    def __init__(self, targets: dict[str, Callable[[Any], None]]) -> None:
+        self.targets = targets
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in self.targets:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return None
+        loader = spec.loader
+        patch = self.targets.pop(fullname)
+        original_exec = loader.exec_module
+
+        def exec_module(module):
+            original_exec(module)
+            try:
+                patch(module)
+            except Exception as exc:  # noqa: BLE001 - never break the import
+                sys.stderr.write(f"scout: cannot hook {fullname}: {exc!r}\n")
+        loader.exec_module = exec_module
+        return spec
+
+
+def install(progress_dir: Path | None, *, fault: FaultSpec | None = None, restart: int = 0) -> InstalledHooks:
+    """Install the hooks (idempotent). torch.distributed is patched now if already imported,
+    else right after it is imported."""
+    with STATE.lock:
+        if STATE.installed is not None:
+            return STATE.installed
+        STATE.progress_dir = progress_dir
+        STATE.fault = fault
+        STATE.restart = restart
+        handle = InstalledHooks()
+        STATE.installed = handle
+
+    def on_distributed(dist: Any) -> None:
+        if not dist.is_available():
+            return
+        _patch_distributed(handle, dist)
+
+    if "torch.distributed" in sys.modules:
+        on_distributed(sys.modules["torch.distributed"])
+    else:
+        finder = _PatchAfterImport({"torch.distributed": on_distributed})
+        sys.meta_path.insert(0, finder)
+        handle.on_remove(lambda: finder in sys.meta_path and sys.meta_path.remove(finder))
+    return handle
+
+
+def install_from_environment(environ: Mapping[str, str]) -> InstalledHooks | None:
+    stacks = environ.get("SCOUT_STACKS_FILE")
+    if stacks:
+        fh = open(stacks, "a", buffering=1)  # kept open for faulthandler for the process's life
+        faulthandler.register(STACK_SIGNAL, file=fh, all_threads=True, chain=False)
+    fault = parse_fault(environ["SCOUT_INJECT"]) if environ.get("SCOUT_INJECT") else None
+    restart = int(environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    return install(Path(environ["SCOUT_PROGRESS_DIR"]), fault=fault, restart=restart)

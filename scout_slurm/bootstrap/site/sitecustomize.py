@@ -1,0 +1,46 @@
+"""scout-slurm bootstrap: installs scout's torch.distributed hooks when run under scout-task,
+then runs the sitecustomize that this file shadows, so a site's own keeps working."""
+
+import os
+import sys
+
+
+def _scout_install():
+    if not os.environ.get("SCOUT_PROGRESS_DIR"):
+        return
+    try:
+        try:
+            from scout_slurm.bootstrap import hooks
+        except ImportError:
+            import importlib.util
+            pkg = os.environ.get("SCOUT_PACKAGE_DIR", "")
+            spec = importlib.util.spec_from_file_location(
+                "scout_slurm", os.path.join(pkg, "__init__.py"), submodule_search_locations=[pkg])
+            if spec is None or spec.loader is None:
+                raise
+            module = importlib.util.module_from_spec(spec)
+            sys.modules["scout_slurm"] = module
+            spec.loader.exec_module(module)
+            from scout_slurm.bootstrap import hooks
+        hooks.install_from_environment(os.environ)
+    except Exception as exc:  # the training job must run even if scout cannot watch it
+        sys.stderr.write(f"scout: bootstrap not installed in pid {os.getpid()}: {exc!r}\n")
+
+
+def _chain_site_sitecustomize():
+    import importlib.machinery
+    import importlib.util
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
+    if spec is None or spec.loader is None or not spec.origin:
+        return
+    if os.path.abspath(spec.origin) == os.path.abspath(__file__):
+        return
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sitecustomize"] = module
+    spec.loader.exec_module(module)
+
+
+_scout_install()
+_chain_site_sitecustomize()

@@ -1,0 +1,1 @@
+"""Fault injection, configured from outside (SCOUT_INJECT), for unmodified training scripts."""

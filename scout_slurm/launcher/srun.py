@@ -1,0 +1,145 @@
+"""`scout-srun [srun options] [--scout-* options] COMMAND [ARGS...]`
+
+Every srun option passes through unchanged; scout's own options start with `--scout-` and are
+removed. It runs `srun <options> python -m scout_slurm.task.shim -- COMMAND ...` by replacing
+itself with srun, so the exit status and signals are srun's.
+
+scout options:
+  --scout-stall-floor=SECONDS   never call a stall sooner than this (SCOUT_WATCHDOG_STALL_FLOOR_S)
+  --scout-inject=SPEC           inject a fault, e.g. sleep,rank=1,step=5 (SCOUT_INJECT)
+  --scout-config=PATH           site config file (SCOUT_CONFIG)
+  --scout-off                   run plain srun, no shim
+  --scout-dry-run               print the srun command line and exit
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from scout_slurm.errors import ScoutError
+
+# srun 22.05 short options that take a value (from `srun --help`); the others are flags
+SHORT_WITH_VALUE = frozenset("AbBcCdDeGiJLmMnNopqrStTwWx")
+# long options that take a required value; options with an optional value (--exclusive,
+# --kill-on-bad-exit, --immediate, --exact...) accept it only as --opt=value, so they are flags here
+LONG_WITH_VALUE = frozenset("""
+account acctg-freq bb bbf begin bcast bcast-exclude chdir cluster-constraint clusters comment compress
+constraint container contiguous-? core-spec cores-per-socket cpu-bind cpu-freq cpus-per-gpu cpus-per-task
+deadline delay-boot dependency distribution epilog error export extra-node-info gid gpu-bind gpu-freq gpus
+gpus-per-node gpus-per-socket gpus-per-task gres gres-flags het-group hint input jobid job-name licenses mail-type
+mail-user mcs-label mem mem-bind mem-per-cpu mem-per-gpu mincpus mpi network nice nodefile nodelist nodes ntasks
+ntasks-per-core ntasks-per-gpu ntasks-per-node ntasks-per-socket open-mode output partition power prefer prolog
+propagate qos quit-on-interrupt? reboot? relative reservation resv-ports? signal slurmd-debug sockets-per-node
+switches task-epilog task-prolog thread-spec threads-per-core time time-min tmp tres-per-task uid wait
+wait-all-nodes? wckey x11? exclude cpus-per-gpu array
+""".split()) - {x for x in "contiguous-? quit-on-interrupt? reboot? resv-ports? wait-all-nodes? x11?".split()}
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    srun_options: tuple[str, ...]
+    command: tuple[str, ...]
+    scout_env: Mapping[str, str] = field(default_factory=dict)
+    off: bool = False
+    dry_run: bool = False
+
+
+def split_args(argv: Sequence[str]) -> LaunchPlan:
+    """Separate srun's options, scout's `--scout-*` options and the command (pure)."""
+    srun: list[str] = []
+    env: dict[str, str] = {}
+    off = dry = False
+    i = 0
+    argv = list(argv)
+    while i < len(argv):
+        a = argv[i]
+        if a == "--":
+            i += 1
+            break
+        if a.startswith("--scout-"):
+            name, _, value = a[2:].partition("=")
+            takes = name in ("scout-stall-floor", "scout-inject", "scout-config")
+            if takes and not _:
+                if i + 1 >= len(argv):
+                    raise ScoutError(f"scout-srun: {a} needs a value")
+                i += 1
+                value = argv[i]
+            if name == "scout-stall-floor":
+                env["SCOUT_WATCHDOG_STALL_FLOOR_S"] = value
+            elif name == "scout-inject":
+                from scout_slurm.inject.spec import parse_fault
+                parse_fault(value)  # refuse a bad spec here, not in every task
+                env["SCOUT_INJECT"] = value
+            elif name == "scout-config":
+                env["SCOUT_CONFIG"] = value
+            elif name == "scout-off":
+                off = True
+            elif name == "scout-dry-run":
+                dry = True
+            else:
+                raise ScoutError(f"scout-srun: unknown option {a}; scout's options: --scout-stall-floor, "
+                                 "--scout-inject, --scout-config, --scout-off, --scout-dry-run")
+            i += 1
+            continue
+        if a.startswith("--"):
+            srun.append(a)
+            name = a[2:]
+            if "=" not in name and name in LONG_WITH_VALUE:
+                if i + 1 >= len(argv):
+                    raise ScoutError(f"scout-srun: srun option {a} needs a value")
+                srun.append(argv[i + 1])
+                i += 1
+            i += 1
+            continue
+        if a.startswith("-") and len(a) > 1:
+            srun.append(a)
+            # -N2 carries its value; -N 2 takes the next word; -lN 2: the last letter decides
+            letters = a[1:]
+            for j, ch in enumerate(letters):
+                if ch in SHORT_WITH_VALUE:
+                    if j == len(letters) - 1:
+                        if i + 1 >= len(argv):
+                            raise ScoutError(f"scout-srun: srun option -{ch} needs a value")
+                        srun.append(argv[i + 1])
+                        i += 1
+                    break
+            i += 1
+            continue
+        break
+    command = tuple(argv[i:])
+    if not command and not dry:
+        raise ScoutError("scout-srun: no command given; usage: scout-srun [srun options] COMMAND [ARGS...]")
+    return LaunchPlan(tuple(srun), command, env, off, dry)
+
+
+def srun_argv(plan: LaunchPlan, python: str) -> list[str]:
+    """srun's arguments (pure)."""
+    if plan.off:
+        return [*plan.srun_options, *plan.command]
+    return [*plan.srun_options, python, "-m", "scout_slurm.task.shim", "--", *plan.command]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from scout_slurm.slurm.door import exec_slurm, resolve_binary
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        plan = split_args(argv)
+        args = srun_argv(plan, sys.executable)
+        env = dict(os.environ)
+        env.update(plan.scout_env)
+        if plan.dry_run:
+            print(shlex.join([resolve_binary("srun", path_env=env.get("PATH")), *args]))
+            return 0
+        exec_slurm("srun", args, env=env)
+    except ScoutError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    return 0  # not reached: exec_slurm replaces this process
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The localiser (pure: evidence in, verdict out) and the watchdogs' shared stall rule."""

@@ -1,0 +1,61 @@
+"""Read one run's evidence from the job folder for the localiser. Everything under `run-N/` was
+written by the job: read with the safe reader, each unreadable file a problem, never a crash.
+The function that reaches outside is `gather_evidence`."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from scout_slurm.errors import EvidenceError
+from scout_slurm.evidence.layout import JobFolder
+from scout_slurm.evidence.records import ExitRecord, Finding, ProgressSnapshot, RankPlace, StallDecision
+from scout_slurm.evidence.store import list_records, read_record
+from scout_slurm.localise.verdict import JobEvidence
+
+MAX_WORLD = 1_000_000
+
+
+def gather_evidence(folder: JobFolder, restart: int, *, job_exit_code: int = -1,
+                    world_size: int | None = None) -> JobEvidence:
+    problems: list[str] = []
+    root = folder.root
+
+    def many(directory: Path, pattern: str, cls):
+        if not directory.exists():
+            return []
+        try:
+            records, errors = list_records(directory, pattern, cls, root=root)
+        except EvidenceError as exc:
+            problems.append(str(exc))
+            return []
+        problems.extend(errors)
+        return records
+
+    places = many(folder.ranks_dir(restart), "rank-*.json", RankPlace)
+    exits = many(folder.ranks_dir(restart), "exit-*.json", ExitRecord)
+    snaps = many(folder.progress_dir(restart), "rank-*.json", ProgressSnapshot)
+    findings = many(folder.findings_dir(restart), "*.json", Finding)
+    decision = None
+    dpath = folder.stall_decision_path(restart)
+    if dpath.exists():
+        try:
+            decision = read_record(dpath, StallDecision, root=root)
+        except EvidenceError as exc:
+            problems.append(str(exc))
+    if world_size is None:
+        sizes = Counter(p.world_size for p in places if 0 < p.world_size <= MAX_WORLD)
+        world_size = sizes.most_common(1)[0][0] if sizes else max(
+            [p.rank + 1 for p in places] + [e.rank + 1 for e in exits] + [0])
+    def by_rank(records, what):
+        out = {}
+        for r in records:
+            if not 0 <= r.rank < world_size:
+                problems.append(f"{what} for rank {r.rank} outside the world of {world_size}: ignored")
+                continue
+            out[r.rank] = r
+        return out
+    return JobEvidence(job_id=folder.job_id, restart=restart, world_size=world_size,
+                       places=by_rank(places, "place"), exits=by_rank(exits, "exit record"),
+                       snapshots=by_rank(snaps, "progress"), findings=tuple(findings), decision=decision,
+                       job_exit_code=job_exit_code, problems=tuple(problems))

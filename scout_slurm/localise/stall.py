@@ -1,0 +1,95 @@
+"""Who is behind when a synchronous job stops advancing (pure).
+
+Every watchdog runs the same rule over the same published snapshots, so they agree without a
+working collective. Progress order decides; wall clocks are never compared across nodes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Mapping
+
+from scout_slurm.evidence.records import ChildState, CollectiveEntry, FindingKind, ProgressSnapshot
+
+
+@dataclass(frozen=True)
+class StallCall:
+    culprits: tuple[int, ...]
+    kind: FindingKind          # HANG (behind), DESYNC (collective sequence differs); empty culprits: nobody
+    reasoning: tuple[str, ...]
+
+
+def position(s: ProgressSnapshot) -> int:
+    """Monotone progress: entering a collective and leaving it each count one."""
+    return s.coll_entered + s.coll_completed
+
+
+def find_desync(rings: Mapping[int, tuple[CollectiveEntry, ...]]) -> tuple[tuple[int, ...], str]:
+    """The first collective sequence number at which a strict majority of ranks agree on
+    (op, bytes) and a minority differ; returns (minority ranks, explanation)."""
+    if len(rings) < 3:
+        return (), ""
+    by_seq: dict[int, dict[int, tuple[str, int]]] = {}
+    for rank, ring in rings.items():
+        for e in ring:
+            by_seq.setdefault(e.seq, {})[rank] = (e.op, e.nbytes)
+    for seq in sorted(by_seq):
+        ops = by_seq[seq]
+        if len(ops) < len(rings):
+            continue
+        counts = Counter(ops.values())
+        (common, n), = counts.most_common(1)
+        if n == len(ops):
+            continue
+        if n * 2 > len(ops):
+            minority = tuple(sorted(r for r, sig in ops.items() if sig != common))
+            theirs = ", ".join(f"rank {r}: {ops[r][0]} of {ops[r][1]} B" for r in minority)
+            return minority, (f"collective #{seq}: {n} of {len(ops)} ranks ran {common[0]} of {common[1]} B; "
+                              f"{theirs}")
+        return (), f"collective #{seq}: ranks disagree with no strict majority ({dict(counts)})"
+    return (), ""
+
+
+def decide_stall(snapshots: Mapping[int, ProgressSnapshot | None], world_size: int,
+                 silent: frozenset[int] = frozenset()) -> StallCall:
+    """Name the ranks that stopped first.
+
+    `snapshots` holds the latest snapshot of each rank (None: never published); `silent` are
+    ranks whose watchdog stopped publishing (node or shim gone).
+    """
+    missing = tuple(r for r in range(world_size) if snapshots.get(r) is None)
+    gone = tuple(sorted(set(missing) | set(silent)))
+    present = {r: s for r, s in snapshots.items() if s is not None and r not in silent}
+    if gone and len(gone) * 2 < world_size:
+        return StallCall(gone, FindingKind.HANG,
+                         (f"rank(s) {', '.join(map(str, gone))} stopped reporting while the others waited",))
+    if not present:
+        return StallCall((), FindingKind.HANG, ("no rank published progress",))
+    exited = tuple(sorted(r for r, s in present.items() if s.child_state == ChildState.EXITED))
+    if exited and len(exited) * 2 < world_size:
+        return StallCall(exited, FindingKind.HANG,
+                         (f"rank(s) {', '.join(map(str, exited))} exited while the others waited in a collective",))
+    desync, why = find_desync({r: s.recent for r, s in present.items()})
+    if desync:
+        return StallCall(desync, FindingKind.DESYNC, (why,))
+    positions = {r: position(s) for r, s in present.items()}
+    lowest = min(positions.values())
+    behind = tuple(sorted(r for r, p in positions.items() if p == lowest))
+    reasons = []
+    for r in behind:
+        s = present[r]
+        where = f"inside {s.current_op}" if s.in_collective else "outside any collective"
+        reasons.append(f"rank {r} on {s.node}: {s.coll_completed} collectives done, {where}, "
+                       f"process {s.child_state.value}, idle {s.idle_s:.1f} s")
+    if len(behind) == len(positions):
+        return StallCall((), FindingKind.HANG,
+                         ("every rank stopped at the same point "
+                          f"({present[behind[0]].coll_completed} collectives done): no rank is behind",))
+    if len(behind) * 2 >= world_size:
+        return StallCall((), FindingKind.HANG,
+                         (f"{len(behind)} of {world_size} ranks are behind: no strict majority ahead", *reasons))
+    ahead = max(positions.values())
+    return StallCall(behind, FindingKind.HANG,
+                     (*reasons, f"the other {len(positions) - len(behind)} rank(s) reached progress {ahead} "
+                                f"(this rank {lowest})"))

@@ -1,0 +1,193 @@
+"""The localiser (pure): the evidence of one run of a job in, a verdict out.
+
+Order of reasoning: an agreed stall decision; then exits, where a rank that failed because a
+peer died (gloo/NCCL errors, timeouts, killed by scout or by Slurm) is a cascade and is not
+blamed; the first primary failure by progress order wins, wall time breaks ties within a node
+only. When most ranks share the failure there is no majority: inconclusive.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from scout_slurm.evidence.records import (ChildState, ExitRecord, Finding, FindingKind, ProgressSnapshot,
+                                          RankPlace, StallDecision, Suspect, Verdict, VerdictKind)
+from scout_slurm.localise.stall import position
+
+CASCADE_PATTERNS = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Timed out waiting|pair closure|Broken pipe|"
+    r"remote process exited|NCCL (communicator was aborted|error)|ProcessGroupNCCL.*(timeout|abort)|"
+    r"DistBackendError|connectFullMesh|Socket Timeout|recv operation|send operation|"
+    r"Application timeout caused|watchdog caught collective operation timeout", re.I)
+CRASH_SIGNALS = {4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL", 11: "SIGSEGV", 31: "SIGSYS"}
+
+
+@dataclass(frozen=True)
+class JobEvidence:
+    job_id: int
+    restart: int
+    world_size: int
+    places: Mapping[int, RankPlace] = field(default_factory=dict)
+    exits: Mapping[int, ExitRecord] = field(default_factory=dict)
+    snapshots: Mapping[int, ProgressSnapshot] = field(default_factory=dict)
+    findings: tuple[Finding, ...] = ()
+    decision: StallDecision | None = None
+    job_exit_code: int = -1          # raw wait status from Slurm; -1 unknown
+    problems: tuple[str, ...] = ()
+
+    def node_of(self, rank: int) -> str:
+        if rank in self.places:
+            return self.places[rank].node
+        if rank in self.exits:
+            return self.exits[rank].node
+        if rank in self.snapshots:
+            return self.snapshots[rank].node
+        return "?"
+
+    def last_progress(self, rank: int) -> ProgressSnapshot | None:
+        e = self.exits.get(rank)
+        if e is not None and e.last_progress is not None:
+            return e.last_progress
+        return self.snapshots.get(rank)
+
+
+def is_cascade(e: ExitRecord) -> bool:
+    """Did this rank fail because a peer failed (not on its own)?"""
+    if e.killed_by_scout or e.external_termination:
+        return True
+    if e.signal in (15, 1, 2):  # SIGTERM/SIGHUP/SIGINT: asked to stop by someone
+        return True
+    return any(CASCADE_PATTERNS.search(line) for line in e.stderr_tail)
+
+
+def is_abnormal(e: ExitRecord) -> bool:
+    return e.signal != 0 or e.exit_code != 0
+
+
+def describe_exit(e: ExitRecord) -> str:
+    if e.signal:
+        name = CRASH_SIGNALS.get(e.signal, f"signal {e.signal}")
+        return f"killed by {name}{' (core dumped)' if e.core_dumped else ''}"
+    return f"exited with code {e.exit_code}"
+
+
+def _step(ev: JobEvidence, rank: int) -> int:
+    p = ev.last_progress(rank)
+    return p.opt_steps + 1 if p is not None else -1
+
+
+def _verdict(ev: JobEvidence, kind: VerdictKind, suspects: list[Suspect], confidence: float,
+             reasoning: list[str], *, now: float, first_at: float = 0.0) -> Verdict:
+    steps = [_step(ev, s.rank) for s in suspects if _step(ev, s.rank) >= 0]
+    return Verdict(job_id=ev.job_id, restart=ev.restart, kind=kind, suspects=tuple(suspects),
+                   confidence=round(confidence, 3), reasoning=tuple(reasoning),
+                   first_failure_at=first_at, first_suspect_step=min(steps) if steps else -1,
+                   world_size=ev.world_size, created_at=now)
+
+
+def localise(ev: JobEvidence, *, now: float) -> Verdict:
+    reasoning = list(ev.problems[:20])
+    # 1. numerical and timing findings, written by the consensus checks as they happen
+    for kind, vkind in ((FindingKind.SDC, VerdictKind.SDC), (FindingKind.STRAGGLER, VerdictKind.STRAGGLER)):
+        hits = [f for f in ev.findings if f.kind == kind and 0 <= f.rank < ev.world_size]
+        if hits:
+            ranks = sorted({f.rank for f in hits})
+            suspects = [Suspect(r, ev.node_of(r), vkind, 0.9, tuple(f.summary for f in hits if f.rank == r)[:5])
+                        for r in ranks]
+            return _verdict(ev, vkind, suspects, 0.9, reasoning + [f.summary for f in hits[:10]], now=now,
+                            first_at=min(f.at for f in hits))
+
+    # 2. a stall the watchdogs agreed on
+    d = ev.decision
+    if d is not None:
+        culprits = [r for r in d.culprits if 0 <= r < ev.world_size]
+        if not culprits:
+            return _verdict(ev, VerdictKind.INCONCLUSIVE, [], 0.0,
+                            reasoning + ["the job stalled but no rank was behind the others:"] + list(d.reasoning),
+                            now=now, first_at=d.at)
+        suspects = []
+        for r in culprits:
+            snap = ev.last_progress(r)
+            conf = 0.9
+            lines = list(d.reasoning)
+            if snap is not None and snap.child_state in (ChildState.STOPPED, ChildState.DISK_SLEEP):
+                conf = 0.95
+                lines.append(f"rank {r}'s process was {snap.child_state.value}")
+            if d.kind == FindingKind.DESYNC:
+                lines.append("its sequence of collectives differs from the majority's (desync)")
+            suspects.append(Suspect(r, ev.node_of(r), VerdictKind.HANG, conf, tuple(lines)))
+        share = len(culprits) / max(ev.world_size, 1)
+        conf = min(s.confidence for s in suspects) * (1.0 if share <= 0.25 else 0.8)
+        what = "desync" if d.kind == FindingKind.DESYNC else "stopped making progress first"
+        return _verdict(ev, VerdictKind.HANG, suspects, conf,
+                        reasoning + [f"rank(s) {', '.join(map(str, culprits))} {what}"] + list(d.reasoning),
+                        now=now, first_at=d.at)
+
+    # 3. exits
+    abnormal = {r: e for r, e in ev.exits.items() if 0 <= r < ev.world_size and is_abnormal(e)}
+    primaries = {r: e for r, e in abnormal.items() if not is_cascade(e)}
+    cascades = sorted(set(abnormal) - set(primaries))
+    if not abnormal:
+        missing = [r for r in range(ev.world_size) if r not in ev.exits]
+        if ev.job_exit_code in (0, -1) and not missing:
+            return _verdict(ev, VerdictKind.CLEAN, [], 1.0, reasoning + ["every rank exited cleanly"], now=now)
+        if ev.job_exit_code in (0, -1) and len(missing) == ev.world_size:
+            return _verdict(ev, VerdictKind.CLEAN if ev.job_exit_code == 0 else VerdictKind.INCONCLUSIVE, [], 0.5,
+                            reasoning + ["no scout records for this run (not started under scout-srun?)"], now=now)
+        if missing and len(missing) * 2 < ev.world_size:
+            suspects = [Suspect(r, ev.node_of(r), VerdictKind.INFRA, 0.7,
+                                ("no exit record: the task, its shim or its node vanished",)) for r in missing]
+            return _verdict(ev, VerdictKind.INFRA, suspects, 0.7,
+                            reasoning + [f"rank(s) {missing} left no exit record while the job failed"], now=now)
+        return _verdict(ev, VerdictKind.INCONCLUSIVE, [], 0.0,
+                        reasoning + [f"the job failed (raw status {ev.job_exit_code}) with no rank failing"], now=now)
+    if not primaries:
+        missing = [r for r in range(ev.world_size) if r not in ev.exits]
+        if missing and len(missing) * 2 < ev.world_size:
+            suspects = [Suspect(r, ev.node_of(r), VerdictKind.INFRA, 0.7,
+                                ("no exit record while every other rank failed because of a peer",)) for r in missing]
+            return _verdict(ev, VerdictKind.INFRA, suspects, 0.7, reasoning + [
+                f"ranks {cascades} failed because of a peer; rank(s) {missing} left no record"], now=now)
+        return _verdict(ev, VerdictKind.INCONCLUSIVE, [], 0.0, reasoning + [
+            f"every failed rank ({cascades}) reports a peer failure; none failed on its own"], now=now)
+    if len(primaries) * 2 > ev.world_size:
+        kinds = Counter(describe_exit(e) for e in primaries.values())
+        return _verdict(ev, VerdictKind.INCONCLUSIVE, [], 0.0, reasoning + [
+            f"{len(primaries)} of {ev.world_size} ranks failed on their own ({dict(kinds)}): a failure shared "
+            "by most replicas (code, data or configuration), not one rank's"], now=now)
+
+    def order(r: int) -> tuple[int, str, float]:
+        p = ev.last_progress(r)
+        return (position(p) if p is not None else 0, primaries[r].node, primaries[r].at)
+
+    ranked = sorted(primaries, key=order)
+    first_pos = order(ranked[0])[0]
+    tied = [r for r in ranked if order(r)[0] == first_pos]
+    # wall clocks decide only within a node: keep the earliest of each node among the tied
+    per_node: dict[str, int] = {}
+    for r in tied:
+        node = primaries[r].node
+        if node not in per_node or primaries[r].at < primaries[per_node[node]].at:
+            per_node[node] = r
+    first = sorted(per_node.values())
+    confidence = 0.95 if len(primaries) == 1 else (0.85 if len(first) == 1 else 0.6)
+    suspects = []
+    for r in first:
+        e = primaries[r]
+        p = ev.last_progress(r)
+        lines = [f"rank {r} {describe_exit(e)}"]
+        if p is not None:
+            lines.append(f"at progress {position(p)} ({p.coll_completed} collectives done, optimizer step {p.opt_steps})")
+        lines += [ln for ln in e.stderr_tail[-3:]]
+        suspects.append(Suspect(r, e.node, VerdictKind.CRASH, confidence, tuple(lines)))
+    others = [r for r in ranked if r not in first]
+    lines = [f"rank {r} on {primaries[r].node} {describe_exit(primaries[r])} on its own" for r in first]
+    if others:
+        lines.append(f"also failed on their own, later in progress: ranks {others}")
+    if cascades:
+        lines.append(f"ranks {cascades} failed because a peer died (cascade; not blamed)")
+    return _verdict(ev, VerdictKind.CRASH, suspects, confidence, reasoning + lines, now=now,
+                    first_at=min(primaries[r].at for r in first))

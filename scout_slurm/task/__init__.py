@@ -1,0 +1,1 @@
+"""The task shim (`scout-task`): torch environment, rank place, progress record, watchdog."""

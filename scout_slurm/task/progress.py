@@ -1,0 +1,203 @@
+"""The shared-memory progress record: one small file in /dev/shm per rank, written by the
+bootstrap inside the training process and read from outside by the watchdog.
+
+Layout (little-endian, fixed): a header with a seqlock generation, counters, and a ring of the
+last RING collectives. The writer bumps the generation to odd, writes, bumps it to even; readers
+retry while it is odd or changed, so a reader never sees a torn record. One writer lock per
+process (the DDP comm hook completes on gloo's thread).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from scout_slurm.evidence.records import CollectiveEntry
+
+MAGIC = 0x52504353  # "SCPR"
+VERSION = 1
+RING = 64
+
+# magic, version, gen, pid, rank, world, flags, coll_entered, coll_completed, in_collective,
+# cur_op, cur_nbytes, opt_steps, pg_seq, last_change_ns, last_step_ns
+_HEADER = struct.Struct("<IIQqiiIQQIIQQqQQ")
+_ENTRY = struct.Struct("<QIIQQQ")  # seq, op, group_size, nbytes, entered_ns, left_ns
+SIZE = _HEADER.size + RING * _ENTRY.size
+
+OPS = ("none", "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+       "reduce_scatter_tensor", "barrier", "all_to_all", "all_to_all_single", "reduce", "gather",
+       "scatter", "send", "recv", "all_gather_object", "broadcast_object_list", "ddp_bucket_all_reduce",
+       "other")
+OP_CODES = {name: i for i, name in enumerate(OPS)}
+FLAG_ACTIVE = 1
+
+
+@dataclass(frozen=True)
+class ProgressView:
+    pid: int
+    rank: int
+    world_size: int
+    active: bool
+    coll_entered: int
+    coll_completed: int
+    in_collective: bool
+    current_op: str
+    current_nbytes: int
+    opt_steps: int
+    pg_seq: int
+    last_change_ns: int
+    last_step_ns: int
+    recent: tuple[CollectiveEntry, ...]
+
+    @property
+    def position(self) -> tuple[int, int, int]:
+        return (self.coll_entered, self.coll_completed, self.opt_steps)
+
+
+def create(path: Path) -> None:
+    """Create an empty record (the shim does this before starting the child)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.ftruncate(fd, SIZE)
+        buf = mmap.mmap(fd, SIZE)
+        _HEADER.pack_into(buf, 0, MAGIC, VERSION, 0, 0, -1, 0, 0, 0, 0, 0, 0, 0, 0, -1, 0, 0)
+        buf.close()
+    finally:
+        os.close(fd)
+
+
+class ProgressWriter:
+    """Used inside the training process. Each call costs about a microsecond."""
+
+    def __init__(self, path: Path, *, rank: int, world_size: int) -> None:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+        try:
+            self._buf = mmap.mmap(fd, SIZE)
+        finally:
+            os.close(fd)
+        self._lock = threading.Lock()
+        self._gen = 0
+        h = list(_HEADER.unpack_from(self._buf, 0))
+        if h[0] != MAGIC or h[1] != VERSION:
+            raise ValueError(f"{path}: not a scout progress record")
+        self._entered = h[7]
+        self._completed = h[8]
+        self._steps = h[12]
+        self._pg_seq = -1
+        self._in = 0
+        self._op = 0
+        self._nbytes = 0
+        self._last_change = time.monotonic_ns()
+        self._last_step = 0
+        self._pid = os.getpid()
+        self._rank = rank
+        self._world = world_size
+        self._flags = FLAG_ACTIVE
+        self._open: dict[int, tuple[int, int, int, int]] = {}
+        with self._lock:
+            self._write_header()
+
+    def _write_header(self) -> None:
+        self._gen += 1
+        struct.pack_into("<Q", self._buf, 8, self._gen * 2 - 1)
+        _HEADER.pack_into(self._buf, 0, MAGIC, VERSION, self._gen * 2 - 1, self._pid, self._rank, self._world,
+                          self._flags, self._entered, self._completed, self._in, self._op, self._nbytes,
+                          self._steps, self._pg_seq, self._last_change, self._last_step)
+        struct.pack_into("<Q", self._buf, 8, self._gen * 2)
+
+    def enter(self, op: str, nbytes: int, group_size: int, pg_seq: int = -1) -> int:
+        now = time.monotonic_ns()
+        code = OP_CODES.get(op, OP_CODES["other"])
+        with self._lock:
+            self._entered += 1
+            seq = self._entered
+            self._in += 1
+            self._op = code
+            self._nbytes = nbytes
+            if pg_seq >= 0:
+                self._pg_seq = pg_seq
+            self._last_change = now
+            _ENTRY.pack_into(self._buf, _HEADER.size + (seq % RING) * _ENTRY.size, seq, code, group_size, nbytes, now, 0)
+            self._open[seq] = (code, group_size, nbytes, now)
+            self._write_header()
+        return seq
+
+    def leave(self, seq: int) -> None:
+        now = time.monotonic_ns()
+        with self._lock:
+            info = self._open.pop(seq, None)
+            self._completed += 1
+            self._in = max(0, self._in - 1)
+            self._last_change = now
+            if info is not None:
+                code, gsize, nbytes, entered = info
+                _ENTRY.pack_into(self._buf, _HEADER.size + (seq % RING) * _ENTRY.size, seq, code, gsize, nbytes,
+                                 entered, now)
+            if self._in == 0:
+                self._op = 0
+                self._nbytes = 0
+            self._write_header()
+
+    def step(self) -> int:
+        now = time.monotonic_ns()
+        with self._lock:
+            self._steps += 1
+            self._last_change = now
+            self._last_step = now
+            self._write_header()
+            return self._steps
+
+    def set_pg_seq(self, value: int) -> None:
+        with self._lock:
+            self._pg_seq = value
+            self._write_header()
+
+    def deactivate(self) -> None:
+        with self._lock:
+            self._flags &= ~FLAG_ACTIVE
+            self._write_header()
+
+    @property
+    def steps(self) -> int:
+        return self._steps
+
+
+def read(path: Path, *, retries: int = 100) -> ProgressView | None:
+    """A consistent view of a record, or None if it does not exist yet or is not one."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(SIZE)
+    except OSError:
+        return None
+    if len(data) < SIZE:
+        return None
+    for _ in range(retries):
+        h = _HEADER.unpack_from(data, 0)
+        if h[0] != MAGIC or h[1] != VERSION:
+            return None
+        if h[2] % 2 == 0:
+            break
+        time.sleep(0.0005)
+        with open(path, "rb") as fh:
+            data = fh.read(SIZE)
+    else:
+        return None
+    (_, _, _, pid, rank, world, flags, entered, completed, in_coll, op, nbytes, steps, pg_seq,
+     last_change, last_step) = h
+    entries = []
+    for i in range(RING):
+        seq, code, gsize, nb, ent, left = _ENTRY.unpack_from(data, _HEADER.size + i * _ENTRY.size)
+        if seq and seq > entered - RING:
+            entries.append(CollectiveEntry(seq=seq, op=OPS[code] if code < len(OPS) else "other",
+                                           nbytes=nb, group_size=gsize, entered_ns=ent, left_ns=left))
+    entries.sort(key=lambda e: e.seq)
+    return ProgressView(pid=pid, rank=rank, world_size=world, active=bool(flags & FLAG_ACTIVE),
+                        coll_entered=entered, coll_completed=completed, in_collective=in_coll > 0,
+                        current_op=OPS[op] if op < len(OPS) else "other", current_nbytes=nbytes,
+                        opt_steps=steps, pg_seq=pg_seq, last_change_ns=last_change, last_step_ns=last_step,
+                        recent=tuple(entries))

@@ -1,0 +1,211 @@
+"""`scout-task`: the per-task shim that srun starts in place of the training command.
+
+It sets the torch environment from Slurm's, records the rank's place, opens the progress record,
+puts the bootstrap on PYTHONPATH, starts the command as its child and becomes its out-of-band
+watchdog (see `watchdog.Watchdog`). Its exit status is the child's, or one of `exitcodes`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import scout_slurm
+from scout_slurm.config import SiteConfig, load_config
+from scout_slurm.errors import ScoutError
+from scout_slurm.evidence.layout import JobFolder
+from scout_slurm.evidence.records import RankPlace
+from scout_slurm.evidence.store import read_record, write_record
+from scout_slurm.jobenv import TaskContext, task_context
+from scout_slurm.log import configure, get_logger
+from scout_slurm.slurm.hostlist import expand_hostlist
+from scout_slurm.task import exitcodes
+from scout_slurm.task import progress as progress_mod
+
+log = get_logger("scout.task")
+BOOTSTRAP_DIR = Path(scout_slurm.__file__).parent / "bootstrap" / "site"
+PORT_BASE, PORT_SPAN = 10000, 16000
+
+
+def master_port(job_id: int, step_id: int) -> int:
+    """A port from the job and step: distinct for concurrent jobs whose ids differ by less
+    than 2000 and for up to 8 concurrent steps of one job (pure)."""
+    return PORT_BASE + ((job_id % 2000) * 8 + (step_id % 8)) % PORT_SPAN
+
+
+def _resolvable(host: str) -> bool:
+    try:
+        socket.getaddrinfo(host, None)
+        return True
+    except OSError:
+        return False
+
+
+def own_address() -> str:
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def torch_environment(ctx: TaskContext, environ: Mapping[str, str], *, master_addr: str) -> dict[str, str]:
+    """The variables torch.distributed reads, unless the caller set them already (pure)."""
+    wanted = {
+        "RANK": str(ctx.rank), "WORLD_SIZE": str(ctx.world_size), "LOCAL_RANK": str(ctx.local_rank),
+        "LOCAL_WORLD_SIZE": str(ctx.local_world_size), "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port(ctx.job_id, ctx.step_id)),
+    }
+    return {k: v for k, v in wanted.items() if not environ.get(k)}
+
+
+def _wait_for_master(folder: JobFolder, ctx: TaskContext, timeout: float) -> str:
+    """The address rank 0 published in its place record (for nodes whose names do not resolve)."""
+    path = folder.rank_place_path(ctx.restart, 0)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            try:
+                place = read_record(path, RankPlace, root=folder.root)
+                if place.master_addr:
+                    return place.master_addr
+            except ScoutError:
+                pass
+        time.sleep(0.1)
+    raise ScoutError(f"rank 0 did not publish its address in {path} within {timeout:.0f} s; "
+                     "set MASTER_ADDR yourself or check the evidence folder is shared")
+
+
+def parse_args(argv: Sequence[str]) -> list[str]:
+    argv = list(argv)
+    if "--" in argv:
+        argv = argv[argv.index("--") + 1:]
+    if not argv:
+        raise ScoutError("scout-task: no command given; usage: scout-task -- COMMAND [ARGS...]")
+    return argv
+
+
+def prepare_dirs(folder: JobFolder, restart: int) -> None:
+    for d in (folder.ranks_dir(restart), folder.progress_dir(restart), folder.findings_dir(restart),
+              folder.stacks_dir(restart)):
+        d.mkdir(parents=True, exist_ok=True)
+
+
+def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
+    command = parse_args(argv)
+    ctx = task_context(environ)
+    cfg = load_config(environ)
+    folder = JobFolder(Path(cfg.evidence.root), ctx.cluster, ctx.job_id)
+    prepare_dirs(folder, ctx.restart)
+    shm = Path("/dev/shm") / f"scout-{ctx.cluster}-{ctx.job_id}-{ctx.restart}-{ctx.step_id}-{ctx.rank}"
+    shutil.rmtree(shm, ignore_errors=True)
+    shm.mkdir(mode=0o700, parents=True)
+    progress_mod.create(shm / f"rank-{ctx.rank}.bin")
+
+    nodes = expand_hostlist(ctx.step_nodelist) if ctx.step_nodelist else [ctx.node]
+    if environ.get("MASTER_ADDR"):
+        master = environ["MASTER_ADDR"]
+    elif ctx.rank == 0 or _resolvable(nodes[0]):
+        master = own_address() if ctx.rank == 0 else nodes[0]
+    else:
+        master = _wait_for_master(folder, ctx, timeout=cfg.watchdog.startup_grace_s)
+    env = dict(environ)
+    env.update(torch_environment(ctx, environ, master_addr=master))
+    env["SCOUT_PROGRESS_DIR"] = str(shm)
+    env["SCOUT_STACKS_FILE"] = str(folder.stacks_path(ctx.restart, ctx.rank))
+    env["SCOUT_PACKAGE_DIR"] = str(Path(scout_slurm.__file__).parent)
+    env["SCOUT_RUN_DIR"] = str(folder.run_dir(ctx.restart))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOTSTRAP_DIR), environ.get("PYTHONPATH", "")) if p)
+    resume = _resume_checkpoint(folder, ctx.restart)
+    if resume and not environ.get("SCOUT_RESUME_CHECKPOINT"):
+        env["SCOUT_RESUME_CHECKPOINT"] = resume
+
+    place = RankPlace(job_id=ctx.job_id, restart=ctx.restart, rank=ctx.rank, local_rank=ctx.local_rank,
+                      world_size=ctx.world_size, node=ctx.node, hostname=socket.gethostname(),
+                      task_pid=os.getpid(), child_pid=0, gpu_uuids=(), cuda_visible_devices=ctx.cuda_visible_devices,
+                      nic="", master_addr=master if ctx.rank == 0 else "", master_port=int(env["MASTER_PORT"]),
+                      started_at=time.time())
+    place = _join_hardware_map(folder, place)
+    write_record(folder.rank_place_path(ctx.restart, ctx.rank), place)
+
+    from scout_slurm.task.watchdog import Watchdog
+    try:
+        child = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
+    except OSError as exc:
+        raise ScoutError(f"scout-task: cannot start {command[0]!r}: {exc}") from exc
+    tail: deque[str] = deque(maxlen=40)
+    pump = threading.Thread(target=_pump_stderr, args=(child, tail), daemon=True)
+    pump.start()
+    import dataclasses
+    write_record(folder.rank_place_path(ctx.restart, ctx.rank), dataclasses.replace(place, child_pid=child.pid))
+    watchdog = Watchdog(ctx=ctx, cfg=cfg.watchdog, folder=folder, child=child, shm_dir=shm, stderr_tail=tail)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, watchdog.on_signal)
+    try:
+        code = watchdog.run()
+    finally:
+        pump.join(timeout=2)
+        shutil.rmtree(shm, ignore_errors=True)
+    return code
+
+
+def _pump_stderr(child: subprocess.Popen, tail: deque) -> None:
+    """Forward the child's stderr and keep its last lines (cascade errors are recognised there)."""
+    assert child.stderr is not None
+    out = sys.stderr.buffer
+    for line in iter(child.stderr.readline, b""):
+        try:
+            out.write(line)
+            out.flush()
+        except OSError:
+            pass
+        tail.append(line.decode("utf-8", "replace").rstrip("\n")[:500])
+
+
+def _resume_checkpoint(folder: JobFolder, restart: int) -> str:
+    try:
+        from scout_slurm.remediation.records import ResumeInstruction
+    except ImportError:
+        return ""
+    path = folder.resume_path(restart)
+    if not path.exists():
+        return ""
+    try:
+        return read_record(path, ResumeInstruction, root=folder.root).checkpoint
+    except ScoutError as exc:
+        log.warning("task.resume_unreadable", path=str(path), error=str(exc))
+        return ""
+
+
+def _join_hardware_map(folder: JobFolder, place: RankPlace) -> RankPlace:
+    """Resolve the GPUs this rank sees to UUIDs, and the NIC nearest them, from the Prolog's map."""
+    try:
+        from scout_slurm.hwmap.join import join_place
+    except ImportError:
+        return place
+    try:
+        return join_place(folder, place)
+    except ScoutError as exc:
+        log.warning("task.hwmap_unavailable", error=str(exc))
+        return place
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    configure()
+    try:
+        return run(sys.argv[1:] if argv is None else argv, os.environ)
+    except ScoutError as exc:
+        print(f"scout-task: {exc}", file=sys.stderr)
+        return exitcodes.WATCHDOG_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,338 @@
+"""The out-of-band watchdog: runs in the shim's process, outside the training process, so it
+sees the child exit, stop (SIGSTOP), sit in uninterruptible sleep, or stop advancing even when
+the child is stuck inside C++. Watchdogs of all ranks agree on who is behind through the
+evidence folder (no working collective needed) and end the step with a documented exit code.
+
+States: WATCHING -> SUSPECT -> (WATCHING | TERMINATING) -> DONE; an illegal transition raises.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import signal
+import statistics
+import subprocess
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from scout_slurm.config import WatchdogConfig
+from scout_slurm.errors import ScoutError
+from scout_slurm.evidence.layout import JobFolder
+from scout_slurm.evidence.records import (ChildState, ExitRecord, Finding, FindingKind, ProgressSnapshot,
+                                          StallDecision)
+from scout_slurm.evidence.store import create_record_exclusive, list_records, read_record, write_record
+from scout_slurm.jobenv import TaskContext
+from scout_slurm.localise.stall import decide_stall
+from scout_slurm.log import get_logger
+from scout_slurm.task import exitcodes
+from scout_slurm.task import progress as progress_mod
+
+log = get_logger("scout.watchdog")
+STACK_SIGNAL = signal.SIGRTMIN + 5  # the bootstrap registers faulthandler on it
+
+
+class WatchState(enum.Enum):
+    WATCHING = "watching"
+    SUSPECT = "suspect"
+    TERMINATING = "terminating"
+    DONE = "done"
+
+
+TRANSITIONS: dict[WatchState, frozenset[WatchState]] = {
+    WatchState.WATCHING: frozenset({WatchState.SUSPECT, WatchState.TERMINATING, WatchState.DONE}),
+    WatchState.SUSPECT: frozenset({WatchState.WATCHING, WatchState.TERMINATING, WatchState.DONE}),
+    WatchState.TERMINATING: frozenset({WatchState.DONE}),
+    WatchState.DONE: frozenset(),
+}
+
+
+def proc_state(pid: int) -> ChildState:
+    """The process's scheduler state from /proc (R/S running, T stopped, D uninterruptible)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            raw = fh.read(4096)
+        state = raw.rsplit(b")", 1)[1].split()[0].decode()
+    except (OSError, IndexError):
+        return ChildState.EXITED
+    return {"T": ChildState.STOPPED, "t": ChildState.STOPPED, "D": ChildState.DISK_SLEEP,
+            "Z": ChildState.EXITED, "X": ChildState.EXITED}.get(state, ChildState.RUNNING)
+
+
+@dataclass
+class RankTracker:
+    """What one rank's record did over time, in this node's monotonic clock."""
+    rank: int
+    path: Path
+    last_position: tuple[int, int, int] | None = None
+    last_change: float = 0.0
+    last_steps: int = 0
+    last_step_at: float = 0.0
+    intervals: deque = field(default_factory=lambda: deque(maxlen=32))
+    view: progress_mod.ProgressView | None = None
+
+    def observe(self, view: progress_mod.ProgressView, now: float) -> None:
+        pos = view.position
+        if pos != self.last_position:
+            self.last_position = pos
+            self.last_change = now
+        if view.opt_steps > self.last_steps:
+            if self.last_step_at:
+                self.intervals.append((now - self.last_step_at) / (view.opt_steps - self.last_steps))
+            self.last_steps = view.opt_steps
+            self.last_step_at = now
+        self.view = view
+
+    def typical_step_s(self) -> float:
+        return statistics.median(self.intervals) if len(self.intervals) >= 3 else 0.0
+
+    def threshold_s(self, cfg: WatchdogConfig) -> float:
+        v = self.view
+        if v is None or (v.coll_entered == 0 and v.opt_steps == 0):
+            return cfg.startup_grace_s
+        return max(cfg.stall_floor_s, cfg.stall_factor * self.typical_step_s())
+
+
+class Watchdog:
+    def __init__(self, *, ctx: TaskContext, cfg: WatchdogConfig, folder: JobFolder, child: subprocess.Popen,
+                 shm_dir: Path, stderr_tail: deque, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.ctx, self.cfg, self.folder, self.child = ctx, cfg, folder, child
+        self.shm_dir, self.stderr_tail = shm_dir, stderr_tail
+        self.clock, self.wall, self.sleep = clock, wall, sleep
+        self.state = WatchState.WATCHING
+        self.started = clock()
+        self.trackers: dict[int, RankTracker] = {}
+        self.publish_seq = 0
+        self.next_publish = 0.0
+        self.suspect_since = 0.0
+        self.peer_seq_at_suspect: dict[int, int] = {}
+        self.external_signal = 0
+        self.stacks_requested = False
+
+    # -- state machine ------------------------------------------------------------------
+    def _to(self, new: WatchState) -> None:
+        if new not in TRANSITIONS[self.state]:
+            raise ScoutError(f"watchdog: illegal transition {self.state.value} -> {new.value}")
+        log.info("watchdog.state", rank=self.ctx.rank, old=self.state.value, new=new.value)
+        self.state = new
+
+    # -- signals --------------------------------------------------------------------------
+    def on_signal(self, signum: int, frame) -> None:
+        if signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            self.external_signal = signum
+        try:
+            os.kill(self.child.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    # -- main loop ------------------------------------------------------------------------
+    def run(self) -> int:
+        while True:
+            status = self._reap()
+            if status is not None:
+                return self._on_exit(status, killed_by_scout=False)
+            now = self.clock()
+            self._observe(now)
+            if now >= self.next_publish:
+                self._publish(now)
+                self.next_publish = now + self.cfg.publish_interval_s
+            decision = self._check_stall(now)
+            if decision is not None:
+                return self._terminate(decision)
+            self.sleep(self.cfg.poll_interval_s)
+
+    def _reap(self) -> int | None:
+        try:
+            pid, status = os.waitpid(self.child.pid, os.WNOHANG)
+        except ChildProcessError:
+            return 0
+        if pid == 0:
+            return None
+        self.child.returncode = os.waitstatus_to_exitcode(status)
+        return status
+
+    def _observe(self, now: float) -> None:
+        try:
+            names = [n for n in os.listdir(self.shm_dir) if n.startswith("rank-") and n.endswith(".bin")]
+        except OSError:
+            names = []
+        for name in names:
+            try:
+                rank = int(name[5:-4])
+            except ValueError:
+                continue
+            tracker = self.trackers.get(rank)
+            if tracker is None:
+                tracker = self.trackers[rank] = RankTracker(rank, self.shm_dir / name, last_change=now)
+            view = progress_mod.read(tracker.path)
+            if view is not None:
+                tracker.observe(view, now)
+
+    def _training_pid(self, tracker: RankTracker) -> int:
+        v = tracker.view
+        return v.pid if v is not None and v.pid > 0 else self.child.pid
+
+    def snapshot(self, tracker: RankTracker, now: float, *, exited: bool = False) -> ProgressSnapshot:
+        v = tracker.view
+        state = ChildState.EXITED if exited else proc_state(self._training_pid(tracker))
+        if v is None:
+            return ProgressSnapshot(rank=tracker.rank, node=self.ctx.node, pid=self.child.pid, published_at=self.wall(),
+                                    child_state=state if exited or self.clock() - self.started > 1 else ChildState.STARTING,
+                                    coll_entered=0, coll_completed=0, in_collective=False, current_op="none",
+                                    opt_steps=0, pg_seq=-1, idle_s=now - self.started, step_time_s=0.0,
+                                    bootstrap_active=False, publish_seq=self.publish_seq,
+                                    threshold_s=tracker.threshold_s(self.cfg))
+        return ProgressSnapshot(rank=tracker.rank, node=self.ctx.node, pid=v.pid, published_at=self.wall(),
+                                child_state=state, coll_entered=v.coll_entered, coll_completed=v.coll_completed,
+                                in_collective=v.in_collective, current_op=v.current_op, opt_steps=v.opt_steps,
+                                pg_seq=v.pg_seq, idle_s=round(now - tracker.last_change, 3),
+                                step_time_s=round(tracker.typical_step_s(), 4), recent=v.recent[-16:],
+                                bootstrap_active=v.active, publish_seq=self.publish_seq,
+                                threshold_s=tracker.threshold_s(self.cfg))
+
+    def _publish(self, now: float, *, exited: bool = False) -> None:
+        self.publish_seq += 1
+        for tracker in self.trackers.values():
+            try:
+                write_record(self.folder.progress_path(self.ctx.restart, tracker.rank),
+                             self.snapshot(tracker, now, exited=exited))
+            except ScoutError as exc:
+                log.warning("watchdog.publish_failed", rank=tracker.rank, error=str(exc))
+
+    # -- stalls ---------------------------------------------------------------------------
+    def _decision_path(self) -> Path:
+        return self.folder.stall_decision_path(self.ctx.restart)
+
+    def _existing_decision(self) -> StallDecision | None:
+        path = self._decision_path()
+        if not path.exists():
+            return None
+        try:
+            return read_record(path, StallDecision, root=self.folder.root)
+        except ScoutError as exc:
+            log.warning("watchdog.decision_unreadable", error=str(exc))
+            return None
+
+    def _check_stall(self, now: float) -> StallDecision | None:
+        existing = self._existing_decision()
+        if existing is not None:
+            return existing
+        stalled = [t for t in self.trackers.values() if now - t.last_change > t.threshold_s(self.cfg)]
+        if not stalled:
+            if self.state == WatchState.SUSPECT:
+                self._to(WatchState.WATCHING)
+            return None
+        if self.state == WatchState.WATCHING:
+            self._to(WatchState.SUSPECT)
+            self.suspect_since = now
+            self._request_stacks()
+            self.peer_seq_at_suspect = {s.rank: s.publish_seq for s in self._peer_snapshots()}
+            for t in stalled:
+                self._write_finding(Finding(
+                    rank=t.rank, node=self.ctx.node, kind=FindingKind.STALL_SUSPECT, at=self.wall(),
+                    summary=f"rank {t.rank} made no progress for {now - t.last_change:.1f} s "
+                            f"(threshold {t.threshold_s(self.cfg):.1f} s)",
+                    details=(f"process state: {proc_state(self._training_pid(t)).value}",),
+                    step=t.view.opt_steps if t.view else -1))
+            return None
+        confirm_s = max(2.0, 4 * self.cfg.publish_interval_s)
+        if now - self.suspect_since < confirm_s:
+            return None
+        peers = {s.rank: s for s in self._peer_snapshots()}
+        silent = frozenset(r for r, s in peers.items()
+                           if r in self.peer_seq_at_suspect and s.publish_seq == self.peer_seq_at_suspect[r]
+                           and s.child_state != ChildState.EXITED)
+        for r, s in peers.items():
+            if r in silent or s.child_state == ChildState.EXITED or r in self.trackers:
+                continue
+            if s.idle_s < s.threshold_s / 2:
+                return None  # a peer is still advancing: not a job-wide stall (yet)
+        for t in self.trackers.values():
+            peers[t.rank] = self.snapshot(t, now)
+        call = decide_stall(peers, self.ctx.world_size, silent)
+        decision = StallDecision(decided_by=self.ctx.rank, at=self.wall(), culprits=call.culprits,
+                                 kind=call.kind, reasoning=call.reasoning)
+        create_record_exclusive(self._decision_path(), decision)
+        return self._existing_decision() or decision
+
+    def _peer_snapshots(self) -> list[ProgressSnapshot]:
+        records, errors = list_records(self.folder.progress_dir(self.ctx.restart), "rank-*.json", ProgressSnapshot,
+                                       root=self.folder.root)
+        for e in errors:
+            log.warning("watchdog.peer_unreadable", error=e)
+        return records
+
+    def _request_stacks(self) -> None:
+        if self.stacks_requested:
+            return
+        self.stacks_requested = True
+        for t in self.trackers.values():
+            try:
+                os.kill(self._training_pid(t), STACK_SIGNAL)
+            except ProcessLookupError:
+                pass
+
+    def _write_finding(self, finding: Finding) -> None:
+        name = f"{finding.kind.value}-rank-{finding.rank}-{int(finding.at * 1000)}.json"
+        try:
+            write_record(self.folder.findings_dir(self.ctx.restart) / name, finding)
+        except ScoutError as exc:
+            log.warning("watchdog.finding_failed", error=str(exc))
+
+    def _terminate(self, decision: StallDecision) -> int:
+        self._to(WatchState.TERMINATING)
+        mine = [r for r in self.trackers if r in decision.culprits]
+        self._request_stacks()
+        now = self.clock()
+        for r in mine:
+            t = self.trackers[r]
+            self._write_finding(Finding(rank=r, node=self.ctx.node, kind=decision.kind, at=self.wall(),
+                                        summary=f"rank {r} named by the watchdogs: {decision.kind.value}",
+                                        details=decision.reasoning, step=t.view.opt_steps if t.view else -1))
+        final = {r: self.snapshot(t, now) for r, t in self.trackers.items()}
+        status = self._escalate()
+        self._on_exit(status, killed_by_scout=True, final=final)
+        return exitcodes.STALL_CULPRIT if mine else exitcodes.STALL_PEER
+
+    def _escalate(self) -> int:
+        """SIGCONT (a stopped child cannot die or dump), SIGTERM, grace, SIGKILL."""
+        pid = self.child.pid
+        for sig, wait in ((signal.SIGCONT, 0.3), (signal.SIGTERM, self.cfg.grace_s), (signal.SIGKILL, 10.0)):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+            deadline = self.clock() + wait
+            while self.clock() < deadline:
+                status = self._reap()
+                if status is not None:
+                    return status
+                self.sleep(0.05)
+        status = self._reap()
+        return status if status is not None else 0
+
+    def _on_exit(self, status: int, *, killed_by_scout: bool,
+                 final: dict[int, ProgressSnapshot] | None = None) -> int:
+        self._to(WatchState.DONE)
+        now = self.clock()
+        self._observe(now)
+        snaps = final or {r: self.snapshot(t, now, exited=True) for r, t in self.trackers.items()}
+        signum = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
+        code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
+        record = ExitRecord(rank=self.ctx.rank, node=self.ctx.node, pid=self.child.pid, exit_code=code,
+                            signal=signum, core_dumped=bool(os.WIFSIGNALED(status) and os.WCOREDUMP(status)),
+                            at=self.wall(), killed_by_scout=killed_by_scout,
+                            last_progress=snaps.get(self.ctx.rank), stderr_tail=tuple(self.stderr_tail),
+                            external_termination=bool(self.external_signal))
+        try:
+            write_record(self.folder.rank_exit_path(self.ctx.restart, self.ctx.rank), record)
+        except ScoutError as exc:
+            log.error("watchdog.exit_record_failed", error=str(exc))
+        self._publish(now, exited=True)
+        log.info("watchdog.child_exited", rank=self.ctx.rank, exit_code=code, signal=signum,
+                 killed_by_scout=killed_by_scout)
+        return code if code >= 0 else 128 + signum
