@@ -83,3 +83,118 @@ def lab_status(state_dir: Path, as_json: bool) -> None:
             click.echo(f"  nodes: cannot list them: {n['error'].splitlines()[0]}")
         else:
             click.echo(f"  {n['name']:<8} {n['state']:<16} {n['reason']}")
+
+
+# -- reading incidents ---------------------------------------------------------------------
+
+def _site(config_path: str | None):
+    import os as _os
+    from scout_slurm.config import load_config
+    return load_config(_os.environ, path=config_path)
+
+
+def _find_job_folder(root: Path, job_id: int, cluster: str | None):
+    from scout_slurm.evidence.layout import JobFolder
+    if cluster:
+        folder = JobFolder(root, cluster, job_id)
+        if not folder.path.is_dir():
+            raise ScoutError(f"no evidence for job {job_id} of cluster {cluster} under {root}")
+        return folder
+    hits = [JobFolder(root, c.name, job_id) for c in sorted(root.iterdir()) if c.is_dir()
+            and (c / str(job_id)).is_dir()] if root.is_dir() else []
+    if not hits:
+        raise ScoutError(f"no evidence for job {job_id} under {root}: was it run with scout-srun, "
+                         "and is [evidence] root the same here?")
+    if len(hits) > 1:
+        raise ScoutError(f"job {job_id} exists for clusters {[h.cluster for h in hits]}: name one with --cluster")
+    return hits[0]
+
+
+_config_opt = click.option("--config", "config_path", default=None, help="Site config (default: $SCOUT_CONFIG).")
+
+
+@main.command("show")
+@click.argument("job_id", type=int)
+@click.option("--restart", type=int, default=None, help="Which run of the job (default: the last).")
+@click.option("--cluster", default=None)
+@click.option("--json", "as_json", is_flag=True, help="Print the verdict record (with actions) as JSON.")
+@_config_opt
+def show(job_id: int, restart: int | None, cluster: str | None, as_json: bool, config_path: str | None) -> None:
+    """The verdict, a per-rank timeline and the actions taken for JOB_ID."""
+    import time as _time
+    from scout_slurm.evidence.records import Verdict
+    from scout_slurm.evidence.store import read_record, record_to_obj
+    from scout_slurm.localise.gather import gather_evidence
+    from scout_slurm.localise.verdict import localise
+    from scout_slurm.remediation.records import ActionsRecord
+    from scout_slurm.report.incident import render_actions
+    from scout_slurm.report.show import render_show
+
+    cfg = _site(config_path)
+    folder = _find_job_folder(Path(cfg.evidence.root), job_id, cluster)
+    runs = folder.restarts()
+    if not runs:
+        raise ScoutError(f"job {job_id}: no run folders in {folder.path}")
+    run = runs[-1] if restart is None else restart
+    ev = gather_evidence(folder, run)
+    vpath = folder.verdict_path(run)
+    computed = not vpath.exists()
+    verdict = localise(ev, now=_time.time()) if computed else read_record(vpath, Verdict, root=folder.root)
+    apath = folder.actions_path(run)
+    actions = read_record(apath, ActionsRecord, root=folder.root) if apath.exists() else None
+    if as_json:
+        obj = record_to_obj(verdict)
+        obj["actions"] = record_to_obj(actions) if actions else None
+        obj["runs"] = runs
+        obj["computed"] = computed
+        click.echo(json.dumps(obj, indent=2, sort_keys=True))
+        return
+    click.echo(render_show(job_id, folder.cluster, run, verdict, ev, render_actions(actions) if actions else None,
+                           computed=computed), nl=False)
+    if len(runs) > 1:
+        click.echo(f"\nruns of this job: {runs} (see --restart N)")
+
+
+@main.command("incidents")
+@click.option("--node", default=None, help="Only incidents whose suspects ran on NODE.")
+@click.option("--limit", type=int, default=20, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@_config_opt
+def incidents(node: str | None, limit: int, as_json: bool, config_path: str | None) -> None:
+    """Recent incidents: job, run, verdict, suspects, nodes drained."""
+    from scout_slurm.report.incidents import list_incidents
+    cfg = _site(config_path)
+    rows = list_incidents(Path(cfg.evidence.root), node=node, limit=limit)
+    if as_json:
+        click.echo(json.dumps([r.as_dict() for r in rows], indent=2))
+        return
+    if not rows:
+        click.echo("no incidents")
+        return
+    click.echo(f"{'cluster':<10} {'job':>7} {'run':>3}  {'verdict':<12} {'suspects':<28} drained")
+    for r in rows:
+        sus = ", ".join(f"r{s[0]}@{s[1]}" for s in r.suspects) or "-"
+        click.echo(f"{r.cluster:<10} {r.job_id:>7} {r.restart:>3}  {r.kind:<12} {sus:<28} {', '.join(r.drained) or '-'}")
+
+
+@main.command("undrain")
+@click.argument("node")
+@click.option("--dry-run", is_flag=True, help="Say what would be done.")
+@_config_opt
+def undrain(node: str, dry_run: bool, config_path: str | None) -> None:
+    """Return NODE to service, only if scout drained it (other drains are left alone)."""
+    import os as _os
+    from scout_slurm.slurm import ops
+    cfg = _site(config_path)
+    info = ops.node_info(node, timeout=cfg.slurm.timeout_s, bin_dir=cfg.slurm.bin_dir)
+    if not info.is_drained:
+        click.echo(f"{node} is not drained (state {info.state_text}): nothing to do")
+        return
+    if not info.reason.startswith("scout:"):
+        raise ScoutError(f"{node} was drained by someone else (reason: {info.reason!r}); scout leaves it alone. "
+                         f"Use scontrol update nodename={node} state=resume if you mean it.")
+    if dry_run:
+        click.echo(f"would resume {node} (reason was: {info.reason})")
+        return
+    ops.resume_node(node, timeout=cfg.slurm.timeout_s, bin_dir=cfg.slurm.bin_dir)
+    click.echo(f"resumed {node} (reason was: {info.reason})")

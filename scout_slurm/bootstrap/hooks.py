@@ -30,6 +30,7 @@ COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor"
 class _State:
     def __init__(self) -> None:
         self.progress_dir: Path | None = None
+        self.checkpoints_dir: Path | None = None
         self.writer: progress_mod.ProgressWriter | None = None
         self.fault: FaultSpec | None = None
         self.restart = 0
@@ -143,6 +144,7 @@ def _patch_distributed(handle: InstalledHooks, dist: Any) -> None:
                 late_done.append(True)
                 _patch_ddp(handle, original_all_reduce=original_all_reduce)
                 _patch_optimizer(handle)
+                _patch_save(handle)
         except Exception as exc:  # noqa: BLE001 - never break the job
             sys.stderr.write(f"scout: cannot open the progress record: {exc!r}\n")
         return result
@@ -227,6 +229,45 @@ def _patch_optimizer(handle: InstalledHooks) -> None:
     handle.on_remove(h.remove)
 
 
+def note_checkpoint(path: str | os.PathLike, *, step: int | None = None) -> None:
+    """Tell scout that a checkpoint was written (the explicit call for custom savers). The
+    note goes to the job's evidence folder; the recovery rule picks among these."""
+    notes_dir = STATE.checkpoints_dir
+    if notes_dir is None:
+        return
+    from scout_slurm.evidence.store import write_record
+    from scout_slurm.remediation.records import CheckpointNote
+    target = os.path.abspath(os.fspath(path))
+    try:
+        size = os.stat(target).st_size
+    except OSError:
+        return
+    if step is None:
+        step = STATE.writer.steps if STATE.writer is not None else -1
+    note = CheckpointNote(path=target, step=int(step), rank=STATE.rank, restart=STATE.restart,
+                          saved_at=time.time(), size_bytes=size)
+    try:
+        notes_dir.mkdir(parents=True, exist_ok=True)
+        write_record(notes_dir / f"run-{STATE.restart}-step-{int(step)}-rank-{STATE.rank}.json", note)
+    except Exception as exc:  # noqa: BLE001 - never break the job for a note
+        sys.stderr.write(f"scout: checkpoint note not written: {exc!r}\n")
+
+
+def _patch_save(handle: InstalledHooks) -> None:
+    import torch
+
+    original_save = torch.save
+
+    @functools.wraps(original_save)
+    def scout_save(obj, f, *args, **kwargs):
+        result = original_save(obj, f, *args, **kwargs)
+        if isinstance(f, (str, os.PathLike)) and not os.path.basename(os.fspath(f)).startswith("."):
+            note_checkpoint(f)
+        return result
+
+    handle.patch(torch, "save", scout_save)
+
+
 def _fire(fault: FaultSpec) -> None:
     sys.stderr.write(f"scout: injecting fault {fault.kind} on rank {STATE.rank} at step {fault.step}\n")
     sys.stderr.flush()
@@ -279,13 +320,15 @@ class _PatchAfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-def install(progress_dir: Path | None, *, fault: FaultSpec | None = None, restart: int = 0) -> InstalledHooks:
+def install(progress_dir: Path | None, *, fault: FaultSpec | None = None, restart: int = 0,
+            checkpoints_dir: Path | None = None) -> InstalledHooks:
     """Install the hooks (idempotent). torch.distributed is patched now if already imported,
     else right after it is imported."""
     with STATE.lock:
         if STATE.installed is not None:
             return STATE.installed
         STATE.progress_dir = progress_dir
+        STATE.checkpoints_dir = checkpoints_dir
         STATE.fault = fault
         STATE.restart = restart
         handle = InstalledHooks()
@@ -312,4 +355,6 @@ def install_from_environment(environ: Mapping[str, str]) -> InstalledHooks | Non
         faulthandler.register(STACK_SIGNAL, file=fh, all_threads=True, chain=False)
     fault = parse_fault(environ["SCOUT_INJECT"]) if environ.get("SCOUT_INJECT") else None
     restart = int(environ.get("SLURM_RESTART_COUNT", "0") or 0)
-    return install(Path(environ["SCOUT_PROGRESS_DIR"]), fault=fault, restart=restart)
+    ckpt = environ.get("SCOUT_CHECKPOINTS_DIR")
+    return install(Path(environ["SCOUT_PROGRESS_DIR"]), fault=fault, restart=restart,
+                   checkpoints_dir=Path(ckpt) if ckpt else None)

@@ -1,8 +1,180 @@
-"""placeholder until implemented: exits 0 so a lab node is never drained by it."""
+"""The controller Epilog (EpilogSlurmctld, once per job, as SlurmUser): when the job failed or
+left a finding, localise, keep the incident (verdict, report), plan and apply the remediation.
+
+`handle_job_end` is shared with the batch host's node Epilog for sites whose controller cannot
+read the evidence. Exit status is always 0: Slurm only logs a failing EpilogSlurmctld, and
+scout's own failure must never be mistaken for the job's.
+"""
+
+from __future__ import annotations
+
+import os
 import sys
+import time
+from pathlib import Path
+from typing import Callable, Mapping
+
+from scout_slurm.config import SiteConfig, load_config
+from scout_slurm.errors import EvidenceError, ScoutError, SlurmError
+from scout_slurm.evidence.layout import JobFolder
+from scout_slurm.evidence.records import Finding, Verdict, VerdictKind
+from scout_slurm.evidence.store import create_record_exclusive, list_records, read_record, write_record
+from scout_slurm.jobenv import HookContext, hook_context
+from scout_slurm.localise.gather import gather_evidence
+from scout_slurm.localise.verdict import localise
+from scout_slurm.log import configure, get_logger
+from scout_slurm.remediation.apply import apply_plan
+from scout_slurm.remediation.plan import JobFacts, build_plan, choose_checkpoint
+from scout_slurm.remediation.records import ActionsRecord, CheckpointNote, PlanStatus
+from scout_slurm.report.incident import render_incident_markdown
+from scout_slurm.slurm import ops
+from scout_slurm.slurm.hostlist import expand_hostlist
+
+log = get_logger("scout.controller")
+
+
+def _has_scout_records(folder: JobFolder, restart: int) -> bool:
+    d = folder.ranks_dir(restart)
+    try:
+        return d.is_dir() and not d.is_symlink() and any(n.endswith(".json") for n in os.listdir(d))
+    except OSError:
+        return False
+
+
+def _findings(folder: JobFolder, restart: int) -> list[Finding]:
+    d = folder.findings_dir(restart)
+    if not d.is_dir():
+        return []
+    try:
+        records, _ = list_records(d, "*.json", Finding, root=folder.root)
+    except EvidenceError:
+        return []
+    return records
+
+
+def job_facts(ctx: HookContext, cfg: SiteConfig, env: Mapping[str, str] | None) -> JobFacts:
+    t = cfg.slurm.timeout_s
+    allocation = tuple(expand_hostlist(ctx.job_nodelist))
+    try:
+        job = ops.job_info(ctx.job_id, timeout=t, env=env, bin_dir=cfg.slurm.bin_dir)
+        excluded, requeue, restarts = job.excluded_nodes, job.requeue, job.restart_count
+        if job.nodes:
+            allocation = tuple(n for n in allocation if n in set(job.nodes)) or job.nodes
+    except SlurmError as exc:
+        log.warning("controller.job_info_failed", job=ctx.job_id, error=str(exc))
+        excluded, requeue, restarts = (), True, ctx.restart
+    try:
+        usable = tuple(n.name for n in ops.list_nodes(timeout=t, env=env, bin_dir=cfg.slurm.bin_dir)
+                       if not n.is_drained and n.state not in ("DOWN", "FUTURE"))
+    except SlurmError as exc:
+        log.warning("controller.list_nodes_failed", error=str(exc))
+        usable = ()
+    return JobFacts(job_id=ctx.job_id, allocation=allocation, excluded=excluded, requeue_allowed=requeue,
+                    restart_count=max(restarts, ctx.restart), usable_nodes=usable)
+
+
+def _wait_for_node_evidence(folder: JobFolder, nodes: tuple[str, ...], wait_s: float,
+                            clock: Callable[[], float], sleep: Callable[[float], None]) -> list[str]:
+    deadline = clock() + wait_s
+    while True:
+        missing = [n for n in nodes if not (folder.node_dir(n) / "epilog.json").exists()]
+        if not missing or clock() >= deadline:
+            return missing
+        sleep(0.2)
+
+
+def handle_job_end(ctx: HookContext, cfg: SiteConfig, *, env: Mapping[str, str] | None = None,
+                   clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                   sleep: Callable[[float], None] = time.sleep) -> ActionsRecord | None:
+    started = clock()
+    deadline = started + cfg.epilog.time_budget_s
+    folder = JobFolder(Path(cfg.evidence.root), ctx.cluster, ctx.job_id)
+    restart = ctx.restart
+    if not folder.path.is_dir() or folder.path.is_symlink() or not _has_scout_records(folder, restart):
+        log.info("controller.not_a_scout_job", job=ctx.job_id)
+        return None
+    actions_path = folder.actions_path(restart)
+    if actions_path.exists():
+        try:
+            previous = read_record(actions_path, ActionsRecord, root=folder.root)
+        except EvidenceError as exc:
+            log.error("controller.actions_unreadable", error=str(exc))
+            return None
+        if previous.status in (PlanStatus.APPLIED, PlanStatus.OBSERVE_ONLY, PlanStatus.NOTHING_TO_DO):
+            log.info("controller.already_handled", job=ctx.job_id, restart=restart, status=previous.status.value)
+            return previous
+        log.info("controller.resuming_plan", job=ctx.job_id, status=previous.status.value)
+        return apply_plan(previous, actions_path, folder, timeout=cfg.slurm.timeout_s, retries=cfg.slurm.retries,
+                          retry_wait_s=cfg.slurm.retry_wait_s, deadline=deadline, env=env, clock=clock, wall=wall,
+                          sleep=sleep)
+    findings = _findings(folder, restart)
+    if not ctx.job_failed and not findings:
+        verdict = localise(gather_evidence(folder, restart, job_exit_code=ctx.exit_code_raw), now=wall())
+        if verdict.kind == VerdictKind.CLEAN:
+            write_record(folder.verdict_path(restart), verdict)
+            log.info("controller.clean", job=ctx.job_id)
+            return None
+    facts = job_facts(ctx, cfg, env)
+    missing = _wait_for_node_evidence(folder, facts.allocation, min(cfg.epilog.wait_for_nodes_s,
+                                                                    max(0.0, deadline - clock() - 5)), clock, sleep)
+    evidence = gather_evidence(folder, restart, job_exit_code=ctx.exit_code_raw)
+    verdict = localise(evidence, now=wall())
+    if missing:
+        verdict = _with_note(verdict, f"node epilog evidence missing from: {', '.join(missing)}")
+    write_record(folder.verdict_path(restart), verdict)
+    notes: list[CheckpointNote] = []
+    if folder.checkpoints_dir.is_dir():
+        try:
+            notes, errors = list_records(folder.checkpoints_dir, "*.json", CheckpointNote, root=folder.root)
+            notes = [n for n in notes if n.path.startswith("/") and n.path.isprintable() and n.restart <= restart]
+        except EvidenceError as exc:
+            log.warning("controller.checkpoints_unreadable", error=str(exc))
+    checkpoint = choose_checkpoint(notes, verdict.first_suspect_step)
+    plan = build_plan(verdict, facts, cfg.remediation, evidence_path=str(folder.path), checkpoint=checkpoint)
+    status = (PlanStatus.NOTHING_TO_DO if not plan.actions else
+              PlanStatus.OBSERVE_ONLY if cfg.remediation.observe_only else PlanStatus.PLANNED)
+    record = ActionsRecord(job_id=ctx.job_id, restart=restart, verdict_kind=verdict.kind, status=status,
+                           actions=plan.actions, held_back=plan.held_back, results=(), created_at=wall(),
+                           updated_at=wall())
+    if not create_record_exclusive(actions_path, record):
+        log.info("controller.raced", job=ctx.job_id)  # another instance planned first; it applies
+        return read_record(actions_path, ActionsRecord, root=folder.root)
+    _write_report(folder, restart, verdict, evidence, record)
+    if status == PlanStatus.PLANNED:
+        record = apply_plan(record, actions_path, folder, timeout=cfg.slurm.timeout_s, retries=cfg.slurm.retries,
+                            retry_wait_s=cfg.slurm.retry_wait_s, deadline=deadline, env=env, clock=clock,
+                            wall=wall, sleep=sleep)
+        _write_report(folder, restart, verdict, evidence, record)
+    log.info("controller.done", job=ctx.job_id, verdict=verdict.kind.value, status=record.status.value,
+             suspects=[(s.rank, s.node) for s in verdict.suspects], seconds=round(clock() - started, 3))
+    return record
+
+
+def _with_note(verdict: Verdict, note: str) -> Verdict:
+    import dataclasses
+    return dataclasses.replace(verdict, reasoning=(*verdict.reasoning, note))
+
+
+def _write_report(folder: JobFolder, restart: int, verdict: Verdict, evidence, record: ActionsRecord) -> None:
+    from scout_slurm.evidence.store import atomic_write_bytes
+    text = render_incident_markdown(verdict, evidence, record)
+    atomic_write_bytes(folder.report_path(restart), text.encode("utf-8"))
+
 
 def main() -> int:
+    configure()
+    try:
+        ctx = hook_context(os.environ)
+        cfg = load_config(os.environ)
+        if cfg.epilog.localise_on != "controller":
+            return 0
+        handle_job_end(ctx, cfg)
+    except ScoutError as exc:
+        log.error("controller.failed", error=str(exc))
+    except Exception as exc:  # noqa: BLE001 - never let scout's bug look like the job's failure
+        log.exception("controller.bug", error=repr(exc))
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

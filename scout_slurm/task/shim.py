@@ -95,7 +95,7 @@ def parse_args(argv: Sequence[str]) -> list[str]:
 
 def prepare_dirs(folder: JobFolder, restart: int) -> None:
     for d in (folder.ranks_dir(restart), folder.progress_dir(restart), folder.findings_dir(restart),
-              folder.stacks_dir(restart)):
+              folder.stacks_dir(restart), folder.checkpoints_dir):
         d.mkdir(parents=True, exist_ok=True)
 
 
@@ -123,6 +123,7 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     env["SCOUT_STACKS_FILE"] = str(folder.stacks_path(ctx.restart, ctx.rank))
     env["SCOUT_PACKAGE_DIR"] = str(Path(scout_slurm.__file__).parent)
     env["SCOUT_RUN_DIR"] = str(folder.run_dir(ctx.restart))
+    env["SCOUT_CHECKPOINTS_DIR"] = str(folder.checkpoints_dir)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOTSTRAP_DIR), environ.get("PYTHONPATH", "")) if p)
     resume = _resume_checkpoint(folder, ctx.restart)
     if resume and not environ.get("SCOUT_RESUME_CHECKPOINT"):

@@ -60,9 +60,8 @@ def main() -> int:
         dist.all_reduce(logged)
         if rank == 0 and args.ckpt_dir and step % args.ckpt_every == 0:
             os.makedirs(args.ckpt_dir, exist_ok=True)
-            tmp = os.path.join(args.ckpt_dir, f".step-{step}.pt.tmp")
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, tmp)
-            os.replace(tmp, os.path.join(args.ckpt_dir, f"step-{step}.pt"))
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step},
+                       os.path.join(args.ckpt_dir, f"step-{step}.pt"))
         if rank == 0 and step % 20 == 0:
             print(f"step {step} loss {logged.item() / world:.6f}", flush=True)
     if rank == 0 and args.out:

@@ -1,0 +1,109 @@
+"""Build the remediation plan from a verdict (pure). Every guard of the site config is applied
+here, and what it held back is written into the plan with the reason."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from scout_slurm.config import RemediationConfig
+from scout_slurm.evidence.records import Verdict, VerdictKind
+from scout_slurm.remediation.records import ActionKind, CheckpointNote, PlannedAction
+from scout_slurm.slurm.hostlist import compress_hostlist
+
+DRAINABLE = frozenset({VerdictKind.HANG, VerdictKind.CRASH, VerdictKind.SDC, VerdictKind.STRAGGLER,
+                       VerdictKind.INFRA})
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """What Slurm says of the job (trusted), gathered by the caller."""
+    job_id: int
+    allocation: tuple[str, ...]
+    excluded: tuple[str, ...]
+    requeue_allowed: bool
+    restart_count: int
+    usable_nodes: tuple[str, ...]     # nodes of the cluster that are up and not drained
+
+
+@dataclass(frozen=True)
+class Plan:
+    actions: tuple[PlannedAction, ...]
+    held_back: tuple[str, ...]
+
+
+def drain_reason(verdict: Verdict, node: str, evidence_path: str) -> str:
+    ranks = ",".join(str(s.rank) for s in verdict.suspects if s.node == node)
+    return (f"scout: {verdict.kind.value} rank {ranks} job {verdict.job_id} run {verdict.restart} "
+            f"conf {verdict.confidence:.2f} see {evidence_path}")
+
+
+def choose_checkpoint(notes: Sequence[CheckpointNote], first_suspect_step: int) -> CheckpointNote | None:
+    """The newest checkpoint strictly before the first suspect step (any step when unknown)."""
+    eligible = [n for n in notes if first_suspect_step < 0 or n.step < first_suspect_step]
+    return max(eligible, key=lambda n: (n.step, n.saved_at), default=None)
+
+
+def build_plan(verdict: Verdict, job: JobFacts, cfg: RemediationConfig, *, evidence_path: str,
+               checkpoint: CheckpointNote | None = None) -> Plan:
+    held: list[str] = []
+    actions: list[PlannedAction] = []
+    if verdict.kind in (VerdictKind.CLEAN,):
+        return Plan((), ("the run was clean: nothing to do",))
+    if verdict.kind == VerdictKind.INCONCLUSIVE:
+        return Plan((), ("inconclusive verdict: nothing is drained and the job is not requeued "
+                         "(a failure shared by most ranks would fail again anywhere)",))
+    drains: list[str] = []
+    if verdict.kind not in DRAINABLE:
+        held.append(f"verdict {verdict.kind.value} never drains")
+    elif verdict.confidence < cfg.min_confidence:
+        held.append(f"confidence {verdict.confidence:.2f} is below the site's minimum {cfg.min_confidence:.2f}: "
+                    "no drain")
+    else:
+        alloc = set(job.allocation)
+        for node in verdict.suspect_nodes:
+            if node not in alloc:
+                held.append(f"node {node!r} named by the evidence is outside the job's allocation "
+                            f"({compress_hostlist(list(job.allocation)) if job.allocation else 'empty'}): not drained")
+                continue
+            drains.append(node)
+        limit = math.floor(cfg.max_drain_fraction * len(job.allocation) + 1e-9)
+        if len(drains) > limit:
+            held.append(f"{len(drains)} suspect nodes exceed the limit of {limit} "
+                        f"({cfg.max_drain_fraction:.0%} of {len(job.allocation)}): nothing drained")
+            drains = []
+    for node in drains:
+        actions.append(PlannedAction(ActionKind.DRAIN, node, drain_reason(verdict, node, evidence_path)))
+
+    requeue = cfg.requeue
+    if not cfg.requeue:
+        held.append("the site config disables requeue")
+    elif not job.requeue_allowed:
+        held.append("the job said --no-requeue: not requeued")
+        requeue = False
+    elif job.restart_count >= cfg.restart_limit:
+        held.append(f"restart limit reached ({job.restart_count} of {cfg.restart_limit}): not requeued")
+        requeue = False
+    elif not drains and verdict.kind != VerdictKind.INFRA:
+        held.append("no node drained: a rerun on the same nodes would likely fail the same way; not requeued")
+        requeue = False
+    if requeue:
+        excluded = list(dict.fromkeys([*job.excluded, *drains]))
+        remaining = [n for n in job.usable_nodes if n not in excluded]
+        if len(remaining) < len(job.allocation):
+            held.append(f"only {len(remaining)} usable nodes would remain for a job of {len(job.allocation)}: "
+                        "not requeued")
+            requeue = False
+        else:
+            actions.append(PlannedAction(ActionKind.REQUEUE, str(job.job_id), ""))
+            if drains:
+                actions.append(PlannedAction(ActionKind.EXCLUDE, str(job.job_id), compress_hostlist(excluded)))
+            if checkpoint is not None:
+                actions.append(PlannedAction(ActionKind.RESUME_FROM, checkpoint.path,
+                                             f"step {checkpoint.step}, before first suspect step "
+                                             f"{verdict.first_suspect_step}"))
+            else:
+                held.append("no recorded checkpoint before the first suspect step: the rerun starts as the "
+                            "script decides")
+    return Plan(tuple(actions), tuple(held))

@@ -1,0 +1,58 @@
+"""Incident history across jobs, from the verdicts and action records in the evidence root."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from scout_slurm.errors import EvidenceError
+from scout_slurm.evidence.records import Verdict, VerdictKind
+from scout_slurm.evidence.store import read_record
+from scout_slurm.remediation.records import ActionKind, ActionsRecord
+
+
+@dataclass(frozen=True)
+class IncidentRow:
+    cluster: str
+    job_id: int
+    restart: int
+    kind: str
+    confidence: float
+    suspects: tuple[tuple[int, str], ...]
+    drained: tuple[str, ...]
+    created_at: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def list_incidents(root: Path, *, node: str | None = None, limit: int = 20) -> list[IncidentRow]:
+    rows: list[IncidentRow] = []
+    if not root.is_dir():
+        return rows
+    for cluster in sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink()):
+        for job in cluster.iterdir():
+            if not job.name.isdigit() or job.is_symlink():
+                continue
+            for vpath in job.glob("verdict-*.json"):
+                try:
+                    v = read_record(vpath, Verdict, root=root)
+                except EvidenceError:
+                    continue
+                if v.kind == VerdictKind.CLEAN:
+                    continue
+                drained: tuple[str, ...] = ()
+                apath = job / f"actions-{v.restart}.json"
+                if apath.exists():
+                    try:
+                        a = read_record(apath, ActionsRecord, root=root)
+                        drained = tuple(r.target for r in a.results if r.ok and r.kind == ActionKind.DRAIN)
+                    except EvidenceError:
+                        pass
+                suspects = tuple((s.rank, s.node) for s in v.suspects)
+                if node and node not in {s[1] for s in suspects} | set(drained):
+                    continue
+                rows.append(IncidentRow(cluster.name, v.job_id, v.restart, v.kind.value, v.confidence, suspects,
+                                        drained, v.created_at))
+    rows.sort(key=lambda r: r.created_at, reverse=True)
+    return rows[:limit]

@@ -1,0 +1,59 @@
+"""`scout show`: the verdict and a per-rank timeline of one run, for a person (pure rendering)."""
+
+from __future__ import annotations
+
+from scout_slurm.evidence.records import Verdict
+from scout_slurm.localise.stall import position
+from scout_slurm.localise.verdict import JobEvidence, describe_exit, is_abnormal, is_cascade
+
+
+def render_verdict(v: Verdict) -> list[str]:
+    lines = [f"verdict: {v.kind.value}  (confidence {v.confidence:.2f})"]
+    if v.suspects:
+        lines.append("suspects:")
+        for s in v.suspects:
+            lines.append(f"  rank {s.rank} on node {s.node}: {s.kind.value} ({s.confidence:.2f})")
+            lines += [f"      {e}" for e in s.evidence[:8]]
+    else:
+        lines.append("suspects: none")
+    if v.first_suspect_step >= 0:
+        lines.append(f"first suspect step: {v.first_suspect_step}")
+    lines.append("reasoning:")
+    lines += [f"  - {r}" for r in v.reasoning]
+    return lines
+
+
+def render_timeline(ev: JobEvidence) -> list[str]:
+    header = f"{'rank':>4}  {'node':<10} {'steps':>5} {'coll done':>9}  {'where':<28} {'process':<10} exit"
+    lines = ["timeline (progress at the end of the run; progress order decides who was first):", header]
+    for r in range(ev.world_size):
+        p = ev.last_progress(r)
+        e = ev.exits.get(r)
+        node = ev.node_of(r)
+        if p is None:
+            lines.append(f"{r:>4}  {node:<10} {'-':>5} {'-':>9}  {'no progress record':<28} {'-':<10} "
+                         f"{describe_exit(e) if e else 'no exit record'}")
+            continue
+        where = f"inside {p.current_op}" if p.in_collective else "between collectives"
+        if e is None:
+            ex = "no exit record"
+        elif not is_abnormal(e):
+            ex = "exited 0"
+        else:
+            ex = describe_exit(e) + (" [scout ended it]" if e.killed_by_scout else
+                                     " [cascade]" if is_cascade(e) else "")
+        lines.append(f"{r:>4}  {node:<10} {p.opt_steps:>5} {p.coll_completed:>9}  {where:<28} "
+                     f"{p.child_state.value:<10} {ex}")
+    return lines
+
+
+def render_show(job_id: int, cluster: str, restart: int, verdict: Verdict, ev: JobEvidence,
+                actions: list[str] | None = None, *, computed: bool) -> str:
+    lines = [f"job {job_id} on cluster {cluster}, run {restart} "
+             f"({'verdict computed now from the evidence' if computed else 'verdict recorded by the epilog'})", ""]
+    lines += render_verdict(verdict)
+    lines.append("")
+    lines += render_timeline(ev)
+    if actions:
+        lines += ["", "actions:"] + [f"  {a}" for a in actions]
+    return "\n".join(lines) + "\n"
