@@ -268,9 +268,26 @@ def _patch_save(handle: InstalledHooks) -> None:
     handle.patch(torch, "save", scout_save)
 
 
+def _record_injection(fault: FaultSpec) -> None:
+    """An INFO finding with the moment of injection, so detection latency can be measured."""
+    run_dir = os.environ.get("SCOUT_RUN_DIR")
+    if not run_dir:
+        return
+    try:
+        from scout_slurm.evidence.records import Finding, FindingKind
+        from scout_slurm.evidence.store import write_record
+        now = time.time()
+        write_record(Path(run_dir) / "findings" / f"injected-rank-{STATE.rank}-{int(now * 1000)}.json",
+                     Finding(rank=STATE.rank, node=os.environ.get("SLURMD_NODENAME", ""), kind=FindingKind.INFO,
+                             at=now, summary=f"fault injected: {fault.kind}", step=fault.step))
+    except Exception as exc:  # noqa: BLE001
+        sys.stderr.write(f"scout: injection not recorded: {exc!r}\n")
+
+
 def _fire(fault: FaultSpec) -> None:
     sys.stderr.write(f"scout: injecting fault {fault.kind} on rank {STATE.rank} at step {fault.step}\n")
     sys.stderr.flush()
+    _record_injection(fault)
     kind = fault.kind
     if kind == "sleep":
         time.sleep(fault.seconds)

@@ -58,8 +58,8 @@ def job_facts(ctx: HookContext, cfg: SiteConfig, env: Mapping[str, str] | None) 
     try:
         job = ops.job_info(ctx.job_id, timeout=t, env=env, bin_dir=cfg.slurm.bin_dir)
         excluded, requeue, restarts = job.excluded_nodes, job.requeue, job.restart_count
-        if job.nodes:
-            allocation = tuple(n for n in allocation if n in set(job.nodes)) or job.nodes
+        if not allocation:
+            allocation = job.nodes  # the hook's SLURM_JOB_NODELIST is the whole allocation; this may have shrunk
     except SlurmError as exc:
         log.warning("controller.job_info_failed", job=ctx.job_id, error=str(exc))
         excluded, requeue, restarts = (), True, ctx.restart

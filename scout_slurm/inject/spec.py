@@ -1,4 +1,4 @@
-"""Parse a fault specification (pure): `KIND[,rank=R|all][,step=S][,seconds=X][,code=C]`.
+"""Parse a fault specification (pure): `KIND[,rank=R|all][,step=S][,seconds=X][,code=C][,restart=N|any]`.
 
 Kinds for process faults: sleep, spin, stop, skip_allreduce, exit, sigkill, segv, raise.
 The fault fires after optimizer step S (1-based) on rank R.
@@ -20,10 +20,11 @@ class FaultSpec:
     step: int
     seconds: float = 3600.0
     code: int = 3
-    restart: int = 0          # fire only in this run (SLURM_RESTART_COUNT), so a rerun is clean
+    restart: int | None = 0   # fire only in this run (SLURM_RESTART_COUNT), so a rerun is clean; None: every run
 
     def applies(self, rank: int, step: int, restart: int) -> bool:
-        return (self.rank is None or self.rank == rank) and step == self.step and restart == self.restart
+        return ((self.rank is None or self.rank == rank) and step == self.step
+                and (self.restart is None or restart == self.restart))
 
 
 def parse_fault(text: str) -> FaultSpec:
@@ -47,7 +48,7 @@ def parse_fault(text: str) -> FaultSpec:
         step = int(values.get("step", "1"))
         seconds = float(values.get("seconds", "3600"))
         code = int(values.get("code", "3"))
-        restart = int(values.get("restart", "0"))
+        restart = None if values.get("restart", "0") == "any" else int(values.get("restart", "0"))
     except ValueError as exc:
         raise ConfigError(f"SCOUT_INJECT={text!r}: {exc}") from None
     if step < 1:

@@ -15,7 +15,7 @@ from typing import Mapping
 
 from scout_slurm.evidence.records import (ChildState, ExitRecord, Finding, FindingKind, ProgressSnapshot,
                                           RankPlace, StallDecision, Suspect, Verdict, VerdictKind)
-from scout_slurm.localise.stall import position
+from scout_slurm.localise.stall import find_desync, position
 
 CASCADE_PATTERNS = re.compile(
     r"Connection closed by peer|Connection reset by peer|Timed out waiting|pair closure|Broken pipe|"
@@ -126,7 +126,20 @@ def localise(ev: JobEvidence, *, now: float) -> Verdict:
                         reasoning + [f"rank(s) {', '.join(map(str, culprits))} {what}"] + list(d.reasoning),
                         now=now, first_at=d.at)
 
-    # 3. exits
+    # 3. a desync: one rank's sequence of collectives left the majority's (gloo may then abort a
+    #    peer, so this comes before blaming whoever died first)
+    rings = {r: p.recent for r in range(ev.world_size) if (p := ev.last_progress(r)) is not None}
+    if len(rings) == ev.world_size:
+        desync, why = find_desync(rings)
+        if desync and len(desync) * 2 < ev.world_size:
+            suspects = [Suspect(r, ev.node_of(r), VerdictKind.HANG, 0.9,
+                                (why, "its sequence of collectives differs from the majority's (desync)"))
+                        for r in desync]
+            return _verdict(ev, VerdictKind.HANG, suspects, 0.9,
+                            reasoning + [f"desync: rank(s) {', '.join(map(str, desync))} ran a different collective "
+                                         "than the others", why], now=now)
+
+    # 4. exits
     abnormal = {r: e for r, e in ev.exits.items() if 0 <= r < ev.world_size and is_abnormal(e)}
     primaries = {r: e for r, e in abnormal.items() if not is_cascade(e)}
     cascades = sorted(set(abnormal) - set(primaries))

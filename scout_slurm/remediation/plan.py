@@ -68,7 +68,10 @@ def build_plan(verdict: Verdict, job: JobFacts, cfg: RemediationConfig, *, evide
                             f"({compress_hostlist(list(job.allocation)) if job.allocation else 'empty'}): not drained")
                 continue
             drains.append(node)
+        # one node may always go unless the fraction is 0: else a one-node job could never drain
         limit = math.floor(cfg.max_drain_fraction * len(job.allocation) + 1e-9)
+        if cfg.max_drain_fraction > 0:
+            limit = max(1, limit)
         if len(drains) > limit:
             held.append(f"{len(drains)} suspect nodes exceed the limit of {limit} "
                         f"({cfg.max_drain_fraction:.0%} of {len(job.allocation)}): nothing drained")
