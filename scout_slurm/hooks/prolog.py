@@ -24,10 +24,10 @@ from scout_slurm.errors import ConfigError, EvidenceError
 from scout_slurm.evidence import store
 from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.hwmap.collect import MapBuilder
+from scout_slurm.hwmap.join import MAP_NAME
 from scout_slurm.hwmap.records import HardwareMap
 from scout_slurm.jobenv import HookContext, hook_context
 
-MAP_NAME = "hardware-map.json"
 ROOT_DIR_MODE = 0o755
 JOB_DIR_MODE = 0o750
 RUN_SUBDIRS = ("ranks", "progress", "findings", "stacks")
