@@ -11,10 +11,10 @@ from scout_slurm.errors import ConfigError
 
 
 def _int(name: str, raw: str) -> int:
-    try:
-        return int(raw.strip())
-    except ValueError:
-        raise ConfigError(f"environment variable {name}={raw!r} is not an integer") from None
+    # not int() alone: it reads "4711_3" (an array task's id) as 47113, and non-ASCII digits
+    if not re.fullmatch(r"[+-]?[0-9]+", raw.strip()):
+        raise ConfigError(f"environment variable {name}={raw!r} is not an integer")
+    return int(raw.strip())
 
 
 def _nodename(name: str, raw: str) -> str:

@@ -23,18 +23,18 @@ from typing import Mapping, Sequence
 from scout_slurm.errors import ScoutError
 
 # srun 22.05 short options that take a value (from `srun --help`); the others are flags
-SHORT_WITH_VALUE = frozenset("AbBcCdDeGiJLmMnNopqrStTwWx")
+SHORT_WITH_VALUE = frozenset("AbBcCdDeFGiJLmMnNopqrStTwWx")
 # long options that take a required value; options with an optional value (--exclusive,
 # --kill-on-bad-exit, --immediate, --exact...) accept it only as --opt=value, so they are flags here
 LONG_WITH_VALUE = frozenset("""
-account acctg-freq bb bbf begin bcast bcast-exclude chdir cluster-constraint clusters comment compress
+accel-bind account acctg-freq bb bbf begin bcast-exclude chdir cluster-constraint clusters comment
 constraint container contiguous-? core-spec cores-per-socket cpu-bind cpu-freq cpus-per-gpu cpus-per-task
 deadline delay-boot dependency distribution epilog error export extra-node-info gid gpu-bind gpu-freq gpus
 gpus-per-node gpus-per-socket gpus-per-task gres gres-flags het-group hint input jobid job-name licenses mail-type
-mail-user mcs-label mem mem-bind mem-per-cpu mem-per-gpu mincpus mpi network nice nodefile nodelist nodes ntasks
+mail-user mcs-label mem mem-bind mem-per-cpu mem-per-gpu mincpus mpi msg-timeout network nodefile nodelist nodes ntasks
 ntasks-per-core ntasks-per-gpu ntasks-per-node ntasks-per-socket open-mode output partition power prefer prolog
-propagate qos quit-on-interrupt? reboot? relative reservation resv-ports? signal slurmd-debug sockets-per-node
-switches task-epilog task-prolog thread-spec threads-per-core time time-min tmp tres-per-task uid wait
+priority profile qos quit-on-interrupt? reboot? relative reservation resv-ports? signal slurmd-debug sockets-per-node
+switches task-epilog task-prolog thread-spec threads threads-per-core time time-min tmp tres-per-task uid wait
 wait-all-nodes? wckey x11? exclude cpus-per-gpu array
 """.split()) - {x for x in "contiguous-? quit-on-interrupt? reboot? resv-ports? wait-all-nodes? x11?".split()}
 

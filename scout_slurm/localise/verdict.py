@@ -103,7 +103,7 @@ def localise(ev: JobEvidence, *, now: float) -> Verdict:
     # 2. a stall the watchdogs agreed on
     d = ev.decision
     if d is not None:
-        culprits = [r for r in d.culprits if 0 <= r < ev.world_size]
+        culprits = list(dict.fromkeys(r for r in d.culprits if 0 <= r < ev.world_size))  # the file is the job's: no duplicates
         if not culprits:
             return _verdict(ev, VerdictKind.INCONCLUSIVE, [], 0.0,
                             reasoning + ["the job stalled but no rank was behind the others:"] + list(d.reasoning),

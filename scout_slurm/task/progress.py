@@ -122,6 +122,7 @@ class ProgressWriter:
             if pg_seq >= 0:
                 self._pg_seq = pg_seq
             self._last_change = now
+            struct.pack_into("<Q", self._buf, 8, self._gen * 2 + 1)  # odd before the ring entry changes too
             _ENTRY.pack_into(self._buf, _HEADER.size + (seq % RING) * _ENTRY.size, seq, code, group_size, nbytes, now, 0)
             self._open[seq] = (code, group_size, nbytes, now)
             self._write_header()
@@ -136,6 +137,7 @@ class ProgressWriter:
             self._last_change = now
             if info is not None:
                 code, gsize, nbytes, entered = info
+                struct.pack_into("<Q", self._buf, 8, self._gen * 2 + 1)
                 _ENTRY.pack_into(self._buf, _HEADER.size + (seq % RING) * _ENTRY.size, seq, code, gsize, nbytes,
                                  entered, now)
             if self._in == 0:
@@ -171,21 +173,20 @@ def read(path: Path, *, retries: int = 100) -> ProgressView | None:
     """A consistent view of a record, or None if it does not exist yet or is not one."""
     try:
         with open(path, "rb") as fh:
-            data = fh.read(SIZE)
+            for _ in range(retries):
+                data = os.pread(fh.fileno(), SIZE, 0)
+                if len(data) < SIZE:
+                    return None
+                h = _HEADER.unpack_from(data, 0)
+                if h[0] != MAGIC or h[1] != VERSION:
+                    return None
+                # the copy is consistent only if no write began or ended while it was taken
+                if h[2] % 2 == 0 and os.pread(fh.fileno(), 8, 8) == data[8:16]:
+                    break
+                time.sleep(0.0005)
+            else:
+                return None
     except OSError:
-        return None
-    if len(data) < SIZE:
-        return None
-    for _ in range(retries):
-        h = _HEADER.unpack_from(data, 0)
-        if h[0] != MAGIC or h[1] != VERSION:
-            return None
-        if h[2] % 2 == 0:
-            break
-        time.sleep(0.0005)
-        with open(path, "rb") as fh:
-            data = fh.read(SIZE)
-    else:
         return None
     (_, _, _, pid, rank, world, flags, entered, completed, in_coll, op, nbytes, steps, pg_seq,
      last_change, last_step) = h

@@ -1,0 +1,61 @@
+"""The shim's pure helpers: the rendezvous port of a job step, and the torch variables it sets
+(never overriding what the user set)."""
+
+from __future__ import annotations
+
+import pytest
+
+from scout_slurm.jobenv import task_context
+from scout_slurm.task.shim import master_port, parse_args, torch_environment
+
+ENV = {"SLURM_JOB_ID": "4711", "SLURM_STEP_ID": "3", "SLURM_PROCID": "5", "SLURM_STEP_NUM_TASKS": "8",
+       "SLURM_LOCALID": "1", "SLURM_NODEID": "2", "SLURMD_NODENAME": "node03", "SLURM_STEP_TASKS_PER_NODE": "2(x4)"}
+
+
+@pytest.mark.parametrize("first_job", [1, 1999, 2000, 123_456, 9_999_001])
+def test_master_port_distinct_for_2000_consecutive_jobs_of_8_steps(first_job):
+    ports = [master_port(j, s) for j in range(first_job, first_job + 2000) for s in range(8)]
+    assert len(set(ports)) == len(ports) == 16_000
+    assert min(ports) >= 10_000 and max(ports) <= 25_999
+
+
+def test_master_port_is_stable_and_in_range_for_any_ids():
+    assert master_port(4711, 3) == master_port(4711, 3)
+    for job in (0, 1, 65_535, 2**31 - 1, 2**40):
+        for step in (0, 7, 8, 4294967294, 4294967295):   # batch and extern step ids are huge
+            assert 10_000 <= master_port(job, step) <= 25_999
+
+
+def test_torch_environment_from_slurm():
+    ctx = task_context(ENV)
+    env = torch_environment(ctx, ENV, master_addr="10.0.0.1")
+    assert env == {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+                   "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": str(master_port(4711, 3))}
+
+
+def test_torch_environment_keeps_variables_already_set():
+    ctx = task_context(ENV)
+    user = {**ENV, "MASTER_PORT": "29500", "MASTER_ADDR": "head", "LOCAL_WORLD_SIZE": "4"}
+    env = torch_environment(ctx, user, master_addr="10.0.0.1")
+    assert "MASTER_PORT" not in env and "MASTER_ADDR" not in env and "LOCAL_WORLD_SIZE" not in env
+    assert env["RANK"] == "5" and env["WORLD_SIZE"] == "8" and env["LOCAL_RANK"] == "1"
+
+
+def test_torch_environment_sets_a_variable_that_is_empty():
+    ctx = task_context(ENV)
+    env = torch_environment(ctx, {**ENV, "MASTER_ADDR": ""}, master_addr="10.0.0.1")
+    assert env["MASTER_ADDR"] == "10.0.0.1"
+
+
+def test_torch_environment_does_not_change_its_input():
+    ctx = task_context(ENV)
+    environ = dict(ENV)
+    torch_environment(ctx, environ, master_addr="10.0.0.1")
+    assert environ == ENV
+
+
+@pytest.mark.parametrize("argv,command", [(["--", "python", "train.py"], ["python", "train.py"]),
+                                          (["python", "-u", "train.py"], ["python", "-u", "train.py"]),
+                                          (["--", "tool", "--", "x"], ["tool", "--", "x"])])
+def test_parse_args(argv, command):
+    assert parse_args(argv) == command
