@@ -198,3 +198,7 @@ def undrain(node: str, dry_run: bool, config_path: str | None) -> None:
         return
     ops.resume_node(node, timeout=cfg.slurm.timeout_s, bin_dir=cfg.slurm.bin_dir)
     click.echo(f"resumed {node} (reason was: {info.reason})")
+
+
+if __name__ == "__main__":
+    main()

@@ -11,11 +11,25 @@ import structlog
 _configured = False
 
 
+class _CurrentStderr:
+    """Writes to whatever sys.stderr is at the time of the write, not at configure time (a
+    hook's main() run inside a test must not keep a closed capture stream)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
+
+
 def configure(stream: TextIO | None = None, *, json: bool | None = None, level: int = logging.INFO) -> None:
     global _configured
-    stream = stream or sys.stderr
+    stream = stream or _CurrentStderr()
     if json is None:
-        json = not (hasattr(stream, "isatty") and stream.isatty())
+        json = not stream.isatty()
     processors = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/scoutjobs.py and friends
+
 from scout_slurm.lab.cluster import Lab, LabSpec
 
 
@@ -36,21 +38,31 @@ def _pick_port_base(count: int) -> int:
 
 @pytest.fixture(scope="session")
 def lab(tmp_path_factory) -> Lab:
-    """A real 4-node Slurm cluster for the whole session."""
+    """A real 4-node Slurm cluster for the whole session, stopped (and its folder removed) at the
+    end, also when a test or the start itself fails."""
+    import shutil
     state = Path(f"/tmp/scout-lab-test-{os.getpid()}")
     spec = LabSpec(state_dir=state, nodes=4, port_base=_pick_port_base(6), python=sys.executable)
     cluster = Lab(spec)
     try:
         cluster.up()
-    except Exception:
-        cluster.down()
-        raise
-    try:
         yield cluster
     finally:
-        cluster.down()
+        try:
+            cluster.down()
+        finally:
+            if not os.environ.get("SCOUT_KEEP_LAB"):
+                shutil.rmtree(state, ignore_errors=True)
 
 
 @pytest.fixture()
 def lab_env(lab) -> dict[str, str]:
     return lab.client_env()
+
+
+@pytest.fixture()
+def clean_drains(lab):
+    """Nodes that scout drained during a test are returned to service after it, also on failure."""
+    from scoutjobs import resume_scout_drains
+    yield
+    resume_scout_drains(lab)

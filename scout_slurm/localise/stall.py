@@ -82,6 +82,14 @@ def decide_stall(snapshots: Mapping[int, ProgressSnapshot | None], world_size: i
         where = f"inside {s.current_op}" if s.in_collective else "outside any collective"
         reasons.append(f"rank {r} on {s.node}: {s.coll_completed} collectives done, {where}, "
                        f"process {s.child_state.value}, idle {s.idle_s:.1f} s")
+    frozen = tuple(sorted(r for r, s in present.items()
+                          if s.child_state in (ChildState.STOPPED, ChildState.DISK_SLEEP)))
+    if (len(behind) * 2 >= world_size or len(behind) == len(positions)) and frozen and len(frozen) * 2 < world_size:
+        # no rank is behind, but one cannot move: stopped (SIGSTOP) or in uninterruptible sleep
+        return StallCall(frozen, FindingKind.HANG, tuple(
+            f"rank {r} on {present[r].node}: process {present[r].child_state.value} while the others wait, "
+            f"{'inside ' + present[r].current_op if present[r].in_collective else 'outside any collective'}"
+            for r in frozen))
     if len(behind) == len(positions):
         return StallCall((), FindingKind.HANG,
                          ("every rank stopped at the same point "

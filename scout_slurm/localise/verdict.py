@@ -135,9 +135,10 @@ def localise(ev: JobEvidence, *, now: float) -> Verdict:
             suspects = [Suspect(r, ev.node_of(r), VerdictKind.HANG, 0.9,
                                 (why, "its sequence of collectives differs from the majority's (desync)"))
                         for r in desync]
+            failed_at = [e.at for e in ev.exits.values() if is_abnormal(e)]
             return _verdict(ev, VerdictKind.HANG, suspects, 0.9,
                             reasoning + [f"desync: rank(s) {', '.join(map(str, desync))} ran a different collective "
-                                         "than the others", why], now=now)
+                                         "than the others", why], now=now, first_at=min(failed_at, default=0.0))
 
     # 4. exits
     abnormal = {r: e for r, e in ev.exits.items() if 0 <= r < ev.world_size and is_abnormal(e)}

@@ -86,6 +86,10 @@ class RankTracker:
             self.last_step_at = now
         self.view = view
 
+    def watched(self) -> bool:
+        v = self.view
+        return v is None or v.pid <= 0 or v.active
+
     def typical_step_s(self) -> float:
         return statistics.median(self.intervals) if len(self.intervals) >= 3 else 0.0
 
@@ -221,7 +225,9 @@ class Watchdog:
         existing = self._existing_decision()
         if existing is not None:
             return existing
-        stalled = [t for t in self.trackers.values() if now - t.last_change > t.threshold_s(self.cfg)]
+        # a record the training process deactivated (process group destroyed, interpreter exiting)
+        # is not watched for stalls: the process is done with collectives
+        stalled = [t for t in self.trackers.values() if t.watched() and now - t.last_change > t.threshold_s(self.cfg)]
         if not stalled:
             if self.state == WatchState.SUSPECT:
                 self._to(WatchState.WATCHING)
@@ -271,6 +277,8 @@ class Watchdog:
             return
         self.stacks_requested = True
         for t in self.trackers.values():
+            if t.view is None or not t.view.active:
+                continue  # the bootstrap's handler is only there while the record is active
             try:
                 os.kill(self._training_pid(t), STACK_SIGNAL)
             except ProcessLookupError:
@@ -299,9 +307,10 @@ class Watchdog:
         return exitcodes.STALL_CULPRIT if mine else exitcodes.STALL_PEER
 
     def _escalate(self) -> int:
-        """SIGCONT (a stopped child cannot die or dump), SIGTERM, grace, SIGKILL."""
+        """SIGTERM then SIGCONT (a stopped child dies on resuming, before it can run on), grace,
+        SIGKILL."""
         pid = self.child.pid
-        for sig, wait in ((signal.SIGCONT, 0.3), (signal.SIGTERM, self.cfg.grace_s), (signal.SIGKILL, 10.0)):
+        for sig, wait in ((signal.SIGTERM, 0.0), (signal.SIGCONT, self.cfg.grace_s), (signal.SIGKILL, 10.0)):
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:

@@ -1,0 +1,148 @@
+"""Helpers for tests that run training jobs under scout-srun on the lab cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from scout_slurm.evidence.layout import JobFolder
+from scout_slurm.evidence.records import Finding, FindingKind, RankPlace, StallDecision, Verdict
+from scout_slurm.evidence.store import list_records, read_record
+from scout_slurm.lab.cluster import CLUSTER_NAME, Lab
+from scout_slurm.remediation.records import ActionsRecord
+from scout_slurm.slurm import ops
+
+TRAIN = Path(__file__).resolve().parent / "jobs" / "train_ddp.py"
+
+
+def batch_script(lab: Lab, *, train_args: str = "--steps 40", scout_args: str = "", srun_args: str = "",
+                 pre: str = "", post: str = "") -> str:
+    return f"""#!/bin/bash
+export OMP_NUM_THREADS=1
+export PATH={os.path.dirname(sys.executable)}:$PATH
+echo "run ${{SLURM_RESTART_COUNT:-0}} on $SLURM_JOB_NODELIST"
+{pre}
+scout-srun {scout_args} {srun_args} {sys.executable} {TRAIN} {train_args}
+rc=$?
+{post}
+exit $rc
+"""
+
+
+def submit(lab: Lab, script: str, *, nodes: int = 2, tasks_per_node: int = 2, extra: tuple[str, ...] = ()) -> int:
+    out = lab.paths.work / "job-%j.out"
+    return ops.submit_batch(script, [f"-N{nodes}", f"--ntasks-per-node={tasks_per_node}", "--open-mode=append",
+                                     f"--output={out}", *extra], timeout=20, env=lab.client_env())
+
+
+def output(lab: Lab, job_id: int) -> str:
+    p = lab.paths.work / f"job-{job_id}.out"
+    return p.read_text(errors="replace") if p.exists() else ""
+
+
+def folder(lab: Lab, job_id: int) -> JobFolder:
+    return JobFolder(lab.paths.evidence, CLUSTER_NAME, job_id)
+
+
+def wait_finished(lab: Lab, job_id: int, *, restart: int = 0, timeout: float = 180) -> None:
+    """Until the job's run `restart` ended and the controller Epilog has written its verdict."""
+    env = lab.client_env()
+    f = folder(lab, job_id)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = ops.job_info(job_id, timeout=10, env=env)
+        if f.verdict_path(restart).exists() and (job.is_finished or job.restart_count > restart
+                                                  or job.state == "PENDING"):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"job {job_id} run {restart} did not finish within {timeout} s:\n{output(lab, job_id)[-3000:]}")
+
+
+def wait_completed(lab: Lab, job_id: int, *, timeout: float = 240):
+    env = lab.client_env()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = ops.job_info(job_id, timeout=10, env=env)
+        if job.is_finished:
+            return job
+        time.sleep(0.5)
+    raise AssertionError(f"job {job_id} did not finish within {timeout} s:\n{output(lab, job_id)[-3000:]}")
+
+
+def show_json(lab: Lab, job_id: int, restart: int | None = None) -> dict:
+    cmd = [sys.executable, "-m", "scout_slurm.cli", "show", str(job_id), "--json"]
+    if restart is not None:
+        cmd += ["--restart", str(restart)]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=lab.client_env(), timeout=60)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def places(lab: Lab, job_id: int, restart: int = 0) -> dict[int, RankPlace]:
+    f = folder(lab, job_id)
+    records, errors = list_records(f.ranks_dir(restart), "rank-*.json", RankPlace, root=f.root)
+    assert not errors, errors
+    return {p.rank: p for p in records}
+
+
+def injected_at(lab: Lab, job_id: int, restart: int = 0) -> float:
+    f = folder(lab, job_id)
+    records, _ = list_records(f.findings_dir(restart), "injected-*.json", Finding, root=f.root)
+    return min(r.at for r in records) if records else 0.0
+
+
+def decision(lab: Lab, job_id: int, restart: int = 0) -> StallDecision | None:
+    f = folder(lab, job_id)
+    p = f.stall_decision_path(restart)
+    return read_record(p, StallDecision, root=f.root) if p.exists() else None
+
+
+def verdict(lab: Lab, job_id: int, restart: int = 0) -> Verdict:
+    f = folder(lab, job_id)
+    return read_record(f.verdict_path(restart), Verdict, root=f.root)
+
+
+def actions(lab: Lab, job_id: int, restart: int = 0) -> ActionsRecord | None:
+    f = folder(lab, job_id)
+    p = f.actions_path(restart)
+    return read_record(p, ActionsRecord, root=f.root) if p.exists() else None
+
+
+def wait_progress(lab: Lab, job_id: int, rank: int, *, steps: int, timeout: float = 120) -> None:
+    import json as _json
+    p = folder(lab, job_id).progress_path(0, rank)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if _json.loads(p.read_text()).get("opt_steps", 0) >= steps:
+                return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"rank {rank} of job {job_id} never reached step {steps}:\n{output(lab, job_id)[-3000:]}")
+
+
+def resume_scout_drains(lab: Lab) -> list[str]:
+    """Return every node scout drained to service (test clean-up)."""
+    env = lab.client_env()
+    resumed = []
+    for n in ops.list_nodes(timeout=10, env=env):
+        if n.is_drained and n.reason.startswith("scout:"):
+            ops.resume_node(n.name, timeout=10, env=env)
+            resumed.append(n.name)
+    deadline = time.monotonic() + 10
+    while resumed and time.monotonic() < deadline:
+        if all(not n.is_drained for n in ops.list_nodes(timeout=10, env=env) if n.name in resumed):
+            break
+        time.sleep(0.2)
+    return resumed
+
+
+def node_of_rank(job_nodes: tuple[str, ...], rank: int, tasks_per_node: int = 2) -> str:
+    return sorted(job_nodes, key=lambda n: int(n.lstrip("n")))[rank // tasks_per_node]
