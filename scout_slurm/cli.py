@@ -200,5 +200,19 @@ def undrain(node: str, dry_run: bool, config_path: str | None) -> None:
     click.echo(f"resumed {node} (reason was: {info.reason})")
 
 
+@main.command("demo")
+@click.option("--fault", type=click.Choice(["crash", "hang", "segfault", "sigstop"]), default="crash",
+              show_default=True, help="What goes wrong on rank 2 at step 25 of the first run.")
+@click.option("--nodes", type=click.IntRange(3, 16), default=4, show_default=True)
+@click.option("--port-base", type=click.IntRange(1024, 65000), default=16800, show_default=True)
+@click.option("--keep", is_flag=True, help="Leave the lab cluster running afterwards.")
+@_state_dir
+def demo(fault: str, nodes: int, port_base: int, keep: bool, state_dir: Path) -> None:
+    """The main job end to end on a local cluster: fault, verdict, drain, requeue, resumed run."""
+    from scout_slurm.lab.demo import run_demo
+    code = run_demo(state_dir=state_dir, fault=fault, keep=keep, echo=click.echo, nodes=nodes, port_base=port_base)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
     main()

@@ -1,0 +1,79 @@
+"""A small DDP training job for the demo and the tests: deterministic on CPU with gloo, resumable.
+
+Knows nothing of scout. Reads RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (set by scout-task or
+torchrun), trains --steps steps, all-reduces the loss for logging every step, saves a checkpoint
+every --ckpt-every steps into --ckpt-dir (rank 0), and resumes from the newest one it finds
+(or the one named by SCOUT_RESUME_CHECKPOINT).
+"""
+
+import argparse
+import datetime
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--step-sleep", type=float, default=0.02, help="stands in for compute per step")
+    ap.add_argument("--ckpt-dir", default="")
+    ap.add_argument("--ckpt-every", type=int, default=10)
+    ap.add_argument("--timeout", type=float, default=600.0, help="gloo timeout, seconds")
+    ap.add_argument("--out", default="", help="rank 0 writes the final parameter checksum here")
+    args = ap.parse_args()
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    ddp = DDP(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    start = 0
+    resume = os.environ.get("SCOUT_RESUME_CHECKPOINT", "")
+    if not resume and args.ckpt_dir and os.path.isdir(args.ckpt_dir):
+        names = sorted((n for n in os.listdir(args.ckpt_dir) if n.startswith("step-") and n.endswith(".pt")),
+                       key=lambda n: int(n[5:-3]))
+        resume = os.path.join(args.ckpt_dir, names[-1]) if names else ""
+    if resume:
+        state = torch.load(resume, weights_only=True)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        start = int(state["step"])
+        print(f"rank {rank}: resumed from {resume} at step {start}", flush=True)
+    gen = torch.Generator().manual_seed(1000 + rank)
+    for _ in range(start):  # keep the data stream aligned with an uninterrupted run
+        torch.randn(16, 32, generator=gen)
+    for step in range(start + 1, args.steps + 1):
+        x = torch.randn(16, 32, generator=gen)
+        loss = ddp(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        time.sleep(args.step_sleep)
+        logged = loss.detach().clone()
+        dist.all_reduce(logged)
+        if rank == 0 and args.ckpt_dir and step % args.ckpt_every == 0:
+            os.makedirs(args.ckpt_dir, exist_ok=True)
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step},
+                       os.path.join(args.ckpt_dir, f"step-{step}.pt"))
+        if rank == 0 and step % 20 == 0:
+            print(f"step {step} loss {logged.item() / world:.6f}", flush=True)
+    if rank == 0 and args.out:
+        with open(args.out, "w") as fh:
+            fh.write(" ".join(f"{p.double().sum().item():.12e}" for p in model.parameters()) + "\n")
+    del ddp, opt
+    import gc
+    gc.collect()
+    dist.destroy_process_group()
+    print(f"rank {rank}: done", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
