@@ -214,5 +214,59 @@ def demo(fault: str, nodes: int, port_base: int, keep: bool, state_dir: Path) ->
     sys.exit(code)
 
 
+@main.command("map")
+@click.argument("job_id", type=int, required=False)
+@click.option("--rank", type=int, default=None, help="Only this rank.")
+@click.option("--restart", type=int, default=None, help="Which run of the job (default: the last).")
+@click.option("--node", "node_name", default=None, help="History: jobs and ranks that ran on NODE.")
+@click.option("--gpu", default=None, help="History: jobs and ranks that ran on the GPU with this UUID.")
+@click.option("--cluster", default=None)
+@click.option("--json", "as_json", is_flag=True)
+@_config_opt
+def map_cmd(job_id: int | None, rank: int | None, restart: int | None, node_name: str | None, gpu: str | None,
+            cluster: str | None, as_json: bool, config_path: str | None) -> None:
+    """Rank to node, hostname, GPU UUID and serial, NIC for JOB_ID; or history by --node / --gpu."""
+    import dataclasses
+    from scout_slurm.report.mapread import all_places, read_maps, read_places
+    from scout_slurm.report.rankmap import history_rows, rank_map_rows, render_rank_map_table
+    cfg = _site(config_path)
+    root = Path(cfg.evidence.root)
+    if job_id is None:
+        if not node_name and not gpu:
+            raise ScoutError("scout map: give a JOB_ID, or --node NAME / --gpu UUID for history across jobs")
+        entries, problems = all_places(root)
+        rows = history_rows(entries, node=node_name, gpu=gpu)
+        if as_json:
+            click.echo(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
+            return
+        click.echo(f"{'cluster':<10} {'job':>7} {'run':>3} {'rank':>5}  {'node':<10} gpus")
+        for r in rows:
+            click.echo(f"{r.cluster:<10} {r.job_id:>7} {r.restart:>3} {r.rank:>5}  {r.node:<10} {','.join(r.gpu_uuids) or '-'}")
+        if not rows:
+            click.echo("no ranks recorded there")
+        return
+    folder = _find_job_folder(root, job_id, cluster)
+    runs = folder.restarts()
+    if not runs:
+        raise ScoutError(f"job {job_id}: no run folders in {folder.path}")
+    run = runs[-1] if restart is None else restart
+    places, problems = read_places(folder, run)
+    maps, map_problems = read_maps(folder, {p.node for p in places})
+    rows = rank_map_rows(places, maps)
+    if rank is not None:
+        rows = [r for r in rows if r.rank == rank]
+        if not rows:
+            raise ScoutError(f"job {job_id} run {run}: no record of rank {rank}")
+    if as_json:
+        click.echo(json.dumps({"job_id": job_id, "cluster": folder.cluster, "restart": run,
+                               "ranks": [dataclasses.asdict(r) for r in rows],
+                               "problems": problems + map_problems}, indent=2))
+        return
+    click.echo(f"job {job_id} on cluster {folder.cluster}, run {run}")
+    click.echo(render_rank_map_table(rows), nl=False)
+    for p in problems + map_problems:
+        click.echo(f"note: {p}", err=True)
+
+
 if __name__ == "__main__":
     main()

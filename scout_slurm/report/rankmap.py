@@ -63,3 +63,28 @@ def render_rank_map_table(rows: Sequence[RankMapRow]) -> str:
     widths = [max(len(line[i]) for line in table) for i in range(len(_HEADERS))]
     out = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in table]
     return "\n".join(out) + "\n"
+
+
+@dataclass(frozen=True)
+class PlaceHistoryRow:
+    cluster: str
+    job_id: int
+    restart: int
+    rank: int
+    node: str
+    gpu_uuids: tuple[str, ...]
+    started_at: float
+
+
+def history_rows(entries: Sequence[tuple[str, RankPlace]], *, node: str | None = None,
+                 gpu: str | None = None) -> list[PlaceHistoryRow]:
+    """The ranks that ran on a node or a GPU, across jobs, newest first (pure)."""
+    rows = []
+    for cluster, p in entries:
+        if node is not None and p.node != node:
+            continue
+        if gpu is not None and not any(u == gpu or u.startswith(gpu) for u in p.gpu_uuids):
+            continue
+        rows.append(PlaceHistoryRow(cluster, p.job_id, p.restart, p.rank, p.node, tuple(p.gpu_uuids), p.started_at))
+    rows.sort(key=lambda r: (-r.started_at, r.job_id, r.rank))
+    return rows
