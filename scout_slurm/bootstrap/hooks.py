@@ -43,6 +43,9 @@ class _State:
 
 
 STATE = _State()
+# Set while a user's DDP comm hook runs: the collectives it calls are the bucket's own, already
+# counted as one ddp_bucket_all_reduce, so the wrappers pass them through untouched.
+_IN_USER_COMM_HOOK = threading.local()
 
 
 class InstalledHooks:
@@ -103,7 +106,7 @@ def _wrap_collective(name: str, fn: Callable) -> Callable:
     @functools.wraps(fn)
     def scout_collective(*args, **kwargs):
         w = STATE.writer
-        if w is None:
+        if w is None or getattr(_IN_USER_COMM_HOOK, "active", False):
             return fn(*args, **kwargs)
         if name == "all_reduce" and STATE.skip_next_all_reduce:
             STATE.skip_next_all_reduce = False
@@ -169,7 +172,9 @@ def _patch_ddp(handle: InstalledHooks, original_all_reduce: Callable) -> None:
         group = state if state is not None else STATE.default_pg
         tensor = bucket.buffer()
         size = _group_size(group)
-        tensor.div_(size)
+        # as DDP's built-in path does (gradient times 1/size while filling the bucket), not div_:
+        # x / 3 and x * (1/3) round differently, and the job must get the same bits as without scout
+        tensor.mul_(1.0 / size)
         seq = w.enter("ddp_bucket_all_reduce", _nbytes(tensor), size, _pg_seq()) if w else 0
         fut = original_all_reduce(tensor, group=state, async_op=True).get_future()
 
@@ -186,7 +191,11 @@ def _patch_ddp(handle: InstalledHooks, original_all_reduce: Callable) -> None:
         def composed(st, bucket):
             w = STATE.writer
             seq = w.enter("ddp_bucket_all_reduce", _nbytes(bucket.buffer()), STATE.world, _pg_seq()) if w else 0
-            fut = hook(st, bucket)
+            _IN_USER_COMM_HOOK.active = True
+            try:
+                fut = hook(st, bucket)
+            finally:
+                _IN_USER_COMM_HOOK.active = False
 
             def done(f):
                 if w:

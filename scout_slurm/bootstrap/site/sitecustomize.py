@@ -14,14 +14,25 @@ def _scout_install():
         except ImportError:
             import importlib.util
             pkg = os.environ.get("SCOUT_PACKAGE_DIR", "")
+            # Only an absolute folder that holds the package: an empty or relative value would
+            # run whatever __init__.py sits in the job's working directory.
+            if not os.path.isabs(pkg) or not os.path.isfile(os.path.join(pkg, "__init__.py")):
+                raise ImportError(f"scout_slurm is not importable and SCOUT_PACKAGE_DIR={pkg!r} "
+                                  "is not a folder holding it") from None
             spec = importlib.util.spec_from_file_location(
                 "scout_slurm", os.path.join(pkg, "__init__.py"), submodule_search_locations=[pkg])
             if spec is None or spec.loader is None:
                 raise
             module = importlib.util.module_from_spec(spec)
             sys.modules["scout_slurm"] = module
-            spec.loader.exec_module(module)
-            from scout_slurm.bootstrap import hooks
+            try:
+                spec.loader.exec_module(module)
+                from scout_slurm.bootstrap import hooks
+            except BaseException:
+                # leave no half-imported package behind for the job's own imports
+                for name in [n for n in sys.modules if n == "scout_slurm" or n.startswith("scout_slurm.")]:
+                    del sys.modules[name]
+                raise
         hooks.install_from_environment(os.environ)
     except Exception as exc:  # the training job must run even if scout cannot watch it
         sys.stderr.write(f"scout: bootstrap not installed in pid {os.getpid()}: {exc!r}\n")
