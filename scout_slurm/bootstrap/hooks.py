@@ -152,8 +152,17 @@ def _patch_distributed(handle: InstalledHooks, dist: Any) -> None:
             sys.stderr.write(f"scout: cannot open the progress record: {exc!r}\n")
         return result
 
+    original_destroy = c10d.destroy_process_group
+
+    @functools.wraps(original_destroy)
+    def scout_destroy_process_group(*args, **kwargs):
+        if STATE.writer is not None and (not args or args[0] is None) and kwargs.get("group") is None:
+            STATE.writer.deactivate()  # done with collectives: the watchdog stops watching for stalls
+        return original_destroy(*args, **kwargs)
+
     for owner in (dist, c10d):
         handle.patch(owner, "init_process_group", scout_init_process_group)
+        handle.patch(owner, "destroy_process_group", scout_destroy_process_group)
     for name in COLLECTIVES:
         fn = getattr(c10d, name, None)
         if fn is None:
@@ -252,7 +261,9 @@ def note_checkpoint(path: str | os.PathLike, *, step: int | None = None) -> None
     except OSError:
         return
     if step is None:
-        step = STATE.writer.steps if STATE.writer is not None else -1
+        # steps of this run, counted from the checkpoint it resumed from
+        offset = int(os.environ.get("SCOUT_STEP_OFFSET", "0") or 0)
+        step = (STATE.writer.steps + offset) if STATE.writer is not None else -1
     note = CheckpointNote(path=target, step=int(step), rank=STATE.rank, restart=STATE.restart,
                           saved_at=time.time(), size_bytes=size)
     try:

@@ -67,6 +67,7 @@ class RankPlace:
     master_addr: str
     master_port: int
     started_at: float
+    step_offset: int = 0           # the step this run resumed from: progress counts from here
     schema_version: int = 1
 
 

@@ -75,8 +75,11 @@ def describe_exit(e: ExitRecord) -> str:
 
 
 def _step(ev: JobEvidence, rank: int) -> int:
+    """The training step the rank was in, counted from the start of training (a resumed run's
+    progress counts from the checkpoint's step)."""
     p = ev.last_progress(rank)
-    return p.opt_steps + 1 if p is not None else -1
+    offset = ev.places[rank].step_offset if rank in ev.places else 0
+    return p.opt_steps + 1 + offset if p is not None else -1
 
 
 def _verdict(ev: JobEvidence, kind: VerdictKind, suspects: list[Suspect], confidence: float,

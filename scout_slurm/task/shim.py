@@ -125,15 +125,16 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     env["SCOUT_RUN_DIR"] = str(folder.run_dir(ctx.restart))
     env["SCOUT_CHECKPOINTS_DIR"] = str(folder.checkpoints_dir)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOTSTRAP_DIR), environ.get("PYTHONPATH", "")) if p)
-    resume = _resume_checkpoint(folder, ctx.restart)
+    resume, offset = _resume_checkpoint(folder, ctx.restart)
     if resume and not environ.get("SCOUT_RESUME_CHECKPOINT"):
         env["SCOUT_RESUME_CHECKPOINT"] = resume
+        env["SCOUT_STEP_OFFSET"] = str(offset)
 
     place = RankPlace(job_id=ctx.job_id, restart=ctx.restart, rank=ctx.rank, local_rank=ctx.local_rank,
                       world_size=ctx.world_size, node=ctx.node, hostname=socket.gethostname(),
                       task_pid=os.getpid(), child_pid=0, gpu_uuids=(), cuda_visible_devices=ctx.cuda_visible_devices,
                       nic="", master_addr=master if ctx.rank == 0 else "", master_port=int(env["MASTER_PORT"]),
-                      started_at=time.time())
+                      started_at=time.time(), step_offset=offset if resume else 0)
     place = _join_hardware_map(folder, place)
     write_record(folder.rank_place_path(ctx.restart, ctx.rank), place)
 
@@ -171,19 +172,18 @@ def _pump_stderr(child: subprocess.Popen, tail: deque) -> None:
         tail.append(line.decode("utf-8", "replace").rstrip("\n")[:500])
 
 
-def _resume_checkpoint(folder: JobFolder, restart: int) -> str:
-    try:
-        from scout_slurm.remediation.records import ResumeInstruction
-    except ImportError:
-        return ""
+def _resume_checkpoint(folder: JobFolder, restart: int) -> tuple[str, int]:
+    """The checkpoint the controller chose for this run, and its step ("" when none)."""
+    from scout_slurm.remediation.records import ResumeInstruction
     path = folder.resume_path(restart)
     if not path.exists():
-        return ""
+        return "", 0
     try:
-        return read_record(path, ResumeInstruction, root=folder.root).checkpoint
+        r = read_record(path, ResumeInstruction, root=folder.root)
+        return r.checkpoint, max(0, r.step)
     except ScoutError as exc:
         log.warning("task.resume_unreadable", path=str(path), error=str(exc))
-        return ""
+        return "", 0
 
 
 def _join_hardware_map(folder: JobFolder, place: RankPlace) -> RankPlace:
