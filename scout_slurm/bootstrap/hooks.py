@@ -39,6 +39,8 @@ class _State:
         self.skip_next_all_reduce = False
         self.default_pg = None
         self.installed: "InstalledHooks | None" = None
+        self.consensus: Any = None
+        self.originals: dict[str, Any] = {}
         self.lock = threading.Lock()
 
 
@@ -135,6 +137,7 @@ def _patch_distributed(handle: InstalledHooks, dist: Any) -> None:
     c10d = dist.distributed_c10d
     original_init = c10d.init_process_group
     original_all_reduce = c10d.all_reduce
+    STATE.originals.update(all_gather=c10d.all_gather, barrier=c10d.barrier)
     late_done: list[bool] = []
 
     @functools.wraps(original_init)
@@ -143,6 +146,7 @@ def _patch_distributed(handle: InstalledHooks, dist: Any) -> None:
         try:
             STATE.default_pg = c10d._get_default_group()
             _opened_writer(c10d.get_rank(), c10d.get_world_size())
+            _start_consensus()
             if not late_done:
                 late_done.append(True)
                 _patch_ddp(handle, original_all_reduce=original_all_reduce)
@@ -218,6 +222,8 @@ def _patch_ddp(handle: InstalledHooks, original_all_reduce: Callable) -> None:
 
     @functools.wraps(original_forward)
     def scout_forward(self, *args, **kwargs):
+        if STATE.consensus is not None:
+            STATE.consensus.track(self)
         if not getattr(self, "_scout_hooked", False):
             self._scout_hooked = True
             if STATE.writer is not None:
@@ -241,7 +247,9 @@ def _patch_optimizer(handle: InstalledHooks) -> None:
         step = w.step()
         fault = STATE.fault
         if fault is not None and fault.applies(STATE.rank, step, STATE.restart):
-            _fire(fault)
+            _fire(fault, optimizer)
+        if STATE.consensus is not None:
+            STATE.consensus.maybe_vote(step, optimizer, STATE.originals["all_gather"], STATE.originals["barrier"])
 
     h = register_optimizer_step_post_hook(scout_step_hook)
     handle.on_remove(h.remove)
@@ -304,12 +312,58 @@ def _record_injection(fault: FaultSpec) -> None:
         sys.stderr.write(f"scout: injection not recorded: {exc!r}\n")
 
 
-def _fire(fault: FaultSpec) -> None:
+def _start_consensus() -> None:
+    every = int(os.environ.get("SCOUT_CONSENSUS_EVERY", "50") or 0)
+    if every <= 0 or STATE.world < 2 or STATE.consensus is not None:
+        return
+    from scout_slurm.bootstrap.consensus import Consensus
+    run_dir = os.environ.get("SCOUT_RUN_DIR")
+    STATE.consensus = Consensus(every=every, rank=STATE.rank, world=STATE.world,
+                                run_dir=Path(run_dir) if run_dir else None,
+                                node=os.environ.get("SLURMD_NODENAME", ""))
+
+
+def _corrupt(fault: FaultSpec, optimizer: Any) -> str:
+    """Change one element of the first parameter (or of the optimizer's first state tensor)."""
+    import torch
+    if fault.target == "optimizer":
+        from scout_slurm.bootstrap.consensus import optimizer_tensors
+        tensors = optimizer_tensors(optimizer)
+        if not tensors:
+            return "optimizer has no state tensors (e.g. SGD without momentum): nothing corrupted"
+        name, t = tensors[0]
+    else:
+        name, t = "param0", optimizer.param_groups[0]["params"][0]
+    with torch.no_grad():
+        flat = t.data.view(-1)
+        i = fault.element % flat.numel()
+        before = float(flat[i])
+        if fault.kind == "bitflip":
+            size = flat.element_size()
+            ints = flat.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[size])
+            bit = fault.bit % (size * 8)
+            mask = -(1 << bit) if bit == size * 8 - 1 else (1 << bit)  # the sign bit, in two's complement
+            ints[i] = torch.bitwise_xor(ints[i], torch.tensor(mask, dtype=ints.dtype))
+        elif fault.kind == "scale":
+            flat[i] *= fault.factor
+        elif fault.kind == "sign":
+            flat[i] = -flat[i]
+        elif fault.kind == "nan":
+            flat[i] = float("nan")
+        elif fault.kind == "inf":
+            flat[i] = float("inf")
+        return f"{fault.target} {name}[{i}]: {before!r} -> {float(flat[i])!r}"
+
+
+def _fire(fault: FaultSpec, optimizer: Any = None) -> None:
     sys.stderr.write(f"scout: injecting fault {fault.kind} on rank {STATE.rank} at step {fault.step}\n")
     sys.stderr.flush()
     _record_injection(fault)
     kind = fault.kind
-    if kind == "sleep":
+    if kind in ("bitflip", "scale", "sign", "nan", "inf"):
+        what = _corrupt(fault, optimizer)
+        sys.stderr.write(f"scout: corrupted {what}\n")
+    elif kind == "sleep":
         time.sleep(fault.seconds)
     elif kind == "spin":
         deadline = time.monotonic() + fault.seconds

@@ -11,6 +11,10 @@ from dataclasses import dataclass
 from scout_slurm.errors import ConfigError
 
 PROCESS_FAULTS = ("sleep", "spin", "stop", "skip_allreduce", "exit", "sigkill", "segv", "raise")
+# numerical faults: change one element of a tensor the replicas must share
+NUMERIC_FAULTS = ("bitflip", "scale", "sign", "nan", "inf")
+TARGETS = ("weights", "optimizer")
+KINDS = PROCESS_FAULTS + NUMERIC_FAULTS
 
 
 @dataclass(frozen=True)
@@ -21,6 +25,10 @@ class FaultSpec:
     seconds: float = 3600.0
     code: int = 3
     restart: int | None = 0   # fire only in this run (SLURM_RESTART_COUNT), so a rerun is clean; None: every run
+    bit: int = 0              # bitflip: which bit of the element (0: lowest mantissa bit of float32; 30: exponent)
+    factor: float = 2.0       # scale: multiply the element by this
+    target: str = "weights"   # numerical faults: "weights" or "optimizer" (its state, e.g. momentum)
+    element: int = 0          # which element of the first parameter (flattened)
 
     def applies(self, rank: int, step: int, restart: int) -> bool:
         return ((self.rank is None or self.rank == rank) and step == self.step
@@ -32,25 +40,37 @@ def parse_fault(text: str) -> FaultSpec:
     if not parts:
         raise ConfigError("SCOUT_INJECT is empty; expected e.g. 'sleep,rank=1,step=5'")
     kind = parts[0]
-    if kind not in PROCESS_FAULTS:
-        raise ConfigError(f"SCOUT_INJECT={text!r}: unknown fault kind {kind!r}; valid: {', '.join(PROCESS_FAULTS)}")
+    if kind not in KINDS:
+        raise ConfigError(f"SCOUT_INJECT={text!r}: unknown fault kind {kind!r}; valid: {', '.join(KINDS)}")
     values: dict[str, str] = {}
     for p in parts[1:]:
         if "=" not in p:
             raise ConfigError(f"SCOUT_INJECT={text!r}: {p!r} is not key=value")
         k, v = p.split("=", 1)
         values[k.strip()] = v.strip()
-    unknown = set(values) - {"rank", "step", "seconds", "code", "restart"}
+    valid = {"rank", "step", "seconds", "code", "restart", "bit", "factor", "target", "element"}
+    unknown = set(values) - valid
     if unknown:
-        raise ConfigError(f"SCOUT_INJECT={text!r}: unknown key(s) {sorted(unknown)}; valid: rank, step, seconds, code, restart")
+        raise ConfigError(f"SCOUT_INJECT={text!r}: unknown key(s) {sorted(unknown)}; valid: {', '.join(sorted(valid))}")
     try:
         rank = None if values.get("rank", "all") == "all" else int(values["rank"])
         step = int(values.get("step", "1"))
         seconds = float(values.get("seconds", "3600"))
         code = int(values.get("code", "3"))
         restart = None if values.get("restart", "0") == "any" else int(values.get("restart", "0"))
+        bit = int(values.get("bit", "0"))
+        factor = float(values.get("factor", "2.0"))
+        element = int(values.get("element", "0"))
     except ValueError as exc:
         raise ConfigError(f"SCOUT_INJECT={text!r}: {exc}") from None
+    target = values.get("target", "weights")
     if step < 1:
         raise ConfigError(f"SCOUT_INJECT={text!r}: step must be >= 1")
-    return FaultSpec(kind=kind, rank=rank, step=step, seconds=seconds, code=code, restart=restart)
+    if not 0 <= bit <= 63:
+        raise ConfigError(f"SCOUT_INJECT={text!r}: bit must be within 0..63")
+    if target not in TARGETS:
+        raise ConfigError(f"SCOUT_INJECT={text!r}: target must be one of {', '.join(TARGETS)}")
+    if element < 0:
+        raise ConfigError(f"SCOUT_INJECT={text!r}: element must be >= 0")
+    return FaultSpec(kind=kind, rank=rank, step=step, seconds=seconds, code=code, restart=restart, bit=bit,
+                     factor=factor, target=target, element=element)

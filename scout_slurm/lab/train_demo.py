@@ -24,6 +24,7 @@ def main() -> int:
     ap.add_argument("--ckpt-dir", default="")
     ap.add_argument("--ckpt-every", type=int, default=10)
     ap.add_argument("--timeout", type=float, default=600.0, help="gloo timeout, seconds")
+    ap.add_argument("--momentum", type=float, default=0.0)
     ap.add_argument("--out", default="", help="rank 0 writes the final parameter checksum here")
     args = ap.parse_args()
 
@@ -33,7 +34,7 @@ def main() -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
     ddp = DDP(model)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=args.momentum)
     start = 0
     resume = os.environ.get("SCOUT_RESUME_CHECKPOINT", "")
     if not resume and args.ckpt_dir and os.path.isdir(args.ckpt_dir):

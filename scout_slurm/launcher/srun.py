@@ -8,6 +8,7 @@ scout options:
   --scout-stall-floor=SECONDS   never call a stall sooner than this (SCOUT_WATCHDOG_STALL_FLOOR_S)
   --scout-inject=SPEC           inject a fault, e.g. sleep,rank=1,step=5 (SCOUT_INJECT)
   --scout-config=PATH           site config file (SCOUT_CONFIG)
+  --scout-consensus-every=K     vote on the replicas' state every K optimizer steps (default 50; 0: off)
   --scout-off                   run plain srun, no shim
   --scout-dry-run               print the srun command line and exit
 """
@@ -62,7 +63,7 @@ def split_args(argv: Sequence[str]) -> LaunchPlan:
             break
         if a.startswith("--scout-"):
             name, _, value = a[2:].partition("=")
-            takes = name in ("scout-stall-floor", "scout-inject", "scout-config")
+            takes = name in ("scout-stall-floor", "scout-inject", "scout-config", "scout-consensus-every")
             if takes and not _:
                 if i + 1 >= len(argv):
                     raise ScoutError(f"scout-srun: {a} needs a value")
@@ -76,13 +77,17 @@ def split_args(argv: Sequence[str]) -> LaunchPlan:
                 env["SCOUT_INJECT"] = value
             elif name == "scout-config":
                 env["SCOUT_CONFIG"] = value
+            elif name == "scout-consensus-every":
+                if not value.isdigit():
+                    raise ScoutError(f"scout-srun: --scout-consensus-every takes a whole number of steps, got {value!r}")
+                env["SCOUT_CONSENSUS_EVERY"] = value
             elif name == "scout-off":
                 off = True
             elif name == "scout-dry-run":
                 dry = True
             else:
                 raise ScoutError(f"scout-srun: unknown option {a}; scout's options: --scout-stall-floor, "
-                                 "--scout-inject, --scout-config, --scout-off, --scout-dry-run")
+                                 "--scout-inject, --scout-config, --scout-consensus-every, --scout-off, --scout-dry-run")
             i += 1
             continue
         if a.startswith("--"):

@@ -1,0 +1,145 @@
+"""State votes inside the training process: every K optimizer steps, the replicas that must hold
+identical state (DDP: every rank of the module's process group) sign their parameters and
+optimizer state, exchange the signatures on scout's own gloo side group (never the training
+communicators), and a strict majority names the outlier. Imports only the standard library,
+torch and (if present) xxhash."""
+
+from __future__ import annotations
+
+import os
+import struct
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+SDC_EXIT = 88  # scout_slurm.task.exitcodes.SDC_CULPRIT (kept literal: this module runs in the job's Python)
+
+
+def _hasher():
+    try:
+        import xxhash
+        return xxhash.xxh3_64
+    except ImportError:  # the job's Python may lack xxhash: a slower exact hash
+        import hashlib
+        return lambda: hashlib.blake2b(digest_size=8)
+
+
+def tensor_signature(t: Any, h=None) -> int:
+    """An exact fingerprint of a tensor: every bit of its values, its dtype and its shape.
+    Computed over a zero-copy view of a contiguous CPU tensor's bytes."""
+    import torch
+    own = h is None
+    h = h or _hasher()()
+    x = t.detach()
+    if x.device.type != "cpu":
+        x = x.cpu()
+    x = x.contiguous()
+    h.update(f"{x.dtype}|{tuple(x.shape)}|".encode())
+    if x.numel():
+        h.update(memoryview(x.view(torch.uint8).numpy()))
+    return h.intdigest() if own else 0
+
+
+def state_signature(tensors: Iterable[tuple[str, Any]]) -> int:
+    h = _hasher()()
+    for name, t in tensors:
+        h.update(name.encode() + b"\0")
+        tensor_signature(t, h)
+    return h.intdigest()
+
+
+def optimizer_tensors(opt: Any) -> list[tuple[str, Any]]:
+    import torch
+    out = []
+    for gi, group in enumerate(opt.param_groups):
+        for pi, p in enumerate(group["params"]):
+            for key, value in sorted(opt.state.get(p, {}).items()):
+                if isinstance(value, torch.Tensor):
+                    out.append((f"g{gi}.p{pi}.{key}", value))
+    return out
+
+
+def vote(values: list[int]) -> tuple[int | None, list[int]]:
+    """Strict majority (pure): (the majority value, ranks that differ) or (None, []) when no
+    value is held by more than half."""
+    counts: dict[int, int] = {}
+    for v in values:
+        counts[v] = counts.get(v, 0) + 1
+    best, n = max(counts.items(), key=lambda kv: kv[1])
+    if n * 2 <= len(values):
+        return None, []
+    return best, [r for r, v in enumerate(values) if v != best]
+
+
+class Consensus:
+    def __init__(self, *, every: int, rank: int, world: int, run_dir: Path | None, node: str) -> None:
+        import torch.distributed as dist
+        self.every = every
+        self.rank, self.world = rank, world
+        self.run_dir, self.node = run_dir, node
+        self.side = dist.new_group(backend="gloo")  # scout's votes never use the training communicators
+        self.modules: list[Any] = []
+        self.votes = 0
+
+    def track(self, module: Any) -> None:
+        if all(m is not module for m in self.modules):
+            self.modules.append(module)
+
+    def maybe_vote(self, step: int, optimizer: Any, original_all_gather: Any, original_barrier: Any) -> None:
+        if self.every <= 0 or step % self.every != 0 or not self.modules:
+            return
+        import torch
+        t0 = time.perf_counter()
+        params = []
+        for mi, m in enumerate(self.modules):
+            params += [(f"m{mi}.{n}", p) for n, p in m.module.named_parameters()]
+        sig_w = state_signature(params)
+        sig_o = state_signature(optimizer_tensors(optimizer))
+        mine = torch.tensor([sig_w & 0x7FFFFFFFFFFFFFFF, sig_o & 0x7FFFFFFFFFFFFFFF], dtype=torch.int64)
+        gathered = [torch.zeros_like(mine) for _ in range(self.world)]
+        original_all_gather(gathered, mine, group=self.side)
+        self.votes += 1
+        weights = [int(g[0]) for g in gathered]
+        opt = [int(g[1]) for g in gathered]
+        findings = []
+        for what, values in (("weights", weights), ("optimizer state", opt)):
+            best, outliers = vote(values)
+            if best is None:
+                findings.append(("inconclusive", what, [], values))
+            elif outliers:
+                findings.append(("sdc", what, outliers, values))
+        dt = time.perf_counter() - t0
+        if not findings:
+            return
+        confirmed = sorted({r for kind, _, rs, _ in findings if kind == "sdc" for r in rs})
+        majority_writer = min((r for r in range(self.world) if r not in confirmed), default=0)
+        if self.rank == majority_writer:
+            for kind, what, outliers, values in findings:
+                self._write(kind, what, outliers, values, step, dt)
+        # the finding is on disk before the outlier leaves: the Epilogs act on it
+        original_barrier(group=self.side)
+        if self.rank in confirmed and os.environ.get("SCOUT_SDC_POLICY", "exit") == "exit":
+            sys.stderr.write(f"scout: rank {self.rank}'s state differs from the replicas' majority at step {step}; "
+                             f"ending this rank (exit {SDC_EXIT})\n")
+            sys.stderr.flush()
+            os._exit(SDC_EXIT)
+
+    def _write(self, kind: str, what: str, outliers: list[int], values: list[int], step: int, dt: float) -> None:
+        if self.run_dir is None:
+            return
+        from scout_slurm.evidence.records import Finding, FindingKind
+        from scout_slurm.evidence.store import write_record
+        now = time.time()
+        per_rank = ", ".join(f"rank {r}: {v:016x}" for r, v in enumerate(values))
+        for r in (outliers or [-1]):
+            summary = (f"rank {r}'s {what} signature differs from the majority of {self.world} replicas at step {step}"
+                       if kind == "sdc" else
+                       f"no strict majority among {self.world} replicas for {what} at step {step}: inconclusive")
+            finding = Finding(rank=r if r >= 0 else 0, node=self.node if r == self.rank else "",
+                              kind=FindingKind.SDC if kind == "sdc" else FindingKind.INFO, at=now,
+                              summary=summary, details=(per_rank, f"vote took {dt * 1000:.1f} ms"), step=step)
+            try:
+                write_record(self.run_dir / "findings" / f"{kind}-{what.split()[0]}-rank-{r}-step-{step}.json", finding)
+            except Exception as exc:  # noqa: BLE001
+                sys.stderr.write(f"scout: finding not written: {exc!r}\n")

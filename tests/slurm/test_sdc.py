@@ -1,0 +1,49 @@
+"""Issue (consensus, first part): state votes among DDP replicas name the rank whose weights or
+optimizer state were corrupted, on the real lab cluster (4 replicas on 2 nodes)."""
+
+from __future__ import annotations
+
+import pytest
+
+import scoutjobs as sj
+from scout_slurm.slurm import ops
+
+pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]
+
+CASES = [
+    ("bitflip,bit=0", 2, "weights"),         # lowest mantissa bit
+    ("bitflip,bit=12", 0, "weights"),
+    ("bitflip,bit=30", 3, "weights"),        # exponent
+    ("bitflip,bit=31", 1, "weights"),        # sign bit
+    ("scale,factor=1.0001", 1, "weights"),
+    ("sign", 3, "optimizer"),
+    ("bitflip,bit=0", 0, "optimizer"),
+]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("fault,rank,target", CASES, ids=[f"{c[0]}-rank{c[1]}-{c[2]}" for c in CASES])
+def test_corruption_is_named(lab, clean_drains, fault, rank, target):
+    inject = f"{fault},rank={rank},step=6,target={target}"
+    script = sj.batch_script(lab, train_args="--steps 40 --momentum 0.9",
+                             scout_args=f"--scout-consensus-every=5 --scout-inject={inject}")
+    job = sj.submit(lab, script, extra=("--no-requeue",))
+    sj.wait_finished(lab, job)
+    shown = sj.show_json(lab, job, restart=0)
+    node = sj.places(lab, job)[rank].node
+    assert shown["kind"] == "sdc", (shown, sj.output(lab, job)[-2000:])
+    assert [(s["rank"], s["node"]) for s in shown["suspects"]] == [(rank, node)]
+    assert any("step 10" in line for line in shown["reasoning"])  # the first vote after step 6
+    out = sj.output(lab, job)
+    assert f"rank {rank}'s state differs from the replicas' majority at step 10; ending this rank (exit 88)" in out
+    drained = {n.name: n.reason for n in ops.list_nodes(timeout=10, env=lab.client_env()) if n.is_drained}
+    assert drained.get(node, "").startswith(f"scout: sdc rank {rank} job {job}"), drained
+
+
+@pytest.mark.timeout(180)
+def test_clean_run_with_votes_every_step_names_nobody(lab, clean_drains):
+    script = sj.batch_script(lab, train_args="--steps 30 --momentum 0.9", scout_args="--scout-consensus-every=1")
+    job = sj.submit(lab, script, extra=("--no-requeue",))
+    sj.wait_finished(lab, job)
+    shown = sj.show_json(lab, job, restart=0)
+    assert shown["kind"] == "clean" and shown["suspects"] == [], shown
