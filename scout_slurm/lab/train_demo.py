@@ -66,8 +66,17 @@ def main() -> int:
         if rank == 0 and step % 20 == 0:
             print(f"step {step} loss {logged.item() / world:.6f}", flush=True)
     if rank == 0 and args.out:
+        import hashlib
+        digest = hashlib.sha256()  # every bit of the parameters and the optimizer state
+        for p in model.parameters():
+            digest.update(p.detach().contiguous().view(torch.uint8).numpy().tobytes())
+        for state in opt.state.values():
+            for v in state.values():
+                if torch.is_tensor(v):
+                    digest.update(v.detach().contiguous().view(torch.uint8).numpy().tobytes())
         with open(args.out, "w") as fh:
-            fh.write(" ".join(f"{p.double().sum().item():.12e}" for p in model.parameters()) + "\n")
+            fh.write(" ".join(f"{p.double().sum().item():.12e}" for p in model.parameters())
+                     + f" sha256={digest.hexdigest()}\n")
     del ddp, opt
     import gc
     gc.collect()

@@ -21,7 +21,8 @@ def _drained(lab) -> dict[str, str]:
 
 def _loop(lab, inject: str, rank: int, kind: str):
     ckpt = lab.paths.work / f"ckpt-{kind}-{time.time_ns()}"
-    script = sj.batch_script(lab, train_args=f"--steps 40 --ckpt-dir {ckpt} --ckpt-every 10",
+    final = lab.paths.work / f"final-{kind}-{time.time_ns()}.txt"
+    script = sj.batch_script(lab, train_args=f"--steps 40 --ckpt-dir {ckpt} --ckpt-every 10 --momentum 0.9 --out {final}",
                              scout_args=f"--scout-stall-floor=4 --scout-inject={inject}")
     job = sj.submit(lab, script)
     sj.wait_finished(lab, job, restart=0)
@@ -51,12 +52,21 @@ def _loop(lab, inject: str, rank: int, kind: str):
     failed_at = sj.verdict(lab, job, 0).first_failure_at
     rerun_at = min(p.started_at for p in run1.values())
     print(f"\nLOOP {kind}: failure -> rerun started on other nodes in {rerun_at - failed_at:.1f} s")
-    return job
+    return job, final
+
+
+def _uninterrupted(lab) -> str:
+    final = lab.paths.work / f"final-clean-{time.time_ns()}.txt"
+    job = sj.submit(lab, sj.batch_script(lab, train_args=f"--steps 40 --momentum 0.9 --out {final}"))
+    assert sj.wait_completed(lab, job).state == "COMPLETED"
+    return final.read_text()
 
 
 @pytest.mark.timeout(300)
 def test_crash_loop(lab, clean_drains):
-    _loop(lab, "exit,rank=2,step=25,code=3", 2, "crash")
+    job, final = _loop(lab, "exit,rank=2,step=25,code=3", 2, "crash")
+    # the resumed run ends with the same parameters, bit for bit, as a run that never failed
+    assert final.read_text() == _uninterrupted(lab)
 
 
 @pytest.mark.timeout(300)
