@@ -68,6 +68,7 @@ class RankPlace:
     master_port: int
     started_at: float
     step_offset: int = 0           # the step this run resumed from: progress counts from here
+    launcher: str = ""             # "torchrun" when the task starts several ranks itself
     schema_version: int = 1
 
 

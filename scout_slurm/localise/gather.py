@@ -47,6 +47,9 @@ def gather_evidence(folder: JobFolder, restart: int, *, job_exit_code: int = -1,
         sizes = Counter(p.world_size for p in places if 0 < p.world_size <= MAX_WORLD)
         world_size = sizes.most_common(1)[0][0] if sizes else max(
             [p.rank + 1 for p in places] + [e.rank + 1 for e in exits] + [0])
+        # under torchrun a task starts several ranks: the watchdogs' progress records are per rank
+        if any(p.launcher == "torchrun" for p in places):
+            world_size = max([world_size] + [s.rank + 1 for s in snaps if 0 <= s.rank < MAX_WORLD])
     def by_rank(records, what):
         out = {}
         for r in records:
@@ -55,6 +58,11 @@ def gather_evidence(folder: JobFolder, restart: int, *, job_exit_code: int = -1,
                 continue
             out[r.rank] = r
         return out
+    if any(p.launcher == "torchrun" for p in places):
+        # place and exit records are per Slurm task; under torchrun the ranks are the workers',
+        # known from the watchdogs' per-rank progress records only
+        problems.append("torchrun: ranks are placed by their progress records (one Slurm task per node)")
+        places, exits = [], []
     return JobEvidence(job_id=folder.job_id, restart=restart, world_size=world_size,
                        places=by_rank(places, "place"), exits=by_rank(exits, "exit record"),
                        snapshots=by_rank(snaps, "progress"), findings=tuple(findings), decision=decision,

@@ -84,6 +84,15 @@ def _wait_for_master(folder: JobFolder, ctx: TaskContext, timeout: float) -> str
                      "set MASTER_ADDR yourself or check the evidence folder is shared")
 
 
+def is_torchrun(command: Sequence[str]) -> bool:
+    """Is the command a launcher that starts several ranks itself (torchrun)? (pure)"""
+    words = [os.path.basename(w) for w in command[:4]]
+    if words and words[0] == "torchrun":
+        return True
+    return len(words) >= 3 and words[0].startswith("python") and words[1] == "-m" and \
+        words[2] in ("torch.distributed.run", "torch.distributed.launch")
+
+
 def parse_args(argv: Sequence[str]) -> list[str]:
     argv = list(argv)
     if "--" in argv:
@@ -108,7 +117,10 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     shm = Path("/dev/shm") / f"scout-{ctx.cluster}-{ctx.job_id}-{ctx.restart}-{ctx.step_id}-{ctx.rank}"
     shutil.rmtree(shm, ignore_errors=True)
     shm.mkdir(mode=0o700, parents=True)
-    progress_mod.create(shm / f"rank-{ctx.rank}.bin")
+    launcher = is_torchrun(command)
+    if not launcher:
+        # one task, one rank: watch it from the start (a hang before init_process_group too)
+        progress_mod.create(shm / f"rank-{ctx.rank}.bin")
 
     nodes = expand_hostlist(ctx.step_nodelist) if ctx.step_nodelist else [ctx.node]
     if environ.get("MASTER_ADDR"):
@@ -118,7 +130,10 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     else:
         master = _wait_for_master(folder, ctx, timeout=cfg.watchdog.startup_grace_s)
     env = dict(environ)
-    env.update(torch_environment(ctx, environ, master_addr=master))
+    torch_env = torch_environment(ctx, environ, master_addr=master)
+    if launcher:  # torchrun sets each worker's RANK/LOCAL_RANK/WORLD_SIZE itself
+        torch_env = {k: v for k, v in torch_env.items() if k in ("MASTER_ADDR", "MASTER_PORT")}
+    env.update(torch_env)
     env["SCOUT_PROGRESS_DIR"] = str(shm)
     env["SCOUT_STACKS_FILE"] = str(folder.stacks_path(ctx.restart, ctx.rank))
     env["SCOUT_PACKAGE_DIR"] = str(Path(scout_slurm.__file__).parent)
@@ -134,7 +149,8 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
                       world_size=ctx.world_size, node=ctx.node, hostname=socket.gethostname(),
                       task_pid=os.getpid(), child_pid=0, gpu_uuids=(), cuda_visible_devices=ctx.cuda_visible_devices,
                       nic="", master_addr=master if ctx.rank == 0 else "", master_port=int(env["MASTER_PORT"]),
-                      started_at=time.time(), step_offset=offset if resume else 0)
+                      started_at=time.time(), step_offset=offset if resume else 0,
+                      launcher="torchrun" if launcher else "")
     place = _join_hardware_map(folder, place)
     write_record(folder.rank_place_path(ctx.restart, ctx.rank), place)
 

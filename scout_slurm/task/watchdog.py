@@ -259,7 +259,9 @@ class Watchdog:
                 return None  # a peer is still advancing: not a job-wide stall (yet)
         for t in self.trackers.values():
             peers[t.rank] = self.snapshot(t, now)
-        call = decide_stall(peers, self.ctx.world_size, silent)
+        # under torchrun the ranks are the workers', not the Slurm tasks': their records say how many
+        world = max([self.ctx.world_size] + [t.view.world_size for t in self.trackers.values() if t.view])
+        call = decide_stall(peers, world, silent)
         decision = StallDecision(decided_by=self.ctx.rank, at=self.wall(), culprits=call.culprits,
                                  kind=call.kind, reasoning=call.reasoning)
         create_record_exclusive(self._decision_path(), decision)
