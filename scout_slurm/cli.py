@@ -44,12 +44,17 @@ _state_dir = click.option("--state-dir", type=click.Path(file_okay=False, path_t
 @click.option("--nodes", type=click.IntRange(1, 64), default=4, show_default=True)
 @click.option("--port-base", type=click.IntRange(1024, 65000), default=LabSpec.port_base, show_default=True,
               help="slurmctld listens here, node i on port-base + i.")
+@click.option("--netns", is_flag=True,
+              help="One network namespace per node (own hostname n1.., address 10.213.0.10+i, bridge scoutbr0); "
+                   "needs root with CAP_NET_ADMIN and CAP_SYS_ADMIN. Default: every node a `slurmd -N` on 127.0.0.1.")
 @_state_dir
-def lab_up(nodes: int, port_base: int, state_dir: Path) -> None:
+def lab_up(nodes: int, port_base: int, netns: bool, state_dir: Path) -> None:
     """Start (or restart) the lab; prints the `export` lines a shell needs to use it."""
-    cluster = Lab(LabSpec(state_dir=state_dir, nodes=nodes, port_base=port_base, python=sys.executable))
+    from scout_slurm.lab.cluster import NETNS_CTL_ADDR
+    cluster = Lab(LabSpec(state_dir=state_dir, nodes=nodes, port_base=port_base, python=sys.executable, netns=netns))
     cluster.up()
-    click.echo(f"lab up: {nodes} nodes in {cluster.paths.root}, slurmctld on 127.0.0.1:{port_base}", err=True)
+    where = f"{NETNS_CTL_ADDR}:{port_base} (netns mode, bridge scoutbr0)" if netns else f"127.0.0.1:{port_base}"
+    click.echo(f"lab up: {nodes} nodes in {cluster.paths.root}, slurmctld on {where}", err=True)
     click.echo(f"export SCOUT_CONFIG={shlex.quote(str(cluster.paths.scout_conf))}")
     click.echo(f"export SLURM_CONF={shlex.quote(str(cluster.paths.slurm_conf))}")
 

@@ -1,14 +1,27 @@
 """Start, stop and inspect a real Slurm cluster on one machine, for tests and demos.
 
-Every node is a `slurmd -N <name>` on 127.0.0.1 with its own port, so no traffic leaves loopback.
+Two modes:
+- default (`slurmd -N`): every node is a `slurmd -N <name>` on 127.0.0.1 with its own port, so no
+  traffic leaves loopback; works unprivileged; every node shares this machine's hostname.
+- `netns` (opt-in, root with CAP_NET_ADMIN and CAP_SYS_ADMIN): one network namespace per node
+  (`scout-<node>`) on a private bridge (`scoutbr0`, 10.213.0.1/24, where slurmctld is reached);
+  each slurmd runs with its own hostname and address (10.213.0.(10+i)) and a private /etc/hosts
+  (bind-mounted in a private mount namespace, so the machine's /etc/hosts is never modified).
+  Before any address comes up an `unreachable` route covers the whole range, and it stays.
+
 Everything lives under one state folder; `down()` stops only processes whose pid files are there
-(or that hold files open there), by their ids. The rim function that reaches outside is `_spawn`.
+(or that hold files open there, or that live in the lab's own namespaces), by their ids, and
+deletes only the namespaces and links recorded in lab.json. The rim functions that reach outside
+are `_spawn` and `_ip`.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
+import re
+import shlex
 import shutil
 import signal
 import socket
@@ -32,6 +45,22 @@ REQUIRED_BINARIES = {
 }
 CLUSTER_NAME = "scoutlab"
 
+MODE_LOCAL = "slurmd-N"
+MODE_NETNS = "netns"
+# netns mode: fixed names and range (one netns lab per machine at a time; the bridge's alias names
+# the state folder that owns it, so a second lab refuses instead of taking it over)
+NETNS_RANGE = "10.213.0.0/24"
+NETNS_CTL_ADDR = "10.213.0.1"
+NETNS_BRIDGE = "scoutbr0"
+NETNS_ROUTE_METRIC = 4000
+NETNS_MAX_NODES = 64
+NETNS_BINARIES = ("ip", "nsenter", "unshare", "hostname", "mount", "sh")
+_NODE_NAME = re.compile(r"^n\d+$")
+_IP_TIMEOUT = 15.0
+_CAP_NET_ADMIN, _CAP_SYS_ADMIN = 12, 21
+_DEFAULT_MODE_HINT = ("use the default mode instead (`scout lab up` without --netns, LabSpec(netns=False)): "
+                      "every node a `slurmd -N` on 127.0.0.1, no privileges needed")
+
 
 @dataclass(frozen=True)
 class LabSpec:
@@ -42,9 +71,27 @@ class LabSpec:
     hooks: bool = True
     python: str = sys.executable
     site: SiteConfig | None = None  # None: the lab's defaults (short timeouts)
+    netns: bool = False  # one network namespace, hostname and address per node (needs root)
 
     def node_names(self) -> list[str]:
         return [f"n{i}" for i in range(1, self.nodes + 1)]
+
+    @property
+    def mode(self) -> str:
+        return MODE_NETNS if self.netns else MODE_LOCAL
+
+
+def netns_of(node: str) -> str:
+    return f"scout-{node}"
+
+
+def veth_of(node: str) -> str:
+    return f"sv-{node}"
+
+
+def node_address(index: int) -> str:
+    """Address of node n<index> in netns mode (pure): 10.213.0.(10+i)."""
+    return str(ipaddress.ip_network(NETNS_RANGE)[10 + index])
 
 
 @dataclass(frozen=True)
@@ -75,6 +122,8 @@ class LabPaths:
     def lab_json(self) -> Path: return self.root / "lab.json"
     @property
     def work(self) -> Path: return self.root / "work"
+    @property
+    def hosts(self) -> Path: return self.etc / "hosts"
 
 
 def lab_site_config(spec: LabSpec) -> SiteConfig:
@@ -106,15 +155,30 @@ def check_binaries() -> dict[str, str]:
     return found
 
 
+def check_netns_binaries() -> dict[str, str]:
+    found, missing = {}, []
+    for name in NETNS_BINARIES:
+        p = shutil.which(name, path=os.environ.get("PATH", "") + ":/usr/sbin:/usr/bin:/sbin:/bin")
+        if p:
+            found[name] = p
+        else:
+            missing.append(name)
+    if missing:
+        raise LabError(f"lab --netns needs {', '.join(missing)} (Debian packages iproute2, util-linux, hostname, "
+                       f"mount); {_DEFAULT_MODE_HINT}")
+    return found
+
+
 def render_slurm_conf(spec: LabSpec, paths: LabPaths, *, controller_host: str, first_job_id: int) -> str:
     """slurm.conf for the lab (pure)."""
     hooks = ""
     if spec.hooks:
         hooks = (f"Prolog={paths.hooks / 'prolog'}\nEpilog={paths.hooks / 'epilog'}\n"
                  f"EpilogSlurmctld={paths.hooks / 'epilog-slurmctld'}\n")
+    ctl_addr = NETNS_CTL_ADDR if spec.netns else "127.0.0.1"
     lines = [
         f"ClusterName={CLUSTER_NAME}",
-        f"SlurmctldHost={controller_host}(127.0.0.1)",
+        f"SlurmctldHost={controller_host}({ctl_addr})",
         f"SlurmctldPort={spec.port_base}",
         "SlurmUser=root", "SlurmdUser=root",
         "AuthType=auth/munge", "CredType=cred/munge",
@@ -142,10 +206,39 @@ def render_slurm_conf(spec: LabSpec, paths: LabPaths, *, controller_host: str, f
         hooks.rstrip("\n"),
     ]
     for i, name in enumerate(spec.node_names(), start=1):
-        lines.append(f"NodeName={name} NodeHostname={controller_host} NodeAddr=127.0.0.1 "
+        where = (f"NodeHostname={name} NodeAddr={node_address(i)}" if spec.netns
+                 else f"NodeHostname={controller_host} NodeAddr=127.0.0.1")
+        lines.append(f"NodeName={name} {where} "
                      f"Port={spec.port_base + i} CPUs={spec.cpus_per_node} RealMemory=4000 State=UNKNOWN")
     lines.append(f"PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
     return "\n".join(line for line in lines if line) + "\n"
+
+
+def render_hosts(spec: LabSpec, *, controller_host: str) -> str:
+    """The private /etc/hosts every netns node sees (pure): localhost, the controller on the bridge,
+    every node's address. gloo resolves its own hostname to choose an interface: this file is what
+    makes torch.distributed work inside the nodes."""
+    lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback",
+             f"{NETNS_CTL_ADDR}\t{controller_host}"]
+    lines += [f"{node_address(i)}\t{name}" for i, name in enumerate(spec.node_names(), start=1)]
+    return "\n".join(lines) + "\n"
+
+
+def netns_plan(spec: LabSpec, root: Path) -> dict:
+    """What netns mode creates (pure): recorded in lab.json before anything exists, so that
+    `down()` can remove exactly it, also after a crash half-way through `up()`."""
+    nodes = {}
+    for i, name in enumerate(spec.node_names(), start=1):
+        if not _NODE_NAME.match(name):
+            raise LabError(f"lab: node name {name!r} does not match {_NODE_NAME.pattern}")
+        nodes[name] = {"netns": netns_of(name), "veth": veth_of(name), "addr": node_address(i)}
+    return {"range": NETNS_RANGE, "bridge": NETNS_BRIDGE, "bridge_addr": f"{NETNS_CTL_ADDR}/24",
+            "owner": _bridge_alias(root), "route": f"unreachable {NETNS_RANGE} metric {NETNS_ROUTE_METRIC}",
+            "nodes": nodes}
+
+
+def _bridge_alias(root: Path) -> str:
+    return f"scout-lab:{root}"
 
 
 def render_hook(python: str, module: str, paths: LabPaths) -> str:
@@ -244,6 +337,165 @@ def _kill_and_wait(pids: list[int], *, timeout: float = 5.0) -> None:
         time.sleep(0.05)
 
 
+# -- netns mode: the network, through `ip` with argv lists only --------------------------------
+
+def _ip(ip: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """One `ip` command (argv list, timeout); a failure becomes a LabError that names it."""
+    argv = [ip, *args]
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=_IP_TIMEOUT, check=check,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.CalledProcessError as exc:
+        raise LabError(f"lab --netns: `{' '.join(argv)}` exited {exc.returncode}: "
+                       f"{(exc.stderr or '').strip()[:500]}") from None
+    except subprocess.TimeoutExpired:
+        raise LabError(f"lab --netns: `{' '.join(argv)}` did not finish within {_IP_TIMEOUT:.0f} s") from None
+
+
+def _ip_json(ip: str, *args: str) -> list:
+    out = _ip(ip, "-j", *args).stdout.strip()
+    try:
+        return json.loads(out) if out else []
+    except ValueError:
+        raise LabError(f"lab --netns: cannot read the JSON of `ip -j {' '.join(args)}`: {out[:200]!r}") from None
+
+
+def _links(ip: str) -> dict[str, dict]:
+    return {link["ifname"]: link for link in _ip_json(ip, "link", "show")}
+
+
+def _namespaces(ip: str) -> set[str]:
+    out = _ip(ip, "netns", "list").stdout
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+def _effective_caps() -> int:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return int(line.split()[1], 16)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _check_netns_privileges() -> None:
+    caps = _effective_caps()
+    lacking = [name for bit, name in ((_CAP_NET_ADMIN, "CAP_NET_ADMIN"), (_CAP_SYS_ADMIN, "CAP_SYS_ADMIN"))
+               if not caps >> bit & 1]
+    if lacking:
+        raise LabError(f"lab --netns needs root with CAP_NET_ADMIN and CAP_SYS_ADMIN (network namespaces, a bridge, "
+                       f"veth pairs, a private /etc/hosts mount); this process lacks {' and '.join(lacking)}; "
+                       + _DEFAULT_MODE_HINT)
+
+
+def _range_conflicts(ip: str) -> list[str]:
+    """Addresses and routes of this machine inside the lab's range that are not the lab's own
+    `unreachable` route: the lab never touches them, it refuses to start instead."""
+    net = ipaddress.ip_network(NETNS_RANGE)
+    found = []
+    for link in _ip_json(ip, "-4", "addr", "show"):
+        for a in link.get("addr_info", []):
+            try:
+                if ipaddress.ip_address(a.get("local", "")) in net:
+                    found.append(f"address {a['local']}/{a.get('prefixlen')} on {link.get('ifname')}")
+            except ValueError:
+                continue
+    for r in _ip_json(ip, "-4", "route", "show", "table", "all"):
+        dst = r.get("dst", "")
+        if dst == "default":
+            continue
+        try:
+            rnet = ipaddress.ip_network(dst, strict=False)
+        except ValueError:
+            continue
+        if r.get("type") == "unreachable" and rnet == net:
+            continue
+        if rnet.subnet_of(net):
+            found.append(f"route {r.get('type', 'unicast')} {dst} dev {r.get('dev', '-')} "
+                         f"table {r.get('table', 'main')}")
+    return found
+
+
+def _ensure_unreachable_route(ip: str) -> None:
+    """Install `unreachable 10.213.0.0/24 metric 4000` unless it is there. It is NEVER removed (see
+    `_netns_down`): while the bridge is up its connected route (metric 0) wins; once the bridge is
+    gone, a stale client (a retrying srun, a leftover gloo peer) would otherwise send packets for
+    the range out of the default route, off this machine."""
+    for r in _ip_json(ip, "-4", "route", "show", "table", "main", "type", "unreachable"):
+        if r.get("dst") == NETNS_RANGE and int(r.get("metric", 0)) == NETNS_ROUTE_METRIC:
+            return
+    try:
+        _ip(ip, "route", "add", "unreachable", NETNS_RANGE, "metric", str(NETNS_ROUTE_METRIC))
+    except LabError as exc:
+        raise LabError(f"{exc}; without this safety route the lab brings up no address; "
+                       + _DEFAULT_MODE_HINT) from None
+
+
+def _netns_up(ip: str, plan: dict) -> None:
+    """Route, bridge, one namespace and veth pair per node. The caller removes a half-built network."""
+    _ensure_unreachable_route(ip)
+    nodes = plan["nodes"]
+    first = next(iter(nodes.values()))
+    proc = subprocess.run([ip, "netns", "add", first["netns"]], capture_output=True, text=True,
+                          timeout=_IP_TIMEOUT, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        raise LabError(f"lab --netns: this machine refuses network namespaces (`ip netns add {first['netns']}` "
+                       f"exited {proc.returncode}: {proc.stderr.strip()[:300]}); " + _DEFAULT_MODE_HINT)
+    bridge = plan["bridge"]
+    _ip(ip, "link", "add", bridge, "type", "bridge")
+    _ip(ip, "link", "set", "dev", bridge, "alias", plan["owner"])
+    _ip(ip, "link", "set", "dev", bridge, "addrgenmode", "none")  # no IPv6 link-local chatter
+    _ip(ip, "addr", "add", plan["bridge_addr"], "dev", bridge)
+    _ip(ip, "link", "set", "dev", bridge, "up")
+    for n in nodes.values():
+        ns, veth = n["netns"], n["veth"]
+        if ns != first["netns"]:
+            _ip(ip, "netns", "add", ns)
+        # the inner end is created inside the namespace, already named eth0
+        _ip(ip, "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        _ip(ip, "link", "set", "dev", veth, "addrgenmode", "none")
+        _ip(ip, "link", "set", "dev", veth, "master", bridge)
+        _ip(ip, "link", "set", "dev", veth, "up")
+        _ip(ip, "-n", ns, "link", "set", "dev", "eth0", "addrgenmode", "none")
+        _ip(ip, "-n", ns, "addr", "add", f"{n['addr']}/24", "dev", "eth0")
+        _ip(ip, "-n", ns, "link", "set", "dev", "lo", "up")
+        _ip(ip, "-n", ns, "link", "set", "dev", "eth0", "up")
+
+
+def _netns_down(ip: str, plan: dict) -> list[int]:
+    """Kill what still lives in the lab's namespaces (ours by construction: the lab created them),
+    then delete its veths, namespaces and bridge. Only what `plan` records, and only while the
+    bridge is absent or carries this lab's alias. Returns the pids killed."""
+    links = _links(ip)
+    bridge = links.get(plan["bridge"])
+    if bridge is not None and bridge.get("ifalias", "") != plan["owner"]:
+        log.warning("lab.netns_not_ours", bridge=plan["bridge"], owner=bridge.get("ifalias", ""))
+        return []
+    namespaces = _namespaces(ip)
+    killed: list[int] = []
+    for n in plan["nodes"].values():
+        if n["netns"] in namespaces:
+            out = _ip(ip, "netns", "pids", n["netns"]).stdout
+            pids = [int(x) for x in out.split() if x.isdigit() and int(x) != os.getpid()]
+            if pids:
+                _kill_and_wait(pids)
+                killed += pids
+    for n in plan["nodes"].values():
+        if n["veth"] in links:
+            _ip(ip, "link", "del", "dev", n["veth"])  # takes its peer (eth0 inside) with it
+    for n in plan["nodes"].values():
+        if n["netns"] in namespaces:
+            _ip(ip, "netns", "del", n["netns"])
+    if bridge is not None:
+        _ip(ip, "link", "del", "dev", plan["bridge"])
+    # The `unreachable` route for the range is deliberately left in place, forever: without it,
+    # once the bridge is gone, a client that still holds an address of the range (a retrying
+    # srun, a stale gloo peer, a cached NodeAddr) would send its packets out of the default route
+    # to the real network. It costs nothing while no lab runs and is what the next `up` expects.
+    return killed
+
+
 class Lab:
     """One lab cluster, identified by its state folder."""
 
@@ -262,6 +514,14 @@ class Lab:
     # -- lifecycle ----------------------------------------------------------------------
     def up(self, *, wait_s: float = 60.0) -> None:
         bins = check_binaries()
+        net_bins: dict[str, str] = {}
+        if self.spec.netns:
+            net_bins = check_netns_binaries()
+            _check_netns_privileges()
+            if not 1 <= self.spec.nodes <= NETNS_MAX_NODES:
+                raise LabError(f"lab --netns: at most {NETNS_MAX_NODES} nodes (got {self.spec.nodes})")
+            if len(_bridge_alias(self.paths.root)) > 250:
+                raise LabError(f"lab --netns: state folder path too long: {self.paths.root}")
         self.down()
         p = self.paths
         # a daemon that cannot bind dies after forking, and our clients would reach whatever
@@ -286,6 +546,10 @@ class Lab:
         (p.etc / "cgroup.conf").write_text(f"CgroupPlugin=cgroup/v1\nCgroupMountpoint={p.root / 'cgroup-empty'}\n"
                                            "ConstrainCores=no\nConstrainRAMSpace=no\nConstrainDevices=no\n")
         p.scout_conf.write_text(render_toml(lab_site_config(self.spec)))
+        plan = None
+        if self.spec.netns:
+            p.hosts.write_text(render_hosts(self.spec, controller_host=host))
+            plan = self._netns_setup(net_bins["ip"])
         for name, module in (("prolog", "scout_slurm.hooks.prolog"), ("epilog", "scout_slurm.hooks.epilog"),
                              ("epilog-slurmctld", "scout_slurm.hooks.controller")):
             hook = p.hooks / name
@@ -305,11 +569,75 @@ class Lab:
         self._spawn([bins["slurmctld"], "-c", "-f", str(p.slurm_conf)], "slurmctld", env=env)
         self._wait_for(lambda: _read_pid(p.run / "slurmctld.pid") is not None, 15, "slurmctld pid file")
         for name in self.spec.node_names():
-            self._spawn([bins["slurmd"], "-N", name, "-f", str(p.slurm_conf)], f"slurmd {name}", env=env)
-        p.lab_json.write_text(json.dumps({"nodes": self.spec.node_names(), "port_base": self.spec.port_base,
-                                          "slurm_conf": str(p.slurm_conf), "started": time.time()}))
+            if plan is not None:
+                argv = self._netns_slurmd_argv(name, plan, bins["slurmd"], net_bins)
+            else:
+                argv = [bins["slurmd"], "-N", name, "-f", str(p.slurm_conf)]
+            self._spawn(argv, f"slurmd {name}", env=env)
+        self._write_lab_json(plan, started=time.time())
         self._wait_for(self._all_idle, wait_s, "all nodes idle")
-        log.info("lab.up", state_dir=str(p.root), nodes=self.spec.node_names())
+        log.info("lab.up", state_dir=str(p.root), nodes=self.spec.node_names(), mode=self.spec.mode)
+
+    def _write_lab_json(self, plan: dict | None, *, started: float | None) -> None:
+        p = self.paths
+        data = {"nodes": self.spec.node_names(), "port_base": self.spec.port_base, "slurm_conf": str(p.slurm_conf),
+                "mode": self.spec.mode, "started": started}
+        if plan is not None:
+            data["netns"] = plan
+        tmp = p.lab_json.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        tmp.replace(p.lab_json)
+
+    def _read_lab_json(self) -> dict:
+        try:
+            data = json.loads(self.paths.lab_json.read_text())
+            return data if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def _netns_setup(self, ip: str) -> dict:
+        """Refuse on anything of the range or the names that is not ours; record the plan; build it."""
+        plan = netns_plan(self.spec, self.paths.root)
+        links, namespaces = _links(ip), _namespaces(ip)
+        taken = []
+        if plan["bridge"] in links:
+            taken.append(f"link {plan['bridge']} (owner: {links[plan['bridge']].get('ifalias') or 'unknown'})")
+        taken += [f"link {n['veth']}" for n in plan["nodes"].values() if n["veth"] in links]
+        taken += [f"namespace {n['netns']}" for n in plan["nodes"].values() if n["netns"] in namespaces]
+        taken += _range_conflicts(ip)
+        if taken:
+            raise LabError("lab --netns: already present on this machine and not this lab's to touch: "
+                           + "; ".join(taken) + ". Another netns lab? Stop it with `scout lab down --state-dir DIR` "
+                           "(the owner above names DIR), or " + _DEFAULT_MODE_HINT)
+        # recorded before anything exists: a crash half-way leaves down() the full list
+        self._write_lab_json(plan, started=None)
+        try:
+            _netns_up(ip, plan)
+        except BaseException:
+            try:
+                _netns_down(ip, plan)
+            except LabError as exc:
+                log.warning("lab.netns_cleanup_failed", error=str(exc))
+            raise
+        return plan
+
+    def _netns_slurmd_argv(self, name: str, plan: dict, slurmd: str, net_bins: dict[str, str]) -> list[str]:
+        """nsenter into the node's network namespace, then a private UTS and mount namespace where the
+        hostname is set and the lab's hosts file is bind-mounted over /etc/hosts (the machine's own
+        file is never modified: the mount exists only in that mount namespace, private propagation)."""
+        p = self.paths
+        if not _NODE_NAME.match(name) or name not in plan["nodes"]:
+            raise LabError(f"lab: refusing node name {name!r}")
+        for path in (p.hosts, p.slurm_conf):
+            if not path.resolve().is_relative_to(p.root):
+                raise LabError(f"lab: {path} is not under the state folder {p.root}")
+        q = shlex.quote
+        script = (f"{q(net_bins['hostname'])} {q(name)} && "
+                  f"{q(net_bins['mount'])} --bind {q(str(p.hosts))} /etc/hosts && "
+                  f"exec {q(slurmd)} -N {q(name)} -f {q(str(p.slurm_conf))}")
+        return [net_bins["nsenter"], f"--net=/run/netns/{plan['nodes'][name]['netns']}",
+                net_bins["unshare"], "--uts", "--mount", "--propagation", "private",
+                net_bins["sh"], "-c", script]
 
     def down(self) -> list[int]:
         """Stop every lab process; returns the pids that were stopped."""
@@ -336,6 +664,18 @@ class Lab:
             if leftovers:
                 _kill_and_wait(leftovers)
                 stopped += leftovers
+        info = self._read_lab_json()
+        plan = info.get("netns")
+        if isinstance(plan, dict) and not info.get("network_removed"):
+            ip = shutil.which("ip", path=os.environ.get("PATH", "") + ":/usr/sbin:/usr/bin:/sbin:/bin")
+            if not ip:
+                raise LabError(f"lab down: {p.root} ran in netns mode and `ip` (iproute2) is missing: "
+                               "cannot remove its namespaces and bridge")
+            stopped += _netns_down(ip, plan)
+            info["network_removed"] = time.time()
+            tmp = p.lab_json.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(info, indent=1))
+            tmp.replace(p.lab_json)
         if p.run.exists():
             for pidfile in p.run.glob("*.pid"):
                 pidfile.unlink(missing_ok=True)
@@ -358,7 +698,30 @@ class Lab:
                          for n in ops.list_nodes(timeout=10, env=self.client_env())]
             except SlurmError as exc:
                 nodes = [{"error": str(exc)}]
-        return {"state_dir": str(p.root), "slurm_conf": str(p.slurm_conf), "daemons": daemons, "nodes": nodes}
+        info = self._read_lab_json()
+        out = {"state_dir": str(p.root), "slurm_conf": str(p.slurm_conf), "daemons": daemons, "nodes": nodes,
+               "mode": info.get("mode", MODE_LOCAL)}
+        plan = info.get("netns")
+        if isinstance(plan, dict):
+            out["network"] = self._netns_status(plan, removed=bool(info.get("network_removed")))
+        return out
+
+    @staticmethod
+    def _netns_status(plan: dict, *, removed: bool) -> dict:
+        net = {"range": plan.get("range"), "controller": plan.get("bridge_addr"), "bridge": plan.get("bridge"),
+               "removed": removed,
+               "nodes": {name: {"netns": n["netns"], "addr": n["addr"]} for name, n in plan.get("nodes", {}).items()}}
+        ip = shutil.which("ip", path=os.environ.get("PATH", "") + ":/usr/sbin:/usr/bin:/sbin:/bin")
+        try:
+            if not ip:
+                raise LabError("`ip` is missing")
+            links, namespaces = _links(ip), _namespaces(ip)
+            net["bridge_present"] = plan.get("bridge") in links
+            for name, n in plan.get("nodes", {}).items():
+                net["nodes"][name]["present"] = n["netns"] in namespaces and n["veth"] in links
+        except LabError as exc:
+            net["error"] = str(exc)
+        return net
 
     def running_pids(self) -> list[int]:
         """Every live lab process: by pid file and by files held under the state folder."""
