@@ -273,5 +273,40 @@ def map_cmd(job_id: int | None, rank: int | None, restart: int | None, node_name
         click.echo(f"note: {p}", err=True)
 
 
+@main.command("checkpoints")
+@click.argument("job_id", type=int)
+@click.option("--cluster", default=None)
+@click.option("--json", "as_json", is_flag=True)
+@_config_opt
+def checkpoints(job_id: int, cluster: str | None, as_json: bool, config_path: str | None) -> None:
+    """The checkpoints JOB_ID wrote: eligible, candidate or rejected, and why; and the one a
+    rerun would resume from after the last run's verdict."""
+    from scout_slurm.evidence.records import Verdict
+    from scout_slurm.evidence.store import read_record
+    from scout_slurm.remediation.checkfiles import assess_job
+    from scout_slurm.remediation.eligibility import recovery_point
+    cfg = _site(config_path)
+    folder = _find_job_folder(Path(cfg.evidence.root), job_id, cluster)
+    rows = assess_job(folder)
+    runs = folder.restarts()
+    fss = -1
+    if runs and folder.verdict_path(runs[-1]).exists():
+        fss = read_record(folder.verdict_path(runs[-1]), Verdict, root=folder.root).first_suspect_step
+    chosen, why = recovery_point(rows, fss)
+    if as_json:
+        click.echo(json.dumps({"job_id": job_id, "checkpoints": [
+            {"path": a.note.path, "step": a.note.step, "run": a.note.restart, "status": a.status.value,
+             "reason": a.reason, "sha256": a.note.sha256, "versions": a.note.versions} for a in rows],
+            "recovery_point": chosen.note.path if chosen else None, "rule": why}, indent=2))
+        return
+    if not rows:
+        click.echo(f"job {job_id}: no checkpoints noted")
+        return
+    click.echo(f"{'step':>6} {'run':>3}  {'status':<9} path / reason")
+    for a in rows:
+        click.echo(f"{a.note.step:>6} {a.note.restart:>3}  {a.status.value:<9} {a.note.path}\n{'':>22}{a.reason}")
+    click.echo(f"recovery rule: {why}")
+
+
 if __name__ == "__main__":
     main()

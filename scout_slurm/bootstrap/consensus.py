@@ -81,6 +81,9 @@ class Consensus:
         self.side = dist.new_group(backend="gloo")  # scout's votes never use the training communicators
         self.modules: list[Any] = []
         self.votes = 0
+        self.offset = int(os.environ.get("SCOUT_STEP_OFFSET", "0") or 0)
+        self.restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+        self.last_clean = -1
 
     def track(self, module: Any) -> None:
         if all(m is not module for m in self.modules):
@@ -110,13 +113,18 @@ class Consensus:
             elif outliers:
                 findings.append(("sdc", what, outliers, values))
         dt = time.perf_counter() - t0
+        gstep = step + self.offset  # counted from the start of training, across restarts
+        if not findings:
+            self.last_clean = gstep
+        if self.rank == 0:
+            self._coverage(gstep)
         if not findings:
             return
         confirmed = sorted({r for kind, _, rs, _ in findings if kind == "sdc" for r in rs})
         majority_writer = min((r for r in range(self.world) if r not in confirmed), default=0)
         if self.rank == majority_writer:
             for kind, what, outliers, values in findings:
-                self._write(kind, what, outliers, values, step, dt)
+                self._write(kind, what, outliers, values, gstep, dt)
         # the finding is on disk before the outlier leaves: the Epilogs act on it
         original_barrier(group=self.side)
         if self.rank in confirmed and os.environ.get("SCOUT_SDC_POLICY", "exit") == "exit":
@@ -124,6 +132,18 @@ class Consensus:
                              f"ending this rank (exit {SDC_EXIT})\n")
             sys.stderr.flush()
             os._exit(SDC_EXIT)
+
+    def _coverage(self, step: int) -> None:
+        if self.run_dir is None:
+            return
+        from scout_slurm.evidence.store import write_record
+        from scout_slurm.remediation.records import VoteCoverage
+        try:
+            write_record(self.run_dir / "votes.json", VoteCoverage(restart=self.restart, votes=self.votes,
+                                                                   last_clean_step=self.last_clean,
+                                                                   last_vote_step=step))
+        except Exception as exc:  # noqa: BLE001
+            sys.stderr.write(f"scout: vote coverage not written: {exc!r}\n")
 
     def _write(self, kind: str, what: str, outliers: list[int], values: list[int], step: int, dt: float) -> None:
         if self.run_dir is None:
@@ -136,9 +156,12 @@ class Consensus:
             summary = (f"rank {r}'s {what} signature differs from the majority of {self.world} replicas at step {step}"
                        if kind == "sdc" else
                        f"no strict majority among {self.world} replicas for {what} at step {step}: inconclusive")
+            since = (self.last_clean + 1) if self.last_clean >= 0 else self.offset + 1
             finding = Finding(rank=r if r >= 0 else 0, node=self.node if r == self.rank else "",
                               kind=FindingKind.SDC if kind == "sdc" else FindingKind.INFO, at=now,
-                              summary=summary, details=(per_rank, f"vote took {dt * 1000:.1f} ms"), step=step)
+                              summary=summary, details=(per_rank, f"vote took {dt * 1000:.1f} ms",
+                                                        f"last clean vote at step {self.last_clean}"),
+                              step=step, since_step=since)
             try:
                 write_record(self.run_dir / "findings" / f"{kind}-{what.split()[0]}-rank-{r}-step-{step}.json", finding)
             except Exception as exc:  # noqa: BLE001

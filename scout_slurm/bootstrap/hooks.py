@@ -255,6 +255,35 @@ def _patch_optimizer(handle: InstalledHooks) -> None:
     handle.on_remove(h.remove)
 
 
+def _digest_from_storage(path: str) -> str:
+    """sha256 of the file as storage gives it back after fsync (not of what we meant to write)."""
+    import hashlib
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        h = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+        return h.hexdigest()
+    except OSError:
+        return ""
+
+
+def _versions() -> str:
+    import platform
+    try:
+        import torch
+        tv = torch.__version__
+    except Exception:  # noqa: BLE001
+        tv = "?"
+    import scout_slurm
+    return f"python {platform.python_version()}, torch {tv}, scout {getattr(scout_slurm, '__version__', '?')}"
+
+
 def note_checkpoint(path: str | os.PathLike, *, step: int | None = None) -> None:
     """Tell scout that a checkpoint was written (the explicit call for custom savers). The
     note goes to the job's evidence folder; the recovery rule picks among these."""
@@ -273,7 +302,8 @@ def note_checkpoint(path: str | os.PathLike, *, step: int | None = None) -> None
         offset = int(os.environ.get("SCOUT_STEP_OFFSET", "0") or 0)
         step = (STATE.writer.steps + offset) if STATE.writer is not None else -1
     note = CheckpointNote(path=target, step=int(step), rank=STATE.rank, restart=STATE.restart,
-                          saved_at=time.time(), size_bytes=size)
+                          saved_at=time.time(), size_bytes=size, sha256=_digest_from_storage(target),
+                          versions=_versions())
     try:
         notes_dir.mkdir(parents=True, exist_ok=True)
         write_record(notes_dir / f"run-{STATE.restart}-step-{int(step)}-rank-{STATE.rank}.json", note)

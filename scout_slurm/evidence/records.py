@@ -123,6 +123,7 @@ class Finding:
     summary: str
     details: tuple[str, ...] = ()
     step: int = -1
+    since_step: int = -1           # the earliest step the problem may have begun (SDC: last clean vote + 1)
     schema_version: int = 1
 
 

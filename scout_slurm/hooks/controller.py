@@ -24,7 +24,9 @@ from scout_slurm.localise.gather import gather_evidence
 from scout_slurm.localise.verdict import localise
 from scout_slurm.log import configure, get_logger
 from scout_slurm.remediation.apply import apply_plan
-from scout_slurm.remediation.plan import JobFacts, build_plan, choose_checkpoint
+from scout_slurm.remediation.checkfiles import assess_job
+from scout_slurm.remediation.eligibility import recovery_point
+from scout_slurm.remediation.plan import JobFacts, build_plan
 from scout_slurm.remediation.records import ActionsRecord, CheckpointNote, PlanStatus
 from scout_slurm.report.incident import render_incident_markdown
 from scout_slurm.slurm import ops
@@ -90,7 +92,16 @@ def handle_job_end(ctx: HookContext, cfg: SiteConfig, *, env: Mapping[str, str] 
     deadline = started + cfg.epilog.time_budget_s
     folder = JobFolder(Path(cfg.evidence.root), ctx.cluster, ctx.job_id)
     restart = ctx.restart
-    if not folder.path.is_dir() or folder.path.is_symlink() or not _has_scout_records(folder, restart):
+    if not folder.root.is_dir():
+        log.error("controller.no_evidence_root", job=ctx.job_id,
+                  error=f"evidence root {folder.root} does not exist or is not a directory here: mount it on "
+                        "this host, or set [epilog] localise_on = \"batch-host\" in the site config")
+        return None
+    if folder.path.is_symlink():
+        log.error("controller.unsafe_job_folder", job=ctx.job_id,
+                  error=f"{folder.path} is a symbolic link; the job may have planted it; not followed")
+        return None
+    if not folder.path.is_dir() or not _has_scout_records(folder, restart):
         log.info("controller.not_a_scout_job", job=ctx.job_id)
         return None
     actions_path = folder.actions_path(restart)
@@ -105,8 +116,8 @@ def handle_job_end(ctx: HookContext, cfg: SiteConfig, *, env: Mapping[str, str] 
             return previous
         log.info("controller.resuming_plan", job=ctx.job_id, status=previous.status.value)
         return apply_plan(previous, actions_path, folder, timeout=cfg.slurm.timeout_s, retries=cfg.slurm.retries,
-                          retry_wait_s=cfg.slurm.retry_wait_s, deadline=deadline, env=env, clock=clock, wall=wall,
-                          sleep=sleep)
+                          retry_wait_s=cfg.slurm.retry_wait_s, deadline=deadline, env=env, bin_dir=cfg.slurm.bin_dir,
+                          clock=clock, wall=wall, sleep=sleep)
     findings = _findings(folder, restart)
     if not ctx.job_failed and not findings:
         verdict = localise(gather_evidence(folder, restart, job_exit_code=ctx.exit_code_raw), now=wall())
@@ -118,19 +129,17 @@ def handle_job_end(ctx: HookContext, cfg: SiteConfig, *, env: Mapping[str, str] 
     missing = _wait_for_node_evidence(folder, facts.allocation, min(cfg.epilog.wait_for_nodes_s,
                                                                     max(0.0, deadline - clock() - 5)), clock, sleep)
     evidence = gather_evidence(folder, restart, job_exit_code=ctx.exit_code_raw)
+    if evidence.problems:
+        log.warning("controller.evidence_ignored", job=ctx.job_id, count=len(evidence.problems),
+                    problems=list(evidence.problems[:50]))
     verdict = localise(evidence, now=wall())
     if missing:
         verdict = _with_note(verdict, f"node epilog evidence missing from: {', '.join(missing)}")
     write_record(folder.verdict_path(restart), verdict)
-    notes: list[CheckpointNote] = []
-    if folder.checkpoints_dir.is_dir():
-        try:
-            notes, errors = list_records(folder.checkpoints_dir, "*.json", CheckpointNote, root=folder.root)
-            notes = [n for n in notes if n.path.startswith("/") and n.path.isprintable() and n.restart <= restart]
-        except EvidenceError as exc:
-            log.warning("controller.checkpoints_unreadable", error=str(exc))
-    checkpoint = choose_checkpoint(notes, verdict.first_suspect_step)
-    plan = build_plan(verdict, facts, cfg.remediation, evidence_path=str(folder.path), checkpoint=checkpoint)
+    assessments = [a for a in assess_job(folder, current_verdict=verdict) if a.note.restart <= restart]
+    chosen, why = recovery_point(assessments, verdict.first_suspect_step)
+    plan = build_plan(verdict, facts, cfg.remediation, evidence_path=str(folder.path),
+                      checkpoint=chosen.note if chosen else None, checkpoint_reason=why)
     status = (PlanStatus.NOTHING_TO_DO if not plan.actions else
               PlanStatus.OBSERVE_ONLY if cfg.remediation.observe_only else PlanStatus.PLANNED)
     record = ActionsRecord(job_id=ctx.job_id, restart=restart, verdict_kind=verdict.kind, status=status,
@@ -142,8 +151,8 @@ def handle_job_end(ctx: HookContext, cfg: SiteConfig, *, env: Mapping[str, str] 
     _write_report(folder, restart, verdict, evidence, record)
     if status == PlanStatus.PLANNED:
         record = apply_plan(record, actions_path, folder, timeout=cfg.slurm.timeout_s, retries=cfg.slurm.retries,
-                            retry_wait_s=cfg.slurm.retry_wait_s, deadline=deadline, env=env, clock=clock,
-                            wall=wall, sleep=sleep)
+                            retry_wait_s=cfg.slurm.retry_wait_s, deadline=deadline, env=env,
+                            bin_dir=cfg.slurm.bin_dir, clock=clock, wall=wall, sleep=sleep)
         _write_report(folder, restart, verdict, evidence, record)
     log.info("controller.done", job=ctx.job_id, verdict=verdict.kind.value, status=record.status.value,
              suspects=[(s.rank, s.node) for s in verdict.suspects], seconds=round(clock() - started, 3))

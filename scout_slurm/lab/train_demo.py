@@ -46,6 +46,11 @@ def main() -> int:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         start = int(state["step"])
+        # DDP lays its gradient buckets out anew after its first iteration; an uninterrupted run
+        # did that at step 1. One zero-input iteration (no optimizer step, gradients dropped) puts
+        # the resumed run on the same layout, so it continues bit for bit.
+        ddp(torch.zeros(16, 32)).sum().backward()
+        opt.zero_grad(set_to_none=True)
         print(f"rank {rank}: resumed from {resume} at step {start}", flush=True)
     gen = torch.Generator().manual_seed(1000 + rank)
     for _ in range(start):  # keep the data stream aligned with an uninterrupted run

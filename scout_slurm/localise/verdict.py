@@ -79,12 +79,14 @@ def _step(ev: JobEvidence, rank: int) -> int:
     progress counts from the checkpoint's step)."""
     p = ev.last_progress(rank)
     offset = ev.places[rank].step_offset if rank in ev.places else 0
-    return p.opt_steps + 1 + offset if p is not None else -1
+    step = p.opt_steps + 1 + offset if p is not None else -1
+    # both numbers come from the job's files: a sum outside 64 bits would make the verdict unwritable
+    return step if 0 <= step < 2**63 else -1
 
 
 def _verdict(ev: JobEvidence, kind: VerdictKind, suspects: list[Suspect], confidence: float,
-             reasoning: list[str], *, now: float, first_at: float = 0.0) -> Verdict:
-    steps = [_step(ev, s.rank) for s in suspects if _step(ev, s.rank) >= 0]
+             reasoning: list[str], *, now: float, first_at: float = 0.0, first_step: int = -1) -> Verdict:
+    steps = [first_step] if first_step >= 0 else [_step(ev, s.rank) for s in suspects if _step(ev, s.rank) >= 0]
     return Verdict(job_id=ev.job_id, restart=ev.restart, kind=kind, suspects=tuple(suspects),
                    confidence=round(confidence, 3), reasoning=tuple(reasoning),
                    first_failure_at=first_at, first_suspect_step=min(steps) if steps else -1,
@@ -100,8 +102,9 @@ def localise(ev: JobEvidence, *, now: float) -> Verdict:
             ranks = sorted({f.rank for f in hits})
             suspects = [Suspect(r, ev.node_of(r), vkind, 0.9, tuple(f.summary for f in hits if f.rank == r)[:5])
                         for r in ranks]
+            onset = [f.since_step for f in hits if f.since_step >= 0] or [f.step for f in hits if f.step >= 0]
             return _verdict(ev, vkind, suspects, 0.9, reasoning + [f.summary for f in hits[:10]], now=now,
-                            first_at=min(f.at for f in hits))
+                            first_at=min(f.at for f in hits), first_step=min(onset, default=-1))
 
     # 2. a stall the watchdogs agreed on
     d = ev.decision

@@ -46,7 +46,7 @@ def choose_checkpoint(notes: Sequence[CheckpointNote], first_suspect_step: int) 
 
 
 def build_plan(verdict: Verdict, job: JobFacts, cfg: RemediationConfig, *, evidence_path: str,
-               checkpoint: CheckpointNote | None = None) -> Plan:
+               checkpoint: CheckpointNote | None = None, checkpoint_reason: str = "") -> Plan:
     held: list[str] = []
     actions: list[PlannedAction] = []
     if verdict.kind in (VerdictKind.CLEAN,):
@@ -105,8 +105,9 @@ def build_plan(verdict: Verdict, job: JobFacts, cfg: RemediationConfig, *, evide
             if checkpoint is not None:
                 actions.append(PlannedAction(ActionKind.RESUME_FROM, checkpoint.path,
                                              f"step {checkpoint.step}, before first suspect step "
-                                             f"{verdict.first_suspect_step}"))
+                                             f"{verdict.first_suspect_step}" +
+                                             (f"; {checkpoint_reason}" if checkpoint_reason else "")))
             else:
-                held.append("no recorded checkpoint before the first suspect step: the rerun starts as the "
-                            "script decides")
+                held.append(checkpoint_reason or "no recorded checkpoint before the first suspect step: the rerun "
+                            "starts as the script decides")
     return Plan(tuple(actions), tuple(held))

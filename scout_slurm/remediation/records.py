@@ -88,4 +88,17 @@ class CheckpointNote:
     restart: int
     saved_at: float
     size_bytes: int
+    sha256: str = ""               # of the file as re-read from storage after fsync
+    versions: str = ""             # python, torch, scout at save time
+    schema_version: int = 1
+
+
+@dataclass(frozen=True)
+class VoteCoverage:
+    """Written by the lowest rank after every state vote: how far the replicas were seen to agree."""
+    KIND: ClassVar[str] = "vote-coverage"
+    restart: int
+    votes: int
+    last_clean_step: int           # the last step at which every replica's state agreed (-1: none)
+    last_vote_step: int
     schema_version: int = 1

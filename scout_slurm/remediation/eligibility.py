@@ -1,0 +1,67 @@
+"""Checkpoint eligibility and the recovery rule (pure, given the file checks).
+
+A checkpoint at step s is *eligible* when the replicas were seen to agree at a step >= s (a
+persistent corruption before s would have shown there), *candidate* when no vote has covered it
+yet, *rejected* when its file is missing or changed since it was noted, or when it was saved at
+or after the first suspect step of its run. The rule: the newest eligible checkpoint strictly
+before the first suspect step; failing that, the newest candidate, said so plainly.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+from scout_slurm.evidence.records import Verdict, VerdictKind
+from scout_slurm.remediation.records import CheckpointNote, VoteCoverage
+
+
+class CheckpointStatus(str, enum.Enum):
+    ELIGIBLE = "eligible"
+    CANDIDATE = "candidate"
+    REJECTED = "rejected"
+
+
+@dataclass(frozen=True)
+class Assessment:
+    note: CheckpointNote
+    status: CheckpointStatus
+    reason: str
+
+
+def assess(notes: Sequence[CheckpointNote], coverage: Mapping[int, VoteCoverage],
+           verdicts: Mapping[int, Verdict], file_problem: Callable[[CheckpointNote], str | None]) -> list[Assessment]:
+    out = []
+    for note in sorted(notes, key=lambda n: (n.step, n.saved_at)):
+        problem = file_problem(note)
+        v = verdicts.get(note.restart)
+        cov = coverage.get(note.restart)
+        if problem:
+            out.append(Assessment(note, CheckpointStatus.REJECTED, problem))
+        elif v is not None and v.kind != VerdictKind.CLEAN and 0 <= v.first_suspect_step <= note.step:
+            out.append(Assessment(note, CheckpointStatus.REJECTED,
+                                  f"saved at step {note.step}, at or after the first suspect step "
+                                  f"{v.first_suspect_step} of run {note.restart} ({v.kind.value})"))
+        elif cov is not None and cov.last_clean_step >= note.step:
+            out.append(Assessment(note, CheckpointStatus.ELIGIBLE,
+                                  f"the replicas agreed at step {cov.last_clean_step} (>= {note.step})"))
+        else:
+            seen = f"last clean vote at step {cov.last_clean_step}" if cov else "no state vote in this run"
+            out.append(Assessment(note, CheckpointStatus.CANDIDATE, f"not covered by a vote yet ({seen})"))
+    return out
+
+
+def recovery_point(assessments: Sequence[Assessment], first_suspect_step: int) -> tuple[Assessment | None, str]:
+    """The checkpoint to resume from, and why (pure)."""
+    before = [a for a in assessments if first_suspect_step < 0 or a.note.step < first_suspect_step]
+    where = f"before the first suspect step {first_suspect_step}" if first_suspect_step >= 0 else "(first suspect step unknown)"
+    for status in (CheckpointStatus.ELIGIBLE, CheckpointStatus.CANDIDATE):
+        pool = [a for a in before if a.status == status]
+        if pool:
+            best = max(pool, key=lambda a: (a.note.step, a.note.saved_at))
+            if status == CheckpointStatus.ELIGIBLE:
+                return best, f"newest eligible checkpoint {where}: step {best.note.step} ({best.reason})"
+            return best, (f"no eligible checkpoint {where}; newest candidate: step {best.note.step} "
+                          f"({best.reason})")
+    return None, f"no usable checkpoint {where}: the rerun starts as the script decides"

@@ -1,0 +1,61 @@
+"""Issue (checkpoints): the rerun resumes from the eligible checkpoint, not the newest file, and
+ends bit for bit where an uninterrupted run ends; a file changed on disk is rejected."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+import scoutjobs as sj
+
+pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]
+
+
+def _scout(lab, *args):
+    res = subprocess.run([sys.executable, "-m", "scout_slurm.cli", *args], capture_output=True, text=True,
+                         env=lab.client_env(), timeout=60)
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+@pytest.mark.timeout(300)
+def test_resume_from_the_eligible_checkpoint_bit_for_bit(lab, clean_drains):
+    tag = time.time_ns()
+    ckpt, final, ref = (lab.paths.work / f"ck-{tag}", lab.paths.work / f"final-{tag}.txt",
+                        lab.paths.work / f"ref-{tag}.txt")
+    train = f"--steps 30 --momentum 0.9 --ckpt-dir {ckpt} --ckpt-every 5"
+    # rank 0 (the one that saves) is corrupted at step 12: checkpoint 15 holds the corruption;
+    # votes every 10 steps: clean at 10, the outlier is named at 20
+    job = sj.submit(lab, sj.batch_script(lab, train_args=f"{train} --out {final}",
+                                         scout_args="--scout-consensus-every=10 "
+                                                    "--scout-inject=bitflip,bit=3,rank=0,step=12"))
+    sj.wait_finished(lab, job)
+    v0 = sj.show_json(lab, job, restart=0)
+    assert v0["kind"] == "sdc" and [s["rank"] for s in v0["suspects"]] == [0]
+    assert v0["first_suspect_step"] == 11  # the step after the last clean vote
+    info = sj.wait_completed(lab, job)
+    assert info.state == "COMPLETED" and info.restart_count == 1
+    out = sj.output(lab, job)
+    assert out.count(f"resumed from {ckpt}/step-10.pt at step 10") == 4, out[-3000:]
+    listing = json.loads(_scout(lab, "checkpoints", str(job), "--json"))
+    status = {(c["run"], c["step"]): (c["status"], c["reason"]) for c in listing["checkpoints"]}
+    assert status[(0, 10)][0] == "eligible"
+    # run 0's step 15 held the corruption; the rerun has since overwritten the same file name, so
+    # either reason rejects it
+    assert status[(0, 15)][0] == "rejected"
+    assert "first suspect step 11" in status[(0, 15)][1] or "changed on disk" in status[(0, 15)][1]
+    assert status[(1, 30)][0] in ("eligible", "candidate")
+    # an uninterrupted run of the same job ends with the same bits
+    clean = sj.submit(lab, sj.batch_script(lab, train_args=f"--steps 30 --momentum 0.9 --out {ref}"))
+    assert sj.wait_completed(lab, clean).state == "COMPLETED"
+    assert final.read_text() == ref.read_text()
+    # a checkpoint file changed on disk after its note is rejected, with the reason
+    with open(ckpt / "step-10.pt", "ab") as fh:
+        fh.write(b"\0")
+    listing = json.loads(_scout(lab, "checkpoints", str(job), "--json"))
+    changed = [c for c in listing["checkpoints"] if c["run"] == 0 and c["step"] == 10][0]
+    assert changed["status"] == "rejected" and "changed on disk after its record" in changed["reason"]
