@@ -102,7 +102,8 @@ def localise(ev: JobEvidence, *, now: float) -> Verdict:
             ranks = sorted({f.rank for f in hits})
             suspects = [Suspect(r, ev.node_of(r), vkind, 0.9, tuple(f.summary for f in hits if f.rank == r)[:5])
                         for r in ranks]
-            onset = [f.since_step for f in hits if f.since_step >= 0] or [f.step for f in hits if f.step >= 0]
+            # the vote says since when the state may be wrong; else the suspect's own progress decides
+            onset = [f.since_step for f in hits if f.since_step >= 0]
             return _verdict(ev, vkind, suspects, 0.9, reasoning + [f.summary for f in hits[:10]], now=now,
                             first_at=min(f.at for f in hits), first_step=min(onset, default=-1))
 
