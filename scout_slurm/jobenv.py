@@ -11,9 +11,11 @@ from scout_slurm.errors import ConfigError
 
 
 def _int(name: str, raw: str) -> int:
-    # not int() alone: it reads "4711_3" (an array task's id) as 47113, and non-ASCII digits
-    if not re.fullmatch(r"[+-]?[0-9]+", raw.strip()):
-        raise ConfigError(f"environment variable {name}={raw!r} is not an integer")
+    # not int() alone: it reads "4711_3" (an array task's id) as 47113, and non-ASCII digits;
+    # and at most 18 digits, which int() can always convert and every id or count fits in
+    if not re.fullmatch(r"[+-]?[0-9]{1,18}", raw.strip()):
+        raise ConfigError(f"environment variable {name}={raw[:40]!r}{'...' if len(raw) > 40 else ''} "
+                          f"is not an integer of at most 18 digits")
     return int(raw.strip())
 
 

@@ -277,7 +277,9 @@ def _show(value: Any) -> str:
 # JSON text -> object, bounded
 # --------------------------------------------------------------------------------------------
 
-_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+# The closing quote is optional: a string that never ends then runs to the end of the text in one
+# match. Required, every later quote would rescan the rest of the file (quadratic: hours for 4 MiB).
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?', re.S)
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Callable, Mapping
 
-from scout_slurm.config import load_config
+from scout_slurm.config import EpilogConfig, load_config
 from scout_slurm.errors import ScoutError
 from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.store import write_record
@@ -29,36 +30,69 @@ def _job_started(folder: JobFolder, node: str) -> float:
         return 0.0
 
 
-def run(environ) -> int:
+def _node_dir(folder: JobFolder, node: str) -> Path:
+    """This node's folder, created if missing, with no link followed below the evidence root (where
+    the Prolog did not lay out the job's folders, the job may have planted one). The root itself
+    must exist: creating it would fill the local disk under a shared file system that failed to mount."""
+    from scout_slurm.hooks.prolog import ROOT_DIR_MODE, Owner, UnsafeFolder, _ensure_dir
+    root_owner = Owner(0, 0, ROOT_DIR_MODE)
+    try:
+        fds = [os.open(folder.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)]
+    except OSError as exc:
+        raise UnsafeFolder(f"evidence root {folder.root} does not exist or cannot be opened "
+                           f"({exc.strerror or exc}): mount it, or fix [evidence] root in the site config") from None
+    try:
+        for name, shown in ((folder.cluster, folder.cluster_dir), (str(folder.job_id), folder.path),
+                            ("nodes", folder.nodes_dir), (node, folder.node_dir(node))):
+            fds.append(_ensure_dir(fds[-1], name, root_owner, shown))
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return folder.node_dir(node)
+
+
+def exit_status(hardware_error: bool, cfg: EpilogConfig) -> int:
+    """Slurm drains a node whose Epilog exits non-zero: only a local hardware error, on a site that
+    asked for it, does that (pure)."""
+    return 1 if hardware_error and cfg.drain_on_local_hardware_error else 0
+
+
+def run(environ: Mapping[str, str], *, collect: Callable | None = None) -> int:
     ctx = hook_context(environ)
     cfg = load_config(environ)
     if not ctx.node:
         raise ScoutError("scout-epilog runs on a node: SLURMD_NODENAME is not set")
     folder = JobFolder(Path(cfg.evidence.root), ctx.cluster, ctx.job_id)
-    from scout_slurm.hooks.nodeevidence import collect_node_evidence
-    evidence = collect_node_evidence(ctx.node, ctx.job_id, job_started_wall=_job_started(folder, ctx.node))
-    node_dir = folder.node_dir(ctx.node)
-    node_dir.mkdir(parents=True, exist_ok=True)
-    if node_dir.is_symlink():
-        raise ScoutError(f"{node_dir} is a symbolic link: refusing to write node evidence through it")
-    write_record(node_dir / "epilog.json", evidence)
+    if collect is None:
+        from scout_slurm.hooks.nodeevidence import collect_node_evidence as collect
+    evidence = collect(ctx.node, ctx.job_id, job_started_wall=_job_started(folder, ctx.node))
     log.info("epilog.node_evidence", job=ctx.job_id, node=ctx.node, kernel_lines=len(evidence.kernel_lines),
              hardware_error=evidence.hardware_error, problems=list(evidence.problems))
-    if cfg.epilog.localise_on == "batch-host":
-        nodes = expand_hostlist(ctx.job_nodelist)
-        if nodes and nodes[0] == ctx.node:
-            from scout_slurm.hooks.controller import handle_job_end
-            handle_job_end(ctx, cfg)
-    if evidence.hardware_error and cfg.epilog.drain_on_local_hardware_error:
-        log.error("epilog.hardware_error_drain", node=ctx.node)
-        return 1
-    return 0
+    # from here on the node's own verdict stands whatever happens to the shared evidence
+    try:
+        write_record(_node_dir(folder, ctx.node) / "epilog.json", evidence)
+        if cfg.epilog.localise_on == "batch-host":
+            nodes = expand_hostlist(ctx.job_nodelist)
+            if nodes and nodes[0] == ctx.node:
+                from scout_slurm.hooks.controller import handle_job_end
+                handle_job_end(ctx, cfg)
+    except ScoutError as exc:
+        log.error("epilog.failed", error=str(exc))
+    except Exception as exc:  # noqa: BLE001 - a failing Epilog would drain this node
+        log.exception("epilog.bug", error=repr(exc))
+    code = exit_status(evidence.hardware_error, cfg.epilog)
+    if code:
+        log.error("epilog.hardware_error_drain", node=ctx.node,
+                  action="exit 1: Slurm drains this node ([epilog] drain_on_local_hardware_error = true)")
+    return code
 
 
-def main() -> int:
+def main(*, environ: Mapping[str, str] | None = None, collect: Callable | None = None) -> int:
+    """0 unless `[epilog] drain_on_local_hardware_error` is set and this node logged a hardware
+    error (then 1). The keyword arguments are test seams; Slurm runs it with none."""
     configure()
     try:
-        return run(os.environ)
+        return run(os.environ if environ is None else environ, collect=collect)
     except ScoutError as exc:
         log.error("epilog.failed", error=str(exc))
     except Exception as exc:  # noqa: BLE001 - a failing Epilog would drain this node

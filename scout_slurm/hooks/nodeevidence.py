@@ -66,7 +66,8 @@ def parse_kmsg(records: list[str], *, since_boot_s: float) -> list[KernelLine]:
         if not sep:
             continue
         fields = head.split(",")
-        if len(fields) < 3 or not fields[2].isdigit():
+        # ASCII digits only (str.isdigit accepts '²', which int() refuses), and few enough for int()
+        if len(fields) < 3 or not re.fullmatch(r"[0-9]{1,20}", fields[2]):
             continue
         t = int(fields[2]) / 1e6
         if t < since_boot_s:

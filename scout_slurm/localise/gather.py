@@ -46,7 +46,7 @@ def gather_evidence(folder: JobFolder, restart: int, *, job_exit_code: int = -1,
     if world_size is None:
         sizes = Counter(p.world_size for p in places if 0 < p.world_size <= MAX_WORLD)
         world_size = sizes.most_common(1)[0][0] if sizes else max(
-            [p.rank + 1 for p in places] + [e.rank + 1 for e in exits] + [0])
+            [r.rank + 1 for r in (*places, *exits) if 0 <= r.rank < MAX_WORLD] + [0])
         # under torchrun a task starts several ranks: the watchdogs' progress records are per rank
         if any(p.launcher == "torchrun" for p in places):
             world_size = max([world_size] + [s.rank + 1 for s in snaps if 0 <= s.rank < MAX_WORLD])

@@ -29,22 +29,22 @@ def _transient(exc: SlurmError) -> bool:
 
 
 def _act(action: PlannedAction, record: ActionsRecord, folder: JobFolder, *, timeout: float,
-         env: Mapping[str, str] | None) -> str:
+         env: Mapping[str, str] | None, bin_dir: str) -> str:
     if action.kind == ActionKind.DRAIN:
-        ops.drain_node(action.target, action.detail, timeout=timeout, env=env)
+        ops.drain_node(action.target, action.detail, timeout=timeout, env=env, bin_dir=bin_dir)
         return "drained"
     if action.kind == ActionKind.REQUEUE:
-        try:
-            ops.requeue_job(int(action.target), timeout=timeout, env=env)
-        except SlurmError as exc:
-            # an earlier run of this hook may have requeued it before it could record that
-            job = ops.job_info(int(action.target), timeout=timeout, env=env)
-            if job.restart_count > record.restart and not job.is_finished:
-                return f"already requeued (restart {job.restart_count})"
-            raise exc
+        # Asked before acting, not after a failure: an earlier run of this hook may have been killed
+        # after Slurm requeued the job but before the result was recorded, and by now the rerun may
+        # be running, where a second requeue would succeed and cost the job another restart.
+        job = ops.job_info(int(action.target), timeout=timeout, env=env, bin_dir=bin_dir)
+        if job.restart_count > record.restart:
+            return f"already requeued (restart {job.restart_count})"
+        ops.requeue_job(int(action.target), timeout=timeout, env=env, bin_dir=bin_dir)
         return "requeued"
     if action.kind == ActionKind.EXCLUDE:
-        merged = ops.exclude_nodes(int(action.target), expand_hostlist(action.detail), timeout=timeout, env=env)
+        merged = ops.exclude_nodes(int(action.target), expand_hostlist(action.detail), timeout=timeout, env=env,
+                                   bin_dir=bin_dir)
         return f"excluded nodes now {merged}"
     if action.kind == ActionKind.RESUME_FROM:
         step = int(action.detail.split()[1].rstrip(",")) if action.detail.startswith("step ") else -1
@@ -56,7 +56,7 @@ def _act(action: PlannedAction, record: ActionsRecord, folder: JobFolder, *, tim
 
 
 def apply_plan(record: ActionsRecord, path: Path, folder: JobFolder, *, timeout: float, retries: int,
-               retry_wait_s: float, deadline: float, env: Mapping[str, str] | None = None,
+               retry_wait_s: float, deadline: float, env: Mapping[str, str] | None = None, bin_dir: str = "",
                clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
                sleep: Callable[[float], None] = time.sleep) -> ActionsRecord:
     done = record.done()
@@ -69,7 +69,8 @@ def apply_plan(record: ActionsRecord, path: Path, folder: JobFolder, *, timeout:
         while True:
             attempts += 1
             try:
-                message = _act(action, record, folder, timeout=min(timeout, max(1.0, deadline - clock())), env=env)
+                message = _act(action, record, folder, timeout=min(timeout, max(1.0, deadline - clock())), env=env,
+                               bin_dir=bin_dir)
                 ok = True
                 break
             except SlurmError as exc:

@@ -7,7 +7,7 @@ import re
 from scout_slurm.errors import SlurmError
 
 _NAME_OK = re.compile(r"^[A-Za-z0-9._-]+\Z")  # \Z, not $: "$" also matches before a final newline
-_NUMBER = re.compile(r"[0-9]+")  # not str.isdigit: it accepts '²', which int() refuses
+_NUMBER = re.compile(r"[0-9]{1,18}")  # not str.isdigit: it accepts '²', which int() refuses; nor 5000 digits
 MAX_HOSTS = 1_000_000
 
 
@@ -65,7 +65,7 @@ def _expand_one(part: str, whole: str) -> list[str]:
         if "-" in r:
             lo, hi = r.split("-", 1)
             if not (_NUMBER.fullmatch(lo) and _NUMBER.fullmatch(hi)):
-                raise SlurmError(f"hostlist {whole!r}: range {r!r} is not numeric")
+                raise SlurmError(f"hostlist {whole[:80]!r}: range {r[:40]!r} is not numeric (at most 18 digits)")
             width = len(lo) if lo.startswith("0") and len(lo) > 1 else 0
             a, b = int(lo), int(hi)
             if b < a:
@@ -73,6 +73,8 @@ def _expand_one(part: str, whole: str) -> list[str]:
             if b - a > MAX_HOSTS:
                 raise SlurmError(f"hostlist {whole!r}: range {r!r} is too large")
             hosts.extend(f"{prefix}{str(i).zfill(width)}{suffix}" for i in range(a, b + 1))
+            if len(hosts) > MAX_HOSTS:  # per range is not enough: n[0-999999,0-999999,...]
+                raise SlurmError(f"hostlist {whole[:80]!r}: more than {MAX_HOSTS} hosts")
         else:
             if not _NUMBER.fullmatch(r):
                 raise SlurmError(f"hostlist {whole!r}: {r!r} is not a number")
@@ -82,6 +84,8 @@ def _expand_one(part: str, whole: str) -> list[str]:
         expanded = []
         for h in hosts:
             expanded.extend(_expand_one(h + rest, whole))
+            if len(expanded) > MAX_HOSTS:  # a[0-999999]b[0-999999] would be 10^12 names
+                raise SlurmError(f"hostlist {whole[:80]!r}: more than {MAX_HOSTS} hosts")
         hosts = expanded
     for h in hosts:
         if not _NAME_OK.match(h):
@@ -97,7 +101,7 @@ def compress_hostlist(hosts: list[str] | tuple[str, ...]) -> str:
     for h in dict.fromkeys(hosts):
         if not _NAME_OK.match(h):
             raise SlurmError(f"{h!r} is not a valid host name")
-        m = re.fullmatch(r"(.*?)(\d+)", h)
+        m = re.fullmatch(r"(.*?)([0-9]{1,18})", h)  # a longer number stays a plain name (int() limits)
         if not m:
             plain.append(h)
             order.append(h)
