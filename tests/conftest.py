@@ -42,7 +42,8 @@ def lab(tmp_path_factory) -> Lab:
     end, also when a test or the start itself fails."""
     import shutil
     state = Path(f"/tmp/scout-lab-test-{os.getpid()}")
-    spec = LabSpec(state_dir=state, nodes=4, port_base=_pick_port_base(6), python=sys.executable)
+    spec = LabSpec(state_dir=state, nodes=4, port_base=_pick_port_base(6), python=sys.executable,
+                   cpus_per_node=16)  # room for the load test: 20 two-rank jobs at once
     cluster = Lab(spec)
     try:
         cluster.up()

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from scout_slurm.errors import ConfigError
-from scout_slurm.inject.spec import PROCESS_FAULTS, FaultSpec, parse_fault
+from scout_slurm.inject.spec import KINDS, PROCESS_FAULTS, FaultSpec, parse_fault
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -92,4 +92,4 @@ def test_any_text_parses_or_is_refused_as_config_error(text):
         spec = parse_fault(text)
     except ConfigError:
         return
-    assert spec.kind in PROCESS_FAULTS and spec.step >= 1
+    assert spec.kind in KINDS and spec.step >= 1
