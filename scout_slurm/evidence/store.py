@@ -12,8 +12,10 @@ import enum
 import errno
 import fnmatch
 import functools
+import inspect
 import json
 import math
+import operator
 import os
 import re
 import secrets
@@ -83,6 +85,11 @@ def record_from_obj(cls: type[R], obj: Any, *, source: str) -> R:
 
 def _from_obj(cls: type[R], obj: Any, source: str, advice: str) -> R:
     kind = getattr(cls, "KIND", None)
+    if type(obj) is dict and (kind is None or obj.get(KIND_KEY) == kind):
+        try:
+            return _fast_builder(cls, True)(obj)
+        except _Slow:
+            pass  # the full check below decides, and says what is wrong
     try:
         if not isinstance(obj, dict):
             raise _Invalid(f"expected a JSON object ({cls.__name__}), got {_show(obj)}")
@@ -243,6 +250,196 @@ def _value(tp: Any, value: Any, path: str) -> Any:
     raise TypeError(f"unsupported annotation {tp!r} for field {path}")
 
 
+# The fast reader: the same checks as `_build` and `_value`, compiled once per record type, for
+# the common case of a valid record (a job end reads three records per rank). It accepts a
+# subset of what `_build` accepts and builds the same record; on anything else it raises _Slow
+# and `_from_obj` runs `_build`, which decides and explains.
+
+class _Slow(Exception):
+    """The fast reader does not decide this object; the full check will."""
+
+
+@functools.cache
+def _fast_builder(cls: type, top: bool) -> Any:
+    hints = _hints(cls)
+    fields = [f for f in dataclasses.fields(cls) if f.init]
+    names = {f.name for f in fields}
+    allowed = frozenset(names | ({KIND_KEY} if top and getattr(cls, "KIND", None) is not None else set()))
+    known = next((f.default for f in fields if f.name == "schema_version"), None)
+    specs = tuple((f.name, _fast_converter(hints[f.name]),
+                   f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+                  for f in fields)
+
+    def build(obj: dict) -> Any:
+        if known is not None:
+            version = obj.get("schema_version")
+            if type(version) is not int or not 1 <= version <= known:
+                raise _Slow
+        if not allowed.issuperset(obj):
+            raise _Slow
+        values = {}
+        for name, convert, required in specs:
+            if name in obj:
+                values[name] = convert(obj[name])
+            elif required:
+                raise _Slow
+        try:
+            return cls(**values)
+        except (ValueError, TypeError):
+            raise _Slow from None
+    return build
+
+
+class _Flat:
+    """A list of records of int and str fields only, all required (the collectives of a progress
+    ring: 32 of them a rank), checked column by column in C loops, then built by the record's
+    own __init__. Anything it does not accept goes item by item through `_fast_builder`."""
+
+    def __init__(self, cls: type, names: tuple[str, ...], kinds: tuple[type, ...]) -> None:
+        self.cls, self.count = cls, len(names)
+        self.get = operator.itemgetter(*names)
+        self.int_at = tuple(i for i, k in enumerate(kinds) if k is int)
+        self.str_at = tuple(i for i, k in enumerate(kinds) if k is str)
+
+    @staticmethod
+    def of(cls: Any) -> _Flat | None:
+        if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+            return None
+        fields = dataclasses.fields(cls)
+        hints = _hints(cls)
+        kinds = tuple(hints[f.name] for f in fields)
+        try:
+            params = list(inspect.signature(cls).parameters)
+        except (TypeError, ValueError):
+            return None
+        if (len(fields) < 2 or params != [f.name for f in fields]   # built positionally
+                or any(k is not int and k is not str for k in kinds)
+                or any(f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+                       for f in fields)):
+            return None
+        return _Flat(cls, tuple(f.name for f in fields), kinds)
+
+    def build_all(self, objs: list) -> tuple | None:
+        """The records, or None when any item is not exactly such a record."""
+        if not objs:
+            return ()
+        count = self.count
+        if not all(type(o) is dict and len(o) == count for o in objs):
+            return None
+        try:
+            rows = list(map(self.get, objs))  # with the count: exactly the record's keys
+        except KeyError:
+            return None
+        columns = list(zip(*rows))
+        for i in self.int_at:
+            column = columns[i]
+            if set(map(type, column)) != {int} or min(column) < _INT_MIN or max(column) > _INT_MAX:
+                return None
+        for i in self.str_at:
+            column = columns[i]
+            if set(map(type, column)) != {str} or not all(map(str.isascii, column)):
+                return None
+        try:
+            return tuple(map(self.cls, *columns))
+        except (ValueError, TypeError):
+            return None
+
+
+def _fast_converter(tp: Any) -> Any:
+    origin = typing.get_origin(tp)
+    if tp is bool:
+        def convert(v: Any) -> Any:
+            if v is True or v is False:
+                return v
+            raise _Slow
+    elif tp is int:
+        def convert(v: Any) -> Any:
+            if type(v) is int and _INT_MIN <= v <= _INT_MAX:
+                return v
+            raise _Slow
+    elif tp is float:
+        def convert(v: Any) -> Any:
+            t = type(v)
+            if t is float:
+                if math.isfinite(v):
+                    return v
+            elif t is int and -(2**53) <= v <= 2**53:
+                return float(v)
+            raise _Slow
+    elif tp is str:
+        def convert(v: Any) -> Any:
+            if type(v) is str and (v.isascii() or _encodes(v)):
+                return v
+            raise _Slow
+    elif isinstance(tp, type) and issubclass(tp, enum.Enum):
+        members = {m.value: m for m in tp if type(m.value) is str}
+        def convert(v: Any) -> Any:
+            if type(v) is str:
+                m = members.get(v)
+                if m is not None:
+                    return m
+            raise _Slow
+    elif isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        nested: list = []  # resolved on first use: a record type may contain itself
+
+        def convert(v: Any) -> Any:
+            if type(v) is not dict:
+                raise _Slow
+            if not nested:
+                nested.append(_fast_builder(tp, False))
+            return nested[0](v)
+    elif origin is tuple and len(typing.get_args(tp)) == 2 and typing.get_args(tp)[1] is Ellipsis:
+        item_tp = typing.get_args(tp)[0]
+        item = _fast_converter(item_tp)
+        flat = _Flat.of(item_tp)
+
+        if item_tp is str or item_tp is int:
+            def convert(v: Any) -> Any:
+                # a whole list of plain strings (a stderr tail) or integers checked in C loops
+                if type(v) is list or type(v) is tuple:
+                    if not v or set(map(type, v)) == {item_tp} and (
+                            all(map(str.isascii, v)) if item_tp is str else _INT_MIN <= min(v) and max(v) <= _INT_MAX):
+                        return tuple(v)
+                    return tuple([item(x) for x in v])
+                raise _Slow
+        else:
+            def convert(v: Any) -> Any:
+                if type(v) is list or type(v) is tuple:
+                    built = flat.build_all(v) if flat is not None else None
+                    return built if built is not None else tuple([item(x) for x in v])
+                raise _Slow
+    elif origin is typing.Union or origin is types.UnionType:
+        others = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(others) == 1 and len(typing.get_args(tp)) == 2:
+            inner = _fast_converter(others[0])
+
+            def convert(v: Any) -> Any:
+                return None if v is None else inner(v)
+        else:
+            convert = _checked(tp)
+    else:
+        convert = _checked(tp)
+    return convert
+
+
+def _checked(tp: Any) -> Any:
+    """The full `_value` check, for the annotations the fast reader has no shortcut for."""
+    def convert(v: Any) -> Any:
+        try:
+            return _value(tp, v, "")
+        except _Invalid:
+            raise _Slow from None
+    return convert
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _describe(tp: Any) -> str:
     if tp is type(None):
         return "null"
@@ -284,6 +481,8 @@ _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 
 
 def _nesting_exceeds(text: str, limit: int) -> bool:
+    if text.count("{") + text.count("[") <= limit:
+        return False  # no deeper than the number of opening brackets, wherever they are
     # Brackets inside strings do not nest; drop the strings, then everything but brackets.
     skeleton = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
     depth = 0
@@ -298,6 +497,9 @@ def _nesting_exceeds(text: str, limit: int) -> bool:
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict:
+    obj = dict(pairs)
+    if len(obj) == len(pairs):
+        return obj
     obj = {}
     for k, v in pairs:
         if k in obj:
@@ -310,19 +512,49 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"non-finite number {name} is not JSON")
 
 
+# One decoder for every read: json.loads with hooks builds a new one (and its scanner) per call.
+_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_refuse_constant)
+
+
 def _parse_json(data: bytes, source: str) -> Any:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise EvidenceError(f"{source}: not valid UTF-8 (byte {e.start}); {_CORRUPT}") from None
-    if _nesting_exceeds(text, MAX_JSON_DEPTH):
-        raise EvidenceError(f"{source}: JSON nested deeper than {MAX_JSON_DEPTH} levels; "
-                            f"{_CORRUPT}")
+    # Parsed first, then the depth checked on the result: for valid JSON that is the depth of the
+    # text, and the walk costs a fifth of stripping a record's strings to count brackets. json
+    # bounds its own recursion (RecursionError); a text it refuses is then measured as text, so
+    # what is too deep is always reported as such, valid or not.
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicates,
-                          parse_constant=_refuse_constant)
+        if text.startswith("\ufeff"):
+            obj = json.loads(text)  # refuses it, in json's own words
+        else:
+            obj = _DECODER.decode(text)
     except (ValueError, RecursionError, TypeError) as e:
+        if _nesting_exceeds(text, MAX_JSON_DEPTH):
+            raise EvidenceError(f"{source}: JSON nested deeper than {MAX_JSON_DEPTH} levels; "
+                                f"{_CORRUPT}") from None
         raise EvidenceError(f"{source}: not valid JSON ({e}); {_CORRUPT}") from None
+    if _deeper_than(obj, MAX_JSON_DEPTH):
+        raise EvidenceError(f"{source}: JSON nested deeper than {MAX_JSON_DEPTH} levels; {_CORRUPT}")
+    return obj
+
+
+def _deeper_than(obj: Any, limit: int) -> bool:
+    """Do parsed JSON's objects and arrays nest deeper than `limit`?"""
+    level = [obj] if type(obj) is dict or type(obj) is list else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return True
+        below = []
+        for container in level:
+            for v in (container.values() if type(container) is dict else container):
+                if type(v) is dict or type(v) is list:
+                    below.append(v)
+        level = below
+    return False
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,102 @@
+"""What an exact fingerprint of a tensor costs next to copying it: xxh3_64 over the tensor's own
+storage (a zero-copy byte view, dtype and shape mixed into the digest first) against
+`torch.empty_like(t).copy_(t)`, for 1M, 10M and 100M float32 elements on the CPU.
+
+    python benchmarks/bench_signature.py [--sizes 1e6,1e7,1e8] [--repeats 5]
+
+Prints GB/s of the tensor's bytes for each and their ratio (target: the signature at least half
+the copy's rate). The copy runs on torch's intra-op threads (and once more on one thread, the
+fair match for the single-threaded hash); each figure is the best of --repeats. Peak memory is
+two tensors of the largest size (800 MB at 100M floats).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import time
+
+import torch
+import xxhash
+
+
+def signature(t: torch.Tensor) -> int:
+    """xxh3_64 of dtype, shape and the bytes, read in place (a contiguous tensor is not copied)."""
+    h = xxhash.xxh3_64()
+    h.update(f"{t.dtype}|{tuple(t.shape)}|".encode())
+    flat = t.detach().reshape(-1)                 # a view when contiguous; a copy only when not
+    h.update(memoryview(flat.view(torch.uint8).numpy()))
+    return h.intdigest()
+
+
+def best_of(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        gc.collect()
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+        del out
+    return min(times)
+
+
+def check(t: torch.Tensor) -> None:
+    """The view is zero-copy, the digest is stable, and it sees one flipped bit, dtype and shape."""
+    flat = t.reshape(-1)
+    assert flat.view(torch.uint8).numpy().ctypes.data == t.data_ptr(), "the byte view copied the tensor"
+    digest = signature(t)
+    assert signature(t) == digest
+    assert signature(t.view(torch.int32)) != digest, "dtype is not in the digest"
+    if t.numel() % 2 == 0:
+        assert signature(t.view(2, -1)) != digest, "shape is not in the digest"
+    i = t.numel() // 2
+    bits = t.view(torch.int32)
+    old = int(bits[i])
+    bits[i] = old ^ (1 << 3)
+    assert signature(t) != digest, "a flipped bit went unseen"
+    bits[i] = old
+    assert signature(t) == digest
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="1e6,1e7,1e8", help="float32 element counts")
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    sizes = [int(float(s)) for s in args.sizes.split(",")]
+    threads = torch.get_num_threads()
+    load0 = os.getloadavg()[0]
+    rows = []
+    for n in sizes:
+        t = torch.randn(n, dtype=torch.float32)
+        check(t)
+        nbytes = t.numel() * t.element_size()
+        sig_s = best_of(lambda: signature(t), args.repeats)
+        copy_s = best_of(lambda: torch.empty_like(t).copy_(t), args.repeats)
+        torch.set_num_threads(1)
+        try:
+            copy1_s = best_of(lambda: torch.empty_like(t).copy_(t), args.repeats)
+        finally:
+            torch.set_num_threads(threads)
+        rows.append((n, nbytes, sig_s, copy_s, copy1_s))
+        del t
+        gc.collect()
+    print(f"xxhash {xxhash.VERSION} xxh3_64 vs torch {torch.__version__} empty_like+copy_, float32 on the CPU, "
+          f"{os.cpu_count()} CPUs, torch threads {threads}; best of {args.repeats}; load average {load0:.1f} at "
+          f"start, {os.getloadavg()[0]:.1f} at end")
+    print(f"{'elements':>12} {'MB':>7} {'signature GB/s':>15} {'copy GB/s':>10} {'ratio':>6} "
+          f"{'copy 1-thread GB/s':>19} {'ratio':>6} {'signature ms':>13} {'copy ms':>8}")
+    for n, nbytes, sig_s, copy_s, copy1_s in rows:
+        sig, copy, copy1 = nbytes / sig_s / 1e9, nbytes / copy_s / 1e9, nbytes / copy1_s / 1e9
+        print(f"{n:>12,} {nbytes / 1e6:>7.0f} {sig:>15.2f} {copy:>10.2f} {sig / copy:>6.2f} {copy1:>19.2f} "
+              f"{sig / copy1:>6.2f} {sig_s * 1e3:>13.2f} {copy_s * 1e3:>8.2f}")
+    print("GB/s: the tensor's bytes over the best time. ratio: signature rate / copy rate (target >= 0.5). The copy "
+          "includes allocating its destination, as a snapshot of a tensor would. Checked: the byte view shares the "
+          "tensor's memory, and the digest changes with one flipped bit, with the dtype and with the shape.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
