@@ -522,9 +522,9 @@ def _parse_json(data: bytes, source: str) -> Any:
     except UnicodeDecodeError as e:
         raise EvidenceError(f"{source}: not valid UTF-8 (byte {e.start}); {_CORRUPT}") from None
     # Parsed first, then the depth checked on the result: for valid JSON that is the depth of the
-    # text, and the walk costs a fifth of stripping a record's strings to count brackets. json
-    # bounds its own recursion (RecursionError); a text it refuses is then measured as text, so
-    # what is too deep is always reported as such, valid or not.
+    # text, and walking an exit record costs a seventh of stripping its strings to count brackets.
+    # json bounds its own recursion (RecursionError); a text it refuses is then measured as text,
+    # so what is too deep is reported as such, valid JSON or not.
     try:
         if text.startswith("\ufeff"):
             obj = json.loads(text)  # refuses it, in json's own words
@@ -535,7 +535,8 @@ def _parse_json(data: bytes, source: str) -> Any:
             raise EvidenceError(f"{source}: JSON nested deeper than {MAX_JSON_DEPTH} levels; "
                                 f"{_CORRUPT}") from None
         raise EvidenceError(f"{source}: not valid JSON ({e}); {_CORRUPT}") from None
-    if _deeper_than(obj, MAX_JSON_DEPTH):
+    # no deeper than its count of opening brackets (in strings or not): most records skip the walk
+    if text.count("{") + text.count("[") > MAX_JSON_DEPTH and _deeper_than(obj, MAX_JSON_DEPTH):
         raise EvidenceError(f"{source}: JSON nested deeper than {MAX_JSON_DEPTH} levels; {_CORRUPT}")
     return obj
 
