@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/scoutjobs.py a
 from scout_slurm.lab.cluster import Lab, LabSpec
 
 
-def _ports_free(base: int, count: int) -> bool:
+def ports_free(base: int, count: int) -> bool:
     for port in range(base, base + count):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
@@ -27,13 +27,18 @@ def _ports_free(base: int, count: int) -> bool:
     return True
 
 
-def _pick_port_base(count: int) -> int:
-    rng = random.Random(os.getpid() ^ int(time.time()))
+def free_port_base(count: int, lo: int = 20000, hi: int = 30000) -> int:
+    """A block of `count` free local ports in [lo, hi); tests that run labs side by side use
+    separate ranges (session lab 20000-30000, private labs elsewhere), below the ephemeral ports."""
+    rng = random.Random(os.getpid() ^ time.monotonic_ns())
     for _ in range(200):
-        base = rng.randrange(20000, 30000, 10)
-        if _ports_free(base, count):
+        base = rng.randrange(lo, hi, 10)
+        if ports_free(base, count):
             return base
-    raise RuntimeError("no free block of local ports for the lab cluster")
+    raise RuntimeError(f"no free block of {count} local ports in {lo}..{hi}")
+
+
+_pick_port_base = free_port_base
 
 
 @pytest.fixture(scope="session")

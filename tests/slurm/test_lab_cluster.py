@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import free_port_base
+
 from scout_slurm.errors import SlurmError
 from scout_slurm.lab.cluster import Lab, LabSpec
 from scout_slurm.slurm import ops
@@ -145,23 +147,8 @@ def test_failed_job_is_requeued_away_from_excluded_nodes(cluster):
 
 # -- a lab of its own, started and stopped five times --------------------------------------------
 
-def _ports_free(base: int, count: int) -> bool:
-    for port in range(base, base + count):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                return False
-    return True
 
 
-def _free_port_base(count: int) -> int:
-    rng = random.Random(os.getpid() ^ time.monotonic_ns())
-    for _ in range(200):
-        base = rng.randrange(30000, 32700, 10)  # below the ephemeral ports; not the session lab's 20000-30000
-        if _ports_free(base, count):
-            return base
-    raise RuntimeError("no free block of local ports")
 
 
 def _alive(pid: int) -> bool:
@@ -200,7 +187,7 @@ def private_lab_dir():
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_up_then_down_five_times_leaves_nothing_running(private_lab_dir):
-    own = Lab(LabSpec(state_dir=private_lab_dir, nodes=2, port_base=_free_port_base(3)))
+    own = Lab(LabSpec(state_dir=private_lab_dir, nodes=2, port_base=free_port_base(3, 30000, 32700)))
     for cycle in range(5):
         own.up()
         pids = own.running_pids()
@@ -214,7 +201,7 @@ def test_up_then_down_five_times_leaves_nothing_running(private_lab_dir):
 
 @pytest.mark.timeout(60)
 def test_down_stops_the_daemons_even_when_cancelling_jobs_fails(private_lab_dir, monkeypatch):
-    own = Lab(LabSpec(state_dir=private_lab_dir, nodes=1, port_base=_free_port_base(2)))
+    own = Lab(LabSpec(state_dir=private_lab_dir, nodes=1, port_base=free_port_base(2, 30000, 32700)))
     own.up()
     pids = own.running_pids()
 

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import free_port_base
+
 import scoutjobs as sj
 from scout_slurm.errors import LabError
 from scout_slurm.lab.cluster import NETNS_BRIDGE, NETNS_RANGE, NETNS_ROUTE_METRIC, Lab, LabSpec
@@ -28,24 +30,8 @@ from scout_slurm.lab.cluster import NETNS_BRIDGE, NETNS_RANGE, NETNS_ROUTE_METRI
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
-def _ports_free(base: int, count: int) -> bool:
-    for port in range(base, base + count):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                return False
-    return True
 
 
-def _pick_port_base(count: int) -> int:
-    # below the session lab's 20000-30000 and test_lab_cluster's 30000-32700
-    rng = random.Random(os.getpid() ^ int(time.time() * 1000))
-    for _ in range(200):
-        base = rng.randrange(17000, 19990, 10)
-        if _ports_free(base, count):
-            return base
-    raise RuntimeError("no free block of local ports for the netns lab")
 
 
 def _state_dir() -> Path:
@@ -115,7 +101,7 @@ def _assert_all_gone(cluster: Lab) -> None:
 @pytest.mark.timeout(300)
 def test_ddp_job_across_two_namespace_nodes():
     state = _state_dir()
-    cluster = Lab(LabSpec(state_dir=state, nodes=2, port_base=_pick_port_base(3), python=sys.executable, netns=True))
+    cluster = Lab(LabSpec(state_dir=state, nodes=2, port_base=free_port_base(3, 17000, 19990), python=sys.executable, netns=True))
     hosts_before = Path("/etc/hosts").read_bytes()
     try:
         t0 = time.monotonic()
@@ -161,7 +147,7 @@ def test_ddp_job_across_two_namespace_nodes():
 @pytest.mark.timeout(300)
 def test_up_down_three_times_leaves_nothing_behind():
     state = _state_dir()
-    port_base = _pick_port_base(4)
+    port_base = free_port_base(4, 17000, 19990)
     cluster = Lab(LabSpec(state_dir=state, nodes=3, port_base=port_base, python=sys.executable, netns=True))
     other_state = Path(f"{state}-other")
     other = Lab(LabSpec(state_dir=other_state))  # replaced below, once the first lab holds its ports
@@ -176,7 +162,7 @@ def test_up_down_three_times_leaves_nothing_behind():
             assert sorted(_lab_links()) == sorted([NETNS_BRIDGE, "sv-n1", "sv-n2", "sv-n3"])
             if cycle == 0:
                 # a second netns lab refuses to take the names over, and touches nothing of the first
-                other = Lab(LabSpec(state_dir=other_state, nodes=2, port_base=_pick_port_base(3),
+                other = Lab(LabSpec(state_dir=other_state, nodes=2, port_base=free_port_base(3, 17000, 19990),
                                     python=sys.executable, netns=True))
                 with pytest.raises(LabError, match=f"owner: scout-lab:{cluster.paths.root}"):
                     other.up()
