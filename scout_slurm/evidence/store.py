@@ -323,8 +323,7 @@ class _Flat:
         """The records, or None when any item is not exactly such a record."""
         if not objs:
             return ()
-        count = self.count
-        if not all(type(o) is dict and len(o) == count for o in objs):
+        if set(map(type, objs)) != {dict} or set(map(len, objs)) != {self.count}:
             return None
         try:
             rows = list(map(self.get, objs))  # with the count: exactly the record's keys
