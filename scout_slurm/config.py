@@ -42,6 +42,10 @@ class WatchdogConfig:
     publish_interval_s: float = 1.0
     grace_s: float = 5.0             # SIGTERM to SIGKILL
     startup_grace_s: float = 600.0   # before the first collective, a rank may be slow to start
+    # evidence that cannot be written (full disk, read-only, quota): "fail" ends the job with exit
+    # code 89 once it has lasted evidence_loss_grace_s; "warn" only says so, loudly, every minute
+    on_evidence_loss: str = "fail"
+    evidence_loss_grace_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -165,6 +169,9 @@ def _check_ranges(cfg: SiteConfig, source: str) -> None:
                           f"got {cfg.epilog.localise_on!r}")
     if cfg.watchdog.stall_floor_s <= 0 or cfg.watchdog.poll_interval_s <= 0:
         raise ConfigError(f"{source}: [watchdog] stall_floor_s and poll_interval_s must be positive")
+    if cfg.watchdog.on_evidence_loss not in ("fail", "warn"):
+        raise ConfigError(f"{source}: [watchdog] on_evidence_loss must be 'fail' or 'warn', "
+                          f"got {cfg.watchdog.on_evidence_loss!r}")
 
 
 def env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:

@@ -5,8 +5,10 @@ WATCHDOG_FAILED = 85   # scout-task could not start the command (bad environment
 STALL_CULPRIT = 86     # the watchdogs agreed this rank stopped first; scout ended it
 STALL_PEER = 87        # a peer stopped; scout ended this healthy rank so the step ends
 SDC_CULPRIT = 88       # the replicas' majority says this rank's numbers are wrong
+EVIDENCE_LOST = 89     # the evidence folder refused writes (full disk) for longer than the grace period
 
 ALL = {WATCHDOG_FAILED: "scout-task failed to start the command",
        STALL_CULPRIT: "this rank stalled first (ended by scout)",
        STALL_PEER: "a peer stalled (ended by scout)",
-       SDC_CULPRIT: "this rank's numbers differ from the replicas' majority"}
+       SDC_CULPRIT: "this rank's numbers differ from the replicas' majority",
+       EVIDENCE_LOST: "scout could not write evidence (full or read-only evidence file system); job ended"}

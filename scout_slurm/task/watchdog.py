@@ -30,6 +30,7 @@ from scout_slurm.localise.stall import decide_stall
 from scout_slurm.log import get_logger
 from scout_slurm.task import exitcodes
 from scout_slurm.task import progress as progress_mod
+from scout_slurm.task.evidencehealth import EvidenceHealth, storage_errno
 
 log = get_logger("scout.watchdog")
 STACK_SIGNAL = signal.SIGRTMIN + 5  # the bootstrap registers faulthandler on it
@@ -116,6 +117,7 @@ class Watchdog:
         self.peer_seq_at_suspect: dict[int, int] = {}
         self.external_signal = 0
         self.stacks_requested = False
+        self.health = EvidenceHealth(policy=cfg.on_evidence_loss, grace_s=cfg.evidence_loss_grace_s)
 
     # -- state machine ------------------------------------------------------------------
     def _to(self, new: WatchState) -> None:
@@ -144,6 +146,8 @@ class Watchdog:
             if now >= self.next_publish:
                 self._publish(now)
                 self.next_publish = now + self.cfg.publish_interval_s
+            if self.health.should_end_job(now):
+                return self._end_for_lost_evidence(now)
             decision = self._check_stall(now)
             if decision is not None:
                 return self._terminate(decision)
@@ -201,11 +205,38 @@ class Watchdog:
     def _publish(self, now: float, *, exited: bool = False) -> None:
         self.publish_seq += 1
         for tracker in self.trackers.values():
-            try:
-                write_record(self.folder.progress_path(self.ctx.restart, tracker.rank),
-                             self.snapshot(tracker, now, exited=exited))
-            except ScoutError as exc:
-                log.warning("watchdog.publish_failed", rank=tracker.rank, error=str(exc))
+            self._write_evidence(self.folder.progress_path(self.ctx.restart, tracker.rank),
+                                 self.snapshot(tracker, now, exited=exited), what="progress")
+
+    def _write_evidence(self, path: Path, record, *, what: str) -> bool:
+        """Write one record; a storage that refuses writes is said loudly in the job's stderr and
+        counted towards ending the job (see evidencehealth)."""
+        try:
+            write_record(path, record)
+        except ScoutError as exc:
+            if storage_errno(exc) is None:
+                log.warning(f"watchdog.{what}_failed", rank=self.ctx.rank, error=str(exc))
+                return False
+            now = self.clock()
+            if self.health.failed(now, str(path), exc):
+                log.error("watchdog.evidence_unwritable", rank=self.ctx.rank, path=str(path), error=str(exc),
+                          policy=self.health.policy, grace_s=self.health.grace_s)
+                _say(f"scout: rank {self.ctx.rank}: {self.health.message(now)}")
+            return False
+        if self.health.succeeded():
+            log.warning("watchdog.evidence_writable_again", rank=self.ctx.rank, failures=self.health.failures)
+            _say(f"scout: rank {self.ctx.rank}: evidence can be written again")
+        return True
+
+    def _end_for_lost_evidence(self, now: float) -> int:
+        _say(f"scout: rank {self.ctx.rank}: ENDING THE JOB (exit code {exitcodes.EVIDENCE_LOST}): "
+             f"{self.health.message(now)}")
+        log.error("watchdog.ending_for_lost_evidence", rank=self.ctx.rank, lost_for_s=round(self.health.lost_for(now), 1),
+                  failures=self.health.failures, last_error=self.health.last_error)
+        self._to(WatchState.TERMINATING)
+        status = self._escalate()
+        self._on_exit(status, killed_by_scout=True)
+        return exitcodes.EVIDENCE_LOST
 
     # -- stalls ---------------------------------------------------------------------------
     def _decision_path(self) -> Path:
@@ -288,10 +319,7 @@ class Watchdog:
 
     def _write_finding(self, finding: Finding) -> None:
         name = f"{finding.kind.value}-rank-{finding.rank}-{int(finding.at * 1000)}.json"
-        try:
-            write_record(self.folder.findings_dir(self.ctx.restart) / name, finding)
-        except ScoutError as exc:
-            log.warning("watchdog.finding_failed", error=str(exc))
+        self._write_evidence(self.folder.findings_dir(self.ctx.restart) / name, finding, what="finding")
 
     def _terminate(self, decision: StallDecision) -> int:
         self._to(WatchState.TERMINATING)
@@ -339,11 +367,20 @@ class Watchdog:
                             at=self.wall(), killed_by_scout=killed_by_scout,
                             last_progress=snaps.get(self.ctx.rank), stderr_tail=tuple(self.stderr_tail),
                             external_termination=bool(self.external_signal))
-        try:
-            write_record(self.folder.rank_exit_path(self.ctx.restart, self.ctx.rank), record)
-        except ScoutError as exc:
-            log.error("watchdog.exit_record_failed", error=str(exc))
+        if not self._write_evidence(self.folder.rank_exit_path(self.ctx.restart, self.ctx.rank), record, what="exit_record"):
+            log.error("watchdog.exit_record_failed", rank=self.ctx.rank)
         self._publish(now, exited=True)
         log.info("watchdog.child_exited", rank=self.ctx.rank, exit_code=code, signal=signum,
                  killed_by_scout=killed_by_scout)
         return code if code >= 0 else 128 + signum
+
+
+def _say(line: str) -> None:
+    """One plain line on the job's stderr (besides the structured log), so people see it in the
+    job's output file whatever the log format."""
+    import sys
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except OSError:
+        pass
