@@ -35,15 +35,23 @@ def _cluster(name: str, raw: str) -> str:
     return raw
 
 
+MAX_NODES = 1_000_000  # far above any cluster; bounds what a corrupted variable can make us allocate
+
+
 def expand_tasks_per_node(spec: str) -> list[int]:
     """`2(x3),1` -> [2, 2, 2, 1] (SLURM_STEP_TASKS_PER_NODE / SLURM_TASKS_PER_NODE)."""
     out: list[int] = []
     for part in spec.split(","):
         part = part.strip()
-        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part)
+        m = re.fullmatch(r"([0-9]{1,9})(?:\(x([0-9]{1,9})\))?", part)
         if not m:
             raise ConfigError(f"tasks-per-node value {spec!r} is not in Slurm's form (e.g. 2(x3),1)")
-        out.extend([int(m.group(1))] * int(m.group(2) or 1))
+        repeat = int(m.group(2) or 1)
+        # a job cannot span more nodes than a cluster has: refuse before building a huge list
+        if repeat > MAX_NODES or len(out) + repeat > MAX_NODES:
+            raise ConfigError(f"tasks-per-node value {spec!r} names more than {MAX_NODES} nodes; "
+                              f"is the variable corrupted?")
+        out.extend([int(m.group(1))] * repeat)
     return out
 
 

@@ -22,12 +22,27 @@ log = get_logger("scout.epilog")
 
 
 def _job_started(folder: JobFolder, node: str) -> float:
-    """When the Prolog wrote this node's map (root-owned, so trusted); 0 if absent."""
+    """When the Prolog wrote this node's map; 0 if absent or not to be trusted. No component below
+    the evidence root is followed if it is a link (the job may have planted one where the Prolog did
+    not lay out its folders), and only a regular file owned by root counts: the time bounds which
+    kernel log lines are attached, so a job must not be able to choose it."""
+    import stat as stat_mod
+    from scout_slurm.evidence.store import _DIR_PATH, _open_below, _split_under
+    path = os.fspath(folder.node_dir(node) / "hardware-map.json")
     try:
-        st = os.lstat(folder.node_dir(node) / "hardware-map.json")
-        return st.st_mtime
+        base, parts = _split_under(path, folder.root, path)
+        dir_fd = _open_below(base, parts[:-1], path, _DIR_PATH)
+    except (ScoutError, OSError):
+        return 0.0
+    try:
+        st = os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False)
     except OSError:
         return 0.0
+    finally:
+        os.close(dir_fd)
+    if not stat_mod.S_ISREG(st.st_mode) or st.st_uid != 0:
+        return 0.0
+    return st.st_mtime
 
 
 def _node_dir(folder: JobFolder, node: str) -> Path:

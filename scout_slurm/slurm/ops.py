@@ -46,9 +46,14 @@ def node_info(name: str, *, timeout: float, env: Env = None, bin_dir: str = "") 
     return nodes[0]
 
 
+_NODE_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+
 def _check_node_name(name: str) -> None:
-    if not name or not all(c.isalnum() or c in "._-" for c in name):
-        raise SlurmError(f"refusing node name {name!r}: only letters, digits, '.', '_' and '-' are valid")
+    # ASCII only: str.isalnum() would also accept other scripts' letters and digits (e.g. "n\u0661")
+    if not name or len(name) > 255 or not all(c in _NODE_NAME_CHARS for c in name):
+        raise SlurmError(f"refusing node name {name!r}: only ASCII letters, digits, '.', '_' and '-' are valid "
+                         f"(at most 255 characters)")
 
 
 def drain_node(name: str, reason: str, *, timeout: float, env: Env = None, bin_dir: str = "") -> None:

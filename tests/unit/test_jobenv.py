@@ -80,7 +80,9 @@ def test_expand_tasks_per_node(spec, expected):
     assert expand_tasks_per_node(spec) == expected
 
 
-@pytest.mark.parametrize("spec", ["", "2x3", "2(3)", "a", "2(x3", "-1", "2,,1"])
+@pytest.mark.parametrize("spec", ["", "2x3", "2(3)", "a", "2(x3", "-1", "2,,1",
+                                  "1(x999999999)", "1(x600000),1(x600000)", "1(x99999999999999)",
+                                  "\u0662(x\u0663)"])  # Arabic-Indic digits are not Slurm's
 def test_expand_tasks_per_node_refuses_other_forms(spec):
     with pytest.raises(ConfigError, match="tasks-per-node"):
         expand_tasks_per_node(spec)

@@ -295,7 +295,8 @@ def test_merged_exclusion(current, add, merged):
     assert set(expand_hostlist(merged)) == {*current, *add}
 
 
-@pytest.mark.parametrize("bad", ["", "n1;x", "n 1", "n1,n2", "n[1-2]", "$(x)", "n1\n"])
+@pytest.mark.parametrize("bad", ["", "n1;x", "n 1", "n1,n2", "n[1-2]", "$(x)", "n1\n",
+                                 "n\u0661", "\u00e9t\u00e9", "n\uff11", "n" * 256])  # non-ASCII digits/letters, too long
 def test_merged_exclusion_refuses_bad_names(bad):
     with pytest.raises(SlurmError, match="refusing node name"):
         ops.merged_exclusion(("n1",), [bad])
