@@ -91,6 +91,10 @@ class JobFolder:
     def progress_path(self, restart: int, rank: int) -> Path:
         return self.progress_dir(restart) / f"rank-{int(rank)}.json"
 
+    def history_path(self, restart: int, rank: int) -> Path:
+        """The rank's bounded progress history (a ring file; see evidence/history.py)."""
+        return self.progress_dir(restart) / f"history-{int(rank)}.bin"
+
     def stall_decision_path(self, restart: int) -> Path:
         return self.progress_dir(restart) / "stall-decision.json"
 

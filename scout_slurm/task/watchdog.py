@@ -21,6 +21,7 @@ from typing import Callable
 
 from scout_slurm.config import WatchdogConfig
 from scout_slurm.errors import ScoutError
+from scout_slurm.evidence.history import HistoryWriter
 from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.records import (ChildState, ExitRecord, Finding, FindingKind, ProgressSnapshot,
                                           StallDecision)
@@ -118,6 +119,7 @@ class Watchdog:
         self.external_signal = 0
         self.stacks_requested = False
         self.health = EvidenceHealth(policy=cfg.on_evidence_loss, grace_s=cfg.evidence_loss_grace_s)
+        self.histories: dict[int, HistoryWriter] = {}   # for the report's timeline only
 
     # -- state machine ------------------------------------------------------------------
     def _to(self, new: WatchState) -> None:
@@ -205,8 +207,23 @@ class Watchdog:
     def _publish(self, now: float, *, exited: bool = False) -> None:
         self.publish_seq += 1
         for tracker in self.trackers.values():
-            self._write_evidence(self.folder.progress_path(self.ctx.restart, tracker.rank),
-                                 self.snapshot(tracker, now, exited=exited), what="progress")
+            snap = self.snapshot(tracker, now, exited=exited)
+            self._write_evidence(self.folder.progress_path(self.ctx.restart, tracker.rank), snap, what="progress")
+            self._add_history(tracker.rank, snap)
+
+    def _add_history(self, rank: int, snap: ProgressSnapshot) -> None:
+        """One sample into the rank's bounded ring file. It only illustrates the report, so a
+        failure is logged, never counted against the job (the snapshot write above is)."""
+        writer = self.histories.get(rank)
+        if writer is None:
+            writer = self.histories[rank] = HistoryWriter(self.folder.history_path(self.ctx.restart, rank))
+        try:
+            writer.append(snap)
+            writer.failing = False
+        except OSError as exc:
+            if not writer.failing:  # once per outage, not once a second
+                log.warning("watchdog.history_failed", rank=rank, error=str(exc))
+            writer.failing = True
 
     def _write_evidence(self, path: Path, record, *, what: str) -> bool:
         """Write one record; a storage that refuses writes is said loudly in the job's stderr and
@@ -370,6 +387,8 @@ class Watchdog:
         if not self._write_evidence(self.folder.rank_exit_path(self.ctx.restart, self.ctx.rank), record, what="exit_record"):
             log.error("watchdog.exit_record_failed", rank=self.ctx.rank)
         self._publish(now, exited=True)
+        for writer in self.histories.values():
+            writer.close()
         log.info("watchdog.child_exited", rank=self.ctx.rank, exit_code=code, signal=signum,
                  killed_by_scout=killed_by_scout)
         return code if code >= 0 else 128 + signum

@@ -1,0 +1,228 @@
+"""The HTML incident and acceptance pages on synthetic bundles: one timeline row per drawn rank,
+the suspect highlighted, the moments in order, the hardware table with drained nodes, and every
+hostile string from the evidence escaped (no tag, no script, no attribute breaks out)."""
+
+from __future__ import annotations
+
+import re
+from html.parser import HTMLParser
+
+import pytest
+
+from scout_slurm.evidence.history import (ProgressSample, decode_history, encode_header, encode_slot, slot_offset,
+                                          HistoryWriter)
+from scout_slurm.evidence.records import (ChildState, ExitRecord, Finding, FindingKind, ProgressSnapshot, RankPlace,
+                                          StallDecision, Suspect, Verdict, VerdictKind)
+from scout_slurm.localise.verdict import JobEvidence
+from scout_slurm.remediation.records import (ActionKind, ActionResult, ActionsRecord, PlannedAction, PlanStatus,
+                                             ResumeInstruction)
+from scout_slurm.report.bundle import IncidentBundle, IncidentMoments, incident_moments, last_advance
+from scout_slurm.report.html import (AcceptanceCheck, AcceptanceReport, LatencyCase, render_acceptance_html,
+                                     render_incident_html)
+from scout_slurm.report.rankmap import RankMapRow
+from scout_slurm.report.svg import MAX_ROWS, esc, pick_rows, segments
+
+T0 = 1_700_000_000.0
+EVIL = '<script>alert("x")</script><img src=x onerror=alert(1)>"\'&\x00\x1b[31m'
+
+
+def node(rank: int) -> str:
+    return f"n{rank // 2 + 1}"
+
+
+def samples(rank: int, *, stop_at: float, end: float, state_after=ChildState.RUNNING) -> tuple[ProgressSample, ...]:
+    out, t, seq, done = [], T0, 0, 0
+    while t <= end:
+        seq += 1
+        if t < stop_at:
+            done += 4
+        state = state_after if t >= stop_at else ChildState.RUNNING
+        out.append(ProgressSample(seq=seq, at=t, opt_steps=done // 4, coll_completed=done,
+                                  coll_entered=done + (1 if t >= stop_at and rank != 1 else 0), state=state,
+                                  in_collective=t >= stop_at and rank != 1))
+        t += 0.5
+    return tuple(out)
+
+
+def snap(rank: int, steps: int, *, node_name: str | None = None, state=ChildState.RUNNING) -> ProgressSnapshot:
+    return ProgressSnapshot(rank=rank, node=node_name or node(rank), pid=10 + rank, published_at=T0 + 12,
+                            child_state=state, coll_entered=steps * 4 + (rank != 1), coll_completed=steps * 4,
+                            in_collective=rank != 1, current_op="all_reduce" if rank != 1 else "none",
+                            opt_steps=steps, pg_seq=steps * 4, idle_s=6.0, step_time_s=0.1)
+
+
+def place(rank: int, world: int, node_name: str | None = None) -> RankPlace:
+    return RankPlace(job_id=77, restart=0, rank=rank, local_rank=rank % 2, world_size=world,
+                     node=node_name or node(rank), hostname=f"host-{node(rank)}", task_pid=1, child_pid=2,
+                     gpu_uuids=(f"GPU-{rank:04d}",), cuda_visible_devices="0", nic="eth0", master_addr="10.0.0.1",
+                     master_port=29500, started_at=T0 - 5)
+
+
+def hang_bundle(world: int = 4, *, evil: bool = False, with_history: bool = True) -> IncidentBundle:
+    suspect = 1
+    nodes = {r: (EVIL if evil and r == suspect else node(r)) for r in range(world)}
+    history = {r: samples(r, stop_at=T0 + 5 + (0 if r == suspect else 0.3), end=T0 + 12) for r in range(world)}
+    decision = StallDecision(decided_by=0, at=T0 + 11, culprits=(suspect,), kind=FindingKind.HANG,
+                             reasoning=(f"rank {suspect} is behind" + (EVIL if evil else ""),))
+    findings = (Finding(rank=suspect, node=nodes[suspect], kind=FindingKind.INFO, at=T0 + 5.1,
+                        summary="fault injected: sleep"),
+                Finding(rank=suspect, node=nodes[suspect], kind=FindingKind.STALL_SUSPECT, at=T0 + 10,
+                        summary="no progress" + (EVIL if evil else "")))
+    exits = {r: ExitRecord(rank=r, node=nodes[r], pid=10 + r, exit_code=86 if r == suspect else 87, signal=0,
+                           core_dumped=False, at=T0 + 11.5, killed_by_scout=True, last_progress=snap(r, 12),
+                           stderr_tail=((EVIL,) if evil else ("bye",))) for r in range(world)}
+    ev = JobEvidence(job_id=77, restart=0, world_size=world,
+                     places={r: place(r, world, nodes[r]) for r in range(world)}, exits=exits,
+                     snapshots={r: snap(r, 12, node_name=nodes[r]) for r in range(world)}, findings=findings,
+                     decision=decision)
+    verdict = Verdict(job_id=77, restart=0, kind=VerdictKind.HANG,
+                      suspects=(Suspect(suspect, nodes[suspect], VerdictKind.HANG, 0.9,
+                                        ("rank 1 stopped first" + (EVIL if evil else ""),)),),
+                      confidence=0.9, reasoning=("rank(s) 1 stopped making progress first", EVIL if evil else "ok"),
+                      first_failure_at=T0 + 11, first_suspect_step=13, world_size=world, created_at=T0 + 12)
+    drain_target = nodes[suspect]
+    actions = ActionsRecord(job_id=77, restart=0, verdict_kind=VerdictKind.HANG, status=PlanStatus.APPLIED,
+                            actions=(PlannedAction(ActionKind.DRAIN, drain_target, "scout: hang rank 1"),
+                                     PlannedAction(ActionKind.REQUEUE, "77", ""),
+                                     PlannedAction(ActionKind.RESUME_FROM, "/ck/step-10.pt", "step 10, before 13")),
+                            held_back=(EVIL,) if evil else (),
+                            results=(ActionResult(ActionKind.DRAIN, drain_target, True, "drained", 1, T0 + 12.5),
+                                     ActionResult(ActionKind.REQUEUE, "77", True, "requeued", 1, T0 + 13.0)),
+                            created_at=T0 + 12, updated_at=T0 + 13)
+    hw = tuple(RankMapRow(rank=r, local_rank=r % 2, node=nodes[r], hostname=f"host-{r}",
+                          gpu_uuids=(EVIL if evil else f"GPU-{r:04d}",), gpu_serials=("S1",), nic="eth0")
+               for r in range(world))
+    resume = ResumeInstruction(job_id=77, restart=1, checkpoint="/ck/step-10.pt", step=10,
+                               reason="step 10, before first suspect step 13" + (EVIL if evil else ""))
+    return IncidentBundle(cluster="lab", verdict=verdict, evidence=ev, actions=actions,
+                          history=history if with_history else {}, hardware=hw, resume=resume,
+                          problems=(EVIL,) if evil else ())
+
+
+class Tree(HTMLParser):
+    """The tags and attributes a browser would build (the stdlib parser follows HTML5 tokenising)."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict]] = []
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def parse(page: str) -> Tree:
+    t = Tree()
+    t.feed(page)
+    t.close()
+    return t
+
+
+def test_timeline_has_one_row_per_rank_and_marks_the_suspect():
+    page = render_incident_html(hang_bundle())
+    tree = parse(page)
+    rows = [a for tag, a in tree.tags if tag == "g" and "rank-row" in a.get("class", "")]
+    assert [int(a["data-rank"]) for a in rows] == [0, 1, 2, 3]
+    assert [a["data-rank"] for a in rows if "suspect" in a["class"]] == ["1"]
+    bars = [a for tag, a in tree.tags if tag == "rect" and "bar" in a.get("class", "")]
+    assert any("advancing" in a["class"] for a in bars) and any("idle" in a["class"] for a in bars)
+    moments = [a["data-moment"] for tag, a in tree.tags if tag == "g" and a.get("class") == "moment"]
+    assert moments == ["fault", "detection", "verdict", "actions done"]
+    # self-contained: nothing fetched, nothing run
+    assert not [t for t, a in tree.tags if t in ("script", "link", "iframe", "img", "object")]
+    assert "Content-Security-Policy" in page and "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    assert 'class="badge drained"' in page and "/ck/step-10.pt" in page
+
+
+def test_moments_and_phases_of_a_hang():
+    b = hang_bundle()
+    m = incident_moments(b)
+    assert m.fault_at == T0 + 5.1
+    assert m.detected_at == T0 + 11 and m.verdict_at == T0 + 12 and m.actions_done_at == T0 + 13
+    # rank 1's last advance is the first sample at its final position
+    assert m.last_advance_at == last_advance(b.history[1]) == T0 + 4.5
+    labels = [p[0] for p in m.phases()]
+    assert labels == ["fault -> detection", "detection -> verdict", "verdict -> actions done"]
+    assert [round(p[2] - p[1], 3) for p in m.phases()] == [5.9, 1.0, 1.0]
+
+
+def test_without_history_the_snapshot_still_draws_each_rank():
+    page = render_incident_html(hang_bundle(with_history=False))
+    tree = parse(page)
+    rows = [a for tag, a in tree.tags if tag == "g" and "rank-row" in a.get("class", "")]
+    assert len(rows) == 4
+    assert sum(1 for tag, a in tree.tags if tag == "rect" and "bar advancing" in a.get("class", "")) == 4
+
+
+def test_hostile_strings_are_escaped_everywhere():
+    page = render_incident_html(hang_bundle(evil=True))
+    tree = parse(page)
+    assert not [t for t, a in tree.tags if t in ("script", "img")]
+    assert not [a for t, a in tree.tags if any(k.startswith("on") for k in a)]
+    assert "<script" not in page and "<img" not in page
+    assert "&lt;script&gt;" in page
+    assert "\x00" not in page and "\x1b" not in page
+    # the text is still there for a person to read
+    assert any("alert(" in t for t in tree.text)
+
+
+def test_escape_bounds_and_replaces_control_characters():
+    assert esc("a" * 1000, 10) == "a" * 10 + "\u2026"
+    assert esc("<b>\x07") == "&lt;b&gt;\ufffd"
+    assert esc('"\'') == "&quot;&#x27;"
+
+
+def test_large_world_draws_bounded_rows_with_the_suspect():
+    rows = pick_rows(10_000, frozenset({7777}))
+    assert len(rows) == MAX_ROWS and 7777 in rows and rows == sorted(rows)
+    assert {7776, 7778} <= set(rows)
+    assert pick_rows(3, frozenset()) == [0, 1, 2]
+
+
+def test_segments_merge_runs_and_name_a_stop():
+    s = samples(1, stop_at=T0 + 2, end=T0 + 4, state_after=ChildState.STOPPED)
+    kinds = [seg.kind for seg in segments(s)]
+    assert kinds == ["advancing", "stopped"]
+
+
+def test_history_ring_round_trip_and_damage(tmp_path):
+    snapshot = snap(2, 5)
+    w = HistoryWriter(tmp_path / "history-2.bin", slots=8)
+    for _ in range(20):
+        w.append(snapshot)
+    w.close()
+    data = (tmp_path / "history-2.bin").read_bytes()
+    assert len(data) == len(encode_header(8)) + 8 * 36
+    got, problems = decode_history(data)
+    assert [s.seq for s in got] == list(range(13, 21)) and not problems
+    assert got[0].coll_entered == snapshot.coll_entered and got[0].opt_steps == 5
+    broken = bytearray(data)
+    broken[slot_offset(15, 8) + 10] ^= 0xFF
+    got, problems = decode_history(bytes(broken))
+    assert 15 not in [s.seq for s in got] and problems
+    assert decode_history(b"junk")[0] == () and decode_history(b"\x00" * 64)[1]
+    claims = bytearray(encode_header(8))
+    claims[8:12] = (10**6).to_bytes(4, "little")
+    assert "claims" in decode_history(bytes(claims))[1][0]
+
+
+@pytest.mark.parametrize("hostile", [EVIL, "x" * 100_000])
+def test_acceptance_page(hostile):
+    report = AcceptanceReport(
+        title="scout acceptance", cluster="lab", started_at=T0, finished_at=T0 + 300,
+        checks=(AcceptanceCheck("1. training across two nodes", True, "2 nodes x 2 ranks", "12 s"),
+                AcceptanceCheck("3. slow link", None, hostile),
+                AcceptanceCheck("4. stall named", False, "named rank 2, expected rank 1")),
+        cases=(LatencyCase("stall", "rank 1 on n1, hang", "rank 1 on n1 (hang)", True, 6.2, 7.0, job_id=5),
+               LatencyCase(hostile, "rank 0", "nobody", False, None, 3.5)),
+        incidents=(hang_bundle(), hang_bundle(evil=True)), notes=(hostile,))
+    page = render_acceptance_html(report)
+    tree = parse(page)
+    assert not report.passed and "FAILED" in page
+    assert not [t for t, a in tree.tags if t in ("script", "img")]
+    assert len([a for t, a in tree.tags if t == "section"]) == 2
+    assert len([a for t, a in tree.tags if t == "g" and a.get("class") == "case"]) == 2
+    assert len(page) < 400_000
