@@ -123,8 +123,13 @@ _config_opt = click.option("--config", "config_path", default=None, help="Site c
 @click.option("--restart", type=int, default=None, help="Which run of the job (default: the last).")
 @click.option("--cluster", default=None)
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict record (with actions) as JSON.")
+@click.option("--html", "as_html", is_flag=True,
+              help="The incident page: one self-contained HTML file with the timeline, latency and hardware map.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="With --html: write the page to this file instead of stdout.")
 @_config_opt
-def show(job_id: int, restart: int | None, cluster: str | None, as_json: bool, config_path: str | None) -> None:
+def show(job_id: int, restart: int | None, cluster: str | None, as_json: bool, as_html: bool, output: Path | None,
+         config_path: str | None) -> None:
     """The verdict, a per-rank timeline and the actions taken for JOB_ID."""
     import time as _time
     from scout_slurm.evidence.records import Verdict
@@ -147,6 +152,19 @@ def show(job_id: int, restart: int | None, cluster: str | None, as_json: bool, c
     verdict = localise(ev, now=_time.time()) if computed else read_record(vpath, Verdict, root=folder.root)
     apath = folder.actions_path(run)
     actions = read_record(apath, ActionsRecord, root=folder.root) if apath.exists() else None
+    if as_html:
+        from scout_slurm.report.bundleread import load_incident_bundle
+        from scout_slurm.report.html import render_incident_html
+        page = render_incident_html(load_incident_bundle(folder, run, evidence=ev, verdict=verdict, actions=actions,
+                                                         verdict_computed=computed))
+        if output is None:
+            click.echo(page, nl=False)
+        else:
+            output.write_text(page, encoding="utf-8")
+            click.echo(f"wrote {output} (job {job_id}, run {run})", err=True)
+        return
+    if output is not None:
+        raise ScoutError("scout show: -o/--output goes with --html")
     if as_json:
         obj = record_to_obj(verdict)
         obj["actions"] = record_to_obj(actions) if actions else None

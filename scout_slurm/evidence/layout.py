@@ -78,6 +78,10 @@ class JobFolder:
     def report_path(self, restart: int) -> Path:
         return self.path / f"report-{int(restart)}.md"
 
+    def report_html_path(self, restart: int) -> Path:
+        """The incident page (report/html.py) next to the Markdown report."""
+        return self.path / f"report-{int(restart)}.html"
+
     def resume_path(self, restart: int) -> Path:
         """Written by the controller hook for run `restart`: which checkpoint to load."""
         return self.path / f"resume-{int(restart)}.json"

@@ -168,6 +168,14 @@ def _write_report(folder: JobFolder, restart: int, verdict: Verdict, evidence, r
     from scout_slurm.evidence.store import atomic_write_bytes
     text = render_incident_markdown(verdict, evidence, record)
     atomic_write_bytes(folder.report_path(restart), text.encode("utf-8"))
+    try:  # the page is a picture of the incident: its failure must never cost the plan or the Epilog
+        from scout_slurm.report.bundleread import load_incident_bundle
+        from scout_slurm.report.html import render_incident_html
+        page = render_incident_html(load_incident_bundle(folder, restart, evidence=evidence, verdict=verdict,
+                                                         actions=record))
+        atomic_write_bytes(folder.report_html_path(restart), page.encode("utf-8"))
+    except Exception as exc:  # noqa: BLE001
+        log.warning("controller.report_html_failed", job=folder.job_id, error=repr(exc))
 
 
 def main() -> int:

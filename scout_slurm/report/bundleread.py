@@ -16,6 +16,7 @@ from scout_slurm.localise.gather import gather_evidence
 from scout_slurm.localise.verdict import JobEvidence, localise
 from scout_slurm.remediation.records import ActionsRecord, ResumeInstruction
 from scout_slurm.report.bundle import IncidentBundle
+from scout_slurm.report.html import MAX_TABLE_ROWS
 from scout_slurm.report.mapread import read_maps
 from scout_slurm.report.rankmap import rank_map_rows
 from scout_slurm.report.svg import pick_rows
@@ -55,12 +56,12 @@ def _valid_node(name: str) -> bool:
 
 def load_incident_bundle(folder: JobFolder, restart: int, *, evidence: JobEvidence | None = None,
                          verdict: Verdict | None = None, actions: ActionsRecord | None = None,
-                         wall: Callable[[], float] = time.time) -> IncidentBundle:
+                         verdict_computed: bool = False, wall: Callable[[], float] = time.time) -> IncidentBundle:
     """The bundle of run `restart`. Records the caller already holds (the controller has the
     evidence, verdict and actions in hand) are used as given; the rest is read."""
     problems: list[str] = []
     ev = evidence if evidence is not None else gather_evidence(folder, restart)
-    computed = False
+    computed = verdict_computed
     if verdict is None:
         vpath = folder.verdict_path(restart)
         if vpath.exists():
@@ -87,7 +88,11 @@ def load_incident_bundle(folder: JobFolder, restart: int, *, evidence: JobEviden
     # only the ranks the timeline draws: a page for 100k ranks reads a few dozen histories
     history, errs = read_histories(folder, restart, pick_rows(ev.world_size, frozenset(s.rank for s in verdict.suspects)))
     problems += errs
-    places = list(ev.places.values())
+    # only the places the table lists (every suspect, then the lowest ranks): a hook with a 100k-rank
+    # job reads a few hundred hardware maps at most
+    suspects = {s.rank for s in verdict.suspects}
+    others = [r for r in sorted(ev.places) if r not in suspects][:max(0, MAX_TABLE_ROWS - len(suspects))]
+    places = [ev.places[r] for r in sorted(suspects.intersection(ev.places) | set(others))]
     maps, errs = read_maps(folder, {p.node for p in places if _valid_node(p.node)})
     problems += errs
     return IncidentBundle(cluster=folder.cluster, verdict=verdict, evidence=ev, actions=actions, history=history,

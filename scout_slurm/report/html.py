@@ -194,8 +194,9 @@ def _hardware_table(bundle: IncidentBundle) -> str:
                    f"<td>{esc(', '.join(r.gpu_serials) or '-', 200)}</td><td>{esc(r.nic or '-', 128)}</td>"
                    f"<td>{' '.join(status)}</td></tr>")
     out.append("</table>")
-    if len(rows) > len(keep):
-        out.append(f'<p class="note">{len(rows) - len(keep)} more rank(s) not listed (scout map JOBID shows all)</p>')
+    more = max(len(rows), bundle.evidence.world_size) - len(keep)
+    if more > 0:
+        out.append(f'<p class="note">{more} more rank(s) not listed (scout map JOBID shows all)</p>')
     return "".join(out)
 
 

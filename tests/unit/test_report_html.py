@@ -226,3 +226,93 @@ def test_acceptance_page(hostile):
     assert len([a for t, a in tree.tags if t == "section"]) == 2
     assert len([a for t, a in tree.tags if t == "g" and a.get("class") == "case"]) == 2
     assert len(page) < 400_000
+
+
+# -------------------------------------------------------------------------------------------
+# From the evidence folder: the bundle reader, `scout show --html`, the controller's page
+# -------------------------------------------------------------------------------------------
+
+def write_tree(root, *, world: int = 4, forged_node: bool = False):
+    """A hang of rank 1 as the job and the hooks leave it on disk (no verdict: computed on read)."""
+    from scout_slurm.evidence.layout import JobFolder
+    from scout_slurm.evidence.store import write_record
+    b = hang_bundle(world)
+    folder = JobFolder(root, "lab", 77)
+    for d in (folder.ranks_dir(0), folder.progress_dir(0), folder.findings_dir(0)):
+        d.mkdir(parents=True, exist_ok=True)
+    for r in range(world):
+        p = b.evidence.places[r]
+        if forged_node and r == 3:
+            import dataclasses
+            p = dataclasses.replace(p, node="../../etc")
+        write_record(folder.rank_place_path(0, r), p)
+        write_record(folder.rank_exit_path(0, r), b.evidence.exits[r])
+        write_record(folder.progress_path(0, r), b.evidence.snapshots[r])
+        w = HistoryWriter(folder.history_path(0, r))
+        for s in b.history[r]:
+            w.append(ProgressSnapshot(rank=r, node=node(r), pid=1, published_at=s.at, child_state=s.state,
+                                      coll_entered=s.coll_entered, coll_completed=s.coll_completed,
+                                      in_collective=s.in_collective, current_op="all_reduce",
+                                      opt_steps=s.opt_steps, pg_seq=0, idle_s=0.0, step_time_s=0.1))
+        w.close()
+    write_record(folder.stall_decision_path(0), b.evidence.decision)
+    for i, f in enumerate(b.evidence.findings):
+        write_record(folder.findings_dir(0) / f"f-{i}.json", f)
+    return folder
+
+
+def test_bundle_from_the_folder_reads_histories_and_refuses_planted_ones(tmp_path):
+    import os
+    from scout_slurm.report.bundleread import load_incident_bundle
+    folder = write_tree(tmp_path, forged_node=True)
+    folder.history_path(0, 2).unlink()
+    folder.history_path(0, 2).symlink_to("/etc/passwd")
+    folder.history_path(0, 3).unlink()
+    os.mkfifo(folder.history_path(0, 3))
+    b = load_incident_bundle(folder, 0, wall=lambda: T0 + 20)
+    assert b.verdict_computed and b.verdict.kind == VerdictKind.HANG
+    assert [s.rank for s in b.verdict.suspects] == [1]
+    assert sorted(b.history) == [0, 1] and len(b.history[1]) == len(hang_bundle().history[1])
+    text = " ".join(b.problems)
+    assert "history-2.bin" in text and "history-3.bin" in text
+    assert len(b.hardware) == 4
+    page = render_incident_html(b)
+    rows = [a for tag, a in parse(page).tags if tag == "g" and "rank-row" in a.get("class", "")]
+    assert len(rows) == 4 and "history-2.bin" in page
+
+
+def test_scout_show_html_writes_the_page(tmp_path):
+    from click.testing import CliRunner
+    from scout_slurm.cli import main
+    folder = write_tree(tmp_path / "evidence")
+    cfg = tmp_path / "scout.toml"
+    cfg.write_text(f'[evidence]\nroot = "{tmp_path / "evidence"}"\n')
+    out = tmp_path / "page.html"
+    res = CliRunner().invoke(main, ["show", "77", "--html", "-o", str(out), "--config", str(cfg)])
+    assert res.exit_code == 0, res.output
+    page = out.read_text()
+    assert page.startswith("<!DOCTYPE html>") and "job 77, run 0" in page and 'class="timeline"' in page
+    res = CliRunner().invoke(main, ["show", "77", "--html", "--config", str(cfg)])
+    assert res.exit_code == 0 and res.output.startswith("<!DOCTYPE html>")
+    res = CliRunner().invoke(main, ["show", "77", "-o", str(out), "--config", str(cfg)])
+    assert res.exit_code == 1 and "goes with --html" in res.output
+    assert folder.path.is_dir()
+
+
+def test_the_controller_writes_the_page_and_survives_when_it_cannot(tmp_path):
+    from scout_slurm.hooks.controller import _write_report
+    from scout_slurm.localise.gather import gather_evidence
+    from scout_slurm.localise.verdict import localise
+    folder = write_tree(tmp_path)
+    ev = gather_evidence(folder, 0)
+    v = localise(ev, now=T0 + 20)
+    record = hang_bundle().actions
+    _write_report(folder, 0, v, ev, record)
+    page = folder.report_html_path(0).read_text()
+    assert 'data-rank="1"' in page and "drained" in page
+    # a page that cannot be written costs nothing but the page: the Markdown report is still there
+    folder.report_html_path(0).unlink()
+    folder.report_html_path(0).mkdir()
+    folder.report_path(0).unlink()
+    _write_report(folder, 0, v, ev, record)
+    assert "rank 1" in folder.report_path(0).read_text()
