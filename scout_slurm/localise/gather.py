@@ -21,11 +21,11 @@ def gather_evidence(folder: JobFolder, restart: int, *, job_exit_code: int = -1,
     problems: list[str] = []
     root = folder.root
 
-    def many(directory: Path, pattern: str, cls):
+    def many(directory: Path, pattern: str, cls, exclude=frozenset()):
         if not directory.exists():
             return []
         try:
-            records, errors = list_records(directory, pattern, cls, root=root)
+            records, errors = list_records(directory, pattern, cls, root=root, exclude=exclude)
         except EvidenceError as exc:
             problems.append(str(exc))
             return []
@@ -34,7 +34,14 @@ def gather_evidence(folder: JobFolder, restart: int, *, job_exit_code: int = -1,
 
     places = many(folder.ranks_dir(restart), "rank-*.json", RankPlace)
     exits = many(folder.ranks_dir(restart), "exit-*.json", ExitRecord)
-    snaps = many(folder.progress_dir(restart), "rank-*.json", ProgressSnapshot)
+    torchrun = any(p.launcher == "torchrun" for p in places)
+    # An exit record carries its watchdog's final snapshot, taken after the last one it published:
+    # the published one is not read again (a third of the files and bytes at the end of a job).
+    # Under torchrun the exit records are per task and every rank's published snapshot is read.
+    name = folder.progress_path(restart, 0).name.replace("0", "{}")   # rank-{}.json, from the layout
+    covered = frozenset() if torchrun else frozenset(
+        name.format(e.rank) for e in exits if e.last_progress is not None and 0 <= e.rank < MAX_WORLD)
+    snaps = many(folder.progress_dir(restart), "rank-*.json", ProgressSnapshot, covered)
     findings = many(folder.findings_dir(restart), "*.json", Finding)
     decision = None
     dpath = folder.stall_decision_path(restart)
@@ -48,7 +55,7 @@ def gather_evidence(folder: JobFolder, restart: int, *, job_exit_code: int = -1,
         world_size = sizes.most_common(1)[0][0] if sizes else max(
             [r.rank + 1 for r in (*places, *exits) if 0 <= r.rank < MAX_WORLD] + [0])
         # under torchrun a task starts several ranks: the watchdogs' progress records are per rank
-        if any(p.launcher == "torchrun" for p in places):
+        if torchrun:
             world_size = max([world_size] + [s.rank + 1 for s in snaps if 0 <= s.rank < MAX_WORLD])
     def by_rank(records, what):
         out = {}
@@ -58,7 +65,7 @@ def gather_evidence(folder: JobFolder, restart: int, *, job_exit_code: int = -1,
                 continue
             out[r.rank] = r
         return out
-    if any(p.launcher == "torchrun" for p in places):
+    if torchrun:
         # place and exit records are per Slurm task; under torchrun the ranks are the workers',
         # known from the watchdogs' per-rank progress records only
         problems.append("torchrun: ranks are placed by their progress records (one Slurm task per node)")

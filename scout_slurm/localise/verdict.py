@@ -8,20 +8,15 @@ only. When most ranks share the failure there is no majority: inconclusive.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Mapping
 
 from scout_slurm.evidence.records import (ChildState, ExitRecord, Finding, FindingKind, ProgressSnapshot,
                                           RankPlace, StallDecision, Suspect, Verdict, VerdictKind)
+from scout_slurm.localise.cascade import CASCADE_PATTERNS, mentions_peer_failure  # noqa: F401 (re-exported)
 from scout_slurm.localise.stall import find_desync, position
 
-CASCADE_PATTERNS = re.compile(
-    r"Connection closed by peer|Connection reset by peer|Timed out waiting|pair closure|Broken pipe|"
-    r"remote process exited|NCCL (communicator was aborted|error)|ProcessGroupNCCL.*(timeout|abort)|"
-    r"DistBackendError|connectFullMesh|Socket Timeout|recv operation|send operation|"
-    r"Application timeout caused|watchdog caught collective operation timeout", re.I)
 CRASH_SIGNALS = {4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL", 11: "SIGSEGV", 31: "SIGSYS"}
 
 
@@ -32,6 +27,7 @@ class JobEvidence:
     world_size: int
     places: Mapping[int, RankPlace] = field(default_factory=dict)
     exits: Mapping[int, ExitRecord] = field(default_factory=dict)
+    # published snapshots; gather_evidence leaves out ranks whose exit record carries a later one
     snapshots: Mapping[int, ProgressSnapshot] = field(default_factory=dict)
     findings: tuple[Finding, ...] = ()
     decision: StallDecision | None = None
@@ -60,7 +56,7 @@ def is_cascade(e: ExitRecord) -> bool:
         return True
     if e.signal in (15, 1, 2):  # SIGTERM/SIGHUP/SIGINT: asked to stop by someone
         return True
-    return any(CASCADE_PATTERNS.search(line) for line in e.stderr_tail)
+    return mentions_peer_failure(e.stderr_tail)
 
 
 def is_abnormal(e: ExitRecord) -> bool:

@@ -1,0 +1,40 @@
+"""The fast cascade check says exactly what the per-line regex says."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scout_slurm.localise.cascade import CASCADE_PATTERNS, mentions_peer_failure
+
+FRAGMENTS = ("Connection closed by peer", "connection RESET by peer", "Timed out waiting", "pair closure",
+             "BROKEN PIPE", "remote process exited", "NCCL communicator was aborted", "nccl Error",
+             "ProcessGroupNCCL", "ProcessGroupNCCL's watchdog: Timeout", "processgroupnccl abort", "DistBackendError",
+             "connectFullMesh", "Socket Timeout", "recv operation", "send operation", "Application timeout caused",
+             "watchdog caught collective operation timeout", "timeout", "abort", "NCCL", "Connection closed",
+             "\n", " ", "K", "\u212a", "\u017f", "\u0130", "é", "RuntimeError: ")
+
+
+def per_line(lines):
+    return any(CASCADE_PATTERNS.search(line) for line in lines)
+
+
+line = st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=8)), max_size=6).map("".join)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(line, max_size=5))
+def test_same_answer_as_the_regex_per_line(lines):
+    assert mentions_peer_failure(lines) == per_line(lines)
+
+
+def test_known_tails():
+    gloo = ["Traceback (most recent call last):", "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
+            "Connection closed by peer [10.12.3.17]:52431"]
+    assert mentions_peer_failure(gloo)
+    assert mentions_peer_failure(["[rank3]: ProcessGroupNCCL's watchdog got stuck", "then a Timeout"]) is False
+    assert mentions_peer_failure(["ProcessGroupNCCL: Watchdog caught a Timeout"])
+    assert not mentions_peer_failure(["Fatal Python error: Segmentation fault", "ValueError: bad shape"])
+    assert not mentions_peer_failure([])
+    # a line break between the two halves is no match, as per line
+    assert not mentions_peer_failure(["Connection closed", "by peer"])
