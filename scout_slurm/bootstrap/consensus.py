@@ -32,12 +32,14 @@ def tensor_signature(t: Any, h=None) -> int:
     own = h is None
     h = h or _hasher()()
     x = t.detach()
+    if hasattr(x, "to_local") and hasattr(x, "placements"):  # a DTensor (FSDP2/HSDP): this rank's shard
+        x = x.to_local()
     if x.device.type != "cpu":
         x = x.cpu()
     x = x.contiguous()
     h.update(f"{x.dtype}|{tuple(x.shape)}|".encode())
     if x.numel():
-        h.update(memoryview(x.view(torch.uint8).numpy()))
+        h.update(memoryview(x.reshape(-1).view(torch.uint8).numpy()))  # reshape: a 0-d tensor (AdamW's step) has no byte view
     return h.intdigest() if own else 0
 
 
@@ -84,6 +86,7 @@ class Consensus:
         self.offset = int(os.environ.get("SCOUT_STEP_OFFSET", "0") or 0)
         self.restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
         self.last_clean = -1
+        self.groups: list[tuple[int, ...]] | None = None  # replica groups, found at the first vote
 
     def track(self, module: Any) -> None:
         if all(m is not module for m in self.modules):
@@ -94,9 +97,15 @@ class Consensus:
             return
         import torch
         t0 = time.perf_counter()
+        from scout_slurm.bootstrap.replay import inner, replica_layout
+        from scout_slurm.bootstrap.replicas import vote_groups
+        if self.groups is None:
+            self.groups, how = replica_layout(self.modules, self.world)
+            if self.rank == 0:
+                sys.stderr.write(f"scout: state votes every {self.every} steps: {how}\n")
         params = []
         for mi, m in enumerate(self.modules):
-            params += [(f"m{mi}.{n}", p) for n, p in m.module.named_parameters()]
+            params += [(f"m{mi}.{n}", p) for n, p in inner(m).named_parameters()]
         sig_w = state_signature(params)
         sig_o = state_signature(optimizer_tensors(optimizer))
         mine = torch.tensor([sig_w & 0x7FFFFFFFFFFFFFFF, sig_o & 0x7FFFFFFFFFFFFFFF], dtype=torch.int64)
@@ -107,24 +116,24 @@ class Consensus:
         opt = [int(g[1]) for g in gathered]
         findings = []
         for what, values in (("weights", weights), ("optimizer state", opt)):
-            best, outliers = vote(values)
-            if best is None:
-                findings.append(("inconclusive", what, [], values))
-            elif outliers:
-                findings.append(("sdc", what, outliers, values))
+            for gv in vote_groups(what, self.groups, values):  # a group of one has nobody to compare with
+                if gv.outcome == "inconclusive":
+                    findings.append(("inconclusive", what, [], values, gv.group))
+                elif gv.outcome == "sdc":
+                    findings.append(("sdc", what, list(gv.outliers), values, gv.group))
         dt = time.perf_counter() - t0
         gstep = step + self.offset  # counted from the start of training, across restarts
-        if not findings:
+        if not findings and any(len(g) >= 2 for g in self.groups):  # pure FSDP compares no state: never "clean"
             self.last_clean = gstep
         if self.rank == 0:
             self._coverage(gstep)
         if not findings:
             return
-        confirmed = sorted({r for kind, _, rs, _ in findings if kind == "sdc" for r in rs})
+        confirmed = sorted({r for kind, _, rs, _, _ in findings if kind == "sdc" for r in rs})
         majority_writer = min((r for r in range(self.world) if r not in confirmed), default=0)
         if self.rank == majority_writer:
-            for kind, what, outliers, values in findings:
-                self._write(kind, what, outliers, values, gstep, dt)
+            for kind, what, outliers, values, group in findings:
+                self._write(kind, what, outliers, values, gstep, dt, group)
         # the finding is on disk before the outlier leaves: the Epilogs act on it
         original_barrier(group=self.side)
         if self.rank in confirmed and os.environ.get("SCOUT_SDC_POLICY", "exit") == "exit":
@@ -145,24 +154,28 @@ class Consensus:
         except Exception as exc:  # noqa: BLE001
             sys.stderr.write(f"scout: vote coverage not written: {exc!r}\n")
 
-    def _write(self, kind: str, what: str, outliers: list[int], values: list[int], step: int, dt: float) -> None:
+    def _write(self, kind: str, what: str, outliers: list[int], values: list[int], step: int, dt: float,
+               group: tuple[int, ...] = ()) -> None:
         if self.run_dir is None:
             return
         from scout_slurm.evidence.records import Finding, FindingKind
         from scout_slurm.evidence.store import write_record
         now = time.time()
-        per_rank = ", ".join(f"rank {r}: {v:016x}" for r, v in enumerate(values))
+        group = group or tuple(range(self.world))
+        per_rank = ", ".join(f"rank {r}: {values[r]:016x}" for r in group)
         for r in (outliers or [-1]):
-            summary = (f"rank {r}'s {what} signature differs from the majority of {self.world} replicas at step {step}"
+            summary = (f"rank {r}'s {what} signature differs from the majority of {len(group)} replicas at step {step}"
                        if kind == "sdc" else
-                       f"no strict majority among {self.world} replicas for {what} at step {step}: inconclusive")
+                       f"no strict majority among {len(group)} replicas (ranks {', '.join(map(str, group))}) for "
+                       f"{what} at step {step}: inconclusive")
             since = (self.last_clean + 1) if self.last_clean >= 0 else self.offset + 1
             finding = Finding(rank=r if r >= 0 else 0, node=self.node if r == self.rank else "",
                               kind=FindingKind.SDC if kind == "sdc" else FindingKind.INFO, at=now,
                               summary=summary, details=(per_rank, f"vote took {dt * 1000:.1f} ms",
                                                         f"last clean vote at step {self.last_clean}"),
-                              step=step, since_step=since)
+                              step=step, since_step=since, component=what.split()[0])
+            name = f"{kind}-{what.split()[0]}-rank-{r}-step-{step}" + (f"-group-{group[0]}" if r < 0 else "")
             try:
-                write_record(self.run_dir / "findings" / f"{kind}-{what.split()[0]}-rank-{r}-step-{step}.json", finding)
+                write_record(self.run_dir / "findings" / f"{name}.json", finding)
             except Exception as exc:  # noqa: BLE001
                 sys.stderr.write(f"scout: finding not written: {exc!r}\n")

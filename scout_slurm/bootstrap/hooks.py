@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from scout_slurm.inject.spec import FaultSpec, parse_fault
+from scout_slurm.inject.spec import NUMERIC_FAULTS, FaultSpec, parse_fault
 from scout_slurm.task import progress as progress_mod
 
 STACK_SIGNAL = signal.SIGRTMIN + 5
@@ -40,6 +40,9 @@ class _State:
         self.default_pg = None
         self.installed: "InstalledHooks | None" = None
         self.consensus: Any = None
+        self.replay: Any = None          # bootstrap.replay.Replay, when replay is on
+        self.root_tracker: Any = None    # sees the script's models at their first forward
+        self.compute_fired = 0           # how often a compute fault corrupted a layer (training and replay)
         self.originals: dict[str, Any] = {}
         self.lock = threading.Lock()
 
@@ -137,7 +140,7 @@ def _patch_distributed(handle: InstalledHooks, dist: Any) -> None:
     c10d = dist.distributed_c10d
     original_init = c10d.init_process_group
     original_all_reduce = c10d.all_reduce
-    STATE.originals.update(all_gather=c10d.all_gather, barrier=c10d.barrier)
+    STATE.originals.update(all_gather=c10d.all_gather, barrier=c10d.barrier, broadcast=c10d.broadcast)
     late_done: list[bool] = []
 
     @functools.wraps(original_init)
@@ -147,6 +150,7 @@ def _patch_distributed(handle: InstalledHooks, dist: Any) -> None:
             STATE.default_pg = c10d._get_default_group()
             _opened_writer(c10d.get_rank(), c10d.get_world_size())
             _start_consensus()
+            _start_root_tracker()
             if not late_done:
                 late_done.append(True)
                 _patch_ddp(handle, original_all_reduce=original_all_reduce)
@@ -240,19 +244,31 @@ def _patch_ddp(handle: InstalledHooks, original_all_reduce: Callable) -> None:
 def _patch_optimizer(handle: InstalledHooks) -> None:
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    def scout_pre_step_hook(optimizer, args, kwargs):
+        # replay before the step: the weights are still those this step's forward used
+        if STATE.replay is not None and STATE.writer is not None:
+            STATE.replay.before_step(STATE.writer.steps + 1)
+
     def scout_step_hook(optimizer, args, kwargs):
         w = STATE.writer
         if w is None:
             return
         step = w.step()
+        if STATE.root_tracker is not None:  # the models have run their first forward by now
+            STATE.root_tracker.remove()
+            STATE.root_tracker = None
         fault = STATE.fault
-        if fault is not None and fault.applies(STATE.rank, step, STATE.restart):
+        if fault is not None and not fault.is_compute and fault.applies(STATE.rank, step, STATE.restart):
             _fire(fault, optimizer)
         if STATE.consensus is not None:
             STATE.consensus.maybe_vote(step, optimizer, STATE.originals["all_gather"], STATE.originals["barrier"])
 
     h = register_optimizer_step_post_hook(scout_step_hook)
     handle.on_remove(h.remove)
+    h_pre = register_optimizer_step_pre_hook(scout_pre_step_hook)
+    handle.on_remove(h_pre.remove)
 
 
 def _digest_from_storage(path: str) -> str:
@@ -351,11 +367,51 @@ def _start_consensus() -> None:
     STATE.consensus = Consensus(every=every, rank=STATE.rank, world=STATE.world,
                                 run_dir=Path(run_dir) if run_dir else None,
                                 node=os.environ.get("SLURMD_NODENAME", ""))
+    replay_every = int(os.environ.get("SCOUT_REPLAY_EVERY", str(every)) or 0)
+    if replay_every > 0:
+        from scout_slurm.bootstrap.replay import DEFAULT_MAX_BYTES, Replay
+        STATE.replay = Replay(every=replay_every, rank=STATE.rank, world=STATE.world, side=STATE.consensus.side,
+                              run_dir=Path(run_dir) if run_dir else None, node=os.environ.get("SLURMD_NODENAME", ""),
+                              originals=STATE.originals, current_step=_current_step,
+                              max_bytes=int(os.environ.get("SCOUT_REPLAY_MAX_BYTES", "") or DEFAULT_MAX_BYTES),
+                              offset=STATE.consensus.offset)
+
+
+def _current_step() -> int:
+    """The optimizer step being computed now (1-based): forward, backward, and the replay before it."""
+    return STATE.writer.steps + 1 if STATE.writer is not None else 0
+
+
+def _on_root(module: Any) -> None:
+    """A model (DDP or FSDP2 root) ran its first forward: votes, replay and compute faults attach."""
+    if STATE.consensus is not None:
+        STATE.consensus.track(module)
+    if STATE.replay is not None:
+        STATE.replay.add_root(module)
+    fault = STATE.fault
+    if fault is not None and fault.is_compute and (fault.rank is None or fault.rank == STATE.rank):
+        from scout_slurm.bootstrap.replay import attach_compute_fault
+        sys.stderr.write(f"scout: {attach_compute_fault(module, fault, STATE.rank, STATE.restart, _current_step, _compute_fired)}\n")
+
+
+def _compute_fired(what: str) -> None:
+    STATE.compute_fired += 1
+    if STATE.compute_fired == 1:  # said and recorded once: a recurring fault fires every step
+        fault = STATE.fault
+        sys.stderr.write(f"scout: injecting fault {fault.kind} into {fault.target} on rank {STATE.rank} at step "
+                         f"{_current_step()}: {what}\n")
+        _record_injection(fault)
+
+
+def _start_root_tracker() -> None:
+    if STATE.root_tracker is None and (STATE.consensus is not None or (STATE.fault and STATE.fault.is_compute)):
+        from scout_slurm.bootstrap.replay import RootTracker
+        STATE.root_tracker = RootTracker(_on_root)
 
 
 def _corrupt(fault: FaultSpec, optimizer: Any) -> str:
     """Change one element of the first parameter (or of the optimizer's first state tensor)."""
-    import torch
+    from scout_slurm.inject.corrupt import corrupt_
     if fault.target == "optimizer":
         from scout_slurm.bootstrap.consensus import optimizer_tensors
         tensors = optimizer_tensors(optimizer)
@@ -364,25 +420,7 @@ def _corrupt(fault: FaultSpec, optimizer: Any) -> str:
         name, t = tensors[0]
     else:
         name, t = "param0", optimizer.param_groups[0]["params"][0]
-    with torch.no_grad():
-        flat = t.data.view(-1)
-        i = fault.element % flat.numel()
-        before = float(flat[i])
-        if fault.kind == "bitflip":
-            size = flat.element_size()
-            ints = flat.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[size])
-            bit = fault.bit % (size * 8)
-            mask = -(1 << bit) if bit == size * 8 - 1 else (1 << bit)  # the sign bit, in two's complement
-            ints[i] = torch.bitwise_xor(ints[i], torch.tensor(mask, dtype=ints.dtype))
-        elif fault.kind == "scale":
-            flat[i] *= fault.factor
-        elif fault.kind == "sign":
-            flat[i] = -flat[i]
-        elif fault.kind == "nan":
-            flat[i] = float("nan")
-        elif fault.kind == "inf":
-            flat[i] = float("inf")
-        return f"{fault.target} {name}[{i}]: {before!r} -> {float(flat[i])!r}"
+    return f"{fault.target} {name}" + corrupt_(t, fault, seed=1_000_003 * STATE.rank + fault.step)
 
 
 def _fire(fault: FaultSpec, optimizer: Any = None) -> None:
@@ -390,7 +428,7 @@ def _fire(fault: FaultSpec, optimizer: Any = None) -> None:
     sys.stderr.flush()
     _record_injection(fault)
     kind = fault.kind
-    if kind in ("bitflip", "scale", "sign", "nan", "inf"):
+    if kind in NUMERIC_FAULTS:
         what = _corrupt(fault, optimizer)
         sys.stderr.write(f"scout: corrupted {what}\n")
     elif kind == "sleep":

@@ -124,6 +124,7 @@ class Finding:
     details: tuple[str, ...] = ()
     step: int = -1
     since_step: int = -1           # the earliest step the problem may have begun (SDC: last clean vote + 1)
+    component: str = ""            # SDC: what was found wrong: "weights", "optimizer" or "compute" (replay)
     schema_version: int = 1
 
 

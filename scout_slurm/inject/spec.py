@@ -1,7 +1,11 @@
 """Parse a fault specification (pure): `KIND[,rank=R|all][,step=S][,seconds=X][,code=C][,restart=N|any]`.
 
 Kinds for process faults: sleep, spin, stop, skip_allreduce, exit, sigkill, segv, raise.
-The fault fires after optimizer step S (1-based) on rank R.
+The fault fires after optimizer step S (1-based) on rank R. Numerical faults may recur
+(`every=N`: at S, S+N, ...; `until=U`: every step from S to U) and target weights, optimizer
+state, or computation: `activations` (the output of layer `layer=NAME` on that rank) and
+`gradients` (the gradient entering that layer's backward), which models broken hardware and so
+also corrupts that rank's in-situ replay of the layer.
 """
 
 from __future__ import annotations
@@ -12,8 +16,10 @@ from scout_slurm.errors import ConfigError
 
 PROCESS_FAULTS = ("sleep", "spin", "stop", "skip_allreduce", "exit", "sigkill", "segv", "raise")
 # numerical faults: change one element of a tensor the replicas must share
-NUMERIC_FAULTS = ("bitflip", "scale", "sign", "nan", "inf")
-TARGETS = ("weights", "optimizer")
+NUMERIC_FAULTS = ("bitflip", "scale", "sign", "nan", "inf", "noise")
+STATE_TARGETS = ("weights", "optimizer")
+COMPUTE_TARGETS = ("activations", "gradients")  # corrupt what a layer computes, not what it stores
+TARGETS = STATE_TARGETS + COMPUTE_TARGETS
 KINDS = PROCESS_FAULTS + NUMERIC_FAULTS
 
 
@@ -29,10 +35,23 @@ class FaultSpec:
     factor: float = 2.0       # scale: multiply the element by this
     target: str = "weights"   # numerical faults: "weights" or "optimizer" (its state, e.g. momentum)
     element: int = 0          # which element of the first parameter (flattened)
+    sigma: float = 1e-3       # noise: standard deviation of the gaussian noise added to every element
+    every: int = 0            # recurring: fire at step, step+every, ... (0: once, unless `until`)
+    until: int | None = None  # recurring: last step it may fire (None: no end when `every` is set)
+    layer: str = ""           # activations/gradients: the layer's name in the model ("": the first with weights)
 
     def applies(self, rank: int, step: int, restart: int) -> bool:
-        return ((self.rank is None or self.rank == rank) and step == self.step
-                and (self.restart is None or restart == self.restart))
+        if not ((self.rank is None or self.rank == rank) and (self.restart is None or restart == self.restart)):
+            return False
+        if step == self.step:
+            return True
+        period = self.every or (1 if self.until is not None else 0)
+        return (period > 0 and step > self.step and (step - self.step) % period == 0
+                and (self.until is None or step <= self.until))
+
+    @property
+    def is_compute(self) -> bool:
+        return self.kind in NUMERIC_FAULTS and self.target in COMPUTE_TARGETS
 
 
 def parse_fault(text: str) -> FaultSpec:
@@ -48,7 +67,8 @@ def parse_fault(text: str) -> FaultSpec:
             raise ConfigError(f"SCOUT_INJECT={text!r}: {p!r} is not key=value")
         k, v = p.split("=", 1)
         values[k.strip()] = v.strip()
-    valid = {"rank", "step", "seconds", "code", "restart", "bit", "factor", "target", "element"}
+    valid = {"rank", "step", "seconds", "code", "restart", "bit", "factor", "target", "element", "sigma", "every",
+             "until", "layer"}
     unknown = set(values) - valid
     if unknown:
         raise ConfigError(f"SCOUT_INJECT={text!r}: unknown key(s) {sorted(unknown)}; valid: {', '.join(sorted(valid))}")
@@ -61,6 +81,9 @@ def parse_fault(text: str) -> FaultSpec:
         bit = int(values.get("bit", "0"))
         factor = float(values.get("factor", "2.0"))
         element = int(values.get("element", "0"))
+        sigma = float(values.get("sigma", "1e-3"))
+        every = int(values.get("every", "0"))
+        until = int(values["until"]) if "until" in values else None
     except ValueError as exc:
         raise ConfigError(f"SCOUT_INJECT={text!r}: {exc}") from None
     target = values.get("target", "weights")
@@ -72,5 +95,15 @@ def parse_fault(text: str) -> FaultSpec:
         raise ConfigError(f"SCOUT_INJECT={text!r}: target must be one of {', '.join(TARGETS)}")
     if element < 0:
         raise ConfigError(f"SCOUT_INJECT={text!r}: element must be >= 0")
+    if every < 0:
+        raise ConfigError(f"SCOUT_INJECT={text!r}: every must be >= 0 (0: fire once)")
+    if until is not None and until < step:
+        raise ConfigError(f"SCOUT_INJECT={text!r}: until={until} is before step={step}")
+    if not sigma >= 0:
+        raise ConfigError(f"SCOUT_INJECT={text!r}: sigma must be >= 0")
+    if target in COMPUTE_TARGETS and kind not in NUMERIC_FAULTS:
+        raise ConfigError(f"SCOUT_INJECT={text!r}: target {target} takes a numerical kind "
+                          f"({', '.join(NUMERIC_FAULTS)}), not {kind!r}")
     return FaultSpec(kind=kind, rank=rank, step=step, seconds=seconds, code=code, restart=restart, bit=bit,
-                     factor=factor, target=target, element=element)
+                     factor=factor, target=target, element=element,
+                     sigma=sigma, every=every, until=until, layer=values.get("layer", ""))

@@ -149,6 +149,12 @@ def localise(ev: JobEvidence, *, now: float) -> Verdict:
     cascades = sorted(set(abnormal) - set(primaries))
     if not abnormal:
         missing = [r for r in range(ev.world_size) if r not in ev.exits]
+        # replicas that disagreed with no strict majority (e.g. two HSDP replicas): nobody is named, but
+        # the run is not clean either
+        unsure = [f for f in ev.findings if f.kind == FindingKind.INFO and f.component and "inconclusive" in f.summary]
+        if ev.job_exit_code in (0, -1) and not missing and unsure:
+            return _verdict(ev, VerdictKind.INCONCLUSIVE, [], 0.0,
+                            reasoning + [f.summary for f in unsure[:10]], now=now, first_at=min(f.at for f in unsure))
         if ev.job_exit_code in (0, -1) and not missing:
             return _verdict(ev, VerdictKind.CLEAN, [], 1.0, reasoning + ["every rank exited cleanly"], now=now)
         if ev.job_exit_code in (0, -1) and len(missing) == ev.world_size:

@@ -40,7 +40,7 @@ def test_every_process_fault_kind_parses(kind):
     ("explode,rank=1", "unknown fault kind 'explode'; valid: sleep, spin"),
     ("rank=1,sleep", "unknown fault kind"),
     ("sleep,rank", "'rank' is not key=value"),
-    ("sleep,when=3", r"unknown key\(s\) \['when'\]; valid: .*rank, restart, seconds, step"),
+    ("sleep,when=3", r"unknown key\(s\) \['when'\]; valid: .*rank, restart, seconds, sigma, step"),
     ("sleep,rank=one", "SCOUT_INJECT='sleep,rank=one'"),
     ("sleep,step=2.5", "invalid literal"),
     ("sleep,seconds=soon", "could not convert"),

@@ -1,0 +1,410 @@
+"""In-situ replay inside the training process. Compute corruption (an activation or gradient the
+hardware got wrong) spreads through the all-reduce into every replica's state, so state votes
+cannot see it. Every K optimizer steps one rank (rotating) captures one layer's input (forward
+pre-hook), the gradient of its output (tensor hook) and the RNG state; scout's side group (never a
+training communicator) broadcasts them; every rank recomputes that layer's forward and backward
+with its own live weights under deterministic algorithms, and the signatures of output, input
+gradient and weight gradient vote by strict majority. The replay runs just before the optimizer
+step, so the weights are those the step's forward used.
+
+Also here: finding the models the script built (DDP, FSDP2 roots), which ranks are replicas of
+each other (DDP process group, DeviceMesh placements) and hanging compute faults on a layer.
+Imports torch; runs only in the job's Python.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from scout_slurm.bootstrap.consensus import SDC_EXIT, state_signature, tensor_signature
+from scout_slurm.bootstrap.replicas import GroupVote, replay_plan, replica_groups, shard_group, vote_group
+
+_DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
+_MAX_DIMS = 8
+DEFAULT_MAX_BYTES = 64 << 20
+
+
+def say(msg: str) -> None:
+    sys.stderr.write(f"scout: {msg}\n")
+    sys.stderr.flush()
+
+
+# ---- the models the script built --------------------------------------------------------------
+
+def is_ddp(m: Any) -> bool:
+    from torch.nn.parallel import DistributedDataParallel
+    return isinstance(m, DistributedDataParallel)
+
+
+def is_fsdp(m: Any) -> bool:
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    cls = getattr(fsdp, "FSDPModule", None) if fsdp else None
+    return cls is not None and isinstance(m, cls)
+
+
+def inner(root: Any) -> Any:
+    """The user's model inside a root: DDP wraps it, FSDP2 changes the module's class in place."""
+    return root.module if is_ddp(root) else root
+
+
+def is_dtensor(t: Any) -> bool:
+    return hasattr(t, "to_local") and hasattr(t, "placements")
+
+
+def parameterised_leaves(roots: list[Any]) -> list[tuple[str, Any]]:
+    """(name, module) of every leaf module holding parameters, in model order; names are the
+    model's own (prefixed m0., m1. when the script has several models)."""
+    out = []
+    for ri, root in enumerate(roots):
+        for name, m in inner(root).named_modules():
+            if next(m.children(), None) is None and next(m.parameters(recurse=False), None) is not None:
+                out.append((f"m{ri}.{name}" if len(roots) > 1 else name, m))
+    return out
+
+
+def replica_layout(roots: list[Any], world: int) -> tuple[list[tuple[int, ...]], str]:
+    """Groups of ranks that must hold identical state, from what the script built, and a sentence
+    saying how they were found."""
+    for root in roots:
+        for p in inner(root).parameters():
+            if is_dtensor(p):
+                mesh = p.device_mesh.mesh.tolist()
+                rep = [d for d, pl in enumerate(p.placements) if pl.is_replicate()]
+                groups = replica_groups(mesh, rep)
+                if not rep:
+                    return groups, (f"FSDP2 over mesh {mesh} with no replicated dimension: no rank holds a copy of "
+                                    "another's shards, so there are no state votes; in-situ replay still compares "
+                                    "compute across all ranks on the layer all-gathered over scout's side group")
+                return groups, (f"HSDP mesh {mesh}, placements {tuple(str(x) for x in p.placements)}: ranks with "
+                                f"the same shard coordinate hold the same shards: replica groups {groups}")
+    for root in roots:
+        if is_ddp(root):
+            import torch.distributed as dist
+            ranks = tuple(sorted(dist.get_process_group_ranks(root.process_group)))
+            return [ranks], f"DDP over ranks {list(ranks)}: every rank holds the same state"
+    return [tuple(range(world))], "no DDP or FSDP2 model seen: all ranks taken as replicas"
+
+
+class RootTracker:
+    """A global forward pre-hook that sees the models the script runs (DDP and FSDP2 roots) at
+    their first forward, before any layer inside them runs; removed after the first optimizer step
+    so it costs nothing afterwards."""
+
+    def __init__(self, on_root: Callable[[Any], None]) -> None:
+        from torch.nn.modules.module import register_module_forward_pre_hook
+        self.roots: list[Any] = []
+        self.on_root = on_root
+        self.handle = register_module_forward_pre_hook(self._seen)
+
+    def _seen(self, module: Any, args: Any) -> None:
+        if not (is_ddp(module) or is_fsdp(module)) or any(module is r for r in self.roots):
+            return
+        # nested FSDP units (blocks) and the model inside a DDP are not roots
+        if any(module is sub for r in self.roots for sub in inner(r).modules()):
+            return
+        if any(r is getattr(module, "module", None) for r in self.roots):
+            return
+        self.roots.append(module)
+        try:
+            self.on_root(module)
+        except Exception as exc:  # noqa: BLE001 - never break the job
+            say(f"cannot attach to model {type(module).__name__}: {exc!r}")
+
+    def remove(self) -> None:
+        if self.handle is not None:
+            self.handle.remove()
+            self.handle = None
+
+
+def attach_compute_fault(root: Any, fault: Any, rank: int, restart: int, current_step: Callable[[], int],
+                         on_fire: Callable[[str], None]) -> str:
+    """Hang the fault's forward hook on the named layer (default: the first with weights)."""
+    from scout_slurm.inject.corrupt import compute_fault_hook
+    leaves = parameterised_leaves([root])
+    if not leaves:
+        return "no layer with weights: compute fault not attached"
+    if fault.layer:
+        match = [(n, m) for n, m in leaves if n == fault.layer]
+        if not match:
+            return (f"compute fault: layer {fault.layer!r} not found; layers with weights: "
+                    f"{', '.join(n for n, _ in leaves)}")
+        name, layer = match[0]
+    else:
+        name, layer = leaves[0]
+    layer.register_forward_hook(compute_fault_hook(fault, rank, restart, current_step, on_fire))
+    return f"compute fault ({fault.kind} into {fault.target}) attached to layer {name!r}"
+
+
+# ---- replay -----------------------------------------------------------------------------------
+
+class Replay:
+    def __init__(self, *, every: int, rank: int, world: int, side: Any, run_dir: Path | None, node: str,
+                 originals: dict[str, Any], current_step: Callable[[], int], max_bytes: int = DEFAULT_MAX_BYTES,
+                 offset: int = 0) -> None:
+        self.every, self.rank, self.world, self.side = every, rank, world, side
+        self.run_dir, self.node = run_dir, node
+        self.broadcast, self.all_gather = originals["broadcast"], originals["all_gather"]
+        self.barrier = originals["barrier"]
+        self.current_step = current_step
+        self.max_bytes = max_bytes
+        self.offset = offset
+        self.roots: list[Any] = []
+        self.layers: list[tuple[str, Any]] | None = None
+        self.groups: list[tuple[int, ...]] = []
+        self.replaying = False
+        self.cap_step = -1
+        self.cap: dict[str, Any] | None = None
+        self.cap_reason = ""
+        self.replays = 0
+        self.last_clean = -1
+        self.ready_from = 0  # the capture hooks attach at the first step: replays start at the next
+
+    def add_root(self, root: Any) -> None:
+        if self.layers is None and all(root is not r for r in self.roots):
+            self.roots.append(root)
+
+    # which layers can be replayed: decided once, the same on every rank (same model)
+    def _prepare(self, step: int) -> None:
+        if self.layers is not None or not self.roots:
+            return
+        self.ready_from = step + 1
+        self.layers = []
+        self.groups = replica_layout(self.roots, self.world)[0]
+        skipped = []
+        for name, m in parameterised_leaves(self.roots):
+            params = list(m.parameters(recurse=False))
+            nbytes = 2 * sum(p.numel() * p.element_size() for p in params)  # full weights and their gradients
+            bad = [p for p in params if is_dtensor(p) and not all(pl.is_replicate() or (pl.is_shard() and pl.dim == 0)
+                                                                  for pl in p.placements)]
+            if is_fsdp(m):
+                skipped.append(f"{name} (an FSDP unit itself: calling it would all-gather on the training group)")
+            elif bad:
+                skipped.append(f"{name} (sharded other than along dim 0)")
+            elif nbytes > self.max_bytes:
+                skipped.append(f"{name} ({nbytes} bytes of weights and gradients > cap {self.max_bytes})")
+            else:
+                self.layers.append((name, m))
+        for idx, (_, m) in enumerate(self.layers):
+            m.register_forward_pre_hook(self._pre_hook(idx))
+            m.register_forward_hook(self._post_hook(idx))
+        if self.rank == 0:
+            say(f"in-situ replay every {self.every} steps over layers {[n for n, _ in self.layers]}"
+                + (f"; not replayed: {'; '.join(skipped)}" if skipped else ""))
+
+    def _plan(self, step: int):
+        return replay_plan(step, self.every, len(self.layers or ()), self.world)
+
+    def _pre_hook(self, idx: int) -> Callable:
+        def capture_input(module, args):
+            if self.replaying:
+                return None
+            step = self.current_step()
+            plan = self._plan(step)
+            if plan is None or plan.layer_index != idx or plan.source != self.rank or self.cap_step == step:
+                return None  # not this layer's turn, or already captured (a layer called twice per step)
+            import torch
+            self.cap_step, self.cap, self.cap_reason = step, None, ""
+            if len(args) != 1 or not isinstance(args[0], torch.Tensor):
+                self.cap_reason = "its input is not a single tensor"
+                return None
+            x = args[0]
+            if 2 * x.numel() * x.element_size() > self.max_bytes:
+                self.cap_reason = f"its input ({x.numel() * x.element_size()} bytes) and output gradient exceed the cap"
+                return None
+            self.cap = {"x": x.detach().clone(), "rng": torch.get_rng_state(), "gy": None}
+            return None
+        return capture_input
+
+    def _post_hook(self, idx: int) -> Callable:
+        def capture_output_gradient(module, args, output):
+            cap = self.cap
+            if self.replaying or cap is None or self.cap_step != self.current_step() or "hooked" in cap:
+                return None
+            cap["hooked"] = True
+            if getattr(output, "requires_grad", False):
+                def keep(g):
+                    if cap["gy"] is None:
+                        cap["gy"] = g.detach().clone()
+                output.register_hook(keep)
+            return None
+        return capture_output_gradient
+
+    def before_step(self, step: int) -> None:
+        """Called before optimizer step `step` on every rank; replays when the schedule says so."""
+        self._prepare(step)
+        plan = self._plan(step) if self.layers and step >= self.ready_from else None
+        if plan is None:
+            return
+        import torch
+        t0 = time.perf_counter()
+        name, layer = self.layers[plan.layer_index]
+        header = torch.zeros(4 + 2 * _MAX_DIMS, dtype=torch.int64)
+        if self.rank == plan.source:
+            cap = self.cap if self.cap_step == step else None
+            if cap is None:
+                say(f"replay of layer {name!r} at step {step} skipped: "
+                    f"{self.cap_reason or 'the layer did not run in this step'}")
+            else:
+                x, gy = cap["x"], cap["gy"]
+                header[0] = 1
+                header[1] = _DTYPES.index(str(x.dtype).replace("torch.", ""))
+                header[2] = x.dim()
+                header[4:4 + x.dim()] = torch.tensor(x.shape)
+                if gy is not None:
+                    header[3] = _DTYPES.index(str(gy.dtype).replace("torch.", "")) + 1
+                    header[4 + _MAX_DIMS:4 + _MAX_DIMS + gy.dim()] = torch.tensor(gy.shape)
+                    header[3] += 100 * gy.dim()
+        self.broadcast(header, src=plan.source, group=self.side)
+        if int(header[0]) != 1:
+            return
+        dt_x = getattr(torch, _DTYPES[int(header[1])])
+        x_shape = [int(v) for v in header[4:4 + int(header[2])]]
+        has_gy = int(header[3]) % 100 > 0
+        if self.rank == plan.source:
+            x, gy, rng = cap["x"], cap["gy"], cap["rng"]
+        else:
+            x = torch.empty(x_shape, dtype=dt_x)
+            gy = None
+            if has_gy:
+                dt_g = getattr(torch, _DTYPES[int(header[3]) % 100 - 1])
+                gy = torch.empty([int(v) for v in header[4 + _MAX_DIMS:4 + _MAX_DIMS + int(header[3]) // 100]],
+                                 dtype=dt_g)
+            rng = torch.empty_like(torch.get_rng_state())
+        self.broadcast(x, src=plan.source, group=self.side)
+        if has_gy:
+            self.broadcast(gy, src=plan.source, group=self.side)
+        self.broadcast(rng, src=plan.source, group=self.side)
+        self.cap = None
+        weights = {n: self._full(p) for n, p in layer.named_parameters(recurse=False)}
+        mine = torch.zeros(5, dtype=torch.int64)
+        # the layer's stored weights (this rank's shard): replicas must agree on them first
+        mine[4] = _pos(state_signature(layer.named_parameters(recurse=False)))
+        try:
+            sig_out, sig_gx, sig_gw = self._recompute(layer, weights, x, gy, rng)
+            mine[0], mine[1], mine[2], mine[3] = 1, sig_out, sig_gx, sig_gw
+        except Exception as exc:  # noqa: BLE001 - a failed recomputation is said, not fatal
+            say(f"replay of layer {name!r} at step {step} failed on rank {self.rank}: {exc!r}")
+        gathered = [torch.zeros_like(mine) for _ in range(self.world)]
+        self.all_gather(gathered, mine, group=self.side)
+        self.replays += 1
+        failed = [r for r, g in enumerate(gathered) if int(g[0]) != 1]
+        if failed:
+            if self.rank == 0:
+                say(f"replay of layer {name!r} at step {step}: rank(s) {failed} could not recompute; no vote")
+            return
+        stored = [int(g[4]) for g in gathered]
+        if any(len(g) >= 2 and len({stored[r] for r in g}) > 1 for g in self.groups):
+            # corrupted state, not compute: the state vote names it (with the right component)
+            if self.rank == 0:
+                say(f"replay of layer {name!r} at step {step}: the layer's stored weights differ among replicas; "
+                    "left to the state vote")
+            return
+        group = tuple(range(self.world))  # same full layer everywhere: every rank is a replica of the compute
+        votes = [vote_group(what, group, [int(g[i]) for g in gathered])
+                 for i, what in ((1, "output"), (2, "input gradient"), (3, "weight gradient")) if has_gy or i == 1]
+        self._conclude(votes, plan, name, step, [tuple(int(v) for v in g[1:4]) for g in gathered],
+                       time.perf_counter() - t0)
+
+    def _full(self, p: Any) -> Any:
+        """This rank's full parameter: itself (DDP), or its shard group's local shards gathered over
+        scout's side group (FSDP2/HSDP; every rank calls this for the same parameters in order)."""
+        import torch
+        if not is_dtensor(p):
+            return p.detach()
+        local = p.to_local().detach().contiguous()
+        shard_dims = [d for d, pl in enumerate(p.placements) if pl.is_shard()]
+        if not shard_dims:
+            return local
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
+        self.all_gather(sizes, torch.tensor([local.shape[0]], dtype=torch.int64), group=self.side)
+        longest = max(int(s) for s in sizes)
+        padded = torch.zeros((longest, *p.shape[1:]), dtype=local.dtype)
+        padded[:local.shape[0]] = local
+        chunks = [torch.empty_like(padded) for _ in range(self.world)]
+        self.all_gather(chunks, padded, group=self.side)
+        mine = shard_group(p.device_mesh.mesh.tolist(), shard_dims[0], self.rank)
+        return torch.cat([chunks[r][:int(sizes[r])] for r in mine])
+
+    def _recompute(self, layer: Any, weights: dict[str, Any], x: Any, gy: Any, rng: Any) -> tuple[int, int, int]:
+        import torch
+        from torch.func import functional_call
+        was, warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+        with torch.random.fork_rng(devices=[]):
+            torch.set_rng_state(rng)
+            torch.use_deterministic_algorithms(True, warn_only=True)
+            self.replaying = True
+            try:
+                with torch.enable_grad():
+                    params = {n: w.clone().requires_grad_(w.is_floating_point()) for n, w in weights.items()}
+                    xin = x.clone().requires_grad_(x.is_floating_point())
+                    out = functional_call(layer, params, (xin,))
+                    sig_out = tensor_signature(out)
+                    if gy is None:
+                        return _pos(sig_out), 0, 0
+                    wrt = ([xin] if xin.requires_grad else []) + [p for p in params.values() if p.requires_grad]
+                    grads = torch.autograd.grad(out, wrt, grad_outputs=gy, allow_unused=True)
+                    gx = grads[0] if xin.requires_grad else None
+                    gw = grads[1:] if xin.requires_grad else grads
+                    sig_gx = tensor_signature(gx) if gx is not None else 0
+                    sig_gw = state_signature((n, g if g is not None else torch.zeros(0))
+                                             for n, g in zip([n for n, p in params.items() if p.requires_grad], gw))
+                    return _pos(sig_out), _pos(sig_gx), _pos(sig_gw)
+            finally:
+                self.replaying = False
+                torch.use_deterministic_algorithms(was, warn_only=warn)
+
+    def _conclude(self, votes: list[GroupVote], plan: Any, name: str, step: int, sigs: list[tuple[int, ...]],
+                  dt: float) -> None:
+        gstep = step + self.offset
+        confirmed = sorted({r for v in votes if v.outcome == "sdc" for r in v.outliers})
+        unsure = [v for v in votes if v.outcome == "inconclusive"]
+        if not confirmed and not unsure:
+            self.last_clean = gstep
+            return
+        writer = min((r for r in range(self.world) if r not in confirmed), default=0)
+        if self.rank == writer:
+            self._write(votes, confirmed, unsure, plan, name, gstep, sigs, dt)
+        # the finding is on disk before the outlier leaves: the Epilogs act on it
+        self.barrier(group=self.side)
+        if self.rank in confirmed and os.environ.get("SCOUT_SDC_POLICY", "exit") == "exit":
+            say(f"rank {self.rank}'s recomputation of layer {name!r} differs from the replicas' majority at step "
+                f"{step}; ending this rank (exit {SDC_EXIT})")
+            os._exit(SDC_EXIT)
+
+    def _write(self, votes, confirmed, unsure, plan, name, step, sigs, dt) -> None:
+        if self.run_dir is None:
+            return
+        from scout_slurm.evidence.records import Finding, FindingKind
+        from scout_slurm.evidence.store import write_record
+        now = time.time()
+        per_rank = "; ".join(f"rank {r}: " + "/".join(f"{s:016x}" for s in sig) for r, sig in enumerate(sigs))
+        since = (self.last_clean + 1) if self.last_clean >= 0 else self.offset + 1
+        common = (f"in-situ replay of layer {name!r}, input captured on rank {plan.source} at step {step}",
+                  f"signatures (output/input gradient/weight gradient) {per_rank}",
+                  f"replay took {dt * 1000:.1f} ms", f"last clean replay at step {self.last_clean}")
+        records = []
+        for r in confirmed:
+            what = [v.what for v in votes if r in v.outliers]
+            records.append((f"sdc-compute-rank-{r}-step-{step}.json", Finding(
+                rank=r, node=self.node if r == self.rank else "", kind=FindingKind.SDC, at=now,
+                summary=(f"rank {r}'s recomputation of layer {name!r} ({', '.join(what)}) differs from the majority of "
+                         f"{self.world} replicas at step {step}: compute corruption"),
+                details=common, step=step, since_step=since, component="compute")))
+        for v in unsure:
+            records.append((f"inconclusive-compute-{v.what.replace(' ', '-')}-step-{step}.json", Finding(
+                rank=0, node="", kind=FindingKind.INFO, at=now,
+                summary=f"replay of layer {name!r} at step {step}: inconclusive: {v.explanation}",
+                details=common, step=step, since_step=since, component="compute")))
+        for fname, finding in records:
+            try:
+                write_record(self.run_dir / "findings" / fname, finding)
+            except Exception as exc:  # noqa: BLE001
+                say(f"finding not written: {exc!r}")
+
+
+def _pos(sig: int) -> int:
+    return sig & 0x7FFFFFFFFFFFFFFF  # fits an int64 tensor
