@@ -106,7 +106,7 @@ def _utc(t: float, *, date: bool = False) -> str:
 
 
 def _legend() -> str:
-    items = (("#2e7d32", "advancing"), ("#b0bec5", "not advancing"), ("#c62828", "stopped (SIGSTOP / D state)"),
+    items = (("#e3e8eb", "starting"), ("#2e7d32", "advancing"), ("#b0bec5", "not advancing"), ("#c62828", "stopped (SIGSTOP / D state)"),
              ("#fdecea", "suspect rank"))
     marks = (("#ef6c00", "fault injected"), ("#c62828", "detection"), ("#6a1b9a", "verdict"),
              ("#1565c0", "actions done"))

@@ -22,7 +22,8 @@ LABEL_W = 170          # rank labels on the left
 STATE_W = 250          # end-of-run text on the right
 ROW_H = 22
 TOP = 46               # room for the moment labels and the axis
-COLOURS = {"advancing": "#2e7d32", "idle": "#b0bec5", "stopped": "#c62828", "exited": "#455a64"}
+COLOURS = {"starting": "#e3e8eb", "advancing": "#2e7d32", "idle": "#b0bec5", "stopped": "#c62828",
+           "exited": "#455a64"}
 MOMENT_COLOURS = {"fault": "#ef6c00", "last progress": "#8d6e63", "detection": "#c62828", "verdict": "#6a1b9a",
                   "actions done": "#1565c0"}
 
@@ -68,18 +69,20 @@ class _Segment:
 
 
 def segments(samples: Sequence[ProgressSample]) -> list[_Segment]:
-    """Consecutive samples merged into runs of one kind: advancing (its position changed since
-    the previous sample), idle, stopped (SIGSTOP or uninterruptible sleep), exited."""
+    """Consecutive samples merged into runs of one kind: starting (no advance yet: imports,
+    rendezvous), advancing (its position changed since the previous sample), idle, stopped
+    (SIGSTOP or uninterruptible sleep), exited."""
     out: list[_Segment] = []
+    moved = False
     for a, b in zip(samples, samples[1:]):
         if b.state in (ChildState.STOPPED, ChildState.DISK_SLEEP):
             kind = "stopped"
         elif b.state == ChildState.EXITED and a.state == ChildState.EXITED:
             kind = "exited"
         elif (a.opt_steps, a.coll_entered, a.coll_completed) != (b.opt_steps, b.coll_entered, b.coll_completed):
-            kind = "advancing"
+            kind, moved = "advancing", True
         else:
-            kind = "idle"
+            kind = "idle" if moved else "starting"
         if out and out[-1].kind == kind and out[-1].end == a.at:
             out[-1] = _Segment(kind, out[-1].start, b.at)
         else:
@@ -139,6 +142,10 @@ def timeline_svg(bundle: IncidentBundle, moments: IncidentMoments) -> str:
         out.append(f'<text x="10" y="{TOP}" class="note">no progress recorded for this run</text></svg>')
         return "".join(out)
     t0, t1 = min(times), max(times)
+    # around the incident: from just before the first advance, not from the imports before it
+    firsts = [seg.start for r in rows for seg in segments(bundle.history.get(r, ()))[:64] if seg.kind == "advancing"]
+    if firsts:
+        t0 = max(t0, min(firsts) - max(1.0, 0.1 * (t1 - min(firsts))))
     pad = max(0.5, (t1 - t0) * 0.03)
     scale = _Scale(t0 - pad, t1 + pad, LABEL_W, WIDTH - STATE_W)
     origin = moments.origin or t0

@@ -70,8 +70,13 @@ def test_crash_loop(lab, clean_drains):
 
 
 @pytest.mark.timeout(300)
-def test_hang_loop(lab, clean_drains):
-    _loop(lab, "sleep,rank=1,step=25", 1, "hang")
+def test_hang_loop(lab, clean_drains, tmp_path):
+    job, _ = _loop(lab, "sleep,rank=1,step=25", 1, "hang")
+    # the incident page of the failed run renders in headless Chromium (issue 8)
+    from browser import check_real_incident
+    started = time.monotonic()
+    m = check_real_incident(lab, job, tmp_path, restart=0, world=4, suspects={1})
+    print(f"\nHTML incident page checked in Chromium in {time.monotonic() - started:.1f} s, pixels {m['pixels']}")
 
 
 @pytest.mark.timeout(240)

@@ -31,10 +31,10 @@ def node(rank: int) -> str:
 
 
 def samples(rank: int, *, stop_at: float, end: float, state_after=ChildState.RUNNING) -> tuple[ProgressSample, ...]:
-    out, t, seq, done = [], T0, 0, 0
+    out, t, seq, done = [], T0 - 3, 0, 0
     while t <= end:
         seq += 1
-        if t < stop_at:
+        if T0 < t < stop_at:   # before T0: imports and rendezvous, no progress yet
             done += 4
         state = state_after if t >= stop_at else ChildState.RUNNING
         out.append(ProgressSample(seq=seq, at=t, opt_steps=done // 4, coll_completed=done,
@@ -185,7 +185,7 @@ def test_large_world_draws_bounded_rows_with_the_suspect():
 def test_segments_merge_runs_and_name_a_stop():
     s = samples(1, stop_at=T0 + 2, end=T0 + 4, state_after=ChildState.STOPPED)
     kinds = [seg.kind for seg in segments(s)]
-    assert kinds == ["advancing", "stopped"]
+    assert kinds == ["starting", "advancing", "stopped"]
 
 
 def test_history_ring_round_trip_and_damage(tmp_path):
@@ -316,3 +316,16 @@ def test_the_controller_writes_the_page_and_survives_when_it_cannot(tmp_path):
     folder.report_path(0).unlink()
     _write_report(folder, 0, v, ev, record)
     assert "rank 1" in folder.report_path(0).read_text()
+
+
+def test_the_page_renders_in_headless_chromium(tmp_path):
+    """The timeline and tables of a synthetic hang, laid out and painted by a real browser."""
+    import time
+    from browser import assert_incident_page_renders
+    started = time.monotonic()
+    m = assert_incident_page_renders(render_incident_html(hang_bundle()), tmp_path, world=4, suspects={1})
+    # the suspect stopped first: its last bar of progress ends left of its peers'
+    ends = {r["rank"]: max(b["box"][0] + b["box"][2] for b in r["bars"] if "advancing" in b["kind"])
+            for r in m["rows"]}
+    assert ends[1] < min(ends[r] for r in (0, 2, 3)), ends
+    print(f"\nchromium check {time.monotonic() - started:.1f} s, pixels {m['pixels']}")
