@@ -6,11 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 missing=0
-for bin in slurmctld slurmd sbatch scontrol munged mungekey; do
+for bin in slurmctld slurmd sbatch scontrol munged mungekey chromium; do
   command -v "$bin" >/dev/null 2>&1 || [ -x "/usr/sbin/$bin" ] || missing=1
 done
 if [ "$missing" = 1 ]; then
-  echo "setup: installing Slurm and munge (Debian packages)" >&2
+  echo "setup: installing Slurm, munge and Chromium (Debian packages)" >&2
   export DEBIAN_FRONTEND=noninteractive
   created_policy=0
   if [ ! -e /usr/sbin/policy-rc.d ]; then
@@ -18,7 +18,9 @@ if [ "$missing" = 1 ]; then
     printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && created_policy=1
   fi
   apt-get update -qq
-  apt-get install -y -qq --no-install-recommends slurm-wlm slurmctld slurmd slurm-client munge procps >/dev/null
+  # chromium: the incident page's test renders it headless (fonts-dejavu-core: text needs one font)
+  apt-get install -y -qq --no-install-recommends slurm-wlm slurmctld slurmd slurm-client munge procps \
+    chromium chromium-driver fonts-dejavu-core >/dev/null
   [ "$created_policy" = 1 ] && rm -f /usr/sbin/policy-rc.d
 fi
 
