@@ -20,6 +20,7 @@ import sys
 from scout_slurm.config import WatchdogConfig
 from scout_slurm.evidence.records import (ChildState, CollectiveEntry, ExitRecord, Finding, FindingKind,
                                           ProgressSnapshot, RankPlace, StallDecision, VerdictKind)
+from scout_slurm.evidence import history
 from scout_slurm.evidence.store import record_to_bytes
 from scout_slurm.hooks.nodeevidence import KernelLine, NodeEvidence
 from scout_slurm.hwmap.records import Affinity, GpuInfo, GpuNic, HardwareMap, IbPort, NicInfo, NicKind
@@ -228,9 +229,15 @@ def main() -> int:
     print(f"  written:  {3600 / publish_s:.0f} snapshots x {snap} B = {human(per_hour)}/h "
           f"({human(per_hour / 3600)}/s), each as create + write + fsync + rename + fsync of the folder: "
           f"{3600 / publish_s:.0f} files created and {2 * 3600 / publish_s:.0f} fsyncs an hour")
-    per_rank_kept = size["RankPlace"] + snap + size["ExitRecord (clean)"]
-    per_rank_blocks = blocks(size["RankPlace"]) + blocks(snap) + blocks(size["ExitRecord (clean)"])
-    print(f"  kept:     {per_rank_kept} B in 3 files ({per_rank_blocks // 1024} KiB in {BLOCK // 1024} KiB blocks), "
+    # the progress history for the report's timeline: one fixed-size sample per publication into a
+    # ring file of fixed size, pwrite without fsync (evidence/history.py)
+    slot = len(history.encode_slot(history.sample_of(snapshot(7, world), 1)))
+    ring = len(history.encode_header()) + history.SLOTS * slot
+    print(f"  history:  {3600 / publish_s:.0f} samples x {slot} B = {human(3600 / publish_s * slot)}/h into one ring "
+          f"file of {ring} B ({history.SLOTS} samples: {history.SLOTS * publish_s / 60:.1f} min), no fsync")
+    per_rank_kept = size["RankPlace"] + snap + size["ExitRecord (clean)"] + ring
+    per_rank_blocks = blocks(size["RankPlace"]) + blocks(snap) + blocks(size["ExitRecord (clean)"]) + blocks(ring)
+    print(f"  kept:     {per_rank_kept} B in 4 files ({per_rank_blocks // 1024} KiB in {BLOCK // 1024} KiB blocks), "
           "whatever the run's length")
 
     nodes = math.ceil(world / GPUS_PER_NODE)
@@ -238,7 +245,7 @@ def main() -> int:
     node_blocks = blocks(size["HardwareMap (8 GPUs)"]) + blocks(size["NodeEvidence (clean)"])
     clean_job = world * per_rank_kept + nodes * node_kept + clean_verdict
     clean_job_blocks = world * per_rank_blocks + nodes * node_blocks + blocks(clean_verdict)
-    clean_job_files = 3 * world + 2 * nodes + 1
+    clean_job_files = 4 * world + 2 * nodes + 1
     incident_extra = verdict_b - clean_verdict + actions_b + report_b
     incident_extra_blocks = blocks(actions_b) + blocks(report_b)
     stall_extra = world * STACK_DUMP_BYTES + size["StallDecision"] + size["Finding"] * world

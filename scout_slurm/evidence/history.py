@@ -1,8 +1,9 @@
 """A small, bounded history of each rank's progress, for the incident report's timeline (who
 stopped when). The watchdog adds one fixed-size sample per publication to a ring file per rank,
 `run-N/progress/history-<rank>.bin`, overwriting the oldest, so the file never grows past
-HEADER + SLOTS * SLOT bytes (9.2 KB at 256 slots: about 4 minutes at the default 1 s publish
-interval, 2 minutes in the lab). The history illustrates; no decision reads it, so it is written
+HEADER + SLOTS * SLOT bytes: 4048 B, one 4 KiB block, at 112 slots (almost 2 minutes at the
+default 1 s publish interval: the default 60 s stall floor and what came before it; 56 s in the
+lab). The history illustrates; no decision reads it, so it is written
 with one pwrite and no fsync. The function that reaches outside is `HistoryWriter.append`.
 
 Layout (little-endian): header magic, version, slot size, slot count; then slots of
@@ -23,7 +24,7 @@ from scout_slurm.evidence.records import ChildState, ProgressSnapshot
 
 MAGIC = 0x49484353  # "SCHI"
 VERSION = 1
-SLOTS = 256
+SLOTS = 112
 MAX_SLOTS = 4096   # a reader never accepts a file claiming more
 _HEADER = struct.Struct("<IHHII")      # magic, version, slot size, slots, reserved
 _BODY = struct.Struct("<IBBHdqq")      # seq, state, flags, pending, wall, opt_steps, coll_completed

@@ -100,10 +100,14 @@ def last_advance(samples: tuple[ProgressSample, ...]) -> float:
 
 def rank_last_advance(bundle: IncidentBundle, rank: int) -> float:
     samples = bundle.history.get(rank, ())
-    if samples:
-        return last_advance(samples)
     p = bundle.evidence.last_progress(rank)
-    return max(0.0, p.published_at - p.idle_s) if p is not None and p.published_at > 0 else 0.0
+    from_snapshot = max(0.0, p.published_at - p.idle_s) if p is not None and p.published_at > 0 else 0.0
+    if samples:
+        at = last_advance(samples)
+        # the ring holds only the last samples: when none of them moved, the advance is older than
+        # the ring and the last snapshot's idle time says when it was
+        return from_snapshot if at == samples[0].at and len(samples) > 1 and from_snapshot else at
+    return from_snapshot
 
 
 def primary_exits(ev: JobEvidence) -> list[ExitRecord]:
