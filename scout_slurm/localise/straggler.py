@@ -1,0 +1,286 @@
+"""Timing votes (pure): who is a straggler, from per-rank step timings and a per-pair link probe.
+
+A rank is named only when it stands out from the median by a relative floor, an absolute floor
+and a multiple of the MAD, is a strict minority, and stays so for `confirm_rounds` rounds in a row.
+Compute time decides compute stragglers; the link probe (pairs of ranks on different nodes)
+decides communication stragglers by node; a whole group that slows down names nobody.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from typing import Mapping, Sequence
+
+from scout_slurm.errors import ConfigError
+
+ENV_PREFIX = "SCOUT_TIMING_"
+POLICIES = ("report", "exit")
+
+
+@dataclass(frozen=True)
+class TimingRules:
+    """The timing vote's settings; every key can be set as SCOUT_TIMING_<KEY> in the job's environment."""
+    every: int = 25                 # steps per round (0: no timing votes)
+    rel_floor: float = 0.2          # a straggler exceeds the median by this fraction of it ...
+    abs_floor_s: float = 0.05       # ... and by this many seconds per step ...
+    mad_factor: float = 5.0         # ... and by this many scaled MADs (robust spread) of the ranks
+    confirm_rounds: int = 2         # rounds in a row before anyone is named
+    group_rel_floor: float = 1.0    # whole group: median compute this much above its best round
+    probe: bool = True              # time a small and a medium exchange per pair of ranks each round
+    probe_bytes: int = 256 * 1024
+    probe_rel_floor: float = 1.0
+    probe_abs_floor_s: float = 0.01
+    policy: str = "report"          # "report": the job goes on; "exit": the confirmed straggler ends (exit 90)
+    schema_version: int = 1
+
+
+def rules_from_environment(env: Mapping[str, str]) -> TimingRules:
+    """Read SCOUT_TIMING_* (the job's environment, passed in). Unknown keys and bad values are errors
+    that name the variable."""
+    valid = {f.name: f for f in fields(TimingRules) if f.name != "schema_version"}
+    values: dict[str, object] = {}
+    for var, text in env.items():
+        if not var.startswith(ENV_PREFIX):
+            continue
+        key = var[len(ENV_PREFIX):].lower()
+        if key not in valid:
+            raise ConfigError(f"{var}: unknown timing setting; valid: "
+                              f"{', '.join(ENV_PREFIX + k.upper() for k in sorted(valid))}")
+        default = getattr(TimingRules(), key)
+        try:
+            if isinstance(default, bool):
+                if text.strip().lower() not in ("1", "0", "true", "false", "yes", "no"):
+                    raise ValueError(f"not a boolean: {text!r}")
+                values[key] = text.strip().lower() in ("1", "true", "yes")
+            elif isinstance(default, int):
+                values[key] = int(text)
+            elif isinstance(default, float):
+                values[key] = float(text)
+            else:
+                values[key] = text.strip()
+        except ValueError as exc:
+            raise ConfigError(f"{var}={text!r}: {exc}; expected a {type(default).__name__}") from None
+    rules = TimingRules(**values)  # type: ignore[arg-type]
+    problems = []
+    if rules.every < 0:
+        problems.append(f"{ENV_PREFIX}EVERY must be >= 0 (0: off)")
+    if rules.confirm_rounds < 1:
+        problems.append(f"{ENV_PREFIX}CONFIRM_ROUNDS must be >= 1")
+    for name in ("rel_floor", "abs_floor_s", "mad_factor", "group_rel_floor", "probe_rel_floor", "probe_abs_floor_s"):
+        v = getattr(rules, name)
+        if not (math.isfinite(v) and v >= 0):
+            problems.append(f"{ENV_PREFIX}{name.upper()} must be a finite number >= 0")
+    if not 1 <= rules.probe_bytes <= 64 * 1024 * 1024:
+        problems.append(f"{ENV_PREFIX}PROBE_BYTES must be within 1..67108864")
+    if rules.policy not in POLICIES:
+        problems.append(f"{ENV_PREFIX}POLICY must be one of {', '.join(POLICIES)}")
+    if problems:
+        raise ConfigError("timing settings: " + "; ".join(problems))
+    return rules
+
+
+def median(values: Sequence[float]) -> float:
+    s = sorted(values)
+    n = len(s)
+    if n == 0:
+        return 0.0
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+@dataclass(frozen=True)
+class Spread:
+    """One robust comparison of values (one per rank or node)."""
+    outcome: str                 # "clean", "named" (a strict minority stands out) or "inconclusive"
+    high: tuple[int, ...]        # indexes above the threshold (named only when outcome == "named")
+    median: float
+    mad: float
+    threshold: float             # how far above the median a value must be
+    reason: str
+
+
+def robust_outliers(values: Sequence[float], *, rel_floor: float, abs_floor: float, mad_factor: float) -> Spread:
+    """Which values stand out high. A strict minority above `median + max(rel*median, abs, k*1.4826*MAD)`
+    is named; half or more above it, or a split into a slow and a fast half (nobody is typical), is
+    inconclusive; otherwise clean."""
+    n = len(values)
+    if n == 0:
+        return Spread("clean", (), 0.0, 0.0, 0.0, "no values")
+    med = median(values)
+    mad = median([abs(v - med) for v in values])
+    threshold = max(rel_floor * abs(med), abs_floor, mad_factor * 1.4826 * mad)
+    high = tuple(i for i, v in enumerate(values) if v - med > threshold)
+    if high and len(high) * 2 < n:
+        return Spread("named", high, med, mad, threshold,
+                      f"{len(high)} of {n} above the median {med:.4f} by more than {threshold:.4f}")
+    if high:
+        return Spread("inconclusive", high, med, mad, threshold,
+                      f"{len(high)} of {n} above the median {med:.4f}: no majority of typical ones")
+    # nobody far above the median, but the values may be two camps (e.g. two of four slow): the
+    # median then sits with the slow camp and hides it. A camp split is the widest jump between
+    # neighbouring sorted values, when it beats the floors and the spread inside either camp.
+    order = sorted(range(n), key=lambda i: values[i])
+    s = [values[i] for i in order]
+    if n >= 2:
+        cut = max(range(n - 1), key=lambda i: s[i + 1] - s[i])
+        jump = s[cut + 1] - s[cut]
+        inside = max(s[cut] - s[0], s[-1] - s[cut + 1])
+        slow = tuple(sorted(order[cut + 1:]))
+        if jump > max(rel_floor * abs(s[cut]), abs_floor, inside) and len(slow) * 2 >= n:
+            return Spread("inconclusive", slow, med, mad, jump,
+                          f"{len(slow)} of {n} slower than the rest by {jump:.4f} or more: "
+                          "no majority of typical ones")
+    return Spread("clean", (), med, mad, threshold, f"all within {threshold:.4f} of the median {med:.4f}")
+
+
+@dataclass(frozen=True)
+class RankTiming:
+    """One rank's averages per step over one round, in seconds."""
+    rank: int
+    compute_s: float      # outside any training collective (forward, backward, optimizer, data)
+    comm_s: float         # inside training collectives (waiting for peers included)
+    steps: int
+
+
+@dataclass(frozen=True)
+class LinkProbe:
+    """Timed exchanges between pairs of ranks on scout's side group (seconds; min over repetitions).
+    `small[i][j]` is a round trip of a few bytes, `medium[i][j]` a medium buffer sent both ways;
+    negative where not measured."""
+    small: tuple[tuple[float, ...], ...]
+    medium: tuple[tuple[float, ...], ...]
+
+
+def pairing_rounds(n: int) -> list[list[tuple[int, int]]]:
+    """Round-robin schedule (circle method): every pair of 0..n-1 exactly once, each rank in at most
+    one pair per round, pairs as (low, high)."""
+    if n < 2:
+        return []
+    m = n + (n % 2)
+    ring = list(range(m))
+    rounds = []
+    for _ in range(m - 1):
+        pairs = []
+        for i in range(m // 2):
+            a, b = ring[i], ring[m - 1 - i]
+            if a < n and b < n:
+                pairs.append((min(a, b), max(a, b)))
+        rounds.append(pairs)
+        ring = [ring[0], ring[-1], *ring[1:-1]]
+    return rounds
+
+
+def node_link_scores(probe: LinkProbe, nodes: Sequence[str]) -> dict[str, float]:
+    """Per node: the fastest, over its pairs with ranks on OTHER nodes, of small round trip plus medium
+    exchange. A slow link on one node slows all of its pairs, so even its fastest is slow; another
+    node has fast pairs left (and a spike on one pair cannot make a node look slow)."""
+    n = len(nodes)
+    per: dict[str, list[float]] = {}
+    for i in range(n):
+        for j in range(n):
+            if i == j or nodes[i] == nodes[j]:
+                continue
+            s, m = _pair(probe.small, i, j), _pair(probe.medium, i, j)
+            if s < 0 or m < 0:
+                continue
+            per.setdefault(nodes[i], []).append(s + m)
+    return {node: min(v) for node, v in per.items()}
+
+
+def _pair(matrix: tuple[tuple[float, ...], ...], i: int, j: int) -> float:
+    try:
+        a, b = matrix[i][j], matrix[j][i]
+    except IndexError:
+        return -1.0
+    return max(a, b)  # measured by one side; the other is negative
+
+
+@dataclass(frozen=True)
+class RoundDecision:
+    outcome: str                   # "clean", "compute", "communication", "group_slow", "inconclusive"
+    ranks: tuple[int, ...] = ()    # named ranks (compute, or every rank on the named node)
+    nodes: tuple[str, ...] = ()
+    reasons: tuple[str, ...] = ()
+
+
+def decide_round(timings: Sequence[RankTiming], nodes: Sequence[str], probe: LinkProbe | None,
+                 best_median_compute: float | None, rules: TimingRules) -> RoundDecision:
+    """One round's reading. Compute first (a rank whose own work is slow makes everyone else wait,
+    so its peers' collectives look slow too); then the link probe by node; then the group as a whole
+    against its best round so far."""
+    if len(timings) < 2:
+        return RoundDecision("clean", reasons=("fewer than two ranks: nothing to compare",))
+    compute = [t.compute_s for t in timings]
+    spread = robust_outliers(compute, rel_floor=rules.rel_floor, abs_floor=rules.abs_floor_s,
+                             mad_factor=rules.mad_factor)
+    figures = "compute s/step " + ", ".join(f"r{t.rank}={t.compute_s:.4f}" for t in timings) + \
+              "; collectives s/step " + ", ".join(f"r{t.rank}={t.comm_s:.4f}" for t in timings)
+    if spread.outcome == "named":
+        ranks = tuple(timings[i].rank for i in spread.high)
+        return RoundDecision("compute", ranks, tuple(dict.fromkeys(nodes[r] for r in ranks)),
+                             (f"compute: {spread.reason}", figures))
+    if spread.outcome == "inconclusive":
+        return RoundDecision("inconclusive", reasons=(f"compute: {spread.reason}", figures))
+    reasons = [figures]
+    if probe is not None:
+        scores = node_link_scores(probe, nodes)
+        names = sorted(scores)
+        if len(names) >= 3:
+            link = robust_outliers([scores[k] for k in names], rel_floor=rules.probe_rel_floor,
+                                   abs_floor=rules.probe_abs_floor_s, mad_factor=rules.mad_factor)
+            probe_text = "link probe s per node " + ", ".join(f"{k}={scores[k]:.4f}" for k in names)
+            if link.outcome == "named":
+                slow = tuple(names[i] for i in link.high)
+                ranks = tuple(r for r in range(len(nodes)) if nodes[r] in slow)
+                return RoundDecision("communication", ranks, slow,
+                                     (f"every link of node(s) {', '.join(slow)} is slow: {link.reason}",
+                                      probe_text, figures))
+            if link.outcome == "inconclusive":
+                return RoundDecision("inconclusive", reasons=(f"link probe: {link.reason}", probe_text, figures))
+        elif len(names) == 2:
+            a, b = names
+            reasons.append(f"link probe: {a}={scores[a]:.4f} s, {b}={scores[b]:.4f} s; with two nodes a slow "
+                           "link between them cannot be placed at either end")
+    med = median(compute)
+    if best_median_compute is not None and med - best_median_compute > max(
+            rules.group_rel_floor * best_median_compute, rules.abs_floor_s):
+        return RoundDecision("group_slow", reasons=(
+            f"every rank is slower together: median compute {med:.4f} s/step against {best_median_compute:.4f} "
+            "in the best round; no rank stands out", *reasons))
+    return RoundDecision("clean", reasons=tuple(reasons))
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """Streaks across rounds (pure state, replaced every round)."""
+    streaks: tuple[tuple[str, int], ...] = ()     # key -> rounds in a row
+    reported: tuple[str, ...] = ()                # keys already confirmed (reported once)
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    state: Confirmation
+    confirmed: tuple[str, ...]       # keys that reached confirm_rounds this round
+    transient: tuple[str, ...]       # keys seen in fewer rounds than needed, now gone (a one-off stall)
+
+
+def decision_keys(d: RoundDecision) -> tuple[str, ...]:
+    """What a round says, as keys that must repeat: compute:rank:R, communication:node:N, group_slow."""
+    if d.outcome == "compute":
+        return tuple(f"compute:rank:{r}" for r in d.ranks)
+    if d.outcome == "communication":
+        return tuple(f"communication:node:{n}" for n in d.nodes)
+    if d.outcome in ("group_slow", "inconclusive"):
+        return (d.outcome,)
+    return ()
+
+
+def confirm(state: Confirmation, d: RoundDecision, rules: TimingRules) -> RoundOutcome:
+    now = decision_keys(d)
+    before = dict(state.streaks)
+    streaks = {k: before.get(k, 0) + 1 for k in now}
+    confirmed = tuple(k for k in now if streaks[k] >= rules.confirm_rounds and k not in state.reported)
+    transient = tuple(k for k, c in before.items() if k not in streaks and c < rules.confirm_rounds
+                      and k not in state.reported)
+    return RoundOutcome(Confirmation(tuple(sorted(streaks.items())), tuple(sorted({*state.reported, *confirmed}))),
+                        confirmed, transient)
