@@ -99,6 +99,12 @@ class ProgressWriter:
         self._world = world_size
         self._flags = FLAG_ACTIVE
         self._open: dict[int, tuple[int, int, int, int]] = {}
+        # timing votes (bootstrap.timing): ns outside any collective (compute) and inside at least one
+        # (collectives, overlapping ones counted once); outside time counts only while `_idle_since` is set
+        self._idle_ns = 0
+        self._busy_ns = 0
+        self._idle_since: int | None = None
+        self._busy_since = 0
         with self._lock:
             self._write_header()
 
@@ -116,6 +122,11 @@ class ProgressWriter:
         with self._lock:
             self._entered += 1
             seq = self._entered
+            if self._in == 0:
+                if self._idle_since is not None:
+                    self._idle_ns += now - self._idle_since
+                    self._idle_since = None
+                self._busy_since = now
             self._in += 1
             self._op = code
             self._nbytes = nbytes
@@ -143,6 +154,8 @@ class ProgressWriter:
             if self._in == 0:
                 self._op = 0
                 self._nbytes = 0
+                self._busy_ns += now - self._busy_since
+                self._idle_since = now
             self._write_header()
 
     def step(self) -> int:
@@ -153,6 +166,31 @@ class ProgressWriter:
             self._last_step = now
             self._write_header()
             return self._steps
+
+    def take_timing(self, *, resume: bool) -> tuple[int, int]:
+        """(ns outside collectives, ns inside) since the last take, then zero both. Outside time stops
+        counting here (scout's own work is not the job's compute) and, with `resume`, starts again now."""
+        now = time.monotonic_ns()
+        with self._lock:
+            if self._in == 0 and self._idle_since is not None:
+                self._idle_ns += now - self._idle_since
+            out = (self._idle_ns, self._busy_ns)
+            self._idle_ns = self._busy_ns = 0
+            self._idle_since = now if (resume and self._in == 0) else None
+            return out
+
+    def pause_timing(self) -> None:
+        """Scout's own work begins (votes, replay): not the job's compute."""
+        now = time.monotonic_ns()
+        with self._lock:
+            if self._in == 0 and self._idle_since is not None:
+                self._idle_ns += now - self._idle_since
+            self._idle_since = None
+
+    def resume_timing(self) -> None:
+        with self._lock:
+            if self._in == 0:
+                self._idle_since = time.monotonic_ns()
 
     def set_pg_seq(self, value: int) -> None:
         with self._lock:
