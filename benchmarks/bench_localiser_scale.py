@@ -1,6 +1,6 @@
 """How the controller's end-of-job reading scales with the world size: synthetic evidence folders
 of 1k, 16k and 100k ranks written with the real store (`write_record`, real record types), then
-`gather_evidence` (list, read, parse and validate every file) and `localise` (pure) timed
+`gather_evidence` (list, read, parse and validate every file) and `localise` (pure) and the incident report the controller renders timed
 separately, each size and scenario in a fresh process so that its memory peak is its own.
 
     python benchmarks/bench_localiser_scale.py [--sizes 1000,16000,100000] [--dir /tmp]
@@ -211,6 +211,10 @@ def measure(args: argparse.Namespace) -> None:
     t1, c1 = time.perf_counter(), cpu()
     verdict = localise(evidence, now=WALL0 + 4000)
     t2, c2 = time.perf_counter(), cpu()
+    # the controller Epilog then renders the incident report (a timeline line per rank)
+    from scout_slurm.report.incident import render_incident_markdown
+    report = render_incident_markdown(verdict, evidence, None)
+    t3 = time.perf_counter()
     if profiler is not None:
         profiler.disable()
     rss_after = _maxrss_bytes()
@@ -220,14 +224,15 @@ def measure(args: argparse.Namespace) -> None:
     named = [(s.rank, s.node) for s in verdict.suspects]
     ok = (verdict.kind == kind and named == [(want, node_of(want))] and not evidence.problems
           and evidence.world_size == world and len(evidence.exits) == world
-          and len(evidence.snapshots) == world and len(evidence.places) == world)
+          and len(evidence.places) == world
+          and sum(evidence.last_progress(r) is not None for r in range(world)) == world)
     if not ok:
         print(json.dumps({"error": f"wrong verdict at {world} ranks, {args.scenario}: {verdict.kind.value} "
                                    f"naming {named}, expected {kind.value} naming {[(want, node_of(want))]}; "
                                    f"problems {list(evidence.problems[:3])}"}))
         sys.exit(1)
     import scout_slurm
-    out = {"gather_s": t1 - t0, "localise_s": t2 - t1, "gather_cpu": c1 - c0, "localise_cpu": c2 - c1,
+    out = {"gather_s": t1 - t0, "localise_s": t2 - t1, "report_s": t3 - t2, "report_bytes": len(report), "gather_cpu": c1 - c0, "localise_cpu": c2 - c1,
            "rss_before": rss_before, "rss_after": rss_after, "package": os.path.dirname(scout_slurm.__file__)}
     if args.tracemalloc:
         import gc
@@ -315,7 +320,8 @@ def main() -> int:
           f"{args.dir or tempfile.gettempdir()} ({fs[0] if fs else '?'}, written just before: warm page cache), "
           f"load average {load0:.1f} at start, {os.getloadavg()[0]:.1f} at end")
     hdr = (f"{'ranks':>7} {'scenario':>8} {'files':>7} {'MB data':>8} {'MB alloc':>8} {'write s':>8} "
-           f"{'gather s':>9} {'(CPU s)':>8} {'localise s':>10} {'(CPU s)':>8} {'peak MB':>8} {'MB/1k ranks':>11}")
+           f"{'gather s':>9} {'(CPU s)':>8} {'localise s':>10} {'(CPU s)':>8} {'report s':>8} {'total s':>8} "
+           f"{'peak MB':>8} {'MB/1k ranks':>11}")
     if args.baseline:
         hdr += f" {'package':>9}"
     if args.tracemalloc:
@@ -325,7 +331,8 @@ def main() -> int:
         peak = (r["rss_after"] - r["rss_before"]) / 1e6
         line = (f"{r['world']:>7} {r['scenario']:>8} {r['files']:>7} {r['content'] / 1e6:>8.1f} "
                 f"{r['alloc'] / 1e6:>8.1f} {r['write_s']:>8.1f} {r['gather_s']:>9.2f} {r['gather_cpu']:>8.2f} "
-                f"{r['localise_s']:>10.3f} {r['localise_cpu']:>8.3f} {peak:>8.1f} {peak / (r['world'] / 1000):>11.2f}")
+                f"{r['localise_s']:>10.3f} {r['localise_cpu']:>8.3f} {r['report_s']:>8.2f} "
+                f"{r['gather_s'] + r['localise_s'] + r['report_s']:>8.2f} {peak:>8.1f} {peak / (r['world'] / 1000):>11.2f}")
         if args.baseline:
             line += f" {r['label']:>9}"
         if args.tracemalloc:
