@@ -22,13 +22,13 @@ TRAIN = Path(__file__).resolve().parent / "jobs" / "train_ddp.py"
 
 
 def batch_script(lab: Lab, *, train_args: str = "--steps 40", scout_args: str = "", srun_args: str = "",
-                 pre: str = "", post: str = "") -> str:
+                 pre: str = "", post: str = "", train: Path = TRAIN) -> str:
     return f"""#!/bin/bash
 export OMP_NUM_THREADS=1
 export PATH={os.path.dirname(sys.executable)}:$PATH
 echo "run ${{SLURM_RESTART_COUNT:-0}} on $SLURM_JOB_NODELIST"
 {pre}
-scout-srun {scout_args} {srun_args} {sys.executable} {TRAIN} {train_args}
+scout-srun {scout_args} {srun_args} {sys.executable} {train} {train_args}
 rc=$?
 {post}
 exit $rc

@@ -106,12 +106,12 @@ class ReplayPlan:
 
 def replay_plan(step: int, every: int, layers: int, world: int) -> ReplayPlan | None:
     """The replay of step `step` (None: no replay then). The n-th replay takes layer n mod L and
-    source rank (n // L + n) mod world, so over L x world replays every layer is replayed from
-    every source rank."""
+    source rank (n // L + n mod L) mod world: over L x world replays every layer is replayed from
+    every source rank, and consecutive replays change the source."""
     if every <= 0 or layers <= 0 or world <= 0 or step <= 0 or step % every:
         return None
     n = step // every - 1
-    return ReplayPlan(step, n % layers, (n // layers + n) % world)
+    return ReplayPlan(step, n % layers, (n // layers + n % layers) % world)
 
 
 def coverage(every: int, layers: int, world: int) -> list[tuple[int, int]]:

@@ -9,6 +9,7 @@ scout options:
   --scout-inject=SPEC           inject a fault, e.g. sleep,rank=1,step=5 (SCOUT_INJECT)
   --scout-config=PATH           site config file (SCOUT_CONFIG)
   --scout-consensus-every=K     vote on the replicas' state every K optimizer steps (default 50; 0: off)
+  --scout-replay-every=K        in-situ replay of one layer every K optimizer steps (default: as consensus; 0: off)
   --scout-off                   run plain srun, no shim
   --scout-dry-run               print the srun command line and exit
 """
@@ -63,7 +64,8 @@ def split_args(argv: Sequence[str]) -> LaunchPlan:
             break
         if a.startswith("--scout-"):
             name, _, value = a[2:].partition("=")
-            takes = name in ("scout-stall-floor", "scout-inject", "scout-config", "scout-consensus-every")
+            takes = name in ("scout-stall-floor", "scout-inject", "scout-config", "scout-consensus-every",
+                             "scout-replay-every")
             if takes and not _:
                 if i + 1 >= len(argv):
                     raise ScoutError(f"scout-srun: {a} needs a value")
@@ -81,13 +83,18 @@ def split_args(argv: Sequence[str]) -> LaunchPlan:
                 if not value.isdigit():
                     raise ScoutError(f"scout-srun: --scout-consensus-every takes a whole number of steps, got {value!r}")
                 env["SCOUT_CONSENSUS_EVERY"] = value
+            elif name == "scout-replay-every":
+                if not value.isdigit():
+                    raise ScoutError(f"scout-srun: --scout-replay-every takes a whole number of steps, got {value!r}")
+                env["SCOUT_REPLAY_EVERY"] = value
             elif name == "scout-off":
                 off = True
             elif name == "scout-dry-run":
                 dry = True
             else:
                 raise ScoutError(f"scout-srun: unknown option {a}; scout's options: --scout-stall-floor, "
-                                 "--scout-inject, --scout-config, --scout-consensus-every, --scout-off, --scout-dry-run")
+                                 "--scout-inject, --scout-config, --scout-consensus-every, --scout-replay-every, --scout-off, "
+                                 "--scout-dry-run")
             i += 1
             continue
         if a.startswith("--"):

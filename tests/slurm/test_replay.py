@@ -1,0 +1,91 @@
+"""Issue 6 (in-situ replay): compute corruption on one rank (its activations or gradients) spreads
+through the all-reduce, so every replica's state agrees; the replay names the rank anyway, under
+DDP, FSDP2 and HSDP, including when the faulty rank is the replay's source; clean runs name nobody.
+4 ranks on 2 nodes of the real lab cluster, gloo on CPU.
+
+Replay schedule with --scout-replay-every=2 (scout_slurm.bootstrap.replicas.replay_plan): the n-th
+replay (step 2(n+1)) takes layer n mod L from source rank (n // L + n mod L) mod 4."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import scoutjobs as sj
+from scout_slurm.evidence.records import Finding, FindingKind
+from scout_slurm.evidence.store import read_record
+
+pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]
+
+FSDP2 = Path(__file__).resolve().parent.parent / "jobs" / "train_fsdp2.py"
+
+CASES = [
+    # DDP, layers 0 and 2: layer 0 is first replayed after step 3 at step 6, from rank 1: the faulty rank is the source
+    ("ddp", "scale,factor=1.5,rank=1,step=3,every=1,target=activations", 1, 6),
+    # DDP, rank 0, the gradient entering layer 0's backward (source of step 6 is rank 1)
+    ("ddp", "noise,sigma=1e-3,rank=0,step=3,every=1,target=gradients", 0, 6),
+    # HSDP 2x2, layers 0, 2, 4: layer 2 is replayed at step 4 from rank 1
+    ("hsdp", "sign,element=3,rank=2,step=3,until=12,target=activations,layer=2", 2, 4),
+    # pure FSDP2: layer 4 is replayed at step 6 from rank 2
+    ("fsdp", "noise,sigma=1e-3,rank=1,step=3,every=1,target=gradients,layer=4", 1, 6),
+]
+
+
+def _script(lab, mode: str, scout_args: str) -> str:
+    if mode == "ddp":
+        return sj.batch_script(lab, train_args="--steps 14 --step-sleep 0", scout_args=scout_args)
+    return sj.batch_script(lab, train=FSDP2, train_args="--steps 14" + (" --hsdp" if mode == "hsdp" else ""),
+                           scout_args=scout_args)
+
+
+def _findings(lab, job) -> list[Finding]:
+    d = sj.folder(lab, job).findings_dir(0)
+    return [read_record(p, Finding) for p in sorted(d.glob("*.json"))]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("mode,fault,rank,step", CASES, ids=[f"{c[0]}-rank{c[2]}-{c[1].split(',')[0]}" for c in CASES])
+def test_replay_names_the_rank_whose_compute_is_corrupt(lab, clean_drains, mode, fault, rank, step):
+    job = sj.submit(lab, _script(lab, mode, f"--scout-consensus-every=2 --scout-replay-every=2 --scout-inject={fault}"),
+                    extra=("--no-requeue",))
+    sj.wait_finished(lab, job)
+    shown = sj.show_json(lab, job, restart=0)
+    out = sj.output(lab, job)
+    node = sj.places(lab, job)[rank].node
+    assert shown["kind"] == "sdc", (shown, out[-3000:])
+    assert [(s["rank"], s["node"]) for s in shown["suspects"]] == [(rank, node)]
+    sdc = [f for f in _findings(lab, job) if f.kind == FindingKind.SDC]
+    # only the replay saw it: the state votes (every 2 steps) agreed, the corruption having spread
+    assert [(f.rank, f.component, f.step) for f in sdc] == [(rank, "compute", step)], sdc
+    assert "compute corruption" in sdc[0].summary
+    assert (f"rank {rank}'s recomputation of layer" in out and f"at step {step}; ending this rank (exit 88)" in out), \
+        out[-3000:]
+
+
+@pytest.mark.timeout(180)
+def test_clean_hsdp_run_with_replay_every_step_names_nobody(lab, clean_drains):
+    job = sj.submit(lab, _script(lab, "hsdp", "--scout-consensus-every=1 --scout-replay-every=1"),
+                    extra=("--no-requeue",))
+    sj.wait_finished(lab, job)
+    shown = sj.show_json(lab, job, restart=0)
+    out = sj.output(lab, job)
+    assert shown["kind"] == "clean" and shown["suspects"] == [], (shown, out[-3000:])
+    assert "replica groups [(0, 2), (1, 3)]" in out and "in-situ replay every 1 steps over layers ['0', '2', '4']" in out
+    assert [f for f in _findings(lab, job) if f.kind != FindingKind.INFO] == []
+
+
+@pytest.mark.timeout(180)
+def test_hsdp_weight_fault_with_two_replicas_is_inconclusive_and_names_the_pair(lab, clean_drains):
+    # HSDP 2x2: rank 2's shard has one replica (rank 0); a difference has no majority, so nobody is drained
+    job = sj.submit(lab, _script(lab, "hsdp", "--scout-consensus-every=2 --scout-replay-every=2 "
+                                              "--scout-inject=bitflip,bit=20,rank=2,step=3,target=weights"),
+                    extra=("--no-requeue",))
+    sj.wait_finished(lab, job)
+    shown = sj.show_json(lab, job, restart=0)
+    assert shown["kind"] == "inconclusive" and shown["suspects"] == [], (shown, sj.output(lab, job)[-3000:])
+    unsure = [f for f in _findings(lab, job) if f.component == "weights"]
+    assert unsure and all(f.kind == FindingKind.INFO and f.step >= 4 for f in unsure)
+    assert "no strict majority among 2 replicas (ranks 0, 2) for weights at step 4: inconclusive" in \
+        {f.summary for f in unsure}
+    assert "rank 0: " in unsure[0].details[0] and "rank 2: " in unsure[0].details[0]
