@@ -165,15 +165,24 @@ def show(job_id: int, restart: int | None, cluster: str | None, as_json: bool, a
         return
     if output is not None:
         raise ScoutError("scout show: -o/--output goes with --html")
+    resume = sorted((f for f in ev.findings if f.component == "resume"), key=lambda f: f.rank)
     if as_json:
         obj = record_to_obj(verdict)
         obj["actions"] = record_to_obj(actions) if actions else None
         obj["runs"] = runs
         obj["computed"] = computed
+        obj["resume"] = [record_to_obj(f) for f in resume]
         click.echo(json.dumps(obj, indent=2, sort_keys=True))
         return
     click.echo(render_show(job_id, folder.cluster, run, verdict, ev, render_actions(actions) if actions else None,
                            computed=computed), nl=False)
+    if resume:  # the resumed run's restored state against its checkpoint record
+        click.echo("\nresume check:")
+        for f in resume:
+            click.echo(f"  {f.summary}")
+            if "MISMATCH" in f.summary:
+                for d in f.details:
+                    click.echo(f"      {d}")
     if len(runs) > 1:
         click.echo(f"\nruns of this job: {runs} (see --restart N)")
 
@@ -299,6 +308,7 @@ def map_cmd(job_id: int | None, rank: int | None, restart: int | None, node_name
 def checkpoints(job_id: int, cluster: str | None, as_json: bool, config_path: str | None) -> None:
     """The checkpoints JOB_ID wrote: eligible, candidate or rejected, and why; and the one a
     rerun would resume from after the last run's verdict."""
+    import dataclasses
     from scout_slurm.evidence.records import Verdict
     from scout_slurm.evidence.store import read_record
     from scout_slurm.remediation.checkfiles import assess_job
@@ -314,15 +324,40 @@ def checkpoints(job_id: int, cluster: str | None, as_json: bool, config_path: st
     if as_json:
         click.echo(json.dumps({"job_id": job_id, "checkpoints": [
             {"path": a.note.path, "step": a.note.step, "run": a.note.restart, "status": a.status.value,
-             "reason": a.reason, "sha256": a.note.sha256, "versions": a.note.versions} for a in rows],
+             "reason": a.reason, "sha256": a.note.sha256, "versions": a.note.versions,
+             "schema_version": a.note.schema_version, "saver": a.note.saver, "files": len(a.note.files),
+             "world": a.note.world, "ranks_saved": list(a.note.ranks_saved), "agreement": a.note.agreement,
+             "signatures": {s.component: {"value": s.saved or s.majority, "agreed": s.agreed}
+                            for s in a.note.signatures},
+             "software": dataclasses.asdict(a.note.software) if a.note.software else None,
+             "coverage": dataclasses.asdict(a.note.coverage) if a.note.coverage else None} for a in rows],
             "recovery_point": chosen.note.path if chosen else None, "rule": why}, indent=2))
         return
     if not rows:
         click.echo(f"job {job_id}: no checkpoints noted")
         return
-    click.echo(f"{'step':>6} {'run':>3}  {'status':<9} path / reason")
+    from scout_slurm.remediation.signatures import short
+    click.echo(f"{'step':>6} {'run':>3}  {'status':<9} path / why / evidence")
     for a in rows:
-        click.echo(f"{a.note.step:>6} {a.note.restart:>3}  {a.status.value:<9} {a.note.path}\n{'':>22}{a.reason}")
+        n = a.note
+        click.echo(f"{n.step:>6} {n.restart:>3}  {a.status.value:<9} {n.path}\n{'':>22}why: {a.reason}")
+        if n.schema_version >= 2:
+            pad = " " * 22
+            sv = n.software
+            click.echo(f"{pad}saved by {n.saver or '?'} on rank{'s' if len(n.ranks_saved) != 1 else ''} "
+                       f"{','.join(map(str, n.ranks_saved)) or '?'} of {n.world}; {len(n.files)} file(s); "
+                       f"replicas: {n.agreement or '?'}")
+            if n.signatures:
+                click.echo(f"{pad}signatures: {short(n.signatures)}")
+            if sv:
+                click.echo(f"{pad}versions: python {sv.python}, torch {sv.torch}, cuda {sv.cuda or '-'}, "
+                           f"nccl {sv.nccl or '-'}, scout {sv.scout}")
+            if n.coverage:
+                c = n.coverage
+                click.echo(f"{pad}coverage since the previous record: {c.votes} vote(s), {c.replay_rounds} replay "
+                           f"round(s): {c.verdicts}")
+        else:
+            click.echo(f"{'':>22}(schema version {n.schema_version} record: no signatures or replicas' agreement)")
     click.echo(f"recovery rule: {why}")
 
 

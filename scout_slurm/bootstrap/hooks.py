@@ -300,11 +300,15 @@ def _versions() -> str:
     return f"python {platform.python_version()}, torch {tv}, scout {getattr(scout_slurm, '__version__', '?')}"
 
 
-def note_checkpoint(path: str | os.PathLike, *, step: int | None = None) -> None:
+def note_checkpoint(path: str | os.PathLike, *, step: int | None = None, saver: str = "note") -> None:
     """Tell scout that a checkpoint was written (the explicit call for custom savers). The
     note goes to the job's evidence folder; the recovery rule picks among these."""
     notes_dir = STATE.checkpoints_dir
     if notes_dir is None:
+        return
+    from scout_slurm.bootstrap import ckptstate
+    if ckptstate.WATCH is not None:  # the full record: signatures, replicas' agreement, coverage
+        ckptstate.WATCH.saved(os.fspath(path), saver=saver, step=step)
         return
     from scout_slurm.evidence.store import write_record
     from scout_slurm.remediation.records import CheckpointNote
@@ -336,10 +340,12 @@ def _patch_save(handle: InstalledHooks) -> None:
     def scout_save(obj, f, *args, **kwargs):
         result = original_save(obj, f, *args, **kwargs)
         if isinstance(f, (str, os.PathLike)) and not os.path.basename(os.fspath(f)).startswith("."):
-            note_checkpoint(f)
+            note_checkpoint(f, saver="torch.save")
         return result
 
     handle.patch(torch, "save", scout_save)
+    from scout_slurm.bootstrap import ckptstate  # DCP saves, loads, schedulers, the replicas' agreement
+    ckptstate.install(handle, STATE)
 
 
 def _record_injection(fault: FaultSpec) -> None:

@@ -20,6 +20,8 @@ def file_problem(note: CheckpointNote, *, full_digest_limit: int = FULL_DIGEST_L
         st = os.stat(path)
     except OSError as exc:
         return f"{path}: {exc.strerror}: the file is gone"
+    if stat.S_ISDIR(st.st_mode) and note.files:
+        return _folder_problem(note, full_digest_limit)
     if not stat.S_ISREG(st.st_mode):
         return f"{path}: not a regular file"
     if st.st_size != note.size_bytes:
@@ -34,6 +36,27 @@ def file_problem(note: CheckpointNote, *, full_digest_limit: int = FULL_DIGEST_L
             return f"{path}: unreadable ({exc.strerror})"
         if h.hexdigest() != note.sha256:
             return f"{path}: sha256 differs from the one recorded after the save: changed on disk after its record"
+    return None
+
+
+def _folder_problem(note: CheckpointNote, full_digest_limit: int) -> str | None:
+    """A checkpoint folder (DCP): every recorded file still there, unchanged, and no file added."""
+    import dataclasses
+    root = os.path.realpath(note.path)
+    recorded = {f.name for f in note.files}
+    for f in note.files:
+        full = os.path.realpath(os.path.join(root, f.name))
+        if os.path.commonpath([root, full]) != root or not f.name:
+            return f"{note.path}: recorded file name {f.name!r} leaves the checkpoint folder"
+        one = dataclasses.replace(note, path=full, size_bytes=f.size_bytes, sha256=f.sha256, files=())
+        problem = file_problem(one, full_digest_limit=full_digest_limit)
+        if problem:
+            return f"{note.path} (one of {len(note.files)} files): {problem}"
+    for dirpath, dirnames, names in os.walk(root, followlinks=False):
+        for n in names:
+            rel = os.path.relpath(os.path.join(dirpath, n), root)
+            if rel not in recorded:
+                return f"{note.path}: file {rel!r} was not there when it was saved: changed on disk after its record"
     return None
 
 

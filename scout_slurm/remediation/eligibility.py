@@ -2,8 +2,10 @@
 
 A checkpoint at step s is *eligible* when the replicas were seen to agree at a step >= s (a
 persistent corruption before s would have shown there), *candidate* when no vote has covered it
-yet, *rejected* when its file is missing or changed since it was noted, or when it was saved at
-or after the first suspect step of its run. The rule: the newest eligible checkpoint strictly
+yet, *rejected* when its file is missing or changed since it was noted, when it was saved at
+or after the first suspect step of its run, or when the replicas' state signatures disagreed at
+the save (schema version 2 records). Replicas that agreed at the save make it eligible as a clean
+vote at that step would. The rule: the newest eligible checkpoint strictly
 before the first suspect step; failing that, the newest candidate, said so plainly.
 """
 
@@ -43,11 +45,19 @@ def assess(notes: Sequence[CheckpointNote], coverage: Mapping[int, VoteCoverage]
             out.append(Assessment(note, CheckpointStatus.REJECTED,
                                   f"saved at step {note.step}, at or after the first suspect step "
                                   f"{v.first_suspect_step} of run {note.restart} ({v.kind.value})"))
+        elif note.agreement.startswith("disagreed"):
+            out.append(Assessment(note, CheckpointStatus.REJECTED,
+                                  f"the replicas' state signatures {note.agreement} at the save (step {note.step})"))
         elif cov is not None and cov.last_clean_step >= note.step:
             out.append(Assessment(note, CheckpointStatus.ELIGIBLE,
                                   f"the replicas agreed at step {cov.last_clean_step} (>= {note.step})"))
+        elif note.agreement.startswith("agreed"):
+            out.append(Assessment(note, CheckpointStatus.ELIGIBLE,
+                                  f"the replicas' state signatures agreed at the save (step {note.step})"))
         else:
             seen = f"last clean vote at step {cov.last_clean_step}" if cov else "no state vote in this run"
+            if note.agreement.startswith("not exchanged"):
+                seen += f"; replicas' signatures {note.agreement}"
             out.append(Assessment(note, CheckpointStatus.CANDIDATE, f"not covered by a vote yet ({seen})"))
     return out
 

@@ -79,8 +79,53 @@ class ResumeInstruction:
 
 
 @dataclass(frozen=True)
+class CheckpointFile:
+    """One file of a checkpoint as re-read from storage after fsync (a DCP checkpoint is a folder
+    of several)."""
+    name: str                      # relative to the checkpoint's path; "" for a single-file checkpoint
+    size_bytes: int
+    sha256: str
+    schema_version: int = 1
+
+
+@dataclass(frozen=True)
+class StateSignature:
+    """One component of the training state (model, optimizer, scheduler, rng_cpu, rng_cuda,
+    rng_python, rng_numpy, data) as signed on each rank and exchanged on scout's side group."""
+    component: str
+    saved: str                     # hex signature on the saving rank at the moment of the save ("": none)
+    per_rank: tuple[str, ...]      # hex per rank at the exchange ("": that rank has none)
+    majority: str                  # the strict majority among the replicas ("": none)
+    agreed: bool                   # every replica group held one value
+    schema_version: int = 1
+
+
+@dataclass(frozen=True)
+class SoftwareVersions:
+    python: str
+    torch: str
+    cuda: str | None
+    nccl: str | None
+    scout: str
+    schema_version: int = 1
+
+
+@dataclass(frozen=True)
+class CoverageSince:
+    """State votes and in-situ replay rounds since the previous checkpoint record of this run."""
+    votes: int
+    replay_rounds: int
+    last_clean_step: int           # -1: no clean vote yet
+    last_vote_step: int
+    verdicts: str                  # in words: "clean", "not clean ...", "no votes", "replay not recorded"
+    schema_version: int = 1
+
+
+@dataclass(frozen=True)
 class CheckpointNote:
-    """A checkpoint the training process wrote (seen through torch.save or the explicit call)."""
+    """A checkpoint the training process wrote (seen through torch.save, torch.distributed.checkpoint
+    or the explicit call), and the eligibility evidence recorded with it. Version 1 records (path,
+    digest and versions only) are still read: the later fields then keep their defaults."""
     KIND: ClassVar[str] = "checkpoint-note"
     path: str
     step: int
@@ -88,9 +133,19 @@ class CheckpointNote:
     restart: int
     saved_at: float
     size_bytes: int
-    sha256: str = ""               # of the file as re-read from storage after fsync
+    sha256: str = ""               # of the file as re-read from storage after fsync (DCP: of the file list)
     versions: str = ""             # python, torch, scout at save time
-    schema_version: int = 1
+    saver: str = ""                # "torch.save", "dcp.save", "note" (the explicit call)
+    files: tuple[CheckpointFile, ...] = ()
+    world: int = 0
+    ranks_saved: tuple[int, ...] = ()
+    signatures: tuple[StateSignature, ...] = ()
+    agreement: str = ""            # "agreed", "disagreed: ...", "not exchanged: ..." ("" in version 1)
+    exchanged_at_save: bool = False  # DCP: every rank signed inside the save; torch.save: at the next step
+    data_position: str = ""        # what "data" signs, in words
+    software: SoftwareVersions | None = None
+    coverage: CoverageSince | None = None
+    schema_version: int = 2
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,585 @@
+"""Checkpoint evidence inside the training process (runs in the job's Python, as root-trusted code
+writing only into scout's evidence folder).
+
+- A save (torch.save of a file, torch.distributed.checkpoint's save of a folder, or the explicit
+  `note()`) is recorded with the digests of every written file, the saving rank's state signatures
+  at that moment, the software versions, and the vote/replay coverage since the previous record.
+- The replicas' agreement: every rank signs its state and the signatures are exchanged on scout's
+  gloo side group. A DCP save is collective, so this happens inside it. A torch.save is usually
+  made by one rank that the others do not wait for, so the exchange is at the next optimizer step
+  (before it changes anything): each step every rank contributes one int64 ("did I save since the
+  last step?"); only when one did is the full exchange made. A save after the last step is
+  exchanged in destroy_process_group, else recorded "not exchanged".
+- The resume: a run told SCOUT_RESUME_CHECKPOINT that loads it (torch.load / dcp.load of that
+  path) has its restored state signed at its first optimizer step and compared with the record:
+  a `resume verified` finding, or a loud mismatch finding (stderr and evidence; fatal when
+  SCOUT_RESUME_MISMATCH=fatal).
+
+What the signatures cover: model = every parameter the optimizers update (frozen parameters and
+buffers are not seen); optimizer = its tensor state and hyperparameters; scheduler = the state of
+every LR scheduler created; RNG = torch CPU, CUDA (only if the job initialised CUDA), Python
+`random`, NumPy (only if the job imported it); data = scout's global optimizer step and the epoch
+last given to a DistributedSampler. The data loader's own position is not visible to scout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import time
+import weakref
+from pathlib import Path
+from typing import Any, Callable
+
+from scout_slurm.remediation.signatures import COMPONENTS
+
+RESUME_MISMATCH_EXIT = 90  # scout_slurm.task.exitcodes.RESUME_MISMATCH (literal: runs in the job's Python)
+_MASK = 0x7FFFFFFFFFFFFFFF
+DATA_POSITION = "scout's global optimizer step; the DistributedSampler epoch when the script sets one"
+
+
+def _sig_hex(value: int) -> str:
+    return f"{value & _MASK:016x}"
+
+
+def _bytes_sig(parts) -> str:
+    from scout_slurm.bootstrap.consensus import _hasher
+    h = _hasher()()
+    for p in parts:
+        h.update(p if isinstance(p, (bytes, bytearray, memoryview)) else repr(p).encode())
+    return _sig_hex(h.intdigest())
+
+
+def signatures_now(optimizers: list[Any], schedulers: list[Any], step: int, sampler_epoch: int | None) -> dict[str, str]:
+    """This rank's state now, one hex signature per component ("" where there is none)."""
+    import random
+
+    import torch
+
+    from scout_slurm.bootstrap.consensus import optimizer_tensors, state_signature
+    out = dict.fromkeys(COMPONENTS, "")
+    if optimizers:
+        params = [(f"o{oi}.g{gi}.p{pi}", p) for oi, o in enumerate(optimizers)
+                  for gi, g in enumerate(o.param_groups) for pi, p in enumerate(g["params"])]
+        out["model"] = _sig_hex(state_signature(params))
+        tensors = [(f"o{oi}.{n}", t) for oi, o in enumerate(optimizers) for n, t in optimizer_tensors(o)]
+        hyper = [[(k, v) for k, v in sorted(g.items()) if k != "params"] for o in optimizers for g in o.param_groups]
+        scalars = [sorted((k, v) for k, v in o.state.get(p, {}).items() if not torch.is_tensor(v))
+                   for o in optimizers for g in o.param_groups for p in g["params"]]
+        out["optimizer"] = _bytes_sig([_sig_hex(state_signature(tensors)), hyper, scalars])
+    if schedulers:
+        out["scheduler"] = _bytes_sig([sorted((k, v) for k, v in s.state_dict().items()) for s in schedulers])
+    out["rng_cpu"] = _bytes_sig([torch.get_rng_state().numpy().tobytes()])
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["rng_cuda"] = _bytes_sig([s.numpy().tobytes() for s in torch.cuda.get_rng_state_all()])
+    out["rng_python"] = _bytes_sig([random.getstate()])
+    np = sys.modules.get("numpy")
+    if np is not None:
+        st = np.random.get_state()
+        out["rng_numpy"] = _bytes_sig([st[0], st[1].tobytes(), st[2:]])
+    out["data"] = _bytes_sig([f"step={step}", f"epoch={sampler_epoch}"])
+    return out
+
+
+def software_versions():
+    import platform
+
+    import torch
+
+    import scout_slurm
+    from scout_slurm.remediation.records import SoftwareVersions
+    nccl = None
+    try:
+        if torch.cuda.is_available():
+            v = torch.cuda.nccl.version()
+            nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+    except Exception:  # noqa: BLE001 - a build without NCCL
+        nccl = None
+    return SoftwareVersions(python=platform.python_version(), torch=torch.__version__, cuda=torch.version.cuda,
+                            nccl=nccl, scout=getattr(scout_slurm, "__version__", "?"))
+
+
+def digest_from_storage(path: str) -> tuple[int, str]:
+    """(size, sha256) of a file as storage gives it back after fsync (not what we meant to write)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        h = hashlib.sha256()
+        size = 0
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            size += len(chunk)
+            h.update(chunk)
+    finally:
+        os.close(fd)
+    return size, h.hexdigest()
+
+
+def files_of(path: str):
+    """Every file of a checkpoint (a file, or a DCP folder walked without following links),
+    digested from storage; with the checkpoint's total size and its one sha256."""
+    from scout_slurm.remediation.records import CheckpointFile
+    if os.path.isdir(path):
+        files = []
+        for dirpath, dirnames, names in os.walk(path, followlinks=False):
+            dirnames.sort()
+            for n in sorted(names):
+                full = os.path.join(dirpath, n)
+                if os.path.islink(full) or not os.path.isfile(full):
+                    continue
+                size, sha = digest_from_storage(full)
+                files.append(CheckpointFile(name=os.path.relpath(full, path), size_bytes=size, sha256=sha))
+    else:
+        size, sha = digest_from_storage(path)
+        files = [CheckpointFile(name="", size_bytes=size, sha256=sha)]
+    return tuple(files), sum(f.size_bytes for f in files), combined_sha(files)
+
+
+def combined_sha(files) -> str:
+    if len(files) == 1 and files[0].name == "":
+        return files[0].sha256
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f"{f.name}\0{f.size_bytes}\0{f.sha256}\n".encode())
+    return h.hexdigest()
+
+
+class CheckpointWatch:
+    def __init__(self, *, rank: int, world: int, side: Any, notes_dir: Path | None, run_dir: Path | None,
+                 restart: int, offset: int, all_gather: Callable, groups: Callable[[], Any],
+                 completed_steps: Callable[[], int]) -> None:
+        self.rank, self.world, self.side = rank, world, side
+        self.notes_dir, self.run_dir, self.restart, self.offset = notes_dir, run_dir, restart, offset
+        self.all_gather, self.groups, self.completed_steps = all_gather, groups, completed_steps
+        self.optimizers: list[weakref.ref] = []
+        self.schedulers: list[weakref.ref] = []  # creation order: the same on every rank
+        self.sampler_epoch: int | None = None
+        self.pending: list[tuple[Path, Any]] = []
+        self.prev_votes = 0
+        self.resume = os.environ.get("SCOUT_RESUME_CHECKPOINT", "")
+        self.resume_loaded = False
+        self.resume_done = not self.resume
+        self.exchanges = 0
+        self.init_steps = 0  # optimizer steps DCP's get_state_dict makes to create the state (lr 0)
+
+    # -- what the job has ------------------------------------------------------------------------
+    def see_optimizer(self, opt: Any) -> None:
+        if all(r() is not opt for r in self.optimizers):
+            self.optimizers.append(weakref.ref(opt))
+
+    def see_scheduler(self, sched: Any) -> None:
+        if all(r() is not sched for r in self.schedulers):
+            self.schedulers.append(weakref.ref(sched))
+
+    def global_step(self) -> int:
+        return self.completed_steps() - self.init_steps + self.offset
+
+    def now(self) -> dict[str, str]:
+        opts = [o for o in (r() for r in self.optimizers) if o is not None]
+        scheds = [s for s in (r() for r in self.schedulers) if s is not None]
+        return signatures_now(opts, scheds, self.global_step(), self.sampler_epoch)
+
+    # -- saves ------------------------------------------------------------------------------------
+    def saved(self, path: str, *, saver: str, step: int | None, ranks_saved: tuple[int, ...] | None = None,
+              per_rank: list[dict[str, str]] | None = None) -> None:
+        """Record a checkpoint this rank wrote. per_rank: every rank's signatures when the save was
+        collective (DCP); else the exchange follows at the next step."""
+        if self.notes_dir is None:
+            return
+        from scout_slurm.evidence.store import write_record
+        from scout_slurm.remediation.records import CheckpointNote
+        target = os.path.abspath(os.fspath(path))
+        try:
+            files, size, sha = files_of(target)
+        except OSError as exc:
+            sys.stderr.write(f"scout: checkpoint {target} not recorded: cannot re-read it ({exc.strerror})\n")
+            return
+        step = self.global_step() if step is None else int(step)
+        mine = self.now()
+        note = CheckpointNote(path=target, step=step, rank=self.rank, restart=self.restart, saved_at=time.time(),
+                              size_bytes=size, sha256=sha, versions=_versions_text(), saver=saver, files=files,
+                              world=self.world, ranks_saved=ranks_saved or (self.rank,),
+                              agreement="not exchanged: the replicas' signatures follow at the next optimizer step",
+                              data_position=DATA_POSITION, software=software_versions(),
+                              coverage=self._coverage())
+        if per_rank is not None:
+            note = self._with_exchange(note, mine, per_rank, at_save=True)
+        elif self.world < 2 or self.side is None:
+            note = self._with_exchange(note, mine, [mine], at_save=False, why="one rank: nothing to compare")
+        else:
+            note = self._with_exchange(note, mine, None, at_save=False)
+        dest = self.notes_dir / f"run-{self.restart}-step-{step}-rank-{self.rank}.json"
+        try:
+            self.notes_dir.mkdir(parents=True, exist_ok=True)
+            write_record(dest, note)
+        except Exception as exc:  # noqa: BLE001 - never break the job for a note
+            sys.stderr.write(f"scout: checkpoint note not written: {exc!r}\n")
+            return
+        if per_rank is None and self.world >= 2 and self.side is not None:
+            self.pending.append((dest, note))
+
+    def saved_collective(self, path: str, *, saver: str) -> None:
+        """A save every rank made together (DCP): sign and exchange now; the lowest rank records it."""
+        import torch
+        mine = self.now()
+        if self.side is not None and self.world >= 2:
+            vec = torch.tensor([int(mine[c], 16) if mine[c] else -1 for c in COMPONENTS], dtype=torch.int64)
+            got = [torch.zeros_like(vec) for _ in range(self.world)]
+            self.all_gather(got, vec, group=self.side)
+            per_rank = [{c: (_sig_hex(int(g[i])) if int(g[i]) >= 0 else "") for i, c in enumerate(COMPONENTS)}
+                        for g in got]
+        else:
+            per_rank = [mine]
+        if self.rank == 0:
+            self.saved(path, saver=saver, step=None, ranks_saved=tuple(range(self.world)), per_rank=per_rank)
+
+    def _with_exchange(self, note, mine: dict[str, str], per_rank: list[dict[str, str]] | None, *, at_save: bool,
+                       why: str = ""):
+        import dataclasses
+
+        from scout_slurm.remediation.records import StateSignature
+        from scout_slurm.remediation.signatures import agree, agreement_text
+        groups = self.groups()
+        sigs = []
+        for c in COMPONENTS:
+            values = tuple(p.get(c, "") for p in per_rank) if per_rank is not None else ()
+            if per_rank is not None:
+                majority, agreed, _ = agree(values, groups)
+            else:
+                majority, agreed = mine[c], False
+            if not mine[c] and not any(values):
+                continue
+            sigs.append(StateSignature(component=c, saved=mine[c], per_rank=values, majority=majority,
+                                       agreed=agreed))
+        sigs = tuple(sigs)
+        if per_rank is not None and not why and groups and not any(len(g) >= 2 for g in groups):
+            why = "no replicas to compare (every rank holds a state of its own)"
+        if per_rank is None:
+            agreement = note.agreement
+        elif why:
+            agreement = f"not exchanged: {why}"
+        else:
+            agreement = agreement_text(sigs, groups)
+        return dataclasses.replace(note, signatures=sigs, agreement=agreement, exchanged_at_save=at_save)
+
+    def _coverage(self):
+        from scout_slurm.remediation.records import CoverageSince
+        cov = None
+        if self.run_dir is not None and (self.run_dir / "votes.json").exists():
+            try:
+                from scout_slurm.evidence.store import read_record
+                from scout_slurm.remediation.records import VoteCoverage
+                cov = read_record(self.run_dir / "votes.json", VoteCoverage)
+            except Exception:  # noqa: BLE001 - coverage is evidence, never a reason to fail the save
+                cov = None
+        if cov is None:
+            return CoverageSince(votes=0, replay_rounds=0, last_clean_step=-1, last_vote_step=-1,
+                                 verdicts="no state votes recorded in this run; no replay coverage recorded")
+        votes = cov.votes - self.prev_votes
+        self.prev_votes = cov.votes
+        replay = getattr(cov, "replay_rounds", None)
+        clean = "clean" if cov.last_clean_step == cov.last_vote_step else (
+            f"not clean: the last vote at step {cov.last_vote_step}, the last clean one at step {cov.last_clean_step}")
+        if votes == 0:
+            clean = f"no vote since the previous record ({clean} before)"
+        return CoverageSince(votes=votes, replay_rounds=int(replay or 0), last_clean_step=cov.last_clean_step,
+                             last_vote_step=cov.last_vote_step,
+                             verdicts=clean + ("" if replay is not None else "; no replay coverage recorded"))
+
+    def exchange(self) -> None:
+        """Collective on the side group (every rank, same point): finish the records of saves made
+        since the last exchange. One int64 per rank when nobody saved."""
+        if self.side is None or self.world < 2:
+            return
+        import torch
+        flag = torch.tensor([1 if self.pending else 0], dtype=torch.int64)
+        flags = [torch.zeros_like(flag) for _ in range(self.world)]
+        self.all_gather(flags, flag, group=self.side)
+        savers = tuple(r for r, f in enumerate(flags) if int(f[0]))
+        if not savers:
+            return
+        mine = self.now()
+        vec = torch.tensor([int(mine[c], 16) if mine[c] else -1 for c in COMPONENTS], dtype=torch.int64)
+        got = [torch.zeros_like(vec) for _ in range(self.world)]
+        self.all_gather(got, vec, group=self.side)
+        self.exchanges += 1
+        per_rank = [{c: (_sig_hex(int(g[i])) if int(g[i]) >= 0 else "") for i, c in enumerate(COMPONENTS)} for g in got]
+        from scout_slurm.evidence.store import write_record
+        for dest, note in self.pending:
+            import dataclasses
+            saved_values = {s.component: s.saved for s in note.signatures}
+            done = self._with_exchange(dataclasses.replace(note, ranks_saved=savers),
+                                       {c: saved_values.get(c, "") for c in COMPONENTS}, per_rank, at_save=False)
+            try:
+                write_record(dest, done)
+            except Exception as exc:  # noqa: BLE001
+                sys.stderr.write(f"scout: checkpoint record not completed: {exc!r}\n")
+        self.pending.clear()
+
+    # -- the resume -------------------------------------------------------------------------------
+    def loaded(self, path: Any) -> None:
+        """torch.load / dcp.load of `path` was called."""
+        if self.resume_done or self.resume_loaded:
+            return
+        try:
+            same = os.path.realpath(os.fspath(path)) == os.path.realpath(self.resume)
+        except (TypeError, ValueError):
+            return
+        if same:
+            self.resume_loaded = True
+
+    def before_step(self, optimizer: Any) -> None:
+        """The optimizer pre-step hook (every rank, same point)."""
+        if _state_init_step(optimizer):
+            # torch.distributed.checkpoint.state_dict steps a fresh optimizer once with lr 0 to create
+            # its state before a load: not training, not the resumed run's first step
+            self.init_steps += 1
+            return
+        self.see_optimizer(optimizer)
+        if not self.resume_done:
+            self.resume_done = True
+            try:
+                self._verify()
+            except SystemExit:
+                raise
+            except Exception as exc:  # noqa: BLE001 - verification is evidence; never break the job
+                sys.stderr.write(f"scout: resume not verified: {exc!r}\n")
+        self.exchange()
+
+    def _verify(self) -> None:
+        from scout_slurm.remediation.signatures import compare
+        if not self.resume_loaded:
+            self._finding(False, f"this rank did not load the resume checkpoint {self.resume} before its first "
+                                 f"optimizer step (no torch.load / dcp.load of that path was seen)", (), info=True)
+            return
+        note = self._record_of(self.resume)
+        if note is None:
+            self._finding(False, f"no checkpoint record for {self.resume}: the restored state cannot be checked",
+                          (), info=True)
+            return
+        if not note.signatures:
+            self._finding(False, f"the record of {self.resume} (schema version {note.schema_version}) holds no "
+                                 f"state signatures: the restored state cannot be checked", (), info=True)
+            return
+        same, bad, unchecked = compare(note, self.rank, self.now())
+        details = tuple([f"matches: {', '.join(same) or 'nothing'}"] +
+                        ([f"not recorded for this rank: {', '.join(unchecked)}"] if unchecked else []) + bad)
+        # the replicated state (model, optimizer, scheduler, data position) must come back exactly; an
+        # RNG stream the script does not save and restore differs too, and matters only if it draws from it
+        state_bad = [b.split(":")[0] for b in bad if not b.startswith("rng_")]
+        rng_bad = [b.split(":")[0] for b in bad if b.startswith("rng_")]
+        if state_bad:
+            self._finding(False, f"RESUME MISMATCH: rank {self.rank}'s state restored from {note.path} (step "
+                                 f"{note.step}) differs from its record in {len(bad)} component(s): "
+                                 + ", ".join(state_bad + rng_bad), details)
+        elif rng_bad:
+            self._finding(True, f"resume verified: rank {self.rank} restored {note.path} (step {note.step}); "
+                                f"{', '.join(same)} equal the record; RNG streams differ from the record: "
+                                f"{', '.join(rng_bad)} (not restored by the script: the run is not bit-exact if it "
+                                f"draws from them)", details)
+            sys.stderr.write(f"scout: resumed rank {self.rank}: RNG streams differ from the checkpoint record: "
+                             f"{', '.join(rng_bad)}\n")
+        else:
+            self._finding(True, f"resume verified: rank {self.rank} restored {note.path} (step {note.step}); "
+                                f"{', '.join(same)} equal the record", details)
+
+    def _record_of(self, path: str):
+        if self.notes_dir is None or not self.notes_dir.is_dir():
+            return None
+        from scout_slurm.evidence.store import list_records
+        from scout_slurm.remediation.records import CheckpointNote
+        target = os.path.realpath(path)
+        try:
+            notes, _ = list_records(self.notes_dir, "*.json", CheckpointNote)
+        except Exception:  # noqa: BLE001
+            return None
+        mine = [n for n in notes if os.path.realpath(n.path) == target]
+        return max(mine, key=lambda n: n.saved_at) if mine else None
+
+    def _finding(self, ok: bool, summary: str, details: tuple[str, ...], *, info: bool = False) -> None:
+        fatal = not ok and not info and os.environ.get("SCOUT_RESUME_MISMATCH", "warn") == "fatal"
+        if not ok and not info:
+            bar = "!" * 78
+            sys.stderr.write(f"{bar}\nscout: {summary}\n" + "".join(f"scout:   {d}\n" for d in details) +
+                             (f"scout: SCOUT_RESUME_MISMATCH=fatal: ending this rank (exit {RESUME_MISMATCH_EXIT})\n"
+                              if fatal else "scout: the job continues (SCOUT_RESUME_MISMATCH=fatal would end it)\n")
+                             + f"{bar}\n")
+        elif not ok:
+            sys.stderr.write(f"scout: {summary}\n")
+        sys.stderr.flush()
+        if self.run_dir is not None:
+            try:
+                from scout_slurm.evidence.records import Finding, FindingKind
+                from scout_slurm.evidence.store import write_record
+                name = "resume-verified" if ok else ("resume-unchecked" if info else "resume-mismatch")
+                write_record(self.run_dir / "findings" / f"{name}-rank-{self.rank}.json",
+                             Finding(rank=self.rank, node=os.environ.get("SLURMD_NODENAME", ""), kind=FindingKind.INFO,
+                                     at=time.time(), summary=summary, details=details, step=self.global_step(),
+                                     component="resume"))
+            except Exception as exc:  # noqa: BLE001
+                sys.stderr.write(f"scout: resume finding not written: {exc!r}\n")
+        if fatal:
+            os._exit(RESUME_MISMATCH_EXIT)
+
+
+def _state_init_step(optimizer: Any) -> bool:
+    try:
+        return not optimizer.state and all(float(g["lr"]) == 0.0 for g in optimizer.param_groups if "lr" in g)
+    except Exception:  # noqa: BLE001 - an optimizer of unusual shape: treat the step as real
+        return False
+
+
+def _versions_text() -> str:
+    v = software_versions()
+    return f"python {v.python}, torch {v.torch}, scout {v.scout}"
+
+
+def dcp_path(args: tuple, kwargs: dict, io_key: str) -> str | None:
+    """The folder a torch.distributed.checkpoint save/load uses: checkpoint_id, or the storage
+    writer's/reader's path."""
+    cid = kwargs.get("checkpoint_id")
+    if isinstance(cid, (str, os.PathLike)):
+        return os.fspath(cid)
+    io = kwargs.get(io_key)
+    if io is None and len(args) > 1:
+        io = args[1]
+    for attr in ("path", "checkpoint_id"):
+        p = getattr(io, attr, None)
+        if isinstance(p, (str, os.PathLike)):
+            return os.fspath(p)
+    return None
+
+
+WATCH: CheckpointWatch | None = None
+
+
+def install(handle: Any, state: Any) -> None:
+    """Called once from the hooks at init_process_group (every rank): the watch, its side group,
+    and the patches it needs (torch.load, DCP save/load, LR schedulers, DistributedSampler epochs,
+    an optimizer pre-step hook, and destroy_process_group for a save after the last step)."""
+    global WATCH
+    import torch
+    import torch.distributed as dist
+    if state.checkpoints_dir is None or WATCH is not None:
+        return
+    side = None
+    if state.world >= 2 and os.environ.get("SCOUT_CHECKPOINT_AGREEMENT", "1") != "0":
+        # the votes' side group when there is one; else scout's own (never the training communicators)
+        side = state.consensus.side if state.consensus is not None else dist.new_group(backend="gloo")
+    run_dir = os.environ.get("SCOUT_RUN_DIR")
+
+    def groups():
+        c = state.consensus
+        return getattr(c, "groups", None) if c is not None else None
+
+    watch = CheckpointWatch(rank=state.rank, world=state.world, side=side, notes_dir=state.checkpoints_dir,
+                            run_dir=Path(run_dir) if run_dir else None, restart=state.restart,
+                            offset=int(os.environ.get("SCOUT_STEP_OFFSET", "0") or 0),
+                            all_gather=state.originals["all_gather"], groups=groups,
+                            completed_steps=lambda: state.writer.steps if state.writer is not None else 0)
+    WATCH = watch
+    handle.on_remove(_forget)
+
+    original_load = torch.load
+
+    def scout_load(f, *args, **kwargs):
+        if isinstance(f, (str, os.PathLike)):
+            watch.loaded(f)
+        return original_load(f, *args, **kwargs)
+    scout_load.__wrapped__ = original_load
+    handle.patch(torch, "load", scout_load)
+
+    from torch.optim import lr_scheduler
+    base = getattr(lr_scheduler, "LRScheduler", None) or lr_scheduler._LRScheduler
+    original_sched_init = base.__init__
+
+    def scout_sched_init(self, *args, **kwargs):
+        original_sched_init(self, *args, **kwargs)
+        watch.see_scheduler(self)
+    handle.patch(base, "__init__", scout_sched_init)
+
+    from torch.utils.data.distributed import DistributedSampler
+    original_set_epoch = DistributedSampler.set_epoch
+
+    def scout_set_epoch(self, epoch):
+        watch.sampler_epoch = int(epoch)
+        return original_set_epoch(self, epoch)
+    handle.patch(DistributedSampler, "set_epoch", scout_set_epoch)
+
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    def pre_step(optimizer, args, kwargs):
+        watch.before_step(optimizer)
+    h = register_optimizer_step_pre_hook(pre_step)
+    handle.on_remove(h.remove)
+
+    c10d = dist.distributed_c10d
+    current_destroy = c10d.destroy_process_group
+
+    def scout_destroy(*args, **kwargs):
+        if (not args or args[0] is None) and kwargs.get("group") is None:
+            try:
+                watch.exchange()  # a save after the last optimizer step
+            except Exception as exc:  # noqa: BLE001
+                sys.stderr.write(f"scout: checkpoint agreement not exchanged at exit: {exc!r}\n")
+        return current_destroy(*args, **kwargs)
+    for owner in (dist, c10d):
+        if getattr(owner, "destroy_process_group", None) is current_destroy:
+            handle.patch(owner, "destroy_process_group", scout_destroy)
+
+    if "torch.distributed.checkpoint" in sys.modules:
+        _patch_dcp(handle, sys.modules["torch.distributed.checkpoint"])
+    else:
+        from scout_slurm.bootstrap.hooks import _PatchAfterImport
+        finder = _PatchAfterImport({"torch.distributed.checkpoint": lambda m: _patch_dcp(handle, m)})
+        sys.meta_path.insert(0, finder)
+        handle.on_remove(lambda: finder in sys.meta_path and sys.meta_path.remove(finder))
+
+
+def _forget() -> None:
+    global WATCH
+    WATCH = None
+
+
+def _patch_dcp(handle: Any, dcp: Any) -> None:
+    for name, io_key in (("save", "storage_writer"), ("save_state_dict", "storage_writer")):
+        fn = getattr(dcp, name, None)
+        if fn is not None:
+            handle.patch(dcp, name, _wrap_dcp_save(fn, io_key, f"dcp.{name}"))
+    for name in ("load", "load_state_dict"):
+        fn = getattr(dcp, name, None)
+        if fn is not None:
+            handle.patch(dcp, name, _wrap_dcp_load(fn))
+
+
+def _wrap_dcp_save(fn: Callable, io_key: str, label: str) -> Callable:
+    import functools
+
+    @functools.wraps(fn)
+    def scout_dcp_save(*args, **kwargs):
+        result = fn(*args, **kwargs)
+        w = WATCH
+        path = dcp_path(args, kwargs, io_key)
+        if w is not None and path is not None and not kwargs.get("no_dist"):
+            try:
+                w.saved_collective(path, saver=label)
+            except Exception as exc:  # noqa: BLE001 - never break the job for a record
+                sys.stderr.write(f"scout: DCP checkpoint {path} not recorded: {exc!r}\n")
+        return result
+    return scout_dcp_save
+
+
+def _wrap_dcp_load(fn: Callable) -> Callable:
+    import functools
+
+    @functools.wraps(fn)
+    def scout_dcp_load(*args, **kwargs):
+        w = WATCH
+        path = dcp_path(args, kwargs, "storage_reader")
+        if w is not None and path is not None:
+            w.loaded(path)
+        return fn(*args, **kwargs)
+    return scout_dcp_load

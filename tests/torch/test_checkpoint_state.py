@@ -1,0 +1,140 @@
+"""Checkpoint records in real 2-rank gloo jobs (CPU, no Slurm): torch.distributed.checkpoint saves
+seen without editing the script, the replicas' signatures exchanged and agreed (or not), and the
+resumed run's restored state compared with the record (verified, or a loud mismatch)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from scout_slurm.evidence.store import read_record
+from scout_slurm.remediation.eligibility import CheckpointStatus, assess
+from scout_slurm.remediation.checkfiles import file_problem
+from scout_slurm.remediation.records import CheckpointNote
+
+def _bootstrap_helpers():
+    """The rank runner of test_bootstrap.py (one copy; tests/torch is not a package: `torch` is taken)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("_scout_test_bootstrap", Path(__file__).with_name("test_bootstrap.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up while it executes
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_tb = _bootstrap_helpers()
+JOBS, TRAIN, run_ranks, scout_env = _tb.JOBS, _tb.TRAIN, _tb.run_ranks, _tb.scout_env
+
+pytestmark = [pytest.mark.torch]
+
+DCP_JOB = JOBS / "train_dcp.py"
+
+
+def _env(base: Path, name: str, **extra: str) -> dict[str, str]:
+    run_dir = base / name
+    (run_dir / "findings").mkdir(parents=True, exist_ok=True)  # scout-task makes it in a real job
+    return scout_env(run_dir, SCOUT_CHECKPOINTS_DIR=str(base / "notes"), SCOUT_RUN_DIR=str(run_dir), **extra)
+
+
+def _ok(runs) -> None:
+    for r in runs:
+        assert r.returncode == 0, f"rank {r.rank} exited {r.returncode}\n{r.stdout}\n{r.stderr}"
+
+
+def _findings(run_dir: Path) -> dict[str, dict]:
+    return {p.name: json.loads(p.read_text()) for p in sorted((run_dir / "findings").glob("resume-*.json"))}
+
+
+def _notes(base: Path) -> list[CheckpointNote]:
+    return [read_record(p, CheckpointNote) for p in sorted((base / "notes").glob("*.json"))]
+
+
+@pytest.mark.timeout(120)
+def test_dcp_save_is_one_record_of_every_file_and_its_resume_is_verified(tmp_path):
+    ck = tmp_path / "ck"
+    _ok(run_ranks([str(DCP_JOB), "--ckpt", str(ck)], _env(tmp_path, "a"), cwd=tmp_path / "a"))
+    [note] = _notes(tmp_path)
+    on_disk = sorted(str(p.relative_to(ck)) for p in ck.rglob("*") if p.is_file())
+    assert (note.saver, note.path, note.step, note.ranks_saved, note.world) == ("dcp.save", str(ck), 4, (0, 1), 2)
+    assert sorted(f.name for f in note.files) == on_disk and len(on_disk) >= 3  # .metadata + one file per rank
+    assert note.exchanged_at_save and note.agreement == "agreed"
+    sigs = {s.component: s for s in note.signatures}
+    assert {"model", "optimizer", "rng_cpu", "rng_python", "rng_numpy", "data"} <= set(sigs)
+    assert all(s.agreed and len(set(s.per_rank)) == 1 for s in sigs.values())
+    assert note.software.torch == torch.__version__ and note.software.cuda is None  # CPU build: no CUDA, no NCCL
+    assert file_problem(note) is None
+    assert assess([note], {}, {}, file_problem)[0].status == CheckpointStatus.ELIGIBLE
+
+    runs = run_ranks([str(DCP_JOB), "--ckpt", str(ck), "--resume"],
+                     _env(tmp_path, "b", SCOUT_RESUME_CHECKPOINT=str(ck), SCOUT_STEP_OFFSET="4", SLURM_RESTART_COUNT="1"),
+                     cwd=tmp_path / "b")
+    _ok(runs)
+    found = _findings(tmp_path / "b")
+    assert sorted(found) == ["resume-verified-rank-0.json", "resume-verified-rank-1.json"], found
+    assert "model, optimizer, rng_cpu, rng_python, rng_numpy, data equal the record" in found[
+        "resume-verified-rank-1.json"]["summary"]
+    # a shard rewritten after the record: the folder's check names it
+    shard = next(p for p in ck.iterdir() if p.suffix == ".distcp")
+    data = shard.read_bytes()
+    shard.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    assert "changed on disk after its record" in file_problem(note)
+
+
+@pytest.mark.timeout(120)
+def test_replicas_that_disagree_at_the_save_reject_the_checkpoint(tmp_path):
+    # rank 1's weights get one flipped bit at step 3 and no vote ends it: at the save (step 4) the
+    # two replicas' model signatures differ
+    env = _env(tmp_path, "a", SCOUT_INJECT="bitflip,bit=20,rank=1,step=3", SCOUT_CONSENSUS_EVERY="0")
+    _ok(run_ranks([str(DCP_JOB), "--ckpt", str(tmp_path / "ck")], env, cwd=tmp_path / "a"))
+    [note] = _notes(tmp_path)
+    sigs = {s.component: s for s in note.signatures}
+    assert not sigs["model"].agreed and sigs["model"].per_rank[0] != sigs["model"].per_rank[1]
+    assert sigs["data"].agreed
+    assert note.agreement.startswith("disagreed: model differs on ranks 0, 1")
+    a = assess([note], {}, {}, file_problem)[0]
+    assert a.status == CheckpointStatus.REJECTED and "disagreed" in a.reason
+
+
+@pytest.mark.timeout(150)
+def test_torch_save_resume_is_verified_bit_for_bit_and_an_altered_file_is_a_loud_mismatch(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    train = [str(TRAIN), "--steps", "12", "--step-sleep", "0", "--timeout", "30", "--ckpt-dir", str(ckpt),
+             "--ckpt-every", "5", "--sched", "--momentum", "0.9"]
+    _ok(run_ranks([*train, "--out", str(tmp_path / "a.txt")], _env(tmp_path, "a"), cwd=tmp_path / "a"))
+    notes = {n.step: n for n in _notes(tmp_path)}
+    assert sorted(notes) == [5, 10]
+    five = notes[5]
+    # one rank saved; the others signed their state at the next step and agreed with it
+    assert (five.saver, five.ranks_saved, five.exchanged_at_save, five.agreement) == ("torch.save", (0,), False, "agreed")
+    assert {s.component for s in five.signatures} >= {"model", "optimizer", "scheduler", "rng_cpu", "data"}
+    assert all(s.saved == s.majority for s in five.signatures)
+
+    resume = dict(SCOUT_RESUME_CHECKPOINT=str(ckpt / "step-5.pt"), SCOUT_STEP_OFFSET="5", SLURM_RESTART_COUNT="1")
+    b = run_ranks([*train, "--out", str(tmp_path / "b.txt")], _env(tmp_path, "b", **resume), cwd=tmp_path / "b")
+    _ok(b)
+    found = _findings(tmp_path / "b")
+    assert sorted(found) == ["resume-verified-rank-0.json", "resume-verified-rank-1.json"], found
+    assert "scheduler" in found["resume-verified-rank-0.json"]["summary"]
+    # parameters, optimizer state, learning rate, scheduler and RNG streams after 12 steps: the same bits
+    assert (tmp_path / "b.txt").read_text() == (tmp_path / "a.txt").read_text()
+
+    # the same file rewritten, still a readable checkpoint, one weight changed: the resumed run says so
+    altered = tmp_path / "altered.pt"
+    shutil.copy(ckpt / "step-5.pt", altered)
+    state = torch.load(altered, weights_only=True)
+    first = next(iter(state["model"]))
+    state["model"][first].view(-1)[0] += 1e-3
+    torch.save(state, ckpt / "step-5.pt")
+    assert "changed on disk after its record" in file_problem(five)
+    c = run_ranks(train, _env(tmp_path, "c", SCOUT_RESUME_MISMATCH="fatal", **resume), cwd=tmp_path / "c")
+    for r in c:
+        assert r.returncode == 90, f"rank {r.rank} exited {r.returncode}\n{r.stderr}"
+        assert "RESUME MISMATCH" in r.stderr and "model: restored" in r.stderr and "SCOUT_RESUME_MISMATCH=fatal" in r.stderr
+    found = _findings(tmp_path / "c")
+    assert sorted(found) == ["resume-mismatch-rank-0.json", "resume-mismatch-rank-1.json"]
+    assert "differs from its record" in found["resume-mismatch-rank-0.json"]["summary"]

@@ -1,0 +1,153 @@
+"""The version-2 checkpoint record: round trip, version 1 still read, the replicas' agreement, the
+statuses it leads to, the comparison of a restored state with it, and DCP folder checks (pure or
+on plain files in tmp_path)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import pytest
+
+from scout_slurm.bootstrap.ckptstate import combined_sha, dcp_path, files_of
+from scout_slurm.errors import EvidenceError
+from scout_slurm.evidence.store import read_record, write_record
+from scout_slurm.remediation.checkfiles import file_problem
+from scout_slurm.remediation.eligibility import CheckpointStatus, assess, recovery_point
+from scout_slurm.remediation.records import (CheckpointFile, CheckpointNote, CoverageSince, SoftwareVersions,
+                                             StateSignature)
+from scout_slurm.remediation.signatures import agree, agreement_text, compare, expected, short
+
+
+def sig(component, per_rank, saved=None, groups=None):
+    majority, agreed, _ = agree(per_rank, groups)
+    return StateSignature(component=component, saved=per_rank[0] if saved is None else saved, per_rank=tuple(per_rank),
+                          majority=majority, agreed=agreed)
+
+
+def v2(step=10, *, signatures=(), agreement="agreed", at_save=False, rank=0, path=None):
+    return CheckpointNote(path=path or f"/ck/step-{step}.pt", step=step, rank=rank, restart=0, saved_at=1000.0 + step,
+                          size_bytes=10, sha256="ab", versions="python 3.11", saver="torch.save",
+                          files=(CheckpointFile(name="", size_bytes=10, sha256="ab"),), world=4, ranks_saved=(0,),
+                          signatures=tuple(signatures), agreement=agreement, exchanged_at_save=at_save,
+                          data_position="step", software=SoftwareVersions("3.11.7", "2.13.0", None, None, "0.1.0"),
+                          coverage=CoverageSince(2, 0, 10, 10, "clean; no replay coverage recorded"))
+
+
+def test_version_2_round_trip(tmp_path):
+    n = v2(signatures=[sig("model", ["aa"] * 4), sig("rng_cpu", ["1", "2", "1", "1"])])
+    write_record(tmp_path / "n.json", n)
+    assert read_record(tmp_path / "n.json", CheckpointNote) == n
+
+
+def test_version_1_record_is_still_read_with_defaults(tmp_path):
+    old = {"record_kind": "checkpoint-note", "schema_version": 1, "path": "/ck/step-5.pt", "step": 5, "rank": 0,
+           "restart": 0, "saved_at": 1.0, "size_bytes": 3, "sha256": "ab", "versions": "python 3.11"}
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    n = read_record(tmp_path / "old.json", CheckpointNote)
+    assert (n.schema_version, n.signatures, n.agreement, n.software, n.files) == (1, (), "", None, ())
+    # and it is assessed as before: no agreement says nothing either way
+    a = assess([n], {}, {}, lambda _: None)[0]
+    assert a.status == CheckpointStatus.CANDIDATE
+
+
+def test_a_newer_version_is_refused_with_what_to_do(tmp_path):
+    obj = json.loads(json.dumps({"record_kind": "checkpoint-note", "schema_version": 99, "path": "/x", "step": 1,
+                                 "rank": 0, "restart": 0, "saved_at": 1.0, "size_bytes": 1}))
+    (tmp_path / "new.json").write_text(json.dumps(obj))
+    with pytest.raises(EvidenceError, match="newer than this scout"):
+        read_record(tmp_path / "new.json", CheckpointNote)
+
+
+@pytest.mark.parametrize("values, groups, want", [
+    (["a", "a", "a", "a"], None, ("a", True, ())),
+    (["a", "b", "a", "a"], None, ("a", False, (1,))),
+    (["a", "b"], None, ("", False, (0, 1))),                      # two replicas, two values: no majority
+    (["a", "", "a", "a"], None, ("a", True, ())),                 # a rank with no value takes no part
+    (["a", "b", "c", "d"], [[0], [1], [2], [3]], ("a", True, ())),  # groups of one compare nothing
+    (["a", "a", "b", "c"], [[0, 1], [2, 3]], ("a", False, (2, 3))),
+])
+def test_agree(values, groups, want):
+    assert agree(values, groups) == want
+
+
+def test_agreement_text_rejects_replicated_state_only():
+    rng = sig("rng_cpu", ["1", "2", "1", "1"])
+    assert agreement_text([sig("model", ["a"] * 4), rng]).startswith("agreed (per-rank RNG streams: rng_cpu differs on rank 1")
+    text = agreement_text([sig("model", ["a", "a", "b", "a"]), sig("optimizer", ["o"] * 4)])
+    assert text == "disagreed: model differs on rank 2"
+
+
+def test_statuses_from_the_record():
+    agreed = v2(5, signatures=[sig("model", ["a"] * 4)], agreement="agreed")
+    disagreed = v2(10, signatures=[sig("model", ["a", "a", "b", "a"])], agreement="disagreed: model differs on rank 2")
+    unexchanged = v2(15, agreement="not exchanged: one rank: nothing to compare")
+    out = {a.note.step: a for a in assess([agreed, disagreed, unexchanged], {}, {}, lambda _: None)}
+    assert out[5].status == CheckpointStatus.ELIGIBLE and "agreed at the save" in out[5].reason
+    assert out[10].status == CheckpointStatus.REJECTED and "model differs on rank 2" in out[10].reason
+    assert out[15].status == CheckpointStatus.CANDIDATE and "not exchanged" in out[15].reason
+    # the rule: the newest eligible, not the newer disagreeing one
+    chosen, why = recovery_point(list(out.values()), -1)
+    assert chosen.note.step == 5 and "newest eligible" in why
+    # a changed file is rejected even when the replicas agreed
+    bad = assess([agreed], {}, {}, lambda _: "sha256 differs: changed on disk after its record")[0]
+    assert bad.status == CheckpointStatus.REJECTED
+
+
+def test_compare_restored_state():
+    note = v2(signatures=[sig("model", ["m"] * 4), sig("optimizer", ["o"] * 4),
+                          sig("rng_cpu", ["r0", "r1", "r2", "r3"]), sig("data", ["d"] * 4)], rank=0)
+    same, bad, unchecked = compare(note, 0, {"model": "m", "optimizer": "o", "rng_cpu": "r0", "data": "d"})
+    assert (same, bad, unchecked) == (["model", "optimizer", "rng_cpu", "data"], [], [])
+    # another rank's RNG was not saved by the saving rank: it cannot be checked, and says so
+    same, bad, unchecked = compare(note, 2, {"model": "m", "optimizer": "o", "rng_cpu": "r2", "data": "d"})
+    assert bad == [] and unchecked == ["rng_cpu"]
+    same, bad, _ = compare(note, 1, {"model": "X", "optimizer": "o", "rng_cpu": "r1", "data": "d"})
+    assert bad == ["model: restored X, recorded m"]
+    # a scheduler the record has but the resumed run lacks is a mismatch too
+    note2 = dataclasses.replace(note, signatures=note.signatures + (sig("scheduler", ["s"] * 4),))
+    assert compare(note2, 0, {"model": "m", "optimizer": "o", "rng_cpu": "r0", "data": "d"})[1] == [
+        "scheduler: restored nothing, recorded s"]
+
+
+def test_expected_after_a_collective_save_is_per_rank():
+    note = v2(signatures=[sig("model", ["a", "b", "c", "d"], groups=[[0], [1], [2], [3]])], at_save=True)
+    assert [expected(note, r, "model") for r in range(4)] == ["a", "b", "c", "d"]
+    assert expected(note, 0, "scheduler") == ""
+
+
+def test_short_form():
+    assert short([sig("model", ["0123456789abcdef"] * 2), sig("rng_cpu", ["aa", "bb"], saved="aa")]) == \
+        "model=01234567 rng_cpu=aa!"
+
+
+def test_dcp_folder_digests_and_changes(tmp_path):
+    ck = tmp_path / "step-10"
+    (ck / "sub").mkdir(parents=True)
+    (ck / ".metadata").write_bytes(b"meta")
+    (ck / "__0_0.distcp").write_bytes(b"rank0")
+    (ck / "sub" / "__1_0.distcp").write_bytes(b"rank1")
+    files, size, sha = files_of(str(ck))
+    assert [f.name for f in files] == [".metadata", "__0_0.distcp", os.path.join("sub", "__1_0.distcp")]
+    assert size == 4 + 5 + 5 and sha == combined_sha(files)
+    note = dataclasses.replace(v2(path=str(ck)), files=files, size_bytes=size, sha256=sha)
+    assert file_problem(note) is None
+    (ck / "extra").write_bytes(b"x")
+    assert "'extra' was not there" in file_problem(note)
+    os.unlink(ck / "extra")
+    (ck / "sub" / "__1_0.distcp").write_bytes(b"rank!")
+    assert "changed on disk after its record" in file_problem(note)
+    os.unlink(ck / "sub" / "__1_0.distcp")
+    assert "gone" in file_problem(note)
+    planted = dataclasses.replace(note, files=(CheckpointFile("../../etc/passwd", 1, "ab"),))
+    assert "leaves the checkpoint folder" in file_problem(planted)
+
+
+def test_dcp_path_from_the_call():
+    class Writer:
+        path = "/ck/w"
+    assert dcp_path(({},), {"checkpoint_id": "/ck/a"}, "storage_writer") == "/ck/a"
+    assert dcp_path(({},), {"storage_writer": Writer()}, "storage_writer") == "/ck/w"
+    assert dcp_path(({}, Writer()), {}, "storage_writer") == "/ck/w"  # save_state_dict(state, writer)
+    assert dcp_path(({},), {}, "storage_writer") is None
