@@ -171,6 +171,8 @@ def show(job_id: int, restart: int | None, cluster: str | None, as_json: bool, a
         obj["actions"] = record_to_obj(actions) if actions else None
         obj["runs"] = runs
         obj["computed"] = computed
+        from scout_slurm.report.show import timing_findings
+        obj["timing"] = [record_to_obj(f) for f in timing_findings(ev)]
         obj["resume"] = [record_to_obj(f) for f in resume]
         click.echo(json.dumps(obj, indent=2, sort_keys=True))
         return

@@ -72,6 +72,10 @@ class RemediationConfig:
     restart_limit: int = 3
     min_nodes_after_drain: int = 1
     requeue: bool = True
+    # a confirmed straggler's node is drained only where the site says so: slowness is often the
+    # job's own (data, load imbalance) or passing (thermal, a neighbour's traffic), the job still
+    # finishes, and a timing signal is weaker evidence than a crash or wrong numbers
+    drain_stragglers: bool = False
 
 
 @dataclass(frozen=True)

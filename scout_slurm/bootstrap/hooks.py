@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from scout_slurm.inject.spec import NUMERIC_FAULTS, FaultSpec, parse_fault
+from scout_slurm.inject.spec import NUMERIC_FAULTS, TIMING_FAULTS, FaultSpec, parse_fault
 from scout_slurm.task import progress as progress_mod
 
 STACK_SIGNAL = signal.SIGRTMIN + 5
@@ -43,6 +43,8 @@ class _State:
         self.replay: Any = None          # bootstrap.replay.Replay, when replay is on
         self.root_tracker: Any = None    # sees the script's models at their first forward
         self.compute_fired = 0           # how often a compute fault corrupted a layer (training and replay)
+        self.timing: Any = None          # bootstrap.timing.Timing, when timing votes are on
+        self.timing_fault_fired = False  # delay/input_stall said and recorded once, then quiet
         self.originals: dict[str, Any] = {}
         self.lock = threading.Lock()
 
@@ -150,6 +152,7 @@ def _patch_distributed(handle: InstalledHooks, dist: Any) -> None:
             STATE.default_pg = c10d._get_default_group()
             _opened_writer(c10d.get_rank(), c10d.get_world_size())
             _start_consensus()
+            _start_timing()
             _start_root_tracker()
             if not late_done:
                 late_done.append(True)
@@ -249,7 +252,11 @@ def _patch_optimizer(handle: InstalledHooks) -> None:
     def scout_pre_step_hook(optimizer, args, kwargs):
         # replay before the step: the weights are still those this step's forward used
         if STATE.replay is not None and STATE.writer is not None:
+            if STATE.timing is not None:  # scout's own work is not the job's compute
+                STATE.timing.pause()
             STATE.replay.before_step(STATE.writer.steps + 1)
+            if STATE.timing is not None:
+                STATE.timing.resume()
 
     def scout_step_hook(optimizer, args, kwargs):
         w = STATE.writer
@@ -262,8 +269,12 @@ def _patch_optimizer(handle: InstalledHooks) -> None:
         fault = STATE.fault
         if fault is not None and not fault.is_compute and fault.applies(STATE.rank, step, STATE.restart):
             _fire(fault, optimizer)
+        if STATE.timing is not None:
+            STATE.timing.pause()
         if STATE.consensus is not None:
             STATE.consensus.maybe_vote(step, optimizer, STATE.originals["all_gather"], STATE.originals["barrier"])
+        if STATE.timing is not None:
+            STATE.timing.after_step(step)
 
     h = register_optimizer_step_post_hook(scout_step_hook)
     handle.on_remove(h.remove)
@@ -383,6 +394,18 @@ def _start_consensus() -> None:
                               offset=STATE.consensus.offset)
 
 
+def _start_timing() -> None:
+    if STATE.timing is not None or STATE.world < 2:
+        return
+    from scout_slurm.bootstrap.timing import start_timing
+    run_dir = os.environ.get("SCOUT_RUN_DIR")
+    STATE.timing = start_timing(rank=STATE.rank, world=STATE.world,
+                                side=STATE.consensus.side if STATE.consensus is not None else None,
+                                writer=STATE.writer, run_dir=Path(run_dir) if run_dir else None,
+                                node=os.environ.get("SLURMD_NODENAME", ""), environ=os.environ,
+                                offset=int(os.environ.get("SCOUT_STEP_OFFSET", "0") or 0))
+
+
 def _current_step() -> int:
     """The optimizer step being computed now (1-based): forward, backward, and the replay before it."""
     return STATE.writer.steps + 1 if STATE.writer is not None else 0
@@ -430,6 +453,10 @@ def _corrupt(fault: FaultSpec, optimizer: Any) -> str:
 
 
 def _fire(fault: FaultSpec, optimizer: Any = None) -> None:
+    if fault.kind in TIMING_FAULTS and STATE.timing_fault_fired:
+        time.sleep(fault.seconds)  # a recurring delay: said and recorded at its first firing only
+        return
+    STATE.timing_fault_fired = fault.kind in TIMING_FAULTS
     sys.stderr.write(f"scout: injecting fault {fault.kind} on rank {STATE.rank} at step {fault.step}\n")
     sys.stderr.flush()
     _record_injection(fault)
@@ -437,7 +464,7 @@ def _fire(fault: FaultSpec, optimizer: Any = None) -> None:
     if kind in NUMERIC_FAULTS:
         what = _corrupt(fault, optimizer)
         sys.stderr.write(f"scout: corrupted {what}\n")
-    elif kind == "sleep":
+    elif kind in ("sleep", *TIMING_FAULTS):
         time.sleep(fault.seconds)
     elif kind == "spin":
         deadline = time.monotonic() + fault.seconds

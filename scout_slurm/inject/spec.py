@@ -15,12 +15,15 @@ from dataclasses import dataclass
 from scout_slurm.errors import ConfigError
 
 PROCESS_FAULTS = ("sleep", "spin", "stop", "skip_allreduce", "exit", "sigkill", "segv", "raise")
+# timing faults (seconds= required): `delay` sleeps that long after every step from S on (a compute
+# straggler; `every`/`until` narrow it), `input_stall` once after step S (a data loader stall)
+TIMING_FAULTS = ("delay", "input_stall")
 # numerical faults: change one element of a tensor the replicas must share
 NUMERIC_FAULTS = ("bitflip", "scale", "sign", "nan", "inf", "noise")
 STATE_TARGETS = ("weights", "optimizer")
 COMPUTE_TARGETS = ("activations", "gradients")  # corrupt what a layer computes, not what it stores
 TARGETS = STATE_TARGETS + COMPUTE_TARGETS
-KINDS = PROCESS_FAULTS + NUMERIC_FAULTS
+KINDS = PROCESS_FAULTS + NUMERIC_FAULTS + TIMING_FAULTS
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,13 @@ def parse_fault(text: str) -> FaultSpec:
     if target in COMPUTE_TARGETS and kind not in NUMERIC_FAULTS:
         raise ConfigError(f"SCOUT_INJECT={text!r}: target {target} takes a numerical kind "
                           f"({', '.join(NUMERIC_FAULTS)}), not {kind!r}")
+    if kind in TIMING_FAULTS:
+        if "seconds" not in values:
+            raise ConfigError(f"SCOUT_INJECT={text!r}: {kind} needs seconds=X (its length per firing)")
+        if not 0 <= seconds <= 3600:
+            raise ConfigError(f"SCOUT_INJECT={text!r}: seconds must be within 0..3600 for {kind}")
+        if kind == "delay" and every == 0 and until is None:
+            every = 1  # a straggler is slow every step, not once
     return FaultSpec(kind=kind, rank=rank, step=step, seconds=seconds, code=code, restart=restart, bit=bit,
                      factor=factor, target=target, element=element,
                      sigma=sigma, every=every, until=until, layer=values.get("layer", ""))

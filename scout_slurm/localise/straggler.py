@@ -31,7 +31,8 @@ class TimingRules:
     probe_bytes: int = 256 * 1024
     probe_rel_floor: float = 1.0
     probe_abs_floor_s: float = 0.01
-    policy: str = "report"          # "report": the job goes on; "exit": the confirmed straggler ends (exit 90)
+    policy: str = "report"          # "report": the job goes on; "exit": the confirmed straggler ends (exit 91)
+    verbose: bool = False           # rank 0 says every round's reading on stderr
     schema_version: int = 1
 
 

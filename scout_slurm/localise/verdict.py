@@ -17,6 +17,7 @@ from scout_slurm.evidence.records import (ChildState, ExitRecord, Finding, Findi
 from scout_slurm.localise.cascade import CASCADE_PATTERNS, mentions_peer_failure  # noqa: F401 (re-exported)
 from scout_slurm.localise.stall import find_desync, position
 
+STRAGGLER_ENDED = 91  # scout_slurm.task.exitcodes: a confirmed straggler ended under the "exit" policy
 CRASH_SIGNALS = {4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL", 11: "SIGSEGV", 31: "SIGSYS"}
 
 
@@ -89,10 +90,25 @@ def _verdict(ev: JobEvidence, kind: VerdictKind, suspects: list[Suspect], confid
                    world_size=ev.world_size, created_at=now)
 
 
+def _straggler_verdict(ev: JobEvidence, hits: list[Finding], reasoning: list[str], *, now: float) -> Verdict:
+    ranks = sorted({f.rank for f in hits})
+    suspects = [Suspect(r, ev.node_of(r), VerdictKind.STRAGGLER, 0.9,
+                        tuple(dict.fromkeys(f.summary for f in hits if f.rank == r))[:5]) for r in ranks]
+    parts = sorted({f.component or "compute" for f in hits})
+    return _verdict(ev, VerdictKind.STRAGGLER, suspects, 0.9,
+                    reasoning + [f"confirmed {' and '.join(parts)} straggler(s): rank(s) {', '.join(map(str, ranks))}"],
+                    now=now, first_at=min(f.at for f in hits))
+
+
 def localise(ev: JobEvidence, *, now: float) -> Verdict:
     reasoning = list(ev.problems[:20])
-    # 1. numerical and timing findings, written by the consensus checks as they happen
-    for kind, vkind in ((FindingKind.SDC, VerdictKind.SDC), (FindingKind.STRAGGLER, VerdictKind.STRAGGLER)):
+    # confirmed stragglers (timing votes): a slow rank does not fail a job, so they decide the verdict
+    # only when nothing else went wrong (or when they were ended for it, policy "exit"); else they are
+    # said in the reasoning of whatever did go wrong
+    stragglers = [f for f in ev.findings if f.kind == FindingKind.STRAGGLER and 0 <= f.rank < ev.world_size]
+    reasoning += [f.summary for f in stragglers[:10]]
+    # 1. numerical findings, written by the consensus checks as they happen
+    for kind, vkind in ((FindingKind.SDC, VerdictKind.SDC),):
         hits = [f for f in ev.findings if f.kind == kind and 0 <= f.rank < ev.world_size]
         if hits:
             ranks = sorted({f.rank for f in hits})
@@ -147,6 +163,8 @@ def localise(ev: JobEvidence, *, now: float) -> Verdict:
     abnormal = {r: e for r, e in ev.exits.items() if 0 <= r < ev.world_size and is_abnormal(e)}
     primaries = {r: e for r, e in abnormal.items() if not is_cascade(e)}
     cascades = sorted(set(abnormal) - set(primaries))
+    if stragglers and (not abnormal or (primaries and all(e.exit_code == STRAGGLER_ENDED for e in primaries.values()))):
+        return _straggler_verdict(ev, stragglers, reasoning, now=now)
     if not abnormal:
         missing = [r for r in range(ev.world_size) if r not in ev.exits]
         # replicas that disagreed with no strict majority (e.g. two HSDP replicas): nobody is named, but

@@ -57,6 +57,9 @@ def build_plan(verdict: Verdict, job: JobFacts, cfg: RemediationConfig, *, evide
     drains: list[str] = []
     if verdict.kind not in DRAINABLE:
         held.append(f"verdict {verdict.kind.value} never drains")
+    elif verdict.kind == VerdictKind.STRAGGLER and not cfg.drain_stragglers:
+        held.append("a confirmed straggler is reported, not drained (site setting remediation.drain_stragglers "
+                    "is false)")
     elif verdict.confidence < cfg.min_confidence:
         held.append(f"confidence {verdict.confidence:.2f} is below the site's minimum {cfg.min_confidence:.2f}: "
                     "no drain")
@@ -87,6 +90,10 @@ def build_plan(verdict: Verdict, job: JobFacts, cfg: RemediationConfig, *, evide
         requeue = False
     elif job.restart_count >= cfg.restart_limit:
         held.append(f"restart limit reached ({job.restart_count} of {cfg.restart_limit}): not requeued")
+        requeue = False
+    elif verdict.kind == VerdictKind.STRAGGLER:
+        held.append("a straggler slows a job but does not fail it: not requeued (resubmit it to run without "
+                    "a drained node)")
         requeue = False
     elif not drains and verdict.kind != VerdictKind.INFRA:
         held.append("no node drained: a rerun on the same nodes would likely fail the same way; not requeued")

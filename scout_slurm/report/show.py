@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scout_slurm.evidence.records import Verdict
+from scout_slurm.evidence.records import Finding, FindingKind, Verdict
 from scout_slurm.localise.stall import position
 from scout_slurm.localise.verdict import JobEvidence, describe_exit, is_abnormal, is_cascade
 
@@ -47,6 +47,24 @@ def render_timeline(ev: JobEvidence) -> list[str]:
     return lines
 
 
+def timing_findings(ev: JobEvidence) -> list[Finding]:
+    """What the timing votes wrote: confirmed stragglers, a slow whole group, one-off stalls."""
+    return sorted((f for f in ev.findings if f.kind == FindingKind.STRAGGLER or
+                   (f.kind == FindingKind.INFO and f.component == "timing")), key=lambda f: (f.at, f.rank))
+
+
+def render_timing(ev: JobEvidence) -> list[str]:
+    found = timing_findings(ev)
+    if not found:
+        return []
+    lines = ["timing votes:"]
+    for f in found[:40]:
+        what = f"{f.component} straggler" if f.kind == FindingKind.STRAGGLER else "note"
+        lines.append(f"  step {f.step}: {what}: {f.summary}")
+        lines += [f"      {d}" for d in f.details[:4]]
+    return lines
+
+
 def render_show(job_id: int, cluster: str, restart: int, verdict: Verdict, ev: JobEvidence,
                 actions: list[str] | None = None, *, computed: bool) -> str:
     lines = [f"job {job_id} on cluster {cluster}, run {restart} "
@@ -54,6 +72,9 @@ def render_show(job_id: int, cluster: str, restart: int, verdict: Verdict, ev: J
     lines += render_verdict(verdict)
     lines.append("")
     lines += render_timeline(ev)
+    timing = render_timing(ev)
+    if timing:
+        lines += [""] + timing
     if actions:
         lines += ["", "actions:"] + [f"  {a}" for a in actions]
     return "\n".join(lines) + "\n"

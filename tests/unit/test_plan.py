@@ -286,3 +286,20 @@ def test_drains_stay_in_the_allocation_and_respect_the_fraction(inputs):
     for a in plan.actions:
         if a.kind == ActionKind.EXCLUDE:
             assert set(expand_hostlist(a.detail)) == set(job.excluded) | set(targets)
+
+
+# --- stragglers ---------------------------------------------------------------------------
+
+
+def test_straggler_is_reported_not_drained_by_default():
+    plan = build_plan(verdict(VerdictKind.STRAGGLER, (3, "n2")), facts(), CFG, evidence_path=EVIDENCE)
+    assert plan.actions == ()
+    assert "drain_stragglers" in held(plan) and "not requeued" in held(plan)
+
+
+def test_straggler_drained_under_the_site_setting_but_never_requeued():
+    cfg = RemediationConfig(drain_stragglers=True)
+    plan = build_plan(verdict(VerdictKind.STRAGGLER, (2, "n2"), (3, "n2")), facts(), cfg, evidence_path=EVIDENCE)
+    assert kinds(plan) == [ActionKind.DRAIN] and drained(plan) == ["n2"]
+    assert plan.actions[0].detail.startswith("scout: straggler rank 2,3 job 77")
+    assert "not requeued" in held(plan)

@@ -500,3 +500,45 @@ def test_decision_naming_a_rank_twice_names_it_once():
     v = localise(evidence(8, snapshots=[snap(r) for r in range(8)], decision=decision(3, 3)), now=NOW)
     assert ranks(v) == [3]
     assert v.confidence == pytest.approx(0.9)
+
+
+# --- stragglers (timing votes) ----------------------------------------------------------------
+
+
+def _straggler(rank, node, component="compute"):
+    return Finding(rank=rank, node=node, kind=FindingKind.STRAGGLER, at=NOW - 30, step=15, component=component,
+                   summary=f"rank {rank} on {node} is a {component} straggler")
+
+
+def test_a_crash_wins_over_a_straggler_which_stays_in_the_reasoning():
+    exits = [exited(2, signal=11)] + [cascade(r) for r in (0, 1, 3)]
+    v = localise(evidence(4, exits=exits, findings=[_straggler(1, "n1")]), now=NOW)
+    assert v.kind == VerdictKind.CRASH and ranks(v) == [2]
+    assert "rank 1 on n1 is a compute straggler" in v.reasoning
+
+
+def test_communication_straggler_names_every_rank_of_its_node():
+    fs = [_straggler(2, "n2", "communication"), _straggler(3, "n2", "communication")]
+    v = localise(evidence(4, exits=[exited(r) for r in range(4)], findings=fs, job_exit_code=0), now=NOW)
+    assert v.kind == VerdictKind.STRAGGLER and ranks(v) == [2, 3]
+    assert any("communication straggler(s): rank(s) 2, 3" in r for r in v.reasoning)
+
+
+def test_straggler_ended_by_policy_exit_is_a_straggler_not_a_crash():
+    exits = [exited(3, 91)] + [cascade(r) for r in (0, 1, 2)]
+    v = localise(evidence(4, exits=exits, findings=[_straggler(3, "n2")]), now=NOW)
+    assert v.kind == VerdictKind.STRAGGLER and ranks(v) == [3]
+
+
+def test_whole_group_slow_is_inconclusive_and_names_nobody():
+    f = Finding(rank=0, node="", kind=FindingKind.INFO, at=NOW, component="timing", step=15,
+                summary="timing vote at step 15: the whole group is slower together; nobody named (inconclusive)")
+    v = localise(evidence(4, exits=[exited(r) for r in range(4)], findings=[f], job_exit_code=0), now=NOW)
+    assert v.kind == VerdictKind.INCONCLUSIVE and v.suspects == ()
+
+
+def test_a_one_off_stall_leaves_a_clean_run_clean():
+    f = Finding(rank=0, node="n1", kind=FindingKind.INFO, at=NOW, component="timing", step=10,
+                summary="rank 0 was slow in one timing round only (a one-off stall): not a straggler")
+    v = localise(evidence(4, exits=[exited(r) for r in range(4)], findings=[f], job_exit_code=0), now=NOW)
+    assert v.kind == VerdictKind.CLEAN
