@@ -120,6 +120,7 @@ class Watchdog:
         self.stacks_requested = False
         self.health = EvidenceHealth(policy=cfg.on_evidence_loss, grace_s=cfg.evidence_loss_grace_s)
         self.histories: dict[int, HistoryWriter] = {}   # for the report's timeline only
+        self.next_history = 0.0
 
     # -- state machine ------------------------------------------------------------------
     def _to(self, new: WatchState) -> None:
@@ -181,6 +182,7 @@ class Watchdog:
             view = progress_mod.read(tracker.path)
             if view is not None:
                 tracker.observe(view, now)
+        self._sample_history(now)
 
     def _training_pid(self, tracker: RankTracker) -> int:
         v = tracker.view
@@ -209,7 +211,15 @@ class Watchdog:
         for tracker in self.trackers.values():
             snap = self.snapshot(tracker, now, exited=exited)
             self._write_evidence(self.folder.progress_path(self.ctx.restart, tracker.rank), snap, what="progress")
-            self._add_history(tracker.rank, snap)
+
+    def _sample_history(self, now: float, *, exited: bool = False) -> None:
+        """Every fast publish interval, whatever the snapshot's own rate: the timeline needs the
+        advancing phase too, and a sample is one pwrite without fsync (evidence/history.py)."""
+        if not exited and now < self.next_history:
+            return
+        self.next_history = now + self.cfg.publish_interval_s
+        for tracker in self.trackers.values():
+            self._add_history(tracker.rank, self.snapshot(tracker, now, exited=exited))
 
     def _add_history(self, rank: int, snap: ProgressSnapshot) -> None:
         """One sample into the rank's bounded ring file. It only illustrates the report, so a
@@ -387,6 +397,7 @@ class Watchdog:
         if not self._write_evidence(self.folder.rank_exit_path(self.ctx.restart, self.ctx.rank), record, what="exit_record"):
             log.error("watchdog.exit_record_failed", rank=self.ctx.rank)
         self._publish(now, exited=True)
+        self._sample_history(now, exited=True)
         for writer in self.histories.values():
             writer.close()
         log.info("watchdog.child_exited", rank=self.ctx.rank, exit_code=code, signal=signum,
