@@ -248,6 +248,39 @@ def demo(fault: str, nodes: int, port_base: int, keep: bool, state_dir: Path) ->
     sys.exit(code)
 
 
+@main.command("acceptance")
+@click.option("-o", "--out-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("acceptance-report"),
+              show_default=True, help="Where acceptance.json, acceptance.md and acceptance.html go.")
+@click.option("--quick", is_flag=True, help="Shorter jobs and no clean run under load (what the test suite runs).")
+@click.option("--site", is_flag=True, help="Run on the Slurm cluster SLURM_CONF points at instead of a local lab.")
+@click.option("--partition", default="", help="site: sbatch --partition.")
+@click.option("--account", default="", help="site: sbatch --account.")
+@click.option("--time", "time_limit", default="", help="site: sbatch --time for each job.")
+@click.option("--nodes", type=click.IntRange(2, 64), default=2, show_default=True, help="Nodes per job.")
+@click.option("--ntasks-per-node", type=click.IntRange(1, 64), default=2, show_default=True)
+@click.option("--evidence-root", default="", help="site: the evidence root (default: the site config's).")
+@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="site: checkpoints and job output, on storage every node sees (default: OUT_DIR/work).")
+@click.option("--stall-floor", type=float, default=4.0, show_default=True, help="Seconds before a stall is called.")
+@click.option("--job-timeout", type=float, default=240.0, show_default=True, help="Seconds to wait for each job.")
+@click.option("--lab-state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="lab: its state folder (default: a fresh temporary one, removed afterwards).")
+@click.option("--lab-port-base", type=click.IntRange(0, 65000), default=0, help="lab: first port (0: a free block).")
+def acceptance(out_dir: Path, quick: bool, site: bool, partition: str, account: str, time_limit: str, nodes: int,
+               ntasks_per_node: int, evidence_root: str, workdir: Path | None, stall_floor: float,
+               job_timeout: float, lab_state_dir: Path | None, lab_port_base: int) -> None:
+    """The acceptance test: witnessed steps (training across nodes, the map, injected stall,
+    slowdown and numerical fault, detection times, naming, checkpoints, bit-exact resume, all
+    again under load), each PASS, FAIL or SKIPPED with figures. Exit 0 only if none failed."""
+    from scout_slurm.acceptance.run import AcceptanceOptions, run_acceptance
+    opts = AcceptanceOptions(out_dir=out_dir, quick=quick, site=site, lab_state_dir=lab_state_dir,
+                             lab_port_base=lab_port_base, nodes=nodes, tasks_per_node=ntasks_per_node,
+                             partition=partition, account=account, time_limit=time_limit,
+                             evidence_root=evidence_root, workdir=workdir, stall_floor_s=stall_floor,
+                             job_timeout_s=job_timeout)
+    sys.exit(run_acceptance(opts, echo=click.echo))
+
+
 @main.command("map")
 @click.argument("job_id", type=int, required=False)
 @click.option("--rank", type=int, default=None, help="Only this rank.")
