@@ -36,6 +36,9 @@ _MEASURE = """<script>
     phases: q(document, 'svg.phases rect.bar').map(box),
     table: q(document, 'table.hwmap tr').map(tr => ({rank: tr.getAttribute('data-rank'), cls: tr.className,
       cells: Array.from(tr.children).map(td => ({box: box(td), text: td.textContent}))})),
+    cases: q(document, 'svg#latency g.case').map(g => ({ok: g.getAttribute('data-ok'),
+                                                       bars: q(g, 'rect.bar').map(box)})),
+    checks: q(document, 'table#checks tr').map(tr => Array.from(tr.children).map(box)),
   };
   const pre = document.createElement('pre');
   pre.id = 'scout-measure';

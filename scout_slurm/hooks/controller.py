@@ -166,14 +166,25 @@ def _with_note(verdict: Verdict, note: str) -> Verdict:
 
 def _write_report(folder: JobFolder, restart: int, verdict: Verdict, evidence, record: ActionsRecord) -> None:
     from scout_slurm.evidence.store import atomic_write_bytes
-    text = render_incident_markdown(verdict, evidence, record)
-    atomic_write_bytes(folder.report_path(restart), text.encode("utf-8"))
-    try:  # the page is a picture of the incident: its failure must never cost the plan or the Epilog
+    # the pictures (latency, hardware, the HTML page) come from the bundle; failing to build or draw
+    # them must never cost the Markdown report, the plan or the Epilog
+    bundle = None
+    try:
         from scout_slurm.report.bundleread import load_incident_bundle
+        bundle = load_incident_bundle(folder, restart, evidence=evidence, verdict=verdict, actions=record)
+    except Exception as exc:  # noqa: BLE001
+        log.warning("controller.report_bundle_failed", job=folder.job_id, error=repr(exc))
+    try:
+        text = render_incident_markdown(verdict, evidence, record, bundle=bundle)
+    except Exception as exc:  # noqa: BLE001
+        log.warning("controller.report_bundle_failed", job=folder.job_id, error=repr(exc))
+        bundle, text = None, render_incident_markdown(verdict, evidence, record)
+    atomic_write_bytes(folder.report_path(restart), text.encode("utf-8"))
+    if bundle is None:
+        return
+    try:
         from scout_slurm.report.html import render_incident_html
-        page = render_incident_html(load_incident_bundle(folder, restart, evidence=evidence, verdict=verdict,
-                                                         actions=record))
-        atomic_write_bytes(folder.report_html_path(restart), page.encode("utf-8"))
+        atomic_write_bytes(folder.report_html_path(restart), render_incident_html(bundle).encode("utf-8"))
     except Exception as exc:  # noqa: BLE001
         log.warning("controller.report_html_failed", job=folder.job_id, error=repr(exc))
 

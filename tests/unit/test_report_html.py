@@ -310,6 +310,9 @@ def test_the_controller_writes_the_page_and_survives_when_it_cannot(tmp_path):
     _write_report(folder, 0, v, ev, record)
     page = folder.report_html_path(0).read_text()
     assert 'data-rank="1"' in page and "drained" in page
+    md = folder.report_path(0).read_text()
+    assert "## Detection latency" in md and "| detection | 5.90 s |" in md
+    assert "| 1 | n1 | host-n1 | GPU-0001 |" in md and "**suspect**, drained" in md
     # a page that cannot be written costs nothing but the page: the Markdown report is still there
     folder.report_html_path(0).unlink()
     folder.report_html_path(0).mkdir()
@@ -329,3 +332,38 @@ def test_the_page_renders_in_headless_chromium(tmp_path):
             for r in m["rows"]}
     assert ends[1] < min(ends[r] for r in (0, 2, 3)), ends
     print(f"\nchromium check {time.monotonic() - started:.1f} s, pixels {m['pixels']}")
+
+
+def test_the_acceptance_page_renders_in_headless_chromium(tmp_path):
+    """Latency bars proportional to the seconds, one row per step, and each case's incident."""
+    from browser import measure
+    report = AcceptanceReport(
+        title="scout acceptance", cluster="lab", started_at=T0, finished_at=T0 + 300,
+        checks=(AcceptanceCheck("1. training across two nodes", True, "2 nodes x 2 ranks"),
+                AcceptanceCheck("3. slow link", None, "the lab cannot shape a link")),
+        cases=(LatencyCase("stall", "rank 1, hang", "rank 1 (hang)", True, 6.0, 7.5),
+               LatencyCase("crash", "rank 3, crash", "rank 3 (crash)", True, 0.5, 3.0)),
+        incidents=(hang_bundle(),))
+    m = measure(render_acceptance_html(report), tmp_path)
+    assert [len(c["bars"]) for c in m["cases"]] == [2, 2]
+    (d1, l1), (d2, l2) = ([b[2] for b in c["bars"]] for c in m["cases"])
+    assert l1 > d1 > l2 > d2 > 0
+    assert abs(d1 / l1 - 6.0 / 7.5) < 0.02
+    assert len(m["checks"]) == 3 and all(w > 0 and h > 0 for row in m["checks"] for _, _, w, h in row)
+    assert len(m["rows"]) == 4 and [r["rank"] for r in m["rows"] if r["suspect"]] == [1]
+
+
+def test_markdown_report_keeps_hostile_text_inside_its_cells():
+    from scout_slurm.report.incident import render_incident_markdown
+    b = hang_bundle(evil=True)
+    b = IncidentBundle(**{**b.__dict__, "hardware": tuple(
+        RankMapRow(rank=r.rank, local_rank=r.local_rank, node=r.node, hostname="a|b\nc", gpu_uuids=r.gpu_uuids,
+                   gpu_serials=("`x`",), nic=r.nic) for r in b.hardware)})
+    md = render_incident_markdown(b.verdict, b.evidence, b.actions, bundle=b)
+    table = md.split("## Suspects on the hardware")[1].split("## Actions")[0]
+    rows = [l for l in table.splitlines() if l.startswith("| ")]
+    assert len(rows) == 5
+    # every row has the header's 7 columns: no cell broke out with a | or a newline
+    assert all(len(re.split(r"(?<!\\)\|", l)) == 9 for l in rows), rows
+    assert "<script" not in table and "\x1b" not in table and "\x00" not in table and "`x`" not in table
+    assert rows[1].startswith("| 1 |") and "**suspect**" in rows[1]
