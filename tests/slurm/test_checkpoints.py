@@ -1,5 +1,7 @@
-"""Issue (checkpoints): the rerun resumes from the eligible checkpoint, not the newest file, and
-ends bit for bit where an uninterrupted run ends; a file changed on disk is rejected."""
+"""Issue (checkpoints): the rerun resumes from the eligible checkpoint, not the newest file, scout
+verifies the restored state against the checkpoint's record, and the run ends bit for bit (model,
+optimizer, LR schedule, RNG streams) where an uninterrupted run ends; a file changed on disk is
+rejected."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ def test_resume_from_the_eligible_checkpoint_bit_for_bit(lab, clean_drains):
     tag = time.time_ns()
     ckpt, final, ref = (lab.paths.work / f"ck-{tag}", lab.paths.work / f"final-{tag}.txt",
                         lab.paths.work / f"ref-{tag}.txt")
-    train = f"--steps 30 --momentum 0.9 --ckpt-dir {ckpt} --ckpt-every 5"
+    train = f"--steps 30 --momentum 0.9 --sched --ckpt-dir {ckpt} --ckpt-every 5"
     # rank 0 (the one that saves) is corrupted at step 12: checkpoint 15 holds the corruption;
     # votes every 10 steps: clean at 10, the outlier is named at 20
     job = sj.submit(lab, sj.batch_script(lab, train_args=f"{train} --out {final}",
@@ -41,16 +43,27 @@ def test_resume_from_the_eligible_checkpoint_bit_for_bit(lab, clean_drains):
     assert info.state == "COMPLETED" and info.restart_count == 1
     out = sj.output(lab, job)
     assert out.count(f"resumed from {ckpt}/step-10.pt at step 10") == 4, out[-3000:]
+    # every rank of the rerun signed what it restored: equal to the record of step 10
+    resumed = sj.show_json(lab, job, restart=1)["resume"]
+    assert sorted(f["rank"] for f in resumed) == [0, 1, 2, 3], resumed
+    for f in resumed:
+        assert f["summary"].startswith(f"resume verified: rank {f['rank']} restored {ckpt}/step-10.pt (step 10)"), f
+        assert "model, optimizer, scheduler, rng_cpu" in f["summary"] and "differ" not in f["summary"], f
+    assert _scout(lab, "show", str(job)).count("resume verified: rank") == 4
     listing = json.loads(_scout(lab, "checkpoints", str(job), "--json"))
     status = {(c["run"], c["step"]): (c["status"], c["reason"]) for c in listing["checkpoints"]}
     assert status[(0, 10)][0] == "eligible"
+    ten = [c for c in listing["checkpoints"] if (c["run"], c["step"]) == (0, 10)][0]
+    assert ten["schema_version"] == 2 and ten["agreement"] == "agreed" and ten["ranks_saved"] == [0]
+    assert {"model", "optimizer", "scheduler", "rng_cpu", "data"} <= set(ten["signatures"]) and ten["world"] == 4
+    assert ten["software"]["torch"] and ten["coverage"]["votes"] == 1 and ten["coverage"]["last_clean_step"] == 10
     # run 0's step 15 held the corruption; the rerun has since overwritten the same file name, so
     # either reason rejects it
     assert status[(0, 15)][0] == "rejected"
     assert "first suspect step 11" in status[(0, 15)][1] or "changed on disk" in status[(0, 15)][1]
     assert status[(1, 30)][0] in ("eligible", "candidate")
     # an uninterrupted run of the same job ends with the same bits
-    clean = sj.submit(lab, sj.batch_script(lab, train_args=f"--steps 30 --momentum 0.9 --out {ref}"))
+    clean = sj.submit(lab, sj.batch_script(lab, train_args=f"--steps 30 --momentum 0.9 --sched --out {ref}"))
     assert sj.wait_completed(lab, clean).state == "COMPLETED"
     assert final.read_text() == ref.read_text()
     # a checkpoint file changed on disk after its note is rejected, with the reason
