@@ -240,8 +240,8 @@ def decide_round(timings: Sequence[RankTiming], nodes: Sequence[str], probe: Lin
                 return RoundDecision("inconclusive", reasons=(f"link probe: {link.reason}", probe_text, figures))
         elif len(names) == 2:
             a, b = names
-            reasons.append(f"link probe: {a}={scores[a]:.4f} s, {b}={scores[b]:.4f} s; with two nodes a slow "
-                           "link between them cannot be placed at either end")
+            reasons.append(f"link probe: {a}={scores[a]:.4f} s, {b}={scores[b]:.4f} s (two nodes: a slow link "
+                           "between them cannot be placed at either end)")
     med = median(compute)
     if best_median_compute is not None and med - best_median_compute > max(
             rules.group_rel_floor * best_median_compute, rules.abs_floor_s):
