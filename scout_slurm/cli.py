@@ -160,7 +160,10 @@ def show(job_id: int, restart: int | None, cluster: str | None, as_json: bool, a
         if output is None:
             click.echo(page, nl=False)
         else:
-            output.write_text(page, encoding="utf-8")
+            try:
+                output.write_text(page, encoding="utf-8")
+            except OSError as exc:
+                raise ScoutError(f"scout show: cannot write {output}: {exc.strerror or exc}; choose another -o path")
             click.echo(f"wrote {output} (job {job_id}, run {run})", err=True)
         return
     if output is not None:

@@ -11,7 +11,7 @@ from typing import Mapping
 from scout_slurm.evidence.history import ProgressSample
 from scout_slurm.evidence.records import ExitRecord, FindingKind, Verdict, VerdictKind
 from scout_slurm.localise.verdict import JobEvidence, is_abnormal, is_cascade
-from scout_slurm.remediation.records import ActionsRecord, ResumeInstruction
+from scout_slurm.remediation.records import ActionKind, ActionsRecord, ResumeInstruction
 from scout_slurm.report.rankmap import RankMapRow
 
 INJECTED_PREFIX = "fault injected"   # the summary of the finding the bootstrap writes when it injects
@@ -54,7 +54,6 @@ class IncidentBundle:
     def drained(self) -> tuple[str, ...]:
         if self.actions is None:
             return ()
-        from scout_slurm.remediation.records import ActionKind
         return tuple(dict.fromkeys(r.target for r in self.actions.results if r.ok and r.kind == ActionKind.DRAIN))
 
 

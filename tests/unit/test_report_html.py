@@ -296,6 +296,8 @@ def test_scout_show_html_writes_the_page(tmp_path):
     assert res.exit_code == 0 and res.output.startswith("<!DOCTYPE html>")
     res = CliRunner().invoke(main, ["show", "77", "-o", str(out), "--config", str(cfg)])
     assert res.exit_code == 1 and "goes with --html" in res.output
+    res = CliRunner().invoke(main, ["show", "77", "--html", "-o", str(tmp_path / "no" / "p.html"), "--config", str(cfg)])
+    assert res.exit_code == 1 and "cannot write" in res.output
     assert folder.path.is_dir()
 
 
