@@ -18,8 +18,8 @@ if [ "$missing" = 1 ]; then
     printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && created_policy=1
   fi
   apt-get update -qq
-  # chromium: the incident page's test renders it headless (fonts-dejavu-core: text needs one font)
-  apt-get install -y -qq --no-install-recommends slurm-wlm slurmctld slurmd slurm-client munge procps \
+  # iproute2: ip netns for the netns lab, tc for its slow-link test; chromium: the incident page's test renders it headless (fonts-dejavu-core: text needs one font)
+  apt-get install -y -qq --no-install-recommends slurm-wlm slurmctld slurmd slurm-client munge procps iproute2 \
     chromium chromium-driver fonts-dejavu-core >/dev/null
   [ "$created_policy" = 1 ] && rm -f /usr/sbin/policy-rc.d
 fi
