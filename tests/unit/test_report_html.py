@@ -369,3 +369,23 @@ def test_markdown_report_keeps_hostile_text_inside_its_cells():
     assert all(len(re.split(r"(?<!\\)\|", l)) == 9 for l in rows), rows
     assert "<script" not in table and "\x1b" not in table and "\x00" not in table and "`x`" not in table
     assert rows[1].startswith("| 1 |") and "**suspect**" in rows[1]
+
+
+def test_moments_of_a_crash_without_injection_count_from_the_last_progress():
+    import dataclasses
+    b = hang_bundle()
+    crash = ExitRecord(rank=1, node="n1", pid=11, exit_code=-1, signal=11, core_dumped=True, at=T0 + 6,
+                       killed_by_scout=False, last_progress=snap(1, 12))
+    exits = {r: dataclasses.replace(e, exit_code=1, killed_by_scout=False, at=T0 + 6.5,
+                                    stderr_tail=("RuntimeError: Connection closed by peer",))
+             for r, e in b.evidence.exits.items()}
+    exits[1] = crash
+    ev = dataclasses.replace(b.evidence, exits=exits, decision=None, findings=())
+    v = dataclasses.replace(b.verdict, kind=VerdictKind.CRASH, created_at=T0 + 9)
+    m = incident_moments(dataclasses.replace(b, evidence=ev, verdict=v))
+    assert m.fault_at == 0.0 and m.detected_at == T0 + 6 and m.verdict_at == T0 + 9
+    assert m.origin == m.last_advance_at == T0 + 4.5
+    assert [p[0] for p in m.phases()][:2] == ["last progress -> detection", "detection -> verdict"]
+    page = render_incident_html(dataclasses.replace(b, evidence=ev, verdict=v))
+    exits_drawn = re.findall(r'<path class="exit"[^>]*stroke="(#[0-9a-f]+)"', page)
+    assert exits_drawn.count("#b71c1c") == 1 and exits_drawn.count("#ef6c00") == 3   # the crash red, cascades orange
