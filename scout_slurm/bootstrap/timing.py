@@ -66,10 +66,14 @@ class Timing:
         idle_ns, busy_ns = self.writer.take_timing(resume=False)
         steps = step - self.last_step
         self.last_step = step
+        # the vote is a collective of scout's: in the progress record, so that if a peer never comes
+        # (a hang) the ranks waiting here are seen inside it and the one missing is seen behind
+        seq = self.writer.enter("scout_vote", 0, self.world)
         try:
             self._vote(step, idle_ns / 1e9 / steps, busy_ns / 1e9 / steps, steps)
         finally:
-            self.writer.resume_timing()
+            self.writer.leave(seq)
+            self.writer.take_timing(resume=True)  # the vote's own time is neither compute nor the job's collectives
 
     # -- the vote ---------------------------------------------------------------------------------
 

@@ -32,7 +32,7 @@ SIZE = _HEADER.size + RING * _ENTRY.size
 OPS = ("none", "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
        "reduce_scatter_tensor", "barrier", "all_to_all", "all_to_all_single", "reduce", "gather",
        "scatter", "send", "recv", "all_gather_object", "broadcast_object_list", "ddp_bucket_all_reduce",
-       "other")
+       "other", "scout_vote")  # scout_vote: scout's own timing vote on its side group (peers wait there)
 OP_CODES = {name: i for i, name in enumerate(OPS)}
 FLAG_ACTIVE = 1
 

@@ -153,3 +153,17 @@ def test_slow_link_names_its_node_as_communication_straggler(netns_lab):
     assert found[0].step == 10
     v = sj.verdict(netns_lab, job)
     assert v.kind.value == "straggler" and v.suspect_nodes == (slow,)
+
+
+@pytest.mark.timeout(180)
+def test_hang_at_a_timing_vote_still_names_the_rank_that_stopped(lab, clean_drains):
+    # rank 1 stops after step 5, where the others enter scout's timing vote: they must be seen
+    # waiting inside it, and rank 1 behind
+    script = sj.batch_script(lab, train_args="--steps 400", pre=TIMING_ENV,
+                             scout_args="--scout-stall-floor=4 --scout-inject=sleep,rank=1,step=5")
+    job = sj.submit(lab, script, extra=("--no-requeue",))
+    sj.wait_finished(lab, job, timeout=150)
+    d = sj.decision(lab, job)
+    v = sj.verdict(lab, job)
+    assert v.kind.value == "hang" and [s.rank for s in v.suspects] == [1], (v, sj.output(lab, job)[-2000:])
+    assert d is not None and d.culprits == (1,)
