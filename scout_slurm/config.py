@@ -40,6 +40,8 @@ class WatchdogConfig:
     stall_floor_s: float = 60.0      # never call a stall sooner than this
     stall_factor: float = 10.0       # ... nor sooner than this many observed step times
     publish_interval_s: float = 1.0
+    # a rank that plainly advances publishes its snapshot this often only (task/publishing.py)
+    steady_publish_interval_s: float = 10.0
     grace_s: float = 5.0             # SIGTERM to SIGKILL
     startup_grace_s: float = 600.0   # before the first collective, a rank may be slow to start
     # evidence that cannot be written (full disk, read-only, quota): "fail" ends the job with exit

@@ -134,7 +134,8 @@ def lab_site_config(spec: LabSpec) -> SiteConfig:
         evidence=EvidenceConfig(root=str(LabPaths(spec.state_dir).evidence)),
         slurm=SlurmConfig(timeout_s=20.0, retries=3, retry_wait_s=1.0),
         watchdog=WatchdogConfig(stall_floor_s=8.0, stall_factor=10.0, poll_interval_s=0.2,
-                                publish_interval_s=0.5, grace_s=3.0, startup_grace_s=300.0),
+                                publish_interval_s=0.5, steady_publish_interval_s=2.0, grace_s=3.0,
+                                startup_grace_s=300.0),
         epilog=EpilogConfig(time_budget_s=60.0, wait_for_nodes_s=5.0),
         remediation=RemediationConfig(min_confidence=0.8, max_drain_fraction=0.5, restart_limit=2),
     )
@@ -775,8 +776,10 @@ class Lab:
             log.warning("lab.cancel_failed", error=str(exc))
 
     def _next_job_id(self) -> int:
-        """Job ids continue above any already in the evidence folder, so evidence never collides."""
-        top = 0
+        """Job ids continue above any already in the evidence folder, so evidence never collides.
+        A fresh lab starts at its port base: labs side by side on one machine (parallel test
+        sessions) then differ in job ids, hence in scout's /dev/shm folders and MASTER_PORTs."""
+        top = self.spec.port_base - 1
         cluster_dir = self.paths.evidence / CLUSTER_NAME
         if cluster_dir.is_dir():
             for entry in cluster_dir.iterdir():

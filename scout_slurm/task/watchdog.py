@@ -9,6 +9,7 @@ States: WATCHING -> SUSPECT -> (WATCHING | TERMINATING) -> DONE; an illegal tran
 from __future__ import annotations
 
 import enum
+import math
 import os
 import signal
 import statistics
@@ -31,6 +32,7 @@ from scout_slurm.localise.stall import decide_stall
 from scout_slurm.log import get_logger
 from scout_slurm.task import exitcodes
 from scout_slurm.task import progress as progress_mod
+from scout_slurm.task import publishing
 from scout_slurm.task.evidencehealth import EvidenceHealth, storage_errno
 
 log = get_logger("scout.watchdog")
@@ -114,6 +116,7 @@ class Watchdog:
         self.trackers: dict[int, RankTracker] = {}
         self.publish_seq = 0
         self.next_publish = 0.0
+        self.last_publish = -math.inf
         self.suspect_since = 0.0
         self.peer_seq_at_suspect: dict[int, int] = {}
         self.external_signal = 0
@@ -146,9 +149,8 @@ class Watchdog:
                 return self._on_exit(status, killed_by_scout=False)
             now = self.clock()
             self._observe(now)
-            if now >= self.next_publish:
+            if self._publish_due(now):
                 self._publish(now)
-                self.next_publish = now + self.cfg.publish_interval_s
             if self.health.should_end_job(now):
                 return self._end_for_lost_evidence(now)
             decision = self._check_stall(now)
@@ -179,6 +181,7 @@ class Watchdog:
             tracker = self.trackers.get(rank)
             if tracker is None:
                 tracker = self.trackers[rank] = RankTracker(rank, self.shm_dir / name, last_change=now)
+                self.next_publish = now   # a new rank is published at once
             view = progress_mod.read(tracker.path)
             if view is not None:
                 tracker.observe(view, now)
@@ -206,11 +209,27 @@ class Watchdog:
                                 bootstrap_active=v.active, publish_seq=self.publish_seq,
                                 threshold_s=tracker.threshold_s(self.cfg))
 
+    def _publish_due(self, now: float) -> bool:
+        """At the steady rate while every rank advances, at the fast rate once one is watchful
+        (see publishing.py); the fast check reads /proc at most once per fast interval."""
+        if now >= self.next_publish:
+            return True
+        if now < self.last_publish + self.cfg.publish_interval_s:
+            return False
+        return any(publishing.is_watchful(idle_s=now - t.last_change, threshold_s=t.threshold_s(self.cfg),
+                                          state=proc_state(self._training_pid(t)))
+                   for t in self.trackers.values())
+
     def _publish(self, now: float, *, exited: bool = False) -> None:
         self.publish_seq += 1
+        watchful = False
         for tracker in self.trackers.values():
             snap = self.snapshot(tracker, now, exited=exited)
+            watchful = watchful or publishing.published_watchful(snap)
             self._write_evidence(self.folder.progress_path(self.ctx.restart, tracker.rank), snap, what="progress")
+        self.last_publish = now
+        self.next_publish = now + publishing.next_interval(watchful, fast_s=self.cfg.publish_interval_s,
+                                                           steady_s=self.cfg.steady_publish_interval_s)
 
     def _sample_history(self, now: float, *, exited: bool = False) -> None:
         """Every fast publish interval, whatever the snapshot's own rate: the timeline needs the
@@ -307,9 +326,13 @@ class Watchdog:
         if now - self.suspect_since < confirm_s:
             return None
         peers = {s.rank: s for s in self._peer_snapshots()}
+        # a peer whose last word was a steady heartbeat gets a steady interval more to speak
         silent = frozenset(r for r, s in peers.items()
                            if r in self.peer_seq_at_suspect and s.publish_seq == self.peer_seq_at_suspect[r]
-                           and s.child_state != ChildState.EXITED)
+                           and s.child_state != ChildState.EXITED
+                           and now - self.suspect_since >= publishing.silent_after(
+                               s, confirm_s=confirm_s, fast_s=self.cfg.publish_interval_s,
+                               steady_s=self.cfg.steady_publish_interval_s))
         for r, s in peers.items():
             if r in silent or s.child_state == ChildState.EXITED or r in self.trackers:
                 continue
