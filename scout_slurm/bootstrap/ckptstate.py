@@ -174,6 +174,10 @@ class CheckpointWatch:
         if all(r() is not sched for r in self.schedulers):
             self.schedulers.append(weakref.ref(sched))
 
+    def _sharded(self) -> bool:
+        return any(hasattr(p, "placements") for o in (r() for r in self.optimizers) if o is not None
+                   for g in o.param_groups for p in g["params"])
+
     def global_step(self) -> int:
         return self.completed_steps() - self.init_steps + self.offset
 
@@ -243,6 +247,9 @@ class CheckpointWatch:
         from scout_slurm.remediation.records import StateSignature
         from scout_slurm.remediation.signatures import agree, agreement_text
         groups = self.groups()
+        if per_rank is not None and groups is None and not why and self._sharded():
+            # FSDP/HSDP ranks hold different shards: comparing them as replicas would reject every save
+            why = "sharded parameters (DTensor) and the replica groups are not known yet (no state vote so far)"
         sigs = []
         for c in COMPONENTS:
             values = tuple(p.get(c, "") for p in per_rank) if per_rank is not None else ()

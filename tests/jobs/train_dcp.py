@@ -1,4 +1,4 @@
-"""A small DDP job that checkpoints through torch.distributed.checkpoint (every rank takes part)
+"""A small DDP (or FSDP2) job that checkpoints through torch.distributed.checkpoint (every rank takes part)
 and can resume from such a folder. Knows nothing of scout."""
 
 import argparse
@@ -21,6 +21,7 @@ def main() -> int:
     ap.add_argument("--save-at", type=int, default=4)
     ap.add_argument("--ckpt", required=True)
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--fsdp", action="store_true", help="FSDP2 over every rank (each holds a shard) instead of DDP")
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -29,7 +30,13 @@ def main() -> int:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
     rank = dist.get_rank()
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-    ddp = DDP(model)
+    if args.fsdp:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
+        ddp = model
+    else:
+        ddp = DDP(model)
     opt = torch.optim.Adam(ddp.parameters(), lr=0.01)
     start = 0
     if args.resume:

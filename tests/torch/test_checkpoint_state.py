@@ -138,3 +138,23 @@ def test_torch_save_resume_is_verified_bit_for_bit_and_an_altered_file_is_a_loud
     found = _findings(tmp_path / "c")
     assert sorted(found) == ["resume-mismatch-rank-0.json", "resume-mismatch-rank-1.json"]
     assert "differs from its record" in found["resume-mismatch-rank-0.json"]["summary"]
+
+
+@pytest.mark.timeout(120)
+def test_sharded_dcp_save_is_not_called_a_disagreement_and_each_shard_is_verified(tmp_path):
+    # FSDP2: every rank holds a different shard; no state vote has told scout the replica groups
+    ck = tmp_path / "ck"
+    _ok(run_ranks([str(DCP_JOB), "--fsdp", "--ckpt", str(ck)], _env(tmp_path, "a", SCOUT_CONSENSUS_EVERY="0"),
+                  cwd=tmp_path / "a"))
+    [note] = _notes(tmp_path)
+    model = {s.component: s for s in note.signatures}["model"]
+    assert model.per_rank[0] != model.per_rank[1]  # two shards
+    assert note.agreement.startswith("not exchanged: sharded parameters (DTensor)")
+    assert assess([note], {}, {}, file_problem)[0].status == CheckpointStatus.CANDIDATE
+    runs = run_ranks([str(DCP_JOB), "--fsdp", "--ckpt", str(ck), "--resume"],
+                     _env(tmp_path, "b", SCOUT_CONSENSUS_EVERY="0", SCOUT_RESUME_CHECKPOINT=str(ck),
+                          SCOUT_STEP_OFFSET="4", SLURM_RESTART_COUNT="1"), cwd=tmp_path / "b")
+    _ok(runs)
+    found = _findings(tmp_path / "b")
+    assert sorted(found) == ["resume-verified-rank-0.json", "resume-verified-rank-1.json"], found
+    assert "model, optimizer" in found["resume-verified-rank-0.json"]["summary"]

@@ -151,3 +151,47 @@ def test_dcp_path_from_the_call():
     assert dcp_path(({},), {"storage_writer": Writer()}, "storage_writer") == "/ck/w"
     assert dcp_path(({}, Writer()), {}, "storage_writer") == "/ck/w"  # save_state_dict(state, writer)
     assert dcp_path(({},), {}, "storage_writer") is None
+
+
+def test_scout_checkpoints_lists_the_new_fields_and_old_records(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from scout_slurm.cli import main
+    from scout_slurm.evidence.layout import JobFolder
+    folder = JobFolder(tmp_path / "evidence", "lab", 7)
+    folder.run_dir(0).mkdir(parents=True)
+    folder.checkpoints_dir.mkdir(parents=True)
+    good = tmp_path / "step-5.pt"
+    good.write_bytes(b"0123456789")
+    import hashlib
+    digest = hashlib.sha256(b"0123456789").hexdigest()
+    agreed = dataclasses.replace(v2(5, signatures=[sig("model", ["0123456789abcdef"] * 4),
+                                                  sig("rng_cpu", ["aa", "bb", "aa", "aa"])],
+                                    agreement="agreed (per-rank RNG streams: rng_cpu differs on rank 1)",
+                                    path=str(good)), sha256=digest,
+                                 files=(CheckpointFile("", 10, digest),))
+    disagreed = v2(10, signatures=[sig("model", ["a", "a", "b", "a"])], agreement="disagreed: model differs on rank 2",
+                   path=str(good))
+    disagreed = dataclasses.replace(disagreed, sha256=digest, files=(CheckpointFile("", 10, digest),))
+    write_record(folder.checkpoints_dir / "run-0-step-5-rank-0.json", agreed)
+    write_record(folder.checkpoints_dir / "run-0-step-10-rank-0.json", disagreed)
+    old = {"record_kind": "checkpoint-note", "schema_version": 1, "path": str(good), "step": 2, "rank": 0,
+           "restart": 0, "saved_at": 1.0, "size_bytes": 10, "sha256": digest, "versions": "python 3.11"}
+    (folder.checkpoints_dir / "run-0-step-2-rank-0.json").write_text(json.dumps(old))
+    monkeypatch.setenv("SCOUT_EVIDENCE_ROOT", str(tmp_path / "evidence"))
+    monkeypatch.delenv("SCOUT_CONFIG", raising=False)
+    res = CliRunner().invoke(main, ["checkpoints", "7"])
+    assert res.exit_code == 0, res.output
+    out = res.output
+    assert "signatures: model=01234567 rng_cpu=aa!" in out
+    assert "saved by torch.save on rank 0 of 4; 1 file(s); replicas: agreed (per-rank RNG streams" in out
+    assert "versions: python 3.11.7, torch 2.13.0, cuda -, nccl -, scout 0.1.0" in out
+    assert "coverage since the previous record: 2 vote(s), 0 replay round(s): clean; no replay coverage recorded" in out
+    assert "why: the replicas' state signatures disagreed: model differs on rank 2" in out
+    assert "(schema version 1 record: no signatures or replicas' agreement)" in out
+    assert "recovery rule: newest eligible checkpoint (first suspect step unknown): step 5" in out
+    res = CliRunner().invoke(main, ["checkpoints", "7", "--json"])
+    rows = {c["step"]: c for c in json.loads(res.output)["checkpoints"]}
+    assert rows[10]["status"] == "rejected" and rows[5]["status"] == "eligible" and rows[2]["schema_version"] == 1
+    assert rows[5]["signatures"]["rng_cpu"] == {"value": "aa", "agreed": False}
+    assert rows[5]["software"]["torch"] == "2.13.0" and rows[5]["coverage"]["votes"] == 2
