@@ -10,6 +10,7 @@ import stat
 from scout_slurm.remediation.records import CheckpointNote
 
 FULL_DIGEST_LIMIT = 1 << 30  # larger files: size and presence only, within a hook's time budget
+MAX_FOLDER_FILES = 100_000   # a DCP folder: files listed and walked at most
 
 
 def file_problem(note: CheckpointNote, *, full_digest_limit: int = FULL_DIGEST_LIMIT) -> str | None:
@@ -42,17 +43,26 @@ def file_problem(note: CheckpointNote, *, full_digest_limit: int = FULL_DIGEST_L
 def _folder_problem(note: CheckpointNote, full_digest_limit: int) -> str | None:
     """A checkpoint folder (DCP): every recorded file still there, unchanged, and no file added."""
     import dataclasses
+    if len(note.files) > MAX_FOLDER_FILES:
+        return f"{note.path}: the record lists {len(note.files)} files, more than scout checks ({MAX_FOLDER_FILES})"
     root = os.path.realpath(note.path)
     recorded = {f.name for f in note.files}
+    budget = full_digest_limit  # bytes re-read in all: a hook's time is bounded, a sharded checkpoint is not
     for f in note.files:
         full = os.path.realpath(os.path.join(root, f.name))
         if os.path.commonpath([root, full]) != root or not f.name:
             return f"{note.path}: recorded file name {f.name!r} leaves the checkpoint folder"
         one = dataclasses.replace(note, path=full, size_bytes=f.size_bytes, sha256=f.sha256, files=())
-        problem = file_problem(one, full_digest_limit=full_digest_limit)
+        problem = file_problem(one, full_digest_limit=budget)
         if problem:
             return f"{note.path} (one of {len(note.files)} files): {problem}"
+        if f.size_bytes <= budget:
+            budget -= f.size_bytes
+    seen = 0
     for dirpath, dirnames, names in os.walk(root, followlinks=False):
+        seen += len(names)
+        if seen > MAX_FOLDER_FILES:
+            return f"{note.path}: more than {MAX_FOLDER_FILES} files in the folder now: changed on disk after its record"
         for n in names:
             rel = os.path.relpath(os.path.join(dirpath, n), root)
             if rel not in recorded:

@@ -195,3 +195,16 @@ def test_scout_checkpoints_lists_the_new_fields_and_old_records(tmp_path, monkey
     assert rows[10]["status"] == "rejected" and rows[5]["status"] == "eligible" and rows[2]["schema_version"] == 1
     assert rows[5]["signatures"]["rng_cpu"] == {"value": "aa", "agreed": False}
     assert rows[5]["software"]["torch"] == "2.13.0" and rows[5]["coverage"]["votes"] == 2
+
+
+def test_dcp_folder_digest_budget_is_shared_by_its_files(tmp_path):
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    for i in range(3):
+        (ck / f"__{i}_0.distcp").write_bytes(bytes([i]) * 100)
+    files, size, sha = files_of(str(ck))
+    note = dataclasses.replace(v2(path=str(ck)), files=files, size_bytes=size, sha256=sha)
+    # a same-size rewrite of the last file: caught with a budget for all three, not with one for two
+    (ck / "__2_0.distcp").write_bytes(b"\x07" * 100)
+    assert "changed on disk" in file_problem(note, full_digest_limit=300)
+    assert file_problem(note, full_digest_limit=200) is None
