@@ -87,6 +87,7 @@ class Consensus:
         self.restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
         self.last_clean = -1
         self.groups: list[tuple[int, ...]] | None = None  # replica groups, found at the first vote
+        self.replay_rounds: Any = None  # a callable giving the replay rounds so far, when replay is on
 
     def track(self, module: Any) -> None:
         if all(m is not module for m in self.modules):
@@ -150,7 +151,9 @@ class Consensus:
         try:
             write_record(self.run_dir / "votes.json", VoteCoverage(restart=self.restart, votes=self.votes,
                                                                    last_clean_step=self.last_clean,
-                                                                   last_vote_step=step))
+                                                                   last_vote_step=step,
+                                                                   replay_rounds=self.replay_rounds()
+                                                                   if self.replay_rounds else None))
         except Exception as exc:  # noqa: BLE001
             sys.stderr.write(f"scout: vote coverage not written: {exc!r}\n")
 

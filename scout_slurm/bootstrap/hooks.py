@@ -392,6 +392,7 @@ def _start_consensus() -> None:
                               originals=STATE.originals, current_step=_current_step,
                               max_bytes=int(os.environ.get("SCOUT_REPLAY_MAX_BYTES", "") or DEFAULT_MAX_BYTES),
                               offset=STATE.consensus.offset)
+        STATE.consensus.replay_rounds = lambda: STATE.replay.replays  # coverage for checkpoint records
 
 
 def _start_timing() -> None:

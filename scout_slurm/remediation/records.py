@@ -156,4 +156,5 @@ class VoteCoverage:
     votes: int
     last_clean_step: int           # the last step at which every replica's state agreed (-1: none)
     last_vote_step: int
+    replay_rounds: int | None = None  # in-situ replay rounds run so far (None: replay off)
     schema_version: int = 1
