@@ -78,6 +78,9 @@ class RemediationConfig:
     # job's own (data, load imbalance) or passing (thermal, a neighbour's traffic), the job still
     # finishes, and a timing signal is weaker evidence than a crash or wrong numbers
     drain_stragglers: bool = False
+    # a resumed run whose restored state differs from its checkpoint record: "warn" (a loud finding,
+    # the job goes on) or "fatal" (the rank exits 90); SCOUT_RESUME_MISMATCH in the job's environment wins
+    on_resume_mismatch: str = "warn"
 
 
 @dataclass(frozen=True)
@@ -175,6 +178,9 @@ def _check_ranges(cfg: SiteConfig, source: str) -> None:
                           f"got {cfg.epilog.localise_on!r}")
     if cfg.watchdog.stall_floor_s <= 0 or cfg.watchdog.poll_interval_s <= 0:
         raise ConfigError(f"{source}: [watchdog] stall_floor_s and poll_interval_s must be positive")
+    if cfg.remediation.on_resume_mismatch not in ("warn", "fatal"):
+        raise ConfigError(f"{source}: [remediation] on_resume_mismatch must be 'warn' or 'fatal', "
+                          f"got {cfg.remediation.on_resume_mismatch!r}")
     if cfg.watchdog.on_evidence_loss not in ("fail", "warn"):
         raise ConfigError(f"{source}: [watchdog] on_evidence_loss must be 'fail' or 'warn', "
                           f"got {cfg.watchdog.on_evidence_loss!r}")

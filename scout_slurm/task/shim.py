@@ -139,6 +139,7 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     env["SCOUT_PACKAGE_DIR"] = str(Path(scout_slurm.__file__).parent)
     env["SCOUT_RUN_DIR"] = str(folder.run_dir(ctx.restart))
     env["SCOUT_CHECKPOINTS_DIR"] = str(folder.checkpoints_dir)
+    env.setdefault("SCOUT_RESUME_MISMATCH", cfg.remediation.on_resume_mismatch)  # the job's own setting wins
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOTSTRAP_DIR), environ.get("PYTHONPATH", "")) if p)
     resume, offset = _resume_checkpoint(folder, ctx.restart)
     if resume and not environ.get("SCOUT_RESUME_CHECKPOINT"):

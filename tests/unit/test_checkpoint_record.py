@@ -208,3 +208,15 @@ def test_dcp_folder_digest_budget_is_shared_by_its_files(tmp_path):
     (ck / "__2_0.distcp").write_bytes(b"\x07" * 100)
     assert "changed on disk" in file_problem(note, full_digest_limit=300)
     assert file_problem(note, full_digest_limit=200) is None
+
+
+def test_resume_mismatch_policy_in_the_site_config(tmp_path):
+    from scout_slurm.config import ConfigError, load_config, parse_config
+    assert parse_config({}).remediation.on_resume_mismatch == "warn"
+    assert parse_config({"remediation": {"on_resume_mismatch": "fatal"}}).remediation.on_resume_mismatch == "fatal"
+    with pytest.raises(ConfigError, match="on_resume_mismatch must be 'warn' or 'fatal', got 'kill'"):
+        parse_config({"remediation": {"on_resume_mismatch": "kill"}}, source="site.toml")
+    env = {"SCOUT_CONFIG": str(tmp_path / "absent.toml")}
+    (tmp_path / "absent.toml").write_text("")
+    env["SCOUT_REMEDIATION_ON_RESUME_MISMATCH"] = "fatal"
+    assert load_config(env).remediation.on_resume_mismatch == "fatal"
