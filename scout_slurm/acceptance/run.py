@@ -63,6 +63,7 @@ class AcceptanceOptions:
     load_tcp_mib: float = 64.0
     load_disk_mib: float = 16.0
     python: str = sys.executable
+    side_by_side: bool = True         # two jobs at a time (the lab has four nodes; a job takes two)
     schema_version: int = 1
 
 
@@ -76,7 +77,18 @@ class _Where:
     own_master_port: bool = False     # lab: other labs on this machine reuse job ids, and so scout's ports
 
 
-def free_port_base(count: int = 6, lo: int = 30000, hi: int = 32000) -> int:
+@dataclass(frozen=True)
+class _Pending:
+    case: CaseRun
+    job: int
+    t0: float
+    on_verdict: Callable[[int, JobFolder], None] | None
+    awaited: bool = False             # await_verdict() ran: folder and err below are its answer
+    folder: JobFolder | None = None
+    err: str = ""
+
+
+def free_port_base(count: int = 10, lo: int = 30000, hi: int = 32000) -> int:
     """A block of `count` free local ports (the lab's slurmctld and slurmds)."""
     rng = random.Random(os.getpid() ^ time.monotonic_ns())
     for _ in range(200):
@@ -182,22 +194,40 @@ scout-srun {scout} {py} {TRAIN} {train}
         ops.cancel_job(job, timeout=20, env=self.where.env)
         return "TIMEOUT (cancelled by scout acceptance)"
 
-    def run_case(self, name: str, *, inject: str, expected_kind: str, expected_rank: int | None,
-                 train: str, pre: str = "", requeue: bool = False, under_load: bool = False,
-                 on_verdict: Callable[[int, JobFolder], None] | None = None) -> CaseRun:
-        t0 = time.monotonic()
+    def run_case(self, name: str, **kw) -> CaseRun:
+        return self.finish_case(self.start_case(name, **kw))
+
+    def start_case(self, name: str, *, inject: str, expected_kind: str, expected_rank: int | None,
+                   train: str, pre: str = "", requeue: bool = False, under_load: bool = False,
+                   on_verdict: Callable[[int, JobFolder], None] | None = None) -> _Pending:
+        """Submit one case's job; finish_case() waits for it (two cases may run side by side on
+        the lab's four nodes)."""
         case = CaseRun(name=name, fault=inject, expected_kind=expected_kind, expected_rank=expected_rank,
                        under_load=under_load)
+        t0 = time.monotonic()
         try:
             job = self.submit(name, self._script(inject=inject, train=train, pre=pre), requeue=requeue)
         except ScoutError as exc:
-            return dataclasses.replace(case, error=f"sbatch failed: {exc}")
+            return _Pending(dataclasses.replace(case, error=f"sbatch failed: {exc}"), 0, t0, on_verdict)
         self.echo(f"  job {job} ({name}{': ' + inject if inject else ''}) submitted")
-        folder, err = self.wait_verdict(job)
-        if on_verdict is not None and folder is not None and not err:
-            on_verdict(job, folder)
+        return _Pending(dataclasses.replace(case, job_id=job), job, t0, on_verdict)
+
+    def await_verdict(self, p: _Pending) -> _Pending:
+        """Until the first run's verdict; then the case's callback (what must be seen before a rerun)."""
+        if not p.job or p.awaited:
+            return p
+        folder, err = self.wait_verdict(p.job)
+        if p.on_verdict is not None and folder is not None and not err:
+            p.on_verdict(p.job, folder)
+        return dataclasses.replace(p, awaited=True, folder=folder, err=err)
+
+    def finish_case(self, p: _Pending) -> CaseRun:
+        p = self.await_verdict(p)
+        case, job, folder, err = p.case, p.job, p.folder, p.err
+        if not job:
+            return case
         state = self.wait_end(job)
-        case = dataclasses.replace(case, job_id=job, final_state=state)
+        case = dataclasses.replace(case, final_state=state)
         if folder is None:
             return dataclasses.replace(case, error=err or f"no evidence folder for job {job}")
         case = read_case(case, folder, 0)
@@ -205,7 +235,7 @@ scout-srun {scout} {py} {TRAIN} {train}
             case = dataclasses.replace(case, error=err)
         self._undrain(folder)
         right = is_right(case)
-        self.echo(f"  job {job} ({name}) {state} after {time.monotonic() - t0:.0f} s: {naming(case)}; "
+        self.echo(f"  job {job} ({case.name}) {state} after {time.monotonic() - p.t0:.0f} s: {naming(case)}; "
                   f"detect {fmt_s(case.detection_s)}, verdict {fmt_s(case.localisation_s)} "
                   f"({'right' if right[0] else 'WRONG: ' + right[1]})")
         return case
@@ -250,7 +280,13 @@ scout-srun {scout} {py} {TRAIN} {train}
             steps = [int(c["step"]) for c in obj["checkpoints"] if c["path"] == point and int(c["run"]) == 0]
         except (ValueError, KeyError, TypeError) as exc:
             return CheckpointResult(job, fault_step, fss, error=f"unreadable JSON: {exc}")
-        return CheckpointResult(job, fault_step, fss, rows, point, steps[0] if steps else -1, str(obj.get("rule", "")))
+        rule = str(obj.get("rule", ""))
+        try:  # what the controller chose for the rerun, with its reason: the rule as applied
+            chosen = read_record(folder.resume_path(1), ResumeInstruction, root=folder.root)
+            point, steps, rule = chosen.checkpoint, [chosen.step], f"{chosen.reason} (applied by the controller)"
+        except (ScoutError, OSError):
+            pass
+        return CheckpointResult(job, fault_step, fss, rows, point, steps[0] if steps else -1, rule)
 
     def resume_result(self, case: CaseRun, folder: JobFolder, ref: Path, final: Path) -> ResumeResult:
         info = ops.job_info(case.job_id, timeout=20, env=self.where.env)
@@ -412,9 +448,10 @@ def run_acceptance(opts: AcceptanceOptions, echo: Callable[[str], None]) -> int:
             state = opts.lab_state_dir
             if state is None:
                 state = temp_state = Path(tempfile.mkdtemp(prefix="scout-acceptance-lab-"))
-            port = opts.lab_port_base or free_port_base()
-            lab = Lab(LabSpec(state_dir=state, nodes=4, port_base=port, python=opts.python))
-            echo(f"starting a local 4-node Slurm lab in {state} (ports {port}..{port + 4}) ...")
+            nodes = max(4, 2 * opts.nodes)  # two jobs side by side
+            port = opts.lab_port_base or free_port_base(nodes + 2)
+            lab = Lab(LabSpec(state_dir=state, nodes=nodes, port_base=port, python=opts.python))
+            echo(f"starting a local {nodes}-node Slurm lab in {state} (ports {port}..{port + nodes}) ...")
             lab.up()
             lab.paths.work.mkdir(parents=True, exist_ok=True)
             where = _Where(env=lab.client_env(), evidence_root=lab.paths.evidence, work=lab.paths.work,
@@ -460,45 +497,12 @@ def _run_steps(acc: Acceptance, echo: Callable[[str], None]) -> tuple[list[StepR
         extra = f" ({step.detail})" if step.status is not Status.PASS else ""
         echo(f"[step {step.step}] {step.status.value}: {step.title}; {step.figures}{extra}")
 
-    # 1, 2: a clean run; also the uninterrupted reference for step 7
-    ref = work / f"acceptance-{tag}-reference.txt"
-    echo("[step 1] start: a clean training job across the nodes (also the reference for step 7)")
-    clean = acc.run_case("clean", inject="", expected_kind="clean", expected_rank=None,
-                         train=acc._train_args(ckpt=work / f"acceptance-{tag}-ck-clean", out=ref))
-    all_cases.append(clean)
-    report(judge_training(clean, min_nodes=2 if acc.opts.nodes >= 2 else acc.opts.nodes,
-                          expected_world=acc.opts.nodes * acc.opts.tasks_per_node))
-    echo("[step 2] start: `scout map` of the clean job, after it ended")
-    report(judge_map(acc.query_map(clean.job_id) if clean.job_id else None))
-
-    # 3a: a process stall
     world = acc.opts.nodes * acc.opts.tasks_per_node
-    stall_rank = 1 % world
-    echo("[step 3a] start: a process stall (sleep in the training loop)")
-    stall = acc.run_case("stall", inject=f"sleep,rank={stall_rank},step=8", expected_kind="hang",
-                         expected_rank=stall_rank, train=acc._train_args(ckpt=None, out=None))
-    all_cases.append(stall)
-    report(judge_injection("3a", "inject a process stall", stall))
+    pair = acc.opts.side_by_side
 
-    # 3b: a bounded compute slowdown (timing votes)
-    slow: CaseRun | None = None
-    slow_rank = world - 1
-    if "delay" in KINDS:
-        echo("[step 3b] start: a bounded compute slowdown (delay every step on one rank)")
-        slow = acc.run_case("slowdown", inject=f"delay,rank={slow_rank},step=6,seconds=0.25",
-                            expected_kind="straggler", expected_rank=slow_rank,
-                            train=acc._train_args(ckpt=None, out=None, steps=16),
-                            pre="export SCOUT_TIMING_EVERY=5")
-        all_cases.append(slow)
-        report(judge_injection("3b", "inject a bounded compute slowdown", slow))
-    else:
-        echo("[step 3b] start: a bounded compute slowdown")
-        report(StepResult("3b", "inject a bounded compute slowdown", Status.FAIL,
-                          detail="this version of scout has no `delay` fault kind: no slowdown can be injected"))
-
-    # 3c, 6, 7: a reversible numerical perturbation, then the recovery point and the resume
-    echo("[step 3c] start: a reversible numerical perturbation (one bit of one weight on rank 0), "
-         "with checkpoints, requeue and resume")
+    # phase A: a clean run (steps 1, 2; the uninterrupted reference for step 7) beside the
+    # numerical case (3c, 6, 7: a bit flipped on rank 0, checkpoints, requeue, resume)
+    ref = work / f"acceptance-{tag}-reference.txt"
     fault_step = 12
     final = work / f"acceptance-{tag}-resumed.txt"
     ck_holder: list[CheckpointResult] = []
@@ -507,11 +511,53 @@ def _run_steps(acc: Acceptance, echo: Callable[[str], None]) -> tuple[list[StepR
         # the listing as the controller saw it, before the rerun writes over the same file names
         ck_holder.append(acc.query_checkpoints(job, folder, fault_step))
 
-    numeric = acc.run_case("numerical", inject=f"bitflip,bit=3,rank=0,step={fault_step}", expected_kind="sdc",
+    echo("[step 1] start: a clean training job across the nodes (also the reference for step 7)")
+    p_clean = acc.start_case("clean", inject="", expected_kind="clean", expected_rank=None,
+                             train=acc._train_args(ckpt=work / f"acceptance-{tag}-ck-clean", out=ref))
+    if not pair:
+        clean = acc.finish_case(p_clean)
+    echo("[step 3c] start: a reversible numerical perturbation (one bit of one weight on rank 0), "
+         "with checkpoints, requeue and resume")
+    p_num = acc.start_case("numerical", inject=f"bitflip,bit=3,rank=0,step={fault_step}", expected_kind="sdc",
                            expected_rank=0, requeue=True, on_verdict=on_verdict,
                            train=acc._train_args(ckpt=work / f"acceptance-{tag}-ck-numerical", out=final))
+    p_num = acc.await_verdict(p_num)
+    if pair:
+        clean = acc.finish_case(p_clean)
+    all_cases.append(clean)
+    report(judge_training(clean, min_nodes=2, expected_world=world))
+    echo("[step 2] start: `scout map` of the clean job, after it ended")
+    report(judge_map(acc.query_map(clean.job_id) if clean.job_id else None))
+    numeric = acc.finish_case(p_num)
     all_cases.append(numeric)
     report(judge_injection("3c", "inject a reversible numerical perturbation", numeric))
+
+    # phase B: a process stall (3a) beside a bounded compute slowdown (3b, timing votes)
+    stall_rank, slow_rank = 1 % world, world - 1
+    echo("[step 3a] start: a process stall (sleep in the training loop)")
+    p_stall = acc.start_case("stall", inject=f"sleep,rank={stall_rank},step=8", expected_kind="hang",
+                             expected_rank=stall_rank, train=acc._train_args(ckpt=None, out=None))
+    if not pair:
+        stall = acc.finish_case(p_stall)
+    slow: CaseRun | None = None
+    p_slow: _Pending | None = None
+    echo("[step 3b] start: a bounded compute slowdown (a delay after every step on one rank)")
+    if "delay" in KINDS:
+        p_slow = acc.start_case("slowdown", inject=f"delay,rank={slow_rank},step=6,seconds=0.25",
+                                expected_kind="straggler", expected_rank=slow_rank,
+                                train=acc._train_args(ckpt=None, out=None, steps=16),
+                                pre="export SCOUT_TIMING_EVERY=5")
+    if pair:
+        stall = acc.finish_case(p_stall)
+    all_cases.append(stall)
+    report(judge_injection("3a", "inject a process stall", stall))
+    if p_slow is not None:
+        slow = acc.finish_case(p_slow)
+        all_cases.append(slow)
+        report(judge_injection("3b", "inject a bounded compute slowdown", slow))
+    else:
+        report(StepResult("3b", "inject a bounded compute slowdown", Status.FAIL,
+                          detail="this version of scout has no `delay` fault kind: no slowdown can be injected"))
     report(StepResult("3d", "inject a slow link", Status.SKIPPED, detail=acc.where.slow_link_skip))
     rerun_clean: CaseRun | None = None
     folder = acc.folder(numeric.job_id) if numeric.job_id else None
@@ -532,17 +578,22 @@ def _run_steps(acc: Acceptance, echo: Callable[[str], None]) -> tuple[list[StepR
     # 8: a reduced set again under load
     echo("[step 8] start: loopback TCP stream and a disk writer in the evidence file system, then "
          + ("a stall" if q else "a clean run and a stall") + " again")
+    shrink = 4 if q else 1  # quick: a quarter of the rates, so that 2 cores still run the jobs in time
     gens = _LoadGenerators(acc.opts.python, work / f"acceptance-{tag}-load", acc.where.evidence_root,
-                           acc.opts.load_tcp_mib, acc.opts.load_disk_mib)
+                           acc.opts.load_tcp_mib / shrink, acc.opts.load_disk_mib / shrink)
     echo(f"  load generators running: pids {', '.join(map(str, gens.pids))}")
     loaded: list[CaseRun] = []
     try:
+        pending = []
         if not q:
-            loaded.append(acc.run_case("clean under load", inject="", expected_kind="clean", expected_rank=None,
-                                       train=acc._train_args(ckpt=None, out=None), under_load=True))
-        loaded.append(acc.run_case("stall under load", inject=f"sleep,rank={stall_rank},step=8", expected_kind="hang",
-                                   expected_rank=stall_rank, train=acc._train_args(ckpt=None, out=None),
-                                   under_load=True))
+            pending.append(acc.start_case("clean under load", inject="", expected_kind="clean", expected_rank=None,
+                                          train=acc._train_args(ckpt=None, out=None), under_load=True))
+            if not pair:
+                loaded.append(acc.finish_case(pending.pop()))
+        pending.append(acc.start_case("stall under load", inject=f"sleep,rank={stall_rank},step=8",
+                                      expected_kind="hang", expected_rank=stall_rank,
+                                      train=acc._train_args(ckpt=None, out=None), under_load=True))
+        loaded += [acc.finish_case(p) for p in pending]
     finally:
         load = gens.stop()
     echo(f"  load generators stopped: {load.tcp_bytes >> 20} MiB over TCP, {load.disk_bytes >> 20} MiB to disk "
