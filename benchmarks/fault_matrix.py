@@ -1,0 +1,230 @@
+"""The fault matrix of issue 6: inject numerical faults (kinds x magnitudes x targets x ranks,
+including rank 0 and the replay source) into small 4-rank training jobs under DDP, FSDP2 and HSDP
+on a private lab cluster (4 slurmd, 2 nodes x 2 ranks a job), plus clean runs; each run is scored
+against what scout named: the injected rank, its node and the component (weights, optimizer,
+compute), nobody for clean runs.
+
+    .venv/bin/python benchmarks/fault_matrix.py [--limit N] [--clean N] [--concurrency 2] [--json out.json]
+
+Prints one row per cell (parallelism x target x kind: injected / named correctly / wrong / inconclusive /
+missed) and the clean runs, and writes every run to JSON. Takes about 12 s of 2 cores per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import socket
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from scout_slurm.evidence.layout import JobFolder  # noqa: E402
+from scout_slurm.evidence.records import Finding, FindingKind, RankPlace, Verdict  # noqa: E402
+from scout_slurm.evidence.store import list_records, read_record  # noqa: E402
+from scout_slurm.lab.cluster import CLUSTER_NAME, Lab, LabSpec  # noqa: E402
+from scout_slurm.slurm import ops  # noqa: E402
+
+JOBS = {"ddp": ROOT / "tests" / "jobs" / "train_ddp.py", "fsdp2": ROOT / "tests" / "jobs" / "train_fsdp2.py",
+        "hsdp": ROOT / "tests" / "jobs" / "train_fsdp2.py"}
+TRAIN_ARGS = {"ddp": "--steps 12 --step-sleep 0 --momentum 0.9", "fsdp2": "--steps 12", "hsdp": "--steps 12 --hsdp"}
+STEPS = 12
+EVERY = 1      # state votes and replay every step: a NaN caught before the all-reduce spreads it
+FAULT_STEP = 3
+
+# (kind spec, target) by target; compute faults recur (a faulty unit keeps corrupting)
+STATE_FAULTS = [("bitflip,bit=0", "weights"), ("bitflip,bit=12", "weights"), ("bitflip,bit=23", "weights"),
+                ("bitflip,bit=31", "weights"), ("scale,factor=1.0001", "weights"), ("sign", "weights"),
+                ("noise,sigma=1e-6", "weights"), ("nan", "weights"), ("inf", "weights"),
+                ("sign", "optimizer"), ("bitflip,bit=0", "optimizer"), ("scale,factor=2", "optimizer")]
+COMPUTE_FAULTS = [("bitflip,bit=10,element=1", "activations"), ("bitflip,bit=30,element=1", "activations"),
+                  ("scale,factor=1.5", "activations"), ("sign,element=2", "activations"),
+                  ("noise,sigma=1e-3", "activations"), ("nan", "activations"), ("inf", "activations"),
+                  ("noise,sigma=1e-3", "gradients"), ("scale,factor=2", "gradients"),
+                  ("bitflip,bit=23", "gradients"), ("sign", "gradients")]
+# pure FSDP holds no replicated state: state faults are listed to show they are missed, once each
+PLAN = {"ddp": STATE_FAULTS + COMPUTE_FAULTS, "hsdp": STATE_FAULTS[:6] + COMPUTE_FAULTS,
+        "fsdp2": STATE_FAULTS[:2] + COMPUTE_FAULTS}
+
+
+@dataclass(frozen=True)
+class Run:
+    parallelism: str
+    kind: str            # "clean" or the fault kind and magnitude ("bitflip 23": bit 23; "scale 1.5")
+    target: str
+    spec: str            # the SCOUT_INJECT text ("" for clean)
+    rank: int            # injected rank (-1: clean)
+    job_id: int = 0
+    node: str = ""
+    verdict: str = ""
+    named: tuple = ()
+    components: tuple = ()
+    outcome: str = ""    # correct / wrong / inconclusive / missed / clean / false-positive / error
+    seconds: float = 0.0
+
+
+def runs(limit: int, clean: int, seed: int) -> list[Run]:
+    out = []
+    n = 0
+    for par, faults in PLAN.items():
+        for spec, target in faults:
+            for rank in (n % 4, (n + 2) % 4):  # every kind meets every rank; rank 0 and the replay source included
+                recur = ",every=1" if target in ("activations", "gradients") else ""
+                text = f"{spec},rank={rank},step={FAULT_STEP},target={target}{recur}"
+                label = " ".join(x.split("=")[-1] if "=" in x else x for x in spec.split(",") if not x.startswith("element"))
+                out.append(Run(par, label, target, text, rank))
+            n += 1
+    random.Random(seed).shuffle(out)
+    out = out[:limit] if limit else out
+    pars = list(PLAN)
+    cleans = [Run(pars[i % 3], "clean", "-", "", -1) for i in range(clean)]
+    # clean runs spread among the faults, so a run cut short by --minutes still has some of each
+    mixed: list[Run] = []
+    for i, r in enumerate(out):
+        mixed.append(r)
+        while cleans and len(cleans) * max(len(out), 1) > (len(out) - i - 1) * clean:
+            mixed.append(cleans.pop(0))
+    return mixed + cleans
+
+
+def free_port_base(count: int) -> int:
+    rng = random.Random(os.getpid())
+    for _ in range(200):
+        base = rng.randrange(40000, 50000, 10)
+        ok = True
+        for port in range(base, base + count):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError("no free block of local ports in 40000..50000")
+
+
+def script(run: Run) -> str:
+    inject = f"--scout-inject={run.spec}" if run.spec else ""
+    return f"""#!/bin/bash
+export OMP_NUM_THREADS=1
+export PATH={os.path.dirname(sys.executable)}:$PATH
+scout-srun --scout-consensus-every={EVERY} --scout-replay-every={EVERY} {inject} \\
+  {sys.executable} {JOBS[run.parallelism]} {TRAIN_ARGS[run.parallelism]}
+"""
+
+
+def one(lab: Lab, run: Run, deadline_epoch: float = 0.0) -> Run:
+    if deadline_epoch and time.time() > deadline_epoch:
+        return Run(**{**asdict(run), "outcome": "skipped"})  # out of time: not run, not counted
+    env = lab.client_env()
+    t0 = time.monotonic()
+    job = ops.submit_batch(script(run), ["-N2", "--ntasks-per-node=2", "--no-requeue",
+                                         f"--output={lab.paths.work / 'job-%j.out'}"], timeout=20, env=env)
+    folder = JobFolder(lab.paths.evidence, CLUSTER_NAME, job)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        if folder.verdict_path(0).exists() and ops.job_info(job, timeout=10, env=env).is_finished:
+            break
+        time.sleep(0.5)
+    else:
+        return Run(**{**asdict(run), "job_id": job, "outcome": "error", "seconds": time.monotonic() - t0})
+    verdict = read_record(folder.verdict_path(0), Verdict)
+    places, _ = list_records(folder.ranks_dir(0), "rank-*.json", RankPlace, root=folder.root)
+    node = {p.rank: p.node for p in places}.get(run.rank, "")
+    findings, _ = list_records(folder.findings_dir(0), "*.json", Finding, root=folder.root)
+    comps = tuple(sorted({f.component for f in findings if f.kind == FindingKind.SDC}))
+    named = tuple((s.rank, s.node) for s in verdict.suspects)
+    want_comp = {"weights": "weights", "optimizer": "optimizer"}.get(run.target, "compute")
+    kind = verdict.kind.value
+    if run.rank < 0:
+        outcome = "clean" if kind == "clean" and not named else "false-positive"
+    elif kind == "sdc" and named == ((run.rank, node),) and comps == (want_comp,):
+        outcome = "correct"
+    elif kind == "sdc" or named:
+        outcome = "wrong"
+    elif kind == "inconclusive":
+        outcome = "inconclusive"
+    else:
+        outcome = "missed"
+    # a detected fault drains its node: return it to service for the next runs
+    for n in ops.list_nodes(timeout=10, env=env):
+        if n.is_drained and n.reason.startswith("scout:"):
+            ops.resume_node(n.name, timeout=10, env=env)
+    return Run(**{**asdict(run), "job_id": job, "node": node, "verdict": kind, "named": named, "components": comps,
+                  "outcome": outcome, "seconds": round(time.monotonic() - t0, 1)})
+
+
+def table(done: list[Run]) -> str:
+    cells: dict[tuple[str, str, str], dict[str, int]] = {}
+    for r in done:
+        if r.rank < 0:
+            continue
+        c = cells.setdefault((r.parallelism, r.target, r.kind), {})
+        c[r.outcome] = c.get(r.outcome, 0) + 1
+    cols = ("injected", "correct", "wrong", "inconclusive", "missed", "error")
+    lines = [f"{'parallelism':<11} {'target':<12} {'kind':<16} " + " ".join(f"{c:>12}" for c in cols)]
+    total = {c: 0 for c in cols}
+    for key in sorted(cells):
+        c = cells[key]
+        row = {"injected": sum(c.values()), **{k: c.get(k, 0) for k in cols[1:]}}
+        for k in cols:
+            total[k] += row[k]
+        lines.append(f"{key[0]:<11} {key[1]:<12} {key[2]:<16} " + " ".join(f"{row[k]:>12}" for k in cols))
+    lines.append(f"{'all':<11} {'':<12} {'':<16} " + " ".join(f"{total[k]:>12}" for k in cols))
+    clean = [r for r in done if r.rank < 0]
+    for par in PLAN:
+        mine = [r for r in clean if r.parallelism == par]
+        if mine:
+            ok = sum(r.outcome == "clean" for r in mine)
+            lines.append(f"clean runs {par:<6}: {len(mine)} run, {ok} named nobody, {len(mine) - ok} named someone")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--limit", type=int, default=0, help="run only the first N faults (after a seeded shuffle)")
+    ap.add_argument("--clean", type=int, default=30, help="clean runs (spread over DDP, FSDP2, HSDP)")
+    ap.add_argument("--concurrency", type=int, default=2, help="jobs at once (2-node jobs on a 4-node lab)")
+    ap.add_argument("--seed", type=int, default=6)
+    ap.add_argument("--json", default="fault_matrix.json")
+    ap.add_argument("--minutes", type=float, default=0.0, help="submit no new run after this many minutes (0: no limit)")
+    args = ap.parse_args()
+    todo = runs(args.limit, args.clean, args.seed)
+    state = Path(f"/tmp/scout-fault-matrix-{os.getpid()}")
+    lab = Lab(LabSpec(state_dir=state, nodes=4, port_base=free_port_base(6), python=sys.executable,
+                      cpus_per_node=16))
+    done: list[Run] = []
+    t0 = time.monotonic()
+    try:
+        lab.up()
+        with ThreadPoolExecutor(args.concurrency) as pool:
+            stop = time.time() + args.minutes * 60 if args.minutes else 0.0
+            for r in pool.map(lambda run: one(lab, run, stop), todo):
+                if r.outcome == "skipped":
+                    continue
+                done.append(r)
+                print(f"[{len(done)}/{len(todo)} {time.monotonic() - t0:.0f}s] {r.parallelism} {r.spec or 'clean'}: "
+                      f"{r.outcome} (verdict {r.verdict}, named {list(r.named)}, {list(r.components)})", flush=True)
+    finally:
+        lab.down()
+        shutil.rmtree(state, ignore_errors=True)
+    print()
+    print(table(done))
+    Path(args.json).write_text(json.dumps({"steps": STEPS, "every": EVERY, "fault_step": FAULT_STEP,
+                                           "wall_s": round(time.monotonic() - t0, 1),
+                                           "runs": [asdict(r) for r in done]}, indent=1))
+    print(f"\n{len(done)} runs in {time.monotonic() - t0:.0f} s; every run in {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
