@@ -229,12 +229,14 @@ def main() -> int:
     print(f"  written:  {3600 / publish_s:.0f} snapshots x {snap} B = {human(per_hour)}/h "
           f"({human(per_hour / 3600)}/s), each as create + write + fsync + rename + fsync of the folder: "
           f"{3600 / publish_s:.0f} files created and {2 * 3600 / publish_s:.0f} fsyncs an hour")
-    # the progress history for the report's timeline: one fixed-size sample per publication into a
-    # ring file of fixed size, pwrite without fsync (evidence/history.py)
+    # the progress history for the report's timeline: one fixed-size sample every (fast) publish
+    # interval, whatever the snapshots' rate, into a ring file of fixed size, pwrite without fsync
+    # (evidence/history.py)
+    sample_s = WatchdogConfig().publish_interval_s
     slot = len(history.encode_slot(history.sample_of(snapshot(7, world), 1)))
     ring = len(history.encode_header()) + history.SLOTS * slot
-    print(f"  history:  {3600 / publish_s:.0f} samples x {slot} B = {human(3600 / publish_s * slot)}/h into one ring "
-          f"file of {ring} B ({history.SLOTS} samples: {history.SLOTS * publish_s / 60:.1f} min), no fsync")
+    print(f"  history:  {3600 / sample_s:.0f} samples x {slot} B = {human(3600 / sample_s * slot)}/h into one ring "
+          f"file of {ring} B ({history.SLOTS} samples: {history.SLOTS * sample_s / 60:.1f} min), no fsync")
     per_rank_kept = size["RankPlace"] + snap + size["ExitRecord (clean)"] + ring
     per_rank_blocks = blocks(size["RankPlace"]) + blocks(snap) + blocks(size["ExitRecord (clean)"]) + blocks(ring)
     print(f"  kept:     {per_rank_kept} B in 4 files ({per_rank_blocks // 1024} KiB in {BLOCK // 1024} KiB blocks), "
