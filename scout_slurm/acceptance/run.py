@@ -113,6 +113,7 @@ class Acceptance:
         self.opts, self.where, self.echo = opts, where, echo
         self.tag = f"{int(time.time())}-{os.getpid()}"
         self.drained: list[str] = []
+        self.bundles: list = []  # IncidentBundle of each faulty run, for acceptance.html
         text = TRAIN.read_text()
         self.has_sched = '"--sched"' in text
         self.has_rng = "get_rng_state" in text
@@ -234,11 +235,21 @@ scout-srun {scout} {py} {TRAIN} {train}
         if err:
             case = dataclasses.replace(case, error=err)
         self._undrain(folder)
+        if case.fault:
+            self._keep_bundle(folder)
         right = is_right(case)
         self.echo(f"  job {job} ({case.name}) {state} after {time.monotonic() - p.t0:.0f} s: {naming(case)}; "
                   f"detect {fmt_s(case.detection_s)}, verdict {fmt_s(case.localisation_s)} "
                   f"({'right' if right[0] else 'WRONG: ' + right[1]})")
         return case
+
+    def _keep_bundle(self, folder: JobFolder) -> None:
+        """The incident of the faulty run, for the HTML page (read now: the lab's folder goes)."""
+        try:
+            from scout_slurm.report.bundleread import load_incident_bundle
+            self.bundles.append(load_incident_bundle(folder, 0))
+        except Exception as exc:  # noqa: BLE001 - the page is a view; the steps do not depend on it
+            self.echo(f"  note: incident of job {folder.job_id} not drawn: {exc!r}")
 
     def _undrain(self, folder: JobFolder) -> None:
         """Nodes scout drained for a fault acceptance injected itself are healthy: return them."""
@@ -458,7 +469,8 @@ def run_acceptance(opts: AcceptanceOptions, echo: Callable[[str], None]) -> int:
                            cluster=CLUSTER_NAME, own_master_port=True,
                            slow_link_skip=("the local lab runs every node as a `slurmd -N` on 127.0.0.1: there is no "
                                            "per-node link to shape (a netns lab could, with tc on a node's veth)"))
-        steps, cases = _run_steps(Acceptance(opts, where, echo), echo)
+        acc = Acceptance(opts, where, echo)
+        steps, cases = _run_steps(acc, echo)
     finally:
         if lab is not None:
             lab.down()
@@ -469,7 +481,7 @@ def run_acceptance(opts: AcceptanceOptions, echo: Callable[[str], None]) -> int:
         calls.close()
     finished = time.time()
     passed = overall(steps)
-    write_reports(opts, steps, cases, started, finished, passed, echo)
+    write_reports(opts, steps, cases, started, finished, passed, echo, bundles=tuple(acc.bundles))
     echo("")
     echo(summary_table(steps).rstrip())
     echo(f"\nACCEPTANCE {'PASSED' if passed else 'FAILED'} in {finished - started:.0f} s: "
@@ -606,7 +618,7 @@ def _run_steps(acc: Acceptance, echo: Callable[[str], None]) -> tuple[list[StepR
 
 
 def write_reports(opts: AcceptanceOptions, steps: list[StepResult], cases: list[CaseRun], started: float,
-                  finished: float, passed: bool, echo: Callable[[str], None]) -> None:
+                  finished: float, passed: bool, echo: Callable[[str], None], bundles: tuple = ()) -> None:
     obj = {"schema_version": 1, "passed": passed, "started_at": started, "finished_at": finished,
            "options": {k: str(v) for k, v in dataclasses.asdict(opts).items()},
            "steps": [dataclasses.asdict(s) | {"status": s.status.value} for s in steps],
@@ -615,7 +627,7 @@ def write_reports(opts: AcceptanceOptions, steps: list[StepResult], cases: list[
     (opts.out_dir / "acceptance.json").write_text(json.dumps(obj, indent=2))
     (opts.out_dir / "acceptance.md").write_text(render_markdown(steps, cases, started, finished, passed))
     try:
-        html = render_html(steps, cases, started, finished, opts)
+        html = render_html(steps, cases, started, finished, opts, bundles)
         (opts.out_dir / "acceptance.html").write_text(html)
     except Exception as exc:  # noqa: BLE001 - the page is a view; the JSON and Markdown are the record
         echo(f"note: acceptance.html not written: {exc!r}")
@@ -637,7 +649,7 @@ def render_markdown(steps: list[StepResult], cases: list[CaseRun], started: floa
 
 
 def render_html(steps: list[StepResult], cases: list[CaseRun], started: float, finished: float,
-                opts: AcceptanceOptions) -> str:
+                opts: AcceptanceOptions, bundles: tuple = ()) -> str:
     from scout_slurm.report.html import AcceptanceCheck, AcceptanceReport, LatencyCase, render_acceptance_html
     checks = tuple(AcceptanceCheck(step=f"{s.step} {s.title}",
                                    passed=None if s.status is Status.SKIPPED else s.status is Status.PASS,
@@ -648,5 +660,5 @@ def render_html(steps: list[StepResult], cases: list[CaseRun], started: float, f
                             localisation_s=c.localisation_s, job_id=c.job_id) for c in cases if c.fault)
     return render_acceptance_html(AcceptanceReport(
         title="scout acceptance", cluster="local lab" if not opts.site else "site", started_at=started,
-        finished_at=finished, checks=checks, cases=lat,
+        finished_at=finished, checks=checks, cases=lat, incidents=bundles,
         notes=tuple(f"{c.name}: job {c.job_id}, {naming(c)}" for c in cases if not c.fault)))

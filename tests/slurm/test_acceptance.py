@@ -50,5 +50,6 @@ def test_scout_acceptance_quick_passes_every_step(tmp_path):
     assert md.startswith("# scout acceptance: PASSED") and "| stall under load |" in md
     html = (out / "acceptance.html").read_text()
     assert 'id="checks"' in html and "PASSED" in html and html.count('data-passed="true"') == 10
+    assert html.count("<h2>Incident: job ") == 4  # each faulty run drawn in full (timeline, hardware)
     assert "lab stopped" in res.stdout and Lab(LabSpec(state_dir=tmp_path / "lab")).running_pids() == []
     print(f"scout acceptance --quick took {took:.0f} s")
