@@ -30,22 +30,35 @@ def find_desync(rings: Mapping[int, tuple[CollectiveEntry, ...]]) -> tuple[tuple
     (op, bytes) and a minority differ; returns (minority ranks, explanation)."""
     if len(rings) < 3:
         return (), ""
-    by_seq: dict[int, dict[int, tuple[str, int]]] = {}
+    # Ranks whose rings hold the same (seq, op, bytes) vote alike at every seq: they are counted
+    # as one group (a synchronous job has a handful of distinct rings, whatever its size; at 100k
+    # ranks this is 100k small tuples instead of 1.6M dictionary entries).
+    groups: dict[tuple, list[int]] = {}
     for rank, ring in rings.items():
-        for e in ring:
-            by_seq.setdefault(e.seq, {})[rank] = (e.op, e.nbytes)
+        groups.setdefault(tuple([(e.seq, e.op, e.nbytes) for e in ring]), []).append(rank)
+    by_seq: dict[int, list[tuple[tuple[str, int], list[int]]]] = {}
+    for key, ranks in groups.items():
+        sigs: dict[int, tuple[str, int]] = {}
+        for seq, op, nbytes in key:
+            sigs[seq] = (op, nbytes)      # a seq twice in one ring: the later entry counts
+        for seq, sig in sigs.items():
+            by_seq.setdefault(seq, []).append((sig, ranks))
+    total = len(rings)
     for seq in sorted(by_seq):
-        ops = by_seq[seq]
-        if len(ops) < len(rings):
+        votes = by_seq[seq]
+        if sum(len(ranks) for _, ranks in votes) < total:
             continue
-        counts = Counter(ops.values())
+        counts: Counter = Counter()
+        for sig, ranks in votes:       # groups in order of their first rank: Counter's order is the ranks'
+            counts[sig] += len(ranks)
         (common, n), = counts.most_common(1)
-        if n == len(ops):
+        if n == total:
             continue
-        if n * 2 > len(ops):
-            minority = tuple(sorted(r for r, sig in ops.items() if sig != common))
+        if n * 2 > total:
+            minority = tuple(sorted(r for sig, ranks in votes if sig != common for r in ranks))
+            ops = {r: sig for sig, ranks in votes if sig != common for r in ranks}
             theirs = ", ".join(f"rank {r}: {ops[r][0]} of {ops[r][1]} B" for r in minority)
-            return minority, (f"collective #{seq}: {n} of {len(ops)} ranks ran {common[0]} of {common[1]} B; "
+            return minority, (f"collective #{seq}: {n} of {total} ranks ran {common[0]} of {common[1]} B; "
                               f"{theirs}")
         return (), f"collective #{seq}: ranks disagree with no strict majority ({dict(counts)})"
     return (), ""
