@@ -159,6 +159,7 @@ class CheckpointWatch:
         self.sampler_epoch: int | None = None
         self.pending: list[tuple[Path, Any]] = []
         self.prev_votes = 0
+        self.prev_replay = 0
         self.resume = os.environ.get("SCOUT_RESUME_CHECKPOINT", "")
         self.resume_loaded = False
         self.resume_done = not self.resume
@@ -287,14 +288,16 @@ class CheckpointWatch:
                                  verdicts="no state votes recorded in this run; no replay coverage recorded")
         votes = cov.votes - self.prev_votes
         self.prev_votes = cov.votes
-        replay = getattr(cov, "replay_rounds", None)
+        replay = getattr(cov, "replay_rounds", None)  # cumulative in the run; None: replay off
+        replay_since = (replay - self.prev_replay) if replay is not None else 0
+        self.prev_replay = replay if replay is not None else self.prev_replay
         clean = "clean" if cov.last_clean_step == cov.last_vote_step else (
             f"not clean: the last vote at step {cov.last_vote_step}, the last clean one at step {cov.last_clean_step}")
         if votes == 0:
             clean = f"no vote since the previous record ({clean} before)"
-        return CoverageSince(votes=votes, replay_rounds=int(replay or 0), last_clean_step=cov.last_clean_step,
+        return CoverageSince(votes=votes, replay_rounds=int(replay_since), last_clean_step=cov.last_clean_step,
                              last_vote_step=cov.last_vote_step,
-                             verdicts=clean + ("" if replay is not None else "; no replay coverage recorded"))
+                             verdicts=clean + ("" if replay is not None else "; replay off: no replay coverage"))
 
     def exchange(self) -> None:
         """Collective on the side group (every rank, same point): finish the records of saves made

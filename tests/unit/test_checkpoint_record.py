@@ -220,3 +220,24 @@ def test_resume_mismatch_policy_in_the_site_config(tmp_path):
     (tmp_path / "absent.toml").write_text("")
     env["SCOUT_REMEDIATION_ON_RESUME_MISMATCH"] = "fatal"
     assert load_config(env).remediation.on_resume_mismatch == "fatal"
+
+
+def test_coverage_since_the_previous_record(tmp_path):
+    from scout_slurm.bootstrap.ckptstate import CheckpointWatch
+    from scout_slurm.remediation.records import VoteCoverage
+    w = CheckpointWatch(rank=0, world=4, side=None, notes_dir=None, run_dir=tmp_path, restart=0, offset=0,
+                        all_gather=None, groups=lambda: None, completed_steps=lambda: 0)
+    assert w._coverage().verdicts.startswith("no state votes recorded")
+    write_record(tmp_path / "votes.json", VoteCoverage(restart=0, votes=2, last_clean_step=20, last_vote_step=20,
+                                                       replay_rounds=2))
+    first = w._coverage()
+    assert (first.votes, first.replay_rounds, first.last_clean_step, first.verdicts) == (2, 2, 20, "clean")
+    write_record(tmp_path / "votes.json", VoteCoverage(restart=0, votes=3, last_clean_step=20, last_vote_step=30,
+                                                       replay_rounds=3))
+    second = w._coverage()
+    assert (second.votes, second.replay_rounds) == (1, 1)
+    assert second.verdicts == "not clean: the last vote at step 30, the last clean one at step 20"
+    third = w._coverage()  # no vote since
+    assert third.votes == 0 and third.verdicts.startswith("no vote since the previous record")
+    write_record(tmp_path / "votes.json", VoteCoverage(restart=0, votes=4, last_clean_step=40, last_vote_step=40))
+    assert w._coverage().verdicts == "clean; replay off: no replay coverage"
