@@ -109,7 +109,13 @@ def rank_last_advance(bundle: IncidentBundle, rank: int) -> float:
     return from_snapshot
 
 
+PRIMARY_SCAN_LIMIT = 4096   # exits scanned for primary failures; beyond, the verdict's reasoning says it
+
+
 def primary_exits(ev: JobEvidence) -> list[ExitRecord]:
+    """Exits that failed on their own, first first ([] for a world larger than PRIMARY_SCAN_LIMIT)."""
+    if len(ev.exits) > PRIMARY_SCAN_LIMIT:
+        return []
     return sorted((e for e in ev.exits.values() if is_abnormal(e) and not is_cascade(e)), key=lambda e: e.at)
 
 
@@ -125,7 +131,8 @@ def incident_moments(bundle: IncidentBundle) -> IncidentMoments:
         kind = FindingKind.SDC if v.kind == VerdictKind.SDC else FindingKind.STRAGGLER
         detected = min((f.at for f in ev.findings if f.kind == kind), default=0.0)
     if not detected:
-        primary = [e.at for e in primary_exits(ev) if not suspects or e.rank in suspects]
+        # the suspects' own exits only: a cascade check of every rank's stderr costs seconds at 100k ranks
+        primary = [e.at for r in suspects if (e := ev.exits.get(r)) is not None and is_abnormal(e) and not is_cascade(e)]
         detected = min(primary, default=0.0) or v.first_failure_at
     done = 0.0
     if bundle.actions is not None:
