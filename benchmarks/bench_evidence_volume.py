@@ -4,9 +4,11 @@
     python benchmarks/bench_evidence_volume.py [--gpus 10000] [--busy 0.9] [--jobs-per-day 300]
                                                [--ranks-per-job 256] [--incidents-per-day 10]
 
-Written per rank per hour: the watchdog rewrites its rank's progress snapshot every
-WatchdogConfig().publish_interval_s, atomically (temporary file, fsync, rename, fsync of the
-folder), so the bytes written grow with the hours while the bytes kept stay one snapshot. Kept per
+Written per rank per hour: the watchdog rewrites its rank's progress snapshot atomically
+(temporary file, fsync, rename, fsync of the folder) every WatchdogConfig().steady_publish_interval_s
+while the rank advances, and every publish_interval_s only while it is watchful (idle for half its
+stall threshold, or not running: task/publishing.py), which a healthy job never is. The bytes
+written grow with the hours while the bytes kept stay one snapshot. Kept per
 job: what is left in the job's folder after it ends; scout deletes nothing, so this accumulates
 until the site prunes the evidence root. The month is computed from the stated assumptions only.
 """
@@ -179,7 +181,8 @@ def main() -> int:
     ap.add_argument("--days", type=int, default=30)
     args = ap.parse_args()
 
-    publish_s = WatchdogConfig().publish_interval_s
+    fast_s = WatchdogConfig().publish_interval_s              # only while a rank is watchful
+    publish_s = WatchdogConfig().steady_publish_interval_s    # a healthy job's rate
     world = args.ranks_per_job
     size = {
         "RankPlace": len(record_to_bytes(place(7, world))),
@@ -204,7 +207,8 @@ def main() -> int:
           f"{RING}-entry ring):")
     print(f"  {'record':<28} {'bytes':>8} {'on disk':>8}  written")
     when = {"RankPlace": "twice per rank at start (before and after the child starts)",
-            "ProgressSnapshot": f"per rank every {publish_s:g} s, rewritten in place (atomic rename)",
+            "ProgressSnapshot": f"per rank every {publish_s:g} s while it advances ({fast_s:g} s while "
+                                "watchful), rewritten in place (atomic rename)",
             "ExitRecord (clean)": "once per rank at exit",
             "ExitRecord (cascade)": "once per rank at exit (a peer failed)",
             "HardwareMap (8 GPUs)": "per node at job start (Prolog)",
@@ -225,10 +229,12 @@ def main() -> int:
     snap = size["ProgressSnapshot"]
     per_hour = 3600 / publish_s * snap
     print()
-    print(f"Per rank per hour (publish interval {publish_s:g} s):")
+    print(f"Per rank per hour of healthy training (publish interval {publish_s:g} s; {fast_s:g} s before, and now "
+          "only while watchful):")
     print(f"  written:  {3600 / publish_s:.0f} snapshots x {snap} B = {human(per_hour)}/h "
           f"({human(per_hour / 3600)}/s), each as create + write + fsync + rename + fsync of the folder: "
-          f"{3600 / publish_s:.0f} files created and {2 * 3600 / publish_s:.0f} fsyncs an hour")
+          f"{3600 / publish_s:.0f} files created and {2 * 3600 / publish_s:.0f} fsyncs an hour "
+          f"(every {fast_s:g} s: {human(3600 / fast_s * snap)}/h, {2 * 3600 / fast_s:.0f} fsyncs)")
     # the progress history for the report's timeline: one fixed-size sample every (fast) publish
     # interval, whatever the snapshots' rate, into a ring file of fixed size, pwrite without fsync
     # (evidence/history.py)
@@ -285,12 +291,18 @@ def main() -> int:
     print()
     print(f"  {'':<44} {'bytes':>10} {'allocated':>10} {'files':>12}")
     print(f"  {'written by progress snapshots':<44} {human(written):>10} {'':>10} {ranks_running * 3600 / publish_s * 24 * days:>12.3g}"
-          f"   ({human(ranks_running * snap / publish_s)}/s, {2 * ranks_running / publish_s:.0f} fsyncs/s on the "
+          f"   ({human(ranks_running * snap / publish_s)}/s, {2 * ranks_running / publish_s:.0f} fsyncs/s "
+          f"[{2 * ranks_running / fast_s:.0f} when every {fast_s:g} s] on the "
           "evidence file system)")
     print(f"  {'kept: incidents only':<44} {human(kept_incidents):>10} {human(kept_incidents_blocks):>10} "
           f"{incidents * (clean_job_files + 2 + args.stall_share * (2 * world + 1)):>12.3g}")
     print(f"  {'kept: every job (no retention)':<44} {human(kept_all):>10} {human(kept_all_blocks):>10} {files_all:>12.3g}")
     print()
+    print(f"SUMMARY\tevidence written per rank per hour\t{human(per_hour)} ({3600 / publish_s:.0f} snapshots; "
+          f"{human(3600 / fast_s * snap)} when every {fast_s:g} s); kept per rank {human(per_rank_kept)}\t")
+    print(f"SUMMARY\ta month, {args.gpus} GPUs, {args.jobs_per_day} jobs/day, {args.incidents_per_day:g} incidents/day\t"
+          f"kept: {human(kept_incidents)} for incidents, {human(kept_all)} for every job; written: {human(written)}, "
+          f"{2 * ranks_running / publish_s:.0f} fsyncs/s (was {2 * ranks_running / fast_s:.0f})\tordinary storage")
     print("Allocated: every file rounded up to a 4 KiB block (ext4, xfs). Files matter as much as bytes on a shared "
           "file system: each is an inode and a metadata operation.")
     return 0

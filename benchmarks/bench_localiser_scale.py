@@ -342,6 +342,12 @@ def main() -> int:
           "max RSS during gather+localise over its RSS after imports. write s: building the folder with write_record "
           "(fsync per file), once per size, shared by its rows. Every verdict named the planted rank and node, with "
           "no reading problems.")
+    for r in rows:
+        if r["label"] == "now" and r["world"] == max(sizes):
+            peak = (r["rss_after"] - r["rss_before"]) / 1e6
+            print(f"SUMMARY\tcontroller end-of-job work, {r['world']} ranks ({r['scenario']})\tgather {r['gather_s']:.1f} s + "
+                  f"localise {r['localise_s']:.2f} s + report {r['report_s']:.2f} s; {peak / 1e3:.2f} GB peak "
+                  f"({peak / (r['world'] / 1000):.1f} MB per 1k ranks)\tunder 10 s, memory linear")
     for world, scenario, text in profiles:
         print(f"\ncProfile, {world} ranks, {scenario} (gather + localise, by own time):\n{text}")
     return 0

@@ -12,11 +12,14 @@ if [[ ! -x "$python" ]]; then
 fi
 
 failed=()
-for bench in "$here"/*.py; do
+summary="$(mktemp)"
+trap 'rm -f "$summary"' EXIT
+for bench in "$here"/bench_*.py; do
     name="$(basename "$bench")"
     echo "=== $name  ($(date -u +%Y-%m-%dT%H:%M:%SZ), $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg))"
     start=$SECONDS
-    if "$python" "$bench"; then
+    # each benchmark prints its headline figures as "SUMMARY<TAB>what<TAB>figure<TAB>target" lines
+    if "$python" "$bench" | tee >(grep '^SUMMARY' >>"$summary"); then
         echo "=== $name: done in $((SECONDS - start)) s"
     else
         echo "=== $name: FAILED (exit $?) after $((SECONDS - start)) s"
@@ -24,6 +27,11 @@ for bench in "$here"/*.py; do
     fi
     echo
 done
+sleep 0.2   # the last tee's grep may still be writing
+echo "=== summary ($(nproc) CPUs, no GPU unless one is listed)"
+echo "| what | figure | target |"
+echo "|---|---|---|"
+awk -F'\t' '/^SUMMARY/ { printf "| %s | %s | %s |\n", $2, $3, $4 }' "$summary"
 if ((${#failed[@]})); then
     echo "failed: ${failed[*]}" >&2
     exit 1
