@@ -176,8 +176,8 @@ scout-srun {scout} {py} {TRAIN} {train}
             f = self.folder(job)
             if f is not None and f.verdict_path(restart).exists():
                 return f, ""
-            info = ops.job_info(job, timeout=20, env=self.where.env)
-            if info.is_finished:
+            info = self._job_info(job)
+            if info is not None and info.is_finished:
                 ended_at = ended_at or time.monotonic()
                 if time.monotonic() - ended_at > 60:
                     return f, (f"job {job} ended {info.state} but no verdict for run {restart} appeared within 60 s "
@@ -188,12 +188,23 @@ scout-srun {scout} {py} {TRAIN} {train}
     def wait_end(self, job: int) -> str:
         deadline = time.monotonic() + self.opts.job_timeout_s
         while time.monotonic() < deadline:
-            info = ops.job_info(job, timeout=20, env=self.where.env)
-            if info.is_finished:
+            info = self._job_info(job)
+            if info is not None and info.is_finished:
                 return info.state
             time.sleep(0.5)
-        ops.cancel_job(job, timeout=20, env=self.where.env)
+        try:
+            ops.cancel_job(job, timeout=20, env=self.where.env)
+        except ScoutError as exc:
+            self.echo(f"  note: job {job} could not be cancelled: {exc}")
         return "TIMEOUT (cancelled by scout acceptance)"
+
+    def _job_info(self, job: int):
+        """The job's state, or None when Slurm did not answer this time (the wait goes on)."""
+        try:
+            return ops.job_info(job, timeout=20, env=self.where.env)
+        except ScoutError as exc:
+            self.echo(f"  note: scontrol did not answer for job {job}: {exc}")
+            return None
 
     def run_case(self, name: str, **kw) -> CaseRun:
         return self.finish_case(self.start_case(name, **kw))
@@ -253,25 +264,30 @@ scout-srun {scout} {py} {TRAIN} {train}
 
     def _undrain(self, folder: JobFolder) -> None:
         """Nodes scout drained for a fault acceptance injected itself are healthy: return them."""
-        nodes = ops.list_nodes(timeout=20, env=self.where.env)
-        for n in nodes:
-            if n.is_drained and n.reason.startswith("scout:") and f"job {folder.job_id} " in n.reason:
-                ops.resume_node(n.name, timeout=20, env=self.where.env)
-                self.drained.append(n.name)
+        try:
+            for n in ops.list_nodes(timeout=20, env=self.where.env):
+                if n.is_drained and n.reason.startswith("scout:") and f"job {folder.job_id} " in n.reason:
+                    ops.resume_node(n.name, timeout=20, env=self.where.env)
+                    self.drained.append(n.name)
+        except ScoutError as exc:  # e.g. a site where this user may not resume nodes: say so, go on
+            self.echo(f"  note: nodes drained for job {folder.job_id} not returned to service ({exc}); "
+                      f"an operator runs `scout undrain NODE`")
 
     # -- the steps ---------------------------------------------------------------------------
 
     def query_map(self, job: int) -> MapResult:
-        info = ops.job_info(job, timeout=20, env=self.where.env)
+        info = self._job_info(job)
+        # a job Slurm no longer lists has ended too (a site's MinJobAge may have passed)
+        ended = info is None or info.is_finished
         res = _scout(self.opts.python, self.where.env, "map", str(job), "--json")
         if res.returncode != 0:
-            return MapResult(job, 0, info.is_finished, error=(res.stderr or res.stdout).strip()[-500:])
+            return MapResult(job, 0, ended, error=(res.stderr or res.stdout).strip()[-500:])
         try:
             obj = json.loads(res.stdout)
             rows = tuple((int(r["rank"]), str(r["node"]), str(r["nic"]), tuple(r["gpu_uuids"])) for r in obj["ranks"])
         except (ValueError, KeyError, TypeError) as exc:
-            return MapResult(job, 0, info.is_finished, error=f"unreadable JSON: {exc}")
-        return MapResult(job, self.opts.nodes * self.opts.tasks_per_node, info.is_finished, rows,
+            return MapResult(job, 0, ended, error=f"unreadable JSON: {exc}")
+        return MapResult(job, self.opts.nodes * self.opts.tasks_per_node, ended, rows,
                          tuple(str(p) for p in obj.get("problems", ())))
 
     def query_checkpoints(self, job: int, folder: JobFolder, fault_step: int) -> CheckpointResult:
@@ -300,7 +316,7 @@ scout-srun {scout} {py} {TRAIN} {train}
         return CheckpointResult(job, fault_step, fss, rows, point, steps[0] if steps else -1, rule)
 
     def resume_result(self, case: CaseRun, folder: JobFolder, ref: Path, final: Path) -> ResumeResult:
-        info = ops.job_info(case.job_id, timeout=20, env=self.where.env)
+        info = self._job_info(case.job_id)
         out = self.output(case.job_id)
         resumed = _RESUMED.findall(out)
         chosen = ""
@@ -317,7 +333,8 @@ scout-srun {scout} {py} {TRAIN} {train}
                 pass
         compared = ["model", "optimizer"] + (["scheduler"] if self.has_sched else []) + \
                    (["RNG (torch, python, numpy)"] if self.has_rng else [])
-        return ResumeResult(job_id=case.job_id, restarts=info.restart_count, final_state=case.final_state,
+        restarts = info.restart_count if info is not None else len(folder.restarts()) - 1
+        return ResumeResult(job_id=case.job_id, restarts=restarts, final_state=case.final_state,
                             resumed_from=resumed[-1][0] if resumed else "", recovery_point=chosen,
                             final_digest=_read_small(final), reference_digest=_read_small(ref),
                             compared=tuple(compared), resume_check=checks)
