@@ -44,6 +44,10 @@ class Timing:
         self.state = Confirmation()
         self.rounds = 0
         self.last_decision: RoundDecision | None = None
+        self.probing = rules.probe and world <= rules.probe_max_world
+        if rules.probe and not self.probing and rank == 0:
+            sys.stderr.write(f"scout: timing votes every {rules.every} steps without the link probe: {world} ranks "
+                             f"exceed SCOUT_TIMING_PROBE_MAX_WORLD={rules.probe_max_world}\n")
 
     # -- called from the optimizer hooks ----------------------------------------------------------
 
@@ -123,7 +127,7 @@ class Timing:
         t0 = self.clock()
         if self.nodes is None:
             self.nodes = self._node_names()
-        small, medium = self._probe() if self.rules.probe else ([-1.0] * self.world, [-1.0] * self.world)
+        small, medium = self._probe() if self.probing else ([-1.0] * self.world, [-1.0] * self.world)
         mine = torch.tensor([compute_s, comm_s, float(steps), *small, *medium], dtype=torch.float64)
         out = [torch.zeros_like(mine) for _ in range(self.world)]
         _original(c10d.all_gather)(out, mine, group=self.side)
@@ -131,7 +135,7 @@ class Timing:
         n = self.world
         timings = [RankTiming(r, row[0], row[1], int(row[2])) for r, row in enumerate(rows)]
         probe = (LinkProbe(tuple(tuple(row[3:3 + n]) for row in rows), tuple(tuple(row[3 + n:3 + 2 * n]) for row in rows))
-                 if self.rules.probe else None)
+                 if self.probing else None)
         decision = decide_round(timings, self.nodes, probe, self.best_median, self.rules)
         med = median([t.compute_s for t in timings])
         self.best_median = med if self.best_median is None else min(self.best_median, med)

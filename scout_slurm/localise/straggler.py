@@ -29,6 +29,9 @@ class TimingRules:
     group_rel_floor: float = 1.0    # whole group: median compute this much above its best round
     probe: bool = True              # time a small and a medium exchange per pair of ranks each round
     probe_bytes: int = 256 * 1024
+    # each rank exchanges with every peer in turn (world - 1 exchanges a round): beyond this many
+    # ranks the probe is off, and a slow link is not placed (sampling peers is not built)
+    probe_max_world: int = 64
     probe_rel_floor: float = 1.0
     probe_abs_floor_s: float = 0.01
     policy: str = "report"          # "report": the job goes on; "exit": the confirmed straggler ends (exit 91)
@@ -72,6 +75,8 @@ def rules_from_environment(env: Mapping[str, str]) -> TimingRules:
         v = getattr(rules, name)
         if not (math.isfinite(v) and v >= 0):
             problems.append(f"{ENV_PREFIX}{name.upper()} must be a finite number >= 0")
+    if rules.probe_max_world < 0:
+        problems.append(f"{ENV_PREFIX}PROBE_MAX_WORLD must be >= 0")
     if not 1 <= rules.probe_bytes <= 64 * 1024 * 1024:
         problems.append(f"{ENV_PREFIX}PROBE_BYTES must be within 1..67108864")
     if rules.policy not in POLICIES:

@@ -265,3 +265,9 @@ def test_rules_from_environment_errors_name_the_variable(env, words):
         rules_from_environment(env)
     for w in words:
         assert w in str(exc.value)
+
+
+def test_probe_max_world_reads_and_refuses_negative():
+    assert rules_from_environment({"SCOUT_TIMING_PROBE_MAX_WORLD": "8"}).probe_max_world == 8
+    with pytest.raises(ConfigError, match="PROBE_MAX_WORLD"):
+        rules_from_environment({"SCOUT_TIMING_PROBE_MAX_WORLD": "-1"})
