@@ -270,9 +270,12 @@ def demo(fault: str, nodes: int, port_base: int, keep: bool, state_dir: Path) ->
               help="lab: its state folder (default: a fresh temporary one, removed afterwards).")
 @click.option("--lab-port-base", type=click.IntRange(0, 65000), default=0, help="lab: first port (0: a free block).")
 @click.option("--one-at-a-time", is_flag=True, help="One job at a time (default: two side by side).")
+@click.option("--netns", is_flag=True,
+              help="lab: one network namespace per node (root), so step 3d slows one node's link with tc.")
 def acceptance(out_dir: Path, quick: bool, site: bool, partition: str, account: str, time_limit: str, nodes: int,
                ntasks_per_node: int, evidence_root: str, workdir: Path | None, stall_floor: float,
-               job_timeout: float, lab_state_dir: Path | None, lab_port_base: int, one_at_a_time: bool) -> None:
+               job_timeout: float, lab_state_dir: Path | None, lab_port_base: int, one_at_a_time: bool,
+               netns: bool) -> None:
     """The acceptance test: witnessed steps (training across nodes, the map, injected stall,
     slowdown and numerical fault, detection times, naming, checkpoints, bit-exact resume, all
     again under load), each PASS, FAIL or SKIPPED with figures. Exit 0 only if none failed."""
@@ -281,7 +284,7 @@ def acceptance(out_dir: Path, quick: bool, site: bool, partition: str, account: 
                              lab_port_base=lab_port_base, nodes=nodes, tasks_per_node=ntasks_per_node,
                              partition=partition, account=account, time_limit=time_limit,
                              evidence_root=evidence_root, workdir=workdir, stall_floor_s=stall_floor,
-                             job_timeout_s=job_timeout, side_by_side=not one_at_a_time)
+                             job_timeout_s=job_timeout, side_by_side=not one_at_a_time, netns=netns)
     sys.exit(run_acceptance(opts, echo=click.echo))
 
 

@@ -64,6 +64,7 @@ class AcceptanceOptions:
     load_disk_mib: float = 16.0
     python: str = sys.executable
     side_by_side: bool = True         # two jobs at a time (the lab has four nodes; a job takes two)
+    netns: bool = False               # lab: one network namespace per node, so one node's link can be slowed
     schema_version: int = 1
 
 
@@ -75,6 +76,7 @@ class _Where:
     slow_link_skip: str
     cluster: str = ""                 # "" on a site: found from the job's evidence folder
     own_master_port: bool = False     # lab: other labs on this machine reuse job ids, and so scout's ports
+    lab_nodes: int = 0                # netns lab: how many nodes the slow-link job spans
 
 
 @dataclass(frozen=True)
@@ -146,8 +148,9 @@ scout-srun {scout} {py} {TRAIN} {train}
             args += f" --out {out}"
         return args
 
-    def submit(self, name: str, script: str, *, requeue: bool) -> int:
-        args = [f"-N{self.opts.nodes}", f"--ntasks-per-node={self.opts.tasks_per_node}", "--open-mode=append",
+    def submit(self, name: str, script: str, *, requeue: bool, shape: tuple[int, int] | None = None) -> int:
+        nodes, per_node = shape or (self.opts.nodes, self.opts.tasks_per_node)
+        args = [f"-N{nodes}", f"--ntasks-per-node={per_node}", "--open-mode=append",
                 f"--output={self.where.work / 'job-%j.out'}", f"--job-name=scout-acceptance-{name.replace(' ', '-')}"]
         if not requeue:
             args.append("--no-requeue")
@@ -211,17 +214,19 @@ scout-srun {scout} {py} {TRAIN} {train}
 
     def start_case(self, name: str, *, inject: str, expected_kind: str, expected_rank: int | None,
                    train: str, pre: str = "", requeue: bool = False, under_load: bool = False,
-                   on_verdict: Callable[[int, JobFolder], None] | None = None) -> _Pending:
+                   on_verdict: Callable[[int, JobFolder], None] | None = None, fault_label: str = "",
+                   expected_on_node: str = "", injected_at: float = 0.0,
+                   shape: tuple[int, int] | None = None) -> _Pending:
         """Submit one case's job; finish_case() waits for it (two cases may run side by side on
         the lab's four nodes)."""
-        case = CaseRun(name=name, fault=inject, expected_kind=expected_kind, expected_rank=expected_rank,
-                       under_load=under_load)
+        case = CaseRun(name=name, fault=fault_label or inject, expected_kind=expected_kind, expected_rank=expected_rank,
+                       under_load=under_load, expected_on_node=expected_on_node, injected_at=injected_at)
         t0 = time.monotonic()
         try:
-            job = self.submit(name, self._script(inject=inject, train=train, pre=pre), requeue=requeue)
+            job = self.submit(name, self._script(inject=inject, train=train, pre=pre), requeue=requeue, shape=shape)
         except ScoutError as exc:
             return _Pending(dataclasses.replace(case, error=f"sbatch failed: {exc}"), 0, t0, on_verdict)
-        self.echo(f"  job {job} ({name}{': ' + inject if inject else ''}) submitted")
+        self.echo(f"  job {job} ({name}{': ' + case.fault if case.fault else ''}) submitted")
         return _Pending(dataclasses.replace(case, job_id=job), job, t0, on_verdict)
 
     def await_verdict(self, p: _Pending) -> _Pending:
@@ -366,7 +371,7 @@ def read_case(case: CaseRun, folder: JobFolder, restart: int) -> CaseRun:
     return dataclasses.replace(
         case, world_size=max((p.world_size for p in places), default=0),
         rank_nodes=tuple(sorted((p.rank, p.node) for p in places)),
-        injected_at=min(injected, default=0.0), detected_at=min(detections, default=0.0),
+        injected_at=min(injected, default=case.injected_at), detected_at=min(detections, default=0.0),
         verdict_at=verdict.created_at if verdict else 0.0, verdict_kind=verdict.kind.value if verdict else "",
         named=named, component=",".join(components), incident=incident_files(folder.path))
 
@@ -478,14 +483,15 @@ def run_acceptance(opts: AcceptanceOptions, echo: Callable[[str], None]) -> int:
                 state = temp_state = Path(tempfile.mkdtemp(prefix="scout-acceptance-lab-"))
             nodes = max(4, 2 * opts.nodes)  # two jobs side by side
             port = opts.lab_port_base or free_port_base(nodes + 2)
-            lab = Lab(LabSpec(state_dir=state, nodes=nodes, port_base=port, python=opts.python))
+            lab = Lab(LabSpec(state_dir=state, nodes=nodes, port_base=port, python=opts.python, netns=opts.netns))
             echo(f"starting a local {nodes}-node Slurm lab in {state} (ports {port}..{port + nodes}) ...")
             lab.up()
             lab.paths.work.mkdir(parents=True, exist_ok=True)
             where = _Where(env=lab.client_env(), evidence_root=lab.paths.evidence, work=lab.paths.work,
-                           cluster=CLUSTER_NAME, own_master_port=True,
-                           slow_link_skip=("the local lab runs every node as a `slurmd -N` on 127.0.0.1: there is no "
-                                           "per-node link to shape (a netns lab could, with tc on a node's veth)"))
+                           cluster=CLUSTER_NAME, own_master_port=not opts.netns, lab_nodes=nodes,
+                           slow_link_skip="" if opts.netns else
+                           ("the local lab runs every node as a `slurmd -N` on 127.0.0.1: there is no per-node link "
+                            "to shape (`scout acceptance --netns` can: one network namespace per node)"))
         acc = Acceptance(opts, where, echo)
         steps, cases = _run_steps(acc, echo)
     finally:
@@ -587,13 +593,20 @@ def _run_steps(acc: Acceptance, echo: Callable[[str], None]) -> tuple[list[StepR
     else:
         report(StepResult("3b", "inject a bounded compute slowdown", Status.FAIL,
                           detail="this version of scout has no `delay` fault kind: no slowdown can be injected"))
-    report(StepResult("3d", "inject a slow link", Status.SKIPPED, detail=acc.where.slow_link_skip))
+    link: CaseRun | None = None
+    echo("[step 3d] start: a slow link")
+    if acc.where.slow_link_skip:
+        report(StepResult("3d", "inject a slow link", Status.SKIPPED, detail=acc.where.slow_link_skip))
+    else:
+        link = slow_link_case(acc)
+        all_cases.append(link)
+        report(judge_injection("3d", "inject a slow link", link))
     rerun_clean: CaseRun | None = None
     folder = acc.folder(numeric.job_id) if numeric.job_id else None
     if folder is not None and folder.verdict_path(1).exists():
         rerun_clean = read_case(CaseRun(name="numerical rerun", fault="", expected_kind="clean", expected_rank=None,
                                         job_id=numeric.job_id, final_state=numeric.final_state), folder, 1)
-    injected = [c for c in (stall, slow, numeric) if c is not None]
+    injected = [c for c in (stall, slow, numeric, link) if c is not None]
     cleans = [c for c in (clean, rerun_clean) if c is not None]
     report(judge_measurements(injected, cleans))
     report(judge_naming(injected))
@@ -632,6 +645,46 @@ def _run_steps(acc: Acceptance, echo: Callable[[str], None]) -> tuple[list[StepR
     if rerun_clean is not None:
         all_cases.append(rerun_clean)
     return sorted(steps, key=lambda s: s.step), all_cases
+
+
+def slow_link_case(acc: Acceptance) -> CaseRun:
+    """netns lab: slow one node's own interface (tc inside its namespace), run a job with one rank
+    on each node, and undo the shaping, also on failure. Timing votes' link probes should name
+    that node as a communication straggler."""
+    node = "n3"
+    shaped, why = _shape_link(node)
+    if not shaped:
+        return CaseRun(name="slow link", fault=f"slow link on {node}", expected_kind="straggler", expected_rank=None,
+                       expected_on_node=node, error=why)
+    try:
+        p = acc.start_case("slow link", inject="", fault_label=f"{shaped} on {node}'s interface",
+                           expected_kind="straggler", expected_rank=None, expected_on_node=node,
+                           injected_at=time.time(), shape=(acc.where.lab_nodes, 1),
+                           train=acc._train_args(ckpt=None, out=None, steps=11),
+                           pre="export SCOUT_TIMING_EVERY=5 SCOUT_TIMING_PROBE_BYTES=131072")
+        return acc.finish_case(p)
+    finally:
+        _ip_netns_tc(node, "del", [])
+
+
+def _ip_netns_tc(node: str, verb: str, shape: list[str]) -> subprocess.CompletedProcess:
+    from scout_slurm.lab.cluster import netns_of
+    argv = ["ip", "netns", "exec", netns_of(node), "tc", "qdisc", verb, "dev", "eth0", "root", *shape]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=15, stdin=subprocess.DEVNULL)
+
+
+def _shape_link(node: str) -> tuple[str, str]:
+    """netem delay where the kernel has it, else a token bucket that limits the rate;
+    returns (what was applied, "") or ("", why not)."""
+    if shutil.which("tc") is None:
+        return "", "tc (Debian package iproute2) is not installed: no link can be shaped"
+    err = ""
+    for shape in (["netem", "delay", "40ms"], ["tbf", "rate", "8mbit", "burst", "32kbit", "latency", "1s"]):
+        res = _ip_netns_tc(node, "add", shape)
+        if res.returncode == 0:
+            return " ".join(shape), ""
+        err = res.stderr.strip()
+    return "", f"tc could not shape {node}'s link: {err}"
 
 
 def write_reports(opts: AcceptanceOptions, steps: list[StepResult], cases: list[CaseRun], started: float,

@@ -61,6 +61,7 @@ class CaseRun:
     incident: IncidentFiles | None = None
     under_load: bool = False
     error: str = ""                        # the rim could not run or read it: says what
+    expected_on_node: str = ""             # a node-level fault (a slow link): every rank placed there is expected
     schema_version: int = 1
 
     @property
@@ -69,7 +70,16 @@ class CaseRun:
 
     @property
     def expected_node(self) -> str:
+        if self.expected_on_node:
+            return self.expected_on_node
         return dict(self.rank_nodes).get(self.expected_rank, "") if self.expected_rank is not None else ""
+
+    @property
+    def expected_named(self) -> list[tuple[int, str]]:
+        """The (rank, node) pairs a right verdict names."""
+        if self.expected_on_node:
+            return sorted((r, n) for r, n in self.rank_nodes if n == self.expected_on_node)
+        return [(self.expected_rank, self.expected_node)] if self.expected_rank is not None else []
 
     @property
     def detection_s(self) -> float | None:
@@ -191,12 +201,14 @@ def is_right(case: CaseRun) -> tuple[bool, str]:
         return True, "clean run named nobody"
     if case.verdict_kind != case.expected_kind:
         return False, f"expected {case.expected_kind}, verdict said {case.verdict_kind}"
-    want = (case.expected_rank, case.expected_node)
-    if not case.expected_node:
-        return False, f"no place record for rank {case.expected_rank}: cannot tell its node"
-    if list(case.named) != [want]:
-        return False, f"expected rank {want[0]} on {want[1]}, verdict named {naming(case)}"
-    return True, f"rank {want[0]} on {want[1]}, {case.expected_kind}"
+    want = case.expected_named
+    if not want or not case.expected_node:
+        return False, (f"no rank was placed on node {case.expected_on_node}" if case.expected_on_node
+                       else f"no place record for rank {case.expected_rank}: cannot tell its node")
+    said = ", ".join(f"rank {r} on {n}" for r, n in want)
+    if sorted(case.named) != want:
+        return False, f"expected {said}, verdict named {naming(case)}"
+    return True, f"{said}, {case.expected_kind}"
 
 
 # -- the steps -----------------------------------------------------------------------------

@@ -264,3 +264,21 @@ def test_overall_and_table():
     table = summary_table([ok, skip, bad])
     assert "| 3d slow link | SKIPPED (no link to shape) |" in table
     assert "| 2 b | FAIL (why) | y / z |" in table  # a pipe in the figures does not break the row
+
+
+def link(**kw) -> CaseRun:
+    base = CaseRun(name="slow link", fault="tbf rate 8mbit on n3", expected_kind="straggler", expected_rank=None,
+                   expected_on_node="n3", job_id=9, final_state="COMPLETED", world_size=4,
+                   rank_nodes=((0, "n1"), (1, "n2"), (2, "n3"), (3, "n4")), injected_at=10.0, detected_at=15.0,
+                   verdict_at=20.0, verdict_kind="straggler", named=((2, "n3"),), component="communication",
+                   incident=KEPT)
+    return dataclasses.replace(base, **kw)
+
+
+def test_a_slow_link_is_right_when_the_ranks_on_its_node_are_named():
+    assert is_right(link()) == (True, "rank 2 on n3, straggler")
+    assert judge_injection("3d", "slow link", link()).status is Status.PASS
+    ok, why = is_right(link(named=((3, "n4"),)))
+    assert not ok and "expected rank 2 on n3" in why
+    ok, why = is_right(link(rank_nodes=((0, "n1"), (1, "n2"))))
+    assert not ok and "no rank was placed on node n3" in why
