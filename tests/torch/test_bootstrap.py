@@ -98,7 +98,10 @@ def assert_clean(runs: list[RankRun]) -> None:
     for r in runs:
         assert r.returncode == 0, f"rank {r.rank} exited {r.returncode}\n{r.stdout}\n{r.stderr}"
         assert f"rank {r.rank}: done" in r.stdout
-        assert "scout:" not in r.stderr, r.stderr
+        # rank 0 announces what replay covers; anything else scout says on stderr is a warning
+        said = [line for line in r.stderr.splitlines() if "scout:" in line
+                and not line.startswith("scout: in-situ replay every ")]
+        assert said == [], r.stderr
 
 
 def read_progress(run_dir: Path, rank: int) -> progress.ProgressView:
@@ -164,8 +167,9 @@ def test_bootstrap_changes_no_numbers(tmp_path):
     assert (tmp_path / "scout" / "checksum.txt").read_text() == (tmp_path / "bare" / "checksum.txt").read_text()
     with_scout = tensor_bytes(tmp_path / "scout" / "ckpt" / "step-5.pt")
     without = tensor_bytes(tmp_path / "bare" / "ckpt" / "step-5.pt")
-    assert len(with_scout) == len(without) == 4
-    assert with_scout == without  # every parameter of the model, bit for bit
+    # 4 parameters, plus the RNG states the demo saves since its checkpoints restore them
+    assert len(with_scout) == len(without) >= 4
+    assert with_scout == without  # every tensor of the checkpoint, bit for bit
 
 
 @pytest.mark.timeout(90)
