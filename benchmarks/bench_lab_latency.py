@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import shutil
-import socket
 import statistics
 import sys
 import time
@@ -29,23 +27,9 @@ from pathlib import Path
 from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.records import ExitRecord, Finding, RankPlace, StallDecision, Verdict
 from scout_slurm.evidence.store import list_records, read_record
-from scout_slurm.lab.cluster import CLUSTER_NAME, Lab, LabSpec
+from scout_slurm.lab.cluster import CLUSTER_NAME, Lab, LabSpec, free_port_base
 from scout_slurm.lab.demo import TRAIN
 from scout_slurm.slurm import ops
-
-
-def free_port_base(count: int, lo: int = 40000, hi: int = 50000) -> int:
-    rng = random.Random(os.getpid() ^ time.monotonic_ns())
-    for _ in range(200):
-        base = rng.randrange(lo, hi, 10)
-        try:
-            for port in range(base, base + count):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise SystemExit(f"no free block of {count} local ports in {lo}..{hi}")
 
 
 def script(inject: str, floor: float, train_args: str) -> str:
@@ -142,7 +126,7 @@ def main() -> int:
     ap.add_argument("--state-dir", default=None, help="the lab's folder (default: a new one under /tmp, removed)")
     args = ap.parse_args()
     state = Path(args.state_dir or f"/tmp/scout-bench-lab-{os.getpid()}")
-    lab = Lab(LabSpec(state_dir=state, nodes=4, port_base=free_port_base(6), python=sys.executable))
+    lab = Lab(LabSpec(state_dir=state, nodes=4, port_base=free_port_base(6, 40000, 50000), python=sys.executable))
     load0 = os.getloadavg()[0]
     hangs, reruns = [], []
     try:

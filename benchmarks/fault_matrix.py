@@ -17,7 +17,6 @@ import json
 import os
 import random
 import shutil
-import socket
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from scout_slurm.evidence.layout import JobFolder  # noqa: E402
 from scout_slurm.evidence.records import Finding, FindingKind, RankPlace, Verdict  # noqa: E402
 from scout_slurm.evidence.store import list_records, read_record  # noqa: E402
-from scout_slurm.lab.cluster import CLUSTER_NAME, Lab, LabSpec  # noqa: E402
+from scout_slurm.lab.cluster import CLUSTER_NAME, Lab, LabSpec, free_port_base  # noqa: E402
 from scout_slurm.slurm import ops  # noqa: E402
 
 JOBS = {"ddp": ROOT / "tests" / "jobs" / "train_ddp.py", "fsdp2": ROOT / "tests" / "jobs" / "train_fsdp2.py",
@@ -93,23 +92,6 @@ def runs(limit: int, clean: int, seed: int) -> list[Run]:
         while cleans and len(cleans) * max(len(out), 1) > (len(out) - i - 1) * clean:
             mixed.append(cleans.pop(0))
     return mixed + cleans
-
-
-def free_port_base(count: int) -> int:
-    rng = random.Random(os.getpid())
-    for _ in range(200):
-        base = rng.randrange(40000, 50000, 10)
-        ok = True
-        for port in range(base, base + count):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return base
-    raise RuntimeError("no free block of local ports in 40000..50000")
 
 
 def script(run: Run) -> str:
@@ -200,7 +182,7 @@ def main() -> int:
     args = ap.parse_args()
     todo = runs(args.limit, args.clean, args.seed)
     state = Path(f"/tmp/scout-fault-matrix-{os.getpid()}")
-    lab = Lab(LabSpec(state_dir=state, nodes=4, port_base=free_port_base(6), python=sys.executable,
+    lab = Lab(LabSpec(state_dir=state, nodes=4, port_base=free_port_base(6, 40000, 50000), python=sys.executable,
                       cpus_per_node=16))
     done: list[Run] = []
     t0 = time.monotonic()

@@ -4,41 +4,29 @@ stopped also on failure), and helpers to submit jobs and wait for them."""
 from __future__ import annotations
 
 import os
-import random
-import socket
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/scoutjobs.py and friends
 
-from scout_slurm.lab.cluster import Lab, LabSpec
-
-
-def ports_free(base: int, count: int) -> bool:
-    for port in range(base, base + count):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                return False
-    return True
-
-
-def free_port_base(count: int, lo: int = 20000, hi: int = 30000) -> int:
-    """A block of `count` free local ports in [lo, hi); tests that run labs side by side use
-    separate ranges (session lab 20000-30000, private labs elsewhere), below the ephemeral ports."""
-    rng = random.Random(os.getpid() ^ time.monotonic_ns())
-    for _ in range(200):
-        base = rng.randrange(lo, hi, 10)
-        if ports_free(base, count):
-            return base
-    raise RuntimeError(f"no free block of {count} local ports in {lo}..{hi}")
+from scout_slurm.lab.cluster import Lab, LabSpec, free_port_base  # noqa: F401 - tests import it from here
 
 
 _pick_port_base = free_port_base
+
+
+def up_or_skip(cluster: Lab) -> None:
+    """Start a lab; skip (saying why) where this machine refuses network namespaces."""
+    from scout_slurm.errors import LabError
+    try:
+        cluster.up()
+    except LabError as exc:
+        text = str(exc)
+        if "refuses network namespaces" in text or "needs root with CAP_NET_ADMIN" in text:
+            pytest.skip(f"network namespaces are refused here: {text}")
+        raise
 
 
 @pytest.fixture(scope="session")

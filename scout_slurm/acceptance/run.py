@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import random
 import re
 import shutil
 import socket
@@ -33,7 +32,7 @@ from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.records import Finding, FindingKind, RankPlace, StallDecision, Verdict
 from scout_slurm.evidence.store import list_records, read_record
 from scout_slurm.inject.spec import KINDS
-from scout_slurm.lab.cluster import CLUSTER_NAME, Lab, LabSpec
+from scout_slurm.lab.cluster import CLUSTER_NAME, Lab, LabSpec, free_port_base, shape_link, unshape_link
 from scout_slurm.log import configure
 from scout_slurm.remediation.records import ResumeInstruction
 from scout_slurm.slurm import ops
@@ -88,24 +87,6 @@ class _Pending:
     awaited: bool = False             # await_verdict() ran: folder and err below are its answer
     folder: JobFolder | None = None
     err: str = ""
-
-
-def free_port_base(count: int = 10, lo: int = 30000, hi: int = 32000) -> int:
-    """A block of `count` free local ports (the lab's slurmctld and slurmds)."""
-    rng = random.Random(os.getpid() ^ time.monotonic_ns())
-    for _ in range(200):
-        base = rng.randrange(lo, hi, 10)
-        ok = True
-        for port in range(base, base + count):
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return base
-    raise ScoutError(f"scout acceptance: no free block of {count} local ports in {lo}..{hi}; give --lab-port-base")
 
 
 class Acceptance:
@@ -482,7 +463,7 @@ def run_acceptance(opts: AcceptanceOptions, echo: Callable[[str], None]) -> int:
             if state is None:
                 state = temp_state = Path(tempfile.mkdtemp(prefix="scout-acceptance-lab-"))
             nodes = max(4, 2 * opts.nodes)  # two jobs side by side
-            port = opts.lab_port_base or free_port_base(nodes + 2)
+            port = opts.lab_port_base or free_port_base(nodes + 2, 30000, 32000)
             lab = Lab(LabSpec(state_dir=state, nodes=nodes, port_base=port, python=opts.python, netns=opts.netns))
             echo(f"starting a local {nodes}-node Slurm lab in {state} (ports {port}..{port + nodes}) ...")
             lab.up()
@@ -652,7 +633,7 @@ def slow_link_case(acc: Acceptance) -> CaseRun:
     on each node, and undo the shaping, also on failure. Timing votes' link probes should name
     that node as a communication straggler."""
     node = "n3"
-    shaped, why = _shape_link(node)
+    shaped, why = shape_link(node)
     if not shaped:
         return CaseRun(name="slow link", fault=f"slow link on {node}", expected_kind="straggler", expected_rank=None,
                        expected_on_node=node, error=why)
@@ -664,27 +645,7 @@ def slow_link_case(acc: Acceptance) -> CaseRun:
                            pre="export SCOUT_TIMING_EVERY=5 SCOUT_TIMING_PROBE_BYTES=131072")
         return acc.finish_case(p)
     finally:
-        _ip_netns_tc(node, "del", [])
-
-
-def _ip_netns_tc(node: str, verb: str, shape: list[str]) -> subprocess.CompletedProcess:
-    from scout_slurm.lab.cluster import netns_of
-    argv = ["ip", "netns", "exec", netns_of(node), "tc", "qdisc", verb, "dev", "eth0", "root", *shape]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=15, stdin=subprocess.DEVNULL)
-
-
-def _shape_link(node: str) -> tuple[str, str]:
-    """netem delay where the kernel has it, else a token bucket that limits the rate;
-    returns (what was applied, "") or ("", why not)."""
-    if shutil.which("tc") is None:
-        return "", "tc (Debian package iproute2) is not installed: no link can be shaped"
-    err = ""
-    for shape in (["netem", "delay", "40ms"], ["tbf", "rate", "8mbit", "burst", "32kbit", "latency", "1s"]):
-        res = _ip_netns_tc(node, "add", shape)
-        if res.returncode == 0:
-            return " ".join(shape), ""
-        err = res.stderr.strip()
-    return "", f"tc could not shape {node}'s link: {err}"
+        unshape_link(node)
 
 
 def write_reports(opts: AcceptanceOptions, steps: list[StepResult], cases: list[CaseRun], started: float,

@@ -85,6 +85,33 @@ def netns_of(node: str) -> str:
     return f"scout-{node}"
 
 
+# a slow link: netem delay where the kernel has it, else a token bucket that limits the rate
+LINK_SHAPES = (("netem", "delay", "40ms"), ("tbf", "rate", "8mbit", "burst", "32kbit", "latency", "1s"))
+
+
+def shape_link(node: str) -> tuple[str, str]:
+    """Slow the link of netns-lab node `node` (its eth0, inside its own namespace): (what was
+    applied, "") or ("", why not). Undo with `unshape_link`."""
+    if shutil.which("tc") is None:
+        return "", "tc (Debian package iproute2) is not installed: no link can be shaped"
+    err = ""
+    for shape in LINK_SHAPES:
+        res = _node_qdisc(node, "add", shape)
+        if res.returncode == 0:
+            return " ".join(shape), ""
+        err = res.stderr.strip()
+    return "", f"tc could not shape {node}'s link: {err}"
+
+
+def unshape_link(node: str) -> None:
+    _node_qdisc(node, "del", ())
+
+
+def _node_qdisc(node: str, verb: str, shape: tuple[str, ...]) -> subprocess.CompletedProcess:
+    argv = ["ip", "netns", "exec", netns_of(node), "tc", "qdisc", verb, "dev", "eth0", "root", *shape]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=15, stdin=subprocess.DEVNULL)
+
+
 def veth_of(node: str) -> str:
     return f"sv-{node}"
 
@@ -305,6 +332,18 @@ def _processes_using(root: Path) -> list[int]:
         if hit:
             found.append(pid)
     return found
+
+
+def free_port_base(count: int, lo: int = 20000, hi: int = 30000) -> int:
+    """A block of `count` free local ports in [lo, hi) for a lab's slurmctld and slurmds. Labs that run
+    side by side (tests, benchmarks, acceptance) use separate ranges, below the ephemeral ports."""
+    import random
+    rng = random.Random(os.getpid() ^ time.monotonic_ns())
+    for _ in range(200):
+        base = rng.randrange(lo, hi, 10)
+        if not any(_port_in_use(port) for port in range(base, base + count)):
+            return base
+    raise LabError(f"no free block of {count} local ports in {lo}..{hi}; give the lab a port base yourself")
 
 
 def _port_in_use(port: int) -> bool:

@@ -3,41 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
-import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
-from scout_slurm.lab.cluster import Lab, LabSpec
+from scout_slurm.lab.cluster import Lab, LabSpec, free_port_base
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(120)]
 
 SCOUT = str(Path(sys.executable).parent / "scout")
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def _free_port_base(count: int) -> int:
-    rng = random.Random(os.getpid() ^ time.monotonic_ns())
-    for _ in range(200):
-        base = rng.randrange(17000, 20000, 10)  # below the ephemeral ports; not the session lab's 20000-30000
-        if all(_port_free(port) for port in range(base, base + count)):
-            return base
-    raise RuntimeError("no free block of local ports")
 
 
 def scout(*args: str) -> subprocess.CompletedProcess:
@@ -55,7 +33,7 @@ def state_dir():
 
 
 def test_scout_lab_up_status_down(state_dir):
-    port = _free_port_base(3)
+    port = free_port_base(3, 17000, 20000)  # not the session lab's 20000-30000
     up = scout("lab", "up", "--nodes", "2", "--state-dir", str(state_dir), "--port-base", str(port))
     assert up.returncode == 0, up.stderr
     conf = state_dir / "etc" / "slurm.conf"

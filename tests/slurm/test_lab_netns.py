@@ -10,7 +10,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-import random
 import shutil
 import signal
 import socket
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_port_base
+from conftest import free_port_base, up_or_skip
 
 import scoutjobs as sj
 from scout_slurm.errors import LabError
@@ -36,16 +35,6 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 def _state_dir() -> Path:
     return Path(f"/tmp/scout-lab-netns-{os.getpid()}")
-
-
-def _up_or_skip(cluster: Lab) -> None:
-    try:
-        cluster.up()
-    except LabError as exc:
-        text = str(exc)
-        if "refuses network namespaces" in text or "needs root with CAP_NET_ADMIN" in text:
-            pytest.skip(f"network namespaces are refused here: {text}")
-        raise
 
 
 def _ip(*args: str) -> str:
@@ -105,7 +94,7 @@ def test_ddp_job_across_two_namespace_nodes():
     hosts_before = Path("/etc/hosts").read_bytes()
     try:
         t0 = time.monotonic()
-        _up_or_skip(cluster)
+        up_or_skip(cluster)
         print(f"netns lab up in {time.monotonic() - t0:.2f} s")
         status = cluster.status()
         assert status["mode"] == "netns"
@@ -155,7 +144,7 @@ def test_up_down_three_times_leaves_nothing_behind():
     try:
         for cycle in range(3):
             t0 = time.monotonic()
-            _up_or_skip(cluster)
+            up_or_skip(cluster)
             t_up = time.monotonic() - t0
             assert _unreachable_route_present()
             assert sorted(_scout_namespaces()) == ["scout-n1", "scout-n2", "scout-n3"]

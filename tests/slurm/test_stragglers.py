@@ -13,13 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_port_base
+from conftest import free_port_base, up_or_skip
 
 import scoutjobs as sj
-from scout_slurm.errors import LabError
 from scout_slurm.evidence.records import Finding, FindingKind
 from scout_slurm.evidence.store import list_records
-from scout_slurm.lab.cluster import Lab, LabSpec, netns_of
+from scout_slurm.lab.cluster import Lab, LabSpec, shape_link, unshape_link
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]
 
@@ -101,13 +100,7 @@ def netns_lab():
     cluster = Lab(LabSpec(state_dir=state, nodes=4, port_base=free_port_base(5, 17000, 19990), python=sys.executable,
                           netns=True))
     try:
-        try:
-            cluster.up()
-        except LabError as exc:
-            text = str(exc)
-            if "refuses network namespaces" in text or "needs root with CAP_NET_ADMIN" in text:
-                pytest.skip(f"network namespaces are refused here: {text}")
-            raise
+        up_or_skip(cluster)
         yield cluster
     finally:
         try:
@@ -117,21 +110,12 @@ def netns_lab():
 
 
 def _slow_link(node: str) -> str:
-    """A slow link on `node`: netem delay on its interface, or, where this kernel has no netem (as
-    here), a token bucket (tbf) that limits its rate. Returns what was applied."""
-    if shutil.which("tc") is None:
-        pytest.skip("tc (Debian package iproute2) is not installed")
-    base = ["ip", "netns", "exec", netns_of(node), "tc", "qdisc", "add", "dev", "eth0", "root"]
-    for shape in (["netem", "delay", "40ms"], ["tbf", "rate", "8mbit", "burst", "32kbit", "latency", "1s"]):
-        res = subprocess.run(base + shape, capture_output=True, text=True, timeout=15)
-        if res.returncode == 0:
-            return " ".join(shape)
-    pytest.skip(f"tc cannot shape a link here: {res.stderr.strip()}")
-
-
-def _unslow_link(node: str) -> None:
-    subprocess.run(["ip", "netns", "exec", netns_of(node), "tc", "qdisc", "del", "dev", "eth0", "root"],
-                   capture_output=True, text=True, timeout=15)
+    """A slow link on `node` (netem delay, or a rate-limiting token bucket where this kernel has no
+    netem, as here): what was applied."""
+    shape, why = shape_link(node)
+    if not shape:
+        pytest.skip(why)
+    return shape
 
 
 @pytest.mark.timeout(240)
@@ -142,7 +126,7 @@ def test_slow_link_names_its_node_as_communication_straggler(netns_lab):
         job = _run(netns_lab, "", 11, nodes=4, tasks_per_node=1, timeout=180,
                    pre=TIMING_ENV + " SCOUT_TIMING_PROBE_BYTES=131072")
     finally:
-        _unslow_link(slow)
+        unshape_link(slow)
     out = sj.output(netns_lab, job)
     places = sj.places(netns_lab, job)
     ranks = sorted(r for r, p in places.items() if p.node == slow)
