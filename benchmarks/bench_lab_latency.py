@@ -25,11 +25,13 @@ import time
 from pathlib import Path
 
 from scout_slurm.evidence.layout import JobFolder
-from scout_slurm.evidence.records import ExitRecord, Finding, RankPlace, StallDecision, Verdict
+from scout_slurm.evidence.records import ExitRecord, Finding, FindingKind, RankPlace, StallDecision, Verdict
 from scout_slurm.evidence.store import list_records, read_record
-from scout_slurm.lab.cluster import CLUSTER_NAME, Lab, LabSpec, free_port_base
+from scout_slurm.hooks.nodeevidence import NodeEvidence
+from scout_slurm.lab.cluster import CLUSTER_NAME, Lab, LabSpec, free_port_base, lab_site_config
 from scout_slurm.lab.demo import TRAIN
 from scout_slurm.slurm import ops
+from scout_slurm.task.watchdog import confirm_window_s
 
 
 def script(inject: str, floor: float, train_args: str) -> str:
@@ -89,7 +91,19 @@ def hang_once(lab: Lab, rank: int, floor: float) -> dict:
     fault_at = min(f.at for f in injected)
     wait_for(f"job {job} to finish", lambda: ops.job_info(job, timeout=10, env=lab.client_env()).is_finished, 120)
     resume_drains(lab)   # scout drained the culprit's node: the next run needs it
-    return {"job": job, "threshold": threshold, "decision": d.at - fault_at, "verdict": v.created_at - fault_at}
+    # the timeline, every moment from the evidence (one machine: one wall clock)
+    found = records(folder, folder.findings_dir(0), "*.json", Finding)
+    suspect = [f.at for f in found if f.kind == FindingKind.STALL_SUSPECT]
+    epilogs = [read_record(folder.node_dir(n) / "epilog.json", NodeEvidence, root=folder.root).collected_at
+               for n in {p.node for p in places.values()} if (folder.node_dir(n) / "epilog.json").exists()]
+    moments = {"last progress": last.published_at - last.idle_s if last is not None else None,
+               "threshold passed": (last.published_at - last.idle_s + threshold) if last is not None else None,
+               "stall suspect": min(suspect) if suspect else None, "decision": d.at,
+               "culprit exited": exits[rank].at if rank in exits else None,
+               "last rank exited": max(e.at for e in exits.values()) if exits else None,
+               "node epilogs done": max(epilogs) if epilogs else None, "verdict": v.created_at}
+    return {"job": job, "threshold": threshold, "decision": d.at - fault_at, "verdict": v.created_at - fault_at,
+            "timeline": {k: (t - fault_at if t is not None else None) for k, t in moments.items()}}
 
 
 def rerun_once(lab: Lab, rank: int, floor: float) -> dict:
@@ -123,19 +137,23 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--stall-floor", type=float, default=4.0)
+    ap.add_argument("--only", choices=("hang", "rerun"), default=None, help="run one of the two measurements")
     ap.add_argument("--state-dir", default=None, help="the lab's folder (default: a new one under /tmp, removed)")
     args = ap.parse_args()
     state = Path(args.state_dir or f"/tmp/scout-bench-lab-{os.getpid()}")
     lab = Lab(LabSpec(state_dir=state, nodes=4, port_base=free_port_base(6, 40000, 50000), python=sys.executable))
     load0 = os.getloadavg()[0]
+    confirm_s = confirm_window_s(lab_site_config(lab.spec).watchdog)
     hangs, reruns = [], []
     try:
         lab.up()
-        for i in range(args.repeats):
+        for i in range(args.repeats if args.only != "rerun" else 0):
             hangs.append(hang_once(lab, 1 + i % 3, args.stall_floor))
             print(f"  hang {i + 1}: decision {hangs[-1]['decision']:.2f} s after the fault "
-                  f"(threshold {hangs[-1]['threshold']:.1f} s)", file=sys.stderr, flush=True)
-        for i in range(args.repeats):
+                  f"(threshold {hangs[-1]['threshold']:.1f} s); "
+                  + ", ".join(f"{k} {'-' if t is None else f'{t:+.2f}'}" for k, t in hangs[-1]["timeline"].items()),
+                  file=sys.stderr, flush=True)
+        for i in range(args.repeats if args.only != "hang" else 0):
             reruns.append(rerun_once(lab, 1 + i % 3, args.stall_floor))
             print(f"  rerun {i + 1}: {reruns[-1]['failure_to_rerun']:.2f} s", file=sys.stderr, flush=True)
     finally:
@@ -145,18 +163,26 @@ def main() -> int:
             if not args.state_dir:
                 shutil.rmtree(state, ignore_errors=True)
     print(f"lab: 4 slurmd on this machine, 2 nodes x 2 ranks, stall floor {args.stall_floor:g} s, confirmation "
-          f"round 2 s; {args.repeats} runs each; {os.cpu_count()} CPUs, load average {load0:.1f} at start, "
-          f"{os.getloadavg()[0]:.1f} at end")
+          f"window {confirm_s:g} s; {args.repeats} runs each; {os.cpu_count()} CPUs, load average {load0:.1f} at "
+          f"start, {os.getloadavg()[0]:.1f} at end")
     print(f"{'what':<44} {'median (min, max)':>30}")
-    print(f"{'hang: fault -> stall decision':<44} {spread([h['decision'] for h in hangs]):>30}")
-    print(f"{'hang: decision - threshold':<44} {spread([h['decision'] - h['threshold'] for h in hangs]):>30}")
-    print(f"{'hang: fault -> verdict (controller Epilog)':<44} {spread([h['verdict'] for h in hangs]):>30}")
-    print(f"{'crash: failure -> verdict':<44} {spread([r['failure_to_verdict'] for r in reruns]):>30}")
-    print(f"{'crash: failure -> rerun started elsewhere':<44} {spread([r['failure_to_rerun'] for r in reruns]):>30}")
-    print(f"SUMMARY\thang detection, fault to stall decision (lab)\tthreshold "
-          f"+ {spread([h['decision'] - h['threshold'] for h in hangs])}; verdict "
-          f"{spread([h['verdict'] for h in hangs])} after the fault\tthreshold + 2 s")
-    print(f"SUMMARY\tfailure to rerun on other nodes (lab)\t{spread([r['failure_to_rerun'] for r in reruns])}\t")
+    if hangs:
+        print("hang timeline, seconds after the fault:")
+        for k in hangs[0]["timeline"]:
+            got = [h["timeline"][k] for h in hangs if h["timeline"][k] is not None]
+            if got:
+                print(f"{'  ' + k:<44} {spread(got):>30}")
+        print(f"{'hang: fault -> stall decision':<44} {spread([h['decision'] for h in hangs]):>30}")
+        print(f"{'hang: decision - threshold':<44} {spread([h['decision'] - h['threshold'] for h in hangs]):>30}")
+        print(f"{'hang: fault -> verdict (controller Epilog)':<44} {spread([h['verdict'] for h in hangs]):>30}")
+        print(f"{'hang: verdict - threshold':<44} {spread([h['verdict'] - h['threshold'] for h in hangs]):>30}")
+        print(f"SUMMARY\thang detection, fault to verdict (lab)\tthreshold "
+              f"+ {spread([h['verdict'] - h['threshold'] for h in hangs])} (stall decision at threshold "
+              f"+ {spread([h['decision'] - h['threshold'] for h in hangs])})\tthreshold + 2 s")
+    if reruns:
+        print(f"{'crash: failure -> verdict':<44} {spread([r['failure_to_verdict'] for r in reruns]):>30}")
+        print(f"{'crash: failure -> rerun started elsewhere':<44} {spread([r['failure_to_rerun'] for r in reruns]):>30}")
+        print(f"SUMMARY\tfailure to rerun on other nodes (lab)\t{spread([r['failure_to_rerun'] for r in reruns])}\t")
     print("threshold: the stall threshold the culprit's watchdog applied (max of the floor and 10 x its step time). "
           "The rerun time includes Slurm's own requeue (the job is held while its nodes finish their Epilogs).")
     return 0

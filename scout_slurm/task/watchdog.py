@@ -32,7 +32,7 @@ from scout_slurm.localise.stall import decide_stall
 from scout_slurm.log import get_logger
 from scout_slurm.task import exitcodes
 from scout_slurm.task import progress as progress_mod
-from scout_slurm.task import publishing
+from scout_slurm.task import publishing, stallclock
 from scout_slurm.task.evidencehealth import EvidenceHealth, storage_errno
 
 log = get_logger("scout.watchdog")
@@ -104,6 +104,12 @@ class RankTracker:
         return max(cfg.stall_floor_s, cfg.stall_factor * self.typical_step_s())
 
 
+def confirm_window_s(cfg: WatchdogConfig) -> float:
+    """How long a watchdog watches its peers' publications before it decides: long enough to see a
+    live watchful peer publish several times (so a silent one is told from a slow writer)."""
+    return max(2.0, 4 * cfg.publish_interval_s)
+
+
 class Watchdog:
     def __init__(self, *, ctx: TaskContext, cfg: WatchdogConfig, folder: JobFolder, child: subprocess.Popen,
                  shm_dir: Path, stderr_tail: deque, clock: Callable[[], float] = time.monotonic,
@@ -121,6 +127,7 @@ class Watchdog:
         self.peer_seq_at_suspect: dict[int, int] = {}
         self.external_signal = 0
         self.stacks_requested = False
+        self.reported_stalled: set[int] = set()   # ranks whose stall_suspect finding this window wrote
         self.health = EvidenceHealth(policy=cfg.on_evidence_loss, grace_s=cfg.evidence_loss_grace_s)
         self.histories: dict[int, HistoryWriter] = {}   # for the report's timeline only
         self.next_history = 0.0
@@ -156,7 +163,7 @@ class Watchdog:
             decision = self._check_stall(now)
             if decision is not None:
                 return self._terminate(decision)
-            self.sleep(self.cfg.poll_interval_s)
+            self.sleep(self._next_sleep(self.clock()))
 
     def _reap(self) -> int | None:
         try:
@@ -298,32 +305,53 @@ class Watchdog:
             log.warning("watchdog.decision_unreadable", error=str(exc))
             return None
 
+    def _next_sleep(self, now: float) -> float:
+        """The poll interval, or less when a window opens, a threshold passes or the window ends
+        sooner (stallclock.py): the call then comes at the threshold, not up to a poll later."""
+        confirm_s = confirm_window_s(self.cfg)
+        due = []
+        for t in self.trackers.values():
+            if t.watched():
+                threshold = t.threshold_s(self.cfg)
+                # just past the moment: the rules compare with '>'
+                due.append(t.last_change + stallclock.confirm_from_s(threshold, confirm_s) + stallclock.MIN_SLEEP_S)
+                due.append(t.last_change + threshold + stallclock.MIN_SLEEP_S)
+        if self.state == WatchState.SUSPECT:
+            due.append(self.suspect_since + confirm_s)
+        return stallclock.next_sleep_s(now=now, poll_s=self.cfg.poll_interval_s, due=due)
+
     def _check_stall(self, now: float) -> StallDecision | None:
         existing = self._existing_decision()
         if existing is not None:
             return existing
+        confirm_s = confirm_window_s(self.cfg)
         # a record the training process deactivated (process group destroyed, interpreter exiting)
         # is not watched for stalls: the process is done with collectives
-        stalled = [t for t in self.trackers.values() if t.watched() and now - t.last_change > t.threshold_s(self.cfg)]
-        if not stalled:
+        idle = [(t, now - t.last_change, t.threshold_s(self.cfg)) for t in self.trackers.values() if t.watched()]
+        # the confirmation window opens while a rank is idle, before its threshold (stallclock.py)
+        if not any(stallclock.confirming(i, th, confirm_s) for _, i, th in idle):
             if self.state == WatchState.SUSPECT:
                 self._to(WatchState.WATCHING)
+                self.stacks_requested = False   # a later window dumps the stacks again
+                self.reported_stalled.clear()
             return None
         if self.state == WatchState.WATCHING:
             self._to(WatchState.SUSPECT)
             self.suspect_since = now
             self._request_stacks()
             self.peer_seq_at_suspect = {s.rank: s.publish_seq for s in self._peer_snapshots()}
-            for t in stalled:
-                self._write_finding(Finding(
-                    rank=t.rank, node=self.ctx.node, kind=FindingKind.STALL_SUSPECT, at=self.wall(),
-                    summary=f"rank {t.rank} made no progress for {now - t.last_change:.1f} s "
-                            f"(threshold {t.threshold_s(self.cfg):.1f} s)",
-                    details=(f"process state: {proc_state(self._training_pid(t)).value}",),
-                    step=t.view.opt_steps if t.view else -1))
-            return None
-        confirm_s = max(2.0, 4 * self.cfg.publish_interval_s)
-        if now - self.suspect_since < confirm_s:
+        stalled = [(t, i, th) for t, i, th in idle if stallclock.stalled(i, th)]
+        for t, i, th in stalled:
+            if t.rank in self.reported_stalled:
+                continue
+            self.reported_stalled.add(t.rank)
+            self._write_finding(Finding(
+                rank=t.rank, node=self.ctx.node, kind=FindingKind.STALL_SUSPECT, at=self.wall(),
+                summary=f"rank {t.rank} made no progress for {i:.1f} s (threshold {th:.1f} s)",
+                details=(f"process state: {proc_state(self._training_pid(t)).value}",),
+                step=t.view.opt_steps if t.view else -1))
+        if not stallclock.may_decide(now=now, window_since=self.suspect_since, confirm_s=confirm_s,
+                                     any_stalled=bool(stalled)):
             return None
         peers = {s.rank: s for s in self._peer_snapshots()}
         # a peer whose last word was a steady heartbeat gets a steady interval more to speak

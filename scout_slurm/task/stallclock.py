@@ -1,0 +1,55 @@
+"""When a watchdog confirms, decides and wakes up while its ranks stop advancing (pure).
+
+A stall is called when a rank made no progress for longer than its threshold (the floor, or
+`stall_factor` step times). Before it calls one, a watchdog watches its peers' publications for a
+confirmation window: long enough to tell a silent peer (its watchdog or node gone) from one that
+is merely slow to write, and to see whether a peer still advances (then it is not a job-wide
+stall). What the watchdog then decides is unchanged; this module only says *when*:
+
+- the window starts while the rank is already idle, `confirm_s` before its threshold (never
+  before half the threshold, when peers start publishing fast: task/publishing.py), so it has run
+  its course when the threshold passes and the call comes at the threshold, not threshold +
+  window. A rank that advances again before its threshold ends the window and nothing is called,
+  exactly as before; a rank idle past its threshold is now called at the threshold, where before
+  it had the window on top (the threshold is what the site configured: "never call a stall sooner
+  than this").
+- a stall is called only once a rank is past its threshold AND the window has lasted `confirm_s`
+  (a threshold shorter than twice the window: the window's end decides, e.g. 4 s and 2 s: from 2 s
+  idle to 4 s).
+- the watchdog sleeps its poll interval while everything advances; while confirming it wakes at
+  the next moment something becomes due (a threshold, the window's end), so the call is not late
+  by up to a poll interval. It never sleeps longer than the poll interval (a peer's decision, a
+  rank that advances again), nor shorter than `min_sleep_s`.
+"""
+
+from __future__ import annotations
+
+MIN_SLEEP_S = 0.01
+
+
+def confirm_from_s(threshold_s: float, confirm_s: float) -> float:
+    """Idle seconds after which a rank's watchdog starts its confirmation window."""
+    return max(threshold_s - confirm_s, threshold_s / 2)
+
+
+def confirming(idle_s: float, threshold_s: float, confirm_s: float) -> bool:
+    """Has this rank been idle long enough to watch its peers (the window is open)?"""
+    return idle_s > confirm_from_s(threshold_s, confirm_s)
+
+
+def stalled(idle_s: float, threshold_s: float) -> bool:
+    """Is this rank past its stall threshold (the same rule as before the window moved)?"""
+    return idle_s > threshold_s
+
+
+def may_decide(*, now: float, window_since: float, confirm_s: float, any_stalled: bool) -> bool:
+    """A stall is called only when a rank is past its threshold and the window has run its course."""
+    return any_stalled and now - window_since >= confirm_s
+
+
+def next_sleep_s(*, now: float, poll_s: float, due: list[float], min_sleep_s: float = MIN_SLEEP_S) -> float:
+    """How long to sleep: the poll interval, or less when something becomes due sooner (`due`:
+    monotonic moments: a rank's threshold, the window's end)."""
+    upcoming = [t - now for t in due if t > now]
+    wait = min([poll_s, *upcoming])
+    return max(min_sleep_s, min(poll_s, wait))
