@@ -7,7 +7,10 @@ afterwards also on failure). 2 nodes x 2 ranks of the demo DDP trainer under sco
 Hang: a rank sleeps before a collective at step 10 (`--scout-inject=sleep`); from the moment
 the bootstrap recorded the injection to the watchdogs' stall decision and to the controller
 Epilog's verdict, set against the stall threshold the culprit's watchdog applied (the floor,
-or 10 x the observed step time). Target: decision within threshold + 2 s.
+or 10 x the observed step time). Target: verdict within threshold + 2 s. Each run also prints
+where the time went, every moment from the evidence: the culprit's last progress (as its
+watchdog saw it), the first stall_suspect finding, the decision, the culprit's and the last
+rank's exit records, the node Epilogs' records, the verdict. `--only hang|rerun` runs one half.
 Rerun: a rank exits with code 3 at step 25 (checkpoints every 10 steps); from the failure (the
 exit record's time) to the first rank of the requeued run starting on other nodes. Every run's
 verdict is checked to name the planted rank and its node; drained nodes are resumed between runs.
