@@ -936,7 +936,28 @@ _DIGIT_RUNS = re.compile(r"(\d+)")
 
 
 def _natural(name: str) -> list[Any]:
-    return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in _DIGIT_RUNS.split(name)]
+    # the split's odd parts are the digit runs; str.isdigit() would also take a run of "²", which
+    # int() refuses: a job could name a file so that the listing raised
+    return [(0, int(p), "") if i % 2 else (1, 0, p) for i, p in enumerate(_DIGIT_RUNS.split(name))]
+
+
+_ONE_NUMBER = re.compile(r"(\D*)(\d+)(\D*)")
+
+
+def _sorted_natural(names: list[str]) -> list[str]:
+    """`sorted(names, key=_natural)`, without building `_natural`'s key for every name when all
+    of them are one number between the same two digit-free texts (rank-17.json): then the
+    number alone orders them the same way (equal numbers, "01" and "1", keep the listing's order
+    in both). The key costs ~10 us a name: 2.4 s for the 200k files of a 100k-rank job."""
+    matches = list(map(_ONE_NUMBER.fullmatch, names))
+    if not names or None in matches:
+        return sorted(names, key=_natural)
+    get_outer = operator.methodcaller("group", 1, 3)
+    if len(set(map(get_outer, matches))) != 1:
+        return sorted(names, key=_natural)
+    numbers = list(map(int, map(operator.methodcaller("group", 2), matches)))
+    order = sorted(range(len(names)), key=numbers.__getitem__)
+    return [names[i] for i in order]
 
 
 def list_records(directory: Path, pattern: str, cls: type[R], *, root: Path | None = None,
@@ -988,7 +1009,7 @@ def list_records(directory: Path, pattern: str, cls: type[R], *, root: Path | No
         except OSError as e:
             raise EvidenceError(f"{shown_dir}: cannot list: {e.strerror or e}") from None
         prefix = os.path.join(shown_dir, "")
-        for name in sorted(names, key=_natural):
+        for name in _sorted_natural(names):
             shown = prefix + name
             try:
                 records.append(_decode(_read_at(dir_fd, name, shown, max_bytes, listed_regular=name in regular),
