@@ -5,19 +5,27 @@ steps), with K = 1, 10, 50 and votes off. Runs are interleaved in a shuffled ord
 so that the machine's load falls on every condition alike; each repeat's figure is divided by
 the same repeat's bare run.
 
-    python benchmarks/bench_step_overhead.py [--repeats 3] [--steps 100] [--world 2] [--ks 1,10,50]
+    python benchmarks/bench_step_overhead.py [--repeats 3] [--steps 25] [--world 2] [--ks 1,10,50]
 
-The figure per run is rank 0's mean CPU time per step over its steps after 5 warm-up steps
+Two measures. The ratio: rank 0's mean CPU time per step over its steps after 5 warm-up steps
 (CPU time: on a shared machine the wall clock moves with other work; a mean, not a median: a
-vote every K steps is a spike that a median would hide); the wall-clock mean is printed beside. Every run's final
-parameters after the same number of steps are checked to be the bare run's, bit for bit: scout
-changes no numbers.
+vote every K steps is a spike that a median would hide), over the same repeat's bare run; the
+wall-clock mean is printed beside. Two noisy runs compared: it cannot resolve 1 % here.
+The direct measure: inside the same scout runs, every piece of scout's per-step work is wrapped
+with a timer from outside scout before the first step (`account_scout`: the objects reachable from
+`hooks.STATE`, the global optimizer hooks, closure cells of scout's DDP hook), and its seconds
+per step are divided by the step's, per component. Runs with votes are whole periods of K and
+of the timing votes (every 25 steps), so each periodic piece counts at its steady rate. Scout
+runs get SCOUT_CHECKPOINTS_DIR as under scout-srun (the checkpoint agreement flag is exchanged
+every step). Every run's final parameters after the same number of steps are checked to be the
+bare run's, bit for bit: scout changes no numbers.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import socket
@@ -30,6 +38,186 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve()
 WARMUP = 5
+TIMING_EVERY = 25   # the timing votes' default interval (SCOUT_TIMING_EVERY): not K, but per-step work too
+
+# The direct measure's components, in print order. "wrappers" is the DDP comm hook scout puts in place
+# of DDP's built-in C++ one (its Python, the extra pass of mul_ over the bucket, the progress record)
+# plus the torch.distributed wrappers; "scaling pass" is the hook's gradient / world (a bare DDP scales
+# while copying gradients into the bucket, with a comm hook it only copies: an extra pass over every
+# gradient); "launch" is the all_reduce the hook starts from Python, which a bare job starts from C++
+# (counted as scout's: an upper bound).
+COMPONENTS = ("vote", "replay", "timing", "checkpoint flag", "finite check", "wrappers", "scaling pass", "launch",
+              "progress record", "hook glue")
+# run inside a comm hook (during backward, while gloo reduces earlier buckets on its own threads):
+# CPU is the calling thread's; every other component runs when no training work is in flight, so its
+# CPU is the process's (gloo's threads working on scout's own collectives included)
+THREAD_CPU = ("wrappers", "scaling pass", "launch")
+JOB = "job"  # the job's own work inside a scout wrapper (a wrapped collective itself): not scout's
+
+
+class Account:
+    """Exclusive wall, process-CPU and thread-CPU seconds per component, for functions wrapped in the
+    worker from outside scout. Nested wrapped calls are taken out of the enclosing call's figure (so
+    a vote's gather is the vote's, a comm hook's all_reduce launch is "launch"); `inherit` wrappers
+    (the progress record's enter/leave) count as whatever encloses them, or as their own component
+    when nothing does (the comm hook's completion callback on gloo's thread)."""
+
+    def __init__(self) -> None:
+        import threading
+        self.local = threading.local()
+        self.lock = threading.Lock()
+        self.on = False
+        self.totals: dict[str, list[float]] = {}   # component -> [wall, process CPU, thread CPU, calls]
+
+    def wrap(self, component: str, fn, *, inherit: bool = False):
+        import functools
+        acct = self
+        clock, cpu, tcpu = time.perf_counter, time.process_time, time.thread_time
+
+        @functools.wraps(fn)
+        def timed(*args, **kwargs):
+            stack = getattr(acct.local, "stack", None)
+            if stack is None:
+                stack = acct.local.stack = []
+            if inherit and stack:
+                return fn(*args, **kwargs)
+            inner = [0.0, 0.0, 0.0]
+            stack.append(inner)
+            w0, c0, t0 = clock(), cpu(), tcpu()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                dw, dc, dt = clock() - w0, cpu() - c0, tcpu() - t0
+                stack.pop()
+                if stack:
+                    outer = stack[-1]
+                    outer[0] += dw
+                    outer[1] += dc
+                    outer[2] += dt
+                if acct.on:
+                    with acct.lock:
+                        tot = acct.totals.setdefault(component, [0.0, 0.0, 0.0, 0])
+                        tot[0] += dw - inner[0]
+                        tot[1] += dc - inner[1]
+                        tot[2] += dt - inner[2]
+                        tot[3] += 1
+        return timed
+
+
+def timer_cost(calls: int = 2000) -> float:
+    """CPU seconds one timed call adds (the wrapper's clock reads and bookkeeping), from an empty
+    function timed as scout's are: included in the figures, said beside them."""
+    acct = Account()
+    acct.on = True
+    timed = acct.wrap("x", lambda: None)
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.thread_time()
+        for _ in range(calls):
+            timed()
+        best = min(best, (time.thread_time() - t0) / calls)
+    return best
+
+
+def _cell(fn, name: str):
+    """The closure cell holding `name` in function `fn` (None when scout's code no longer has it)."""
+    code = getattr(fn, "__code__", None)
+    if code is None or name not in code.co_freevars or not fn.__closure__:
+        return None
+    return fn.__closure__[code.co_freevars.index(name)]
+
+
+def account_scout(acct: Account) -> list[str]:
+    """Wrap everything scout runs per step in this process with `acct`'s timers, from outside scout
+    (bound methods on the objects reachable from hooks.STATE, the global optimizer hooks, closure
+    cells), before the first forward. Returns what could not be reached, to be said."""
+    import torch.distributed.distributed_c10d as c10d
+    import torch.optim.optimizer as optim_mod
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from scout_slurm.bootstrap import ckptstate, hooks
+    state = hooks.STATE
+    missing: list[str] = []
+
+    def methods(obj, names, component, what):
+        if obj is None:
+            missing.append(f"{what} (off)")
+            return
+        for name in names:
+            if hasattr(obj, name):
+                setattr(obj, name, acct.wrap(component, getattr(obj, name)))
+
+    # the optimizer pre/post step hooks scout registered: their own lines are "hook glue"
+    for hooks_dict in (optim_mod._global_optimizer_pre_hooks, optim_mod._global_optimizer_post_hooks):
+        for key, h in list(hooks_dict.items()):
+            if getattr(h, "__module__", "").startswith("scout_slurm"):
+                hooks_dict[key] = acct.wrap("hook glue", h)
+    methods(state.consensus, ("maybe_vote", "track"), "vote", "state votes")
+    methods(state.timing, ("pause", "resume", "after_step"), "timing", "timing votes")
+    methods(ckptstate.WATCH, ("before_step", "exchange"), "checkpoint flag", "checkpoint agreement")
+    methods(getattr(state, "finite", None), ("_note", "after_step", "resolve"), "finite check", "finite check")
+    replay = state.replay
+    methods(replay, ("before_step",), "replay", "replay")
+    if replay is not None:  # the capture hooks are made at the first step: wrap what makes them
+        for name in ("_pre_hook", "_post_hook"):
+            make = getattr(replay, name, None)
+            if make is not None:
+                setattr(replay, name, lambda idx, make=make: acct.wrap("replay", make(idx)))
+    writer = state.writer
+    if writer is None:
+        missing.append("progress record")
+    else:
+        for name in ("enter", "leave"):
+            setattr(writer, name, acct.wrap("wrappers", getattr(writer, name), inherit=True))
+        writer.step = acct.wrap("progress record", writer.step)
+    # DDP's comm hook: registered at the first forward from a closure of scout's DDP.forward
+    hook_cell = _cell(DDP.forward, "scout_default_hook")
+    if hook_cell is None:
+        missing.append("DDP comm hook")
+    else:
+        launch_cell = _cell(hook_cell.cell_contents, "original_all_reduce")
+        if launch_cell is not None:
+            launch_cell.cell_contents = acct.wrap("launch", launch_cell.cell_contents)
+        hook = hook_cell.cell_contents
+        import functools
+
+        import torch
+
+        class TimedBucket:
+            """The bucket as the hook sees it: its buffer's mul_ (the scaling pass) timed."""
+
+            def __init__(self, bucket) -> None:
+                self._bucket, self.tensors = bucket, []
+
+            def buffer(self):
+                t = self._bucket.buffer()
+                t.mul_ = acct.wrap("scaling pass", functools.partial(torch.Tensor.mul_, t))
+                self.tensors.append(t)
+                return t
+
+            def __getattr__(self, name):
+                return getattr(self._bucket, name)
+
+        def timed_hook(state, bucket):  # named as DDP's check wants, no annotations
+            proxy = TimedBucket(bucket)
+            try:
+                return hook(state, proxy)
+            finally:
+                for t in proxy.tensors:  # the buffer is the job's again
+                    t.__dict__.pop("mul_", None)
+        hook_cell.cell_contents = acct.wrap("wrappers", timed_hook)
+    # torch.distributed's collectives as the job calls them: the wrapper's own time only
+    for name in hooks.COLLECTIVES:
+        fn = getattr(c10d, name, None)
+        inner_cell = _cell(fn, "fn") if getattr(fn, "__scout_original__", None) is not None else None
+        if inner_cell is None:
+            continue
+        inner_cell.cell_contents = acct.wrap(JOB, inner_cell.cell_contents)
+        timed = acct.wrap("wrappers", fn)
+        for owner in (c10d, __import__("torch.distributed", fromlist=["x"])):
+            if getattr(owner, name, None) is fn:
+                setattr(owner, name, timed)
+    return missing
 
 
 def rank_job(args: argparse.Namespace) -> int:
@@ -54,9 +242,15 @@ def rank_job(args: argparse.Namespace) -> int:
     ddp = DDP(model)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-4)
     gen = torch.Generator().manual_seed(1000 + rank)
+    acct, missing = None, []
+    if "scout_slurm.bootstrap.hooks" in sys.modules:  # under scout's bootstrap: the direct measure too
+        acct = Account()
+        missing = account_scout(acct)
     times, cpu = [], []
     digest = ""
     for step in range(WARMUP + args.steps):
+        if acct is not None and step == WARMUP:
+            acct.on = True   # the measured steps only, as the step times
         x = torch.randn(args.batch, width, generator=gen)
         t0, c0 = time.perf_counter(), time.process_time()
         loss = ddp(x).pow(2).mean()
@@ -67,8 +261,13 @@ def rank_job(args: argparse.Namespace) -> int:
         cpu.append(time.process_time() - c0)
         if step + 1 == WARMUP + args.digest_at:   # runs of different lengths compare at the same step
             digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
-    if rank == 0:
-        print(json.dumps({"params": params, "times": times[WARMUP:], "cpu": cpu[WARMUP:], "digest": digest}), flush=True)
+    timer_s = 0.0
+    if acct is not None:
+        acct.on = False
+        timer_s = timer_cost()
+    print(json.dumps({"rank": rank, "params": params, "times": times[WARMUP:], "cpu": cpu[WARMUP:], "digest": digest,
+                      "scout": acct.totals if acct is not None else None, "missing": missing,
+                      "timer_s": timer_s}), flush=True)
     dist.destroy_process_group()
     return 0
 
@@ -81,8 +280,40 @@ def free_port() -> int:
 
 def steps_for(k: int | None, args: argparse.Namespace) -> int:
     """Bare and votes-off runs: --steps; with votes every K: at least one vote's worth (K steps:
-    one vote and one replay per K steps, the steady rate)."""
-    return args.steps if not k else max(args.vote_steps_min, k)
+    one vote and one replay per K steps, the steady rate), rounded up to whole periods of the
+    timing votes too (every 25 steps whatever K is), so that the window holds each periodic piece
+    of work at its steady rate."""
+    if not k:
+        return args.steps
+    period = math.lcm(k, TIMING_EVERY)
+    return -(-max(args.vote_steps_min, k) // period) * period
+
+
+def direct(ranks: list[dict]) -> dict:
+    """Scout's own per-step seconds (per component, wall and CPU) over each rank's mean step, then
+    the mean over the ranks."""
+    per_rank = []
+    for r in ranks:
+        n = len(r["times"])
+        wall = {c: v[0] / n for c, v in r["scout"].items() if c != JOB}
+        cpu = {c: (v[2] if c in THREAD_CPU else v[1]) / n for c, v in r["scout"].items() if c != JOB}
+        calls = {c: v[3] / n for c, v in r["scout"].items()}
+        per_rank.append(dict(wall=wall, cpu=cpu, calls=calls, step_wall=statistics.fmean(r["times"]),
+                             step_cpu=statistics.fmean(r["cpu"])))
+    comps = sorted({c for pr in per_rank for c in pr["wall"]}, key=lambda c: (c not in COMPONENTS,
+                                                                            COMPONENTS.index(c) if c in COMPONENTS else 0))
+    mean = statistics.fmean
+    out = dict(components=comps,
+               wall={c: mean(pr["wall"].get(c, 0.0) for pr in per_rank) for c in comps},
+               cpu={c: mean(pr["cpu"].get(c, 0.0) for pr in per_rank) for c in comps},
+               calls={c: mean(pr["calls"].get(c, 0.0) for pr in per_rank) for c in comps},
+               ratio_wall=mean(sum(pr["wall"].values()) / pr["step_wall"] for pr in per_rank),
+               ratio_cpu=mean(sum(pr["cpu"].values()) / pr["step_cpu"] for pr in per_rank),
+               missing=sorted({m for r in ranks for m in r.get("missing") or ()}),
+               timers=mean(r["timer_s"] * sum(v[3] for v in r["scout"].values()) / len(r["times"]) for r in ranks))
+    out["scout_wall"] = sum(out["wall"].values())
+    out["scout_cpu"] = sum(out["cpu"].values())
+    return out
 
 
 def run(condition: str, k: int | None, args: argparse.Namespace, work: Path, *, replay: bool = True) -> dict:
@@ -97,6 +328,7 @@ def run(condition: str, k: int | None, args: argparse.Namespace, work: Path, *, 
             (run_dir / d).mkdir()
         env.update(PYTHONPATH=str(bootstrap), SCOUT_PROGRESS_DIR=str(run_dir / "progress"),
                    SCOUT_RUN_DIR=str(run_dir), SCOUT_PACKAGE_DIR=str(bootstrap.parent.parent),
+                   SCOUT_CHECKPOINTS_DIR=str(run_dir / "checkpoints"),   # as scout-srun sets it
                    SCOUT_CONSENSUS_EVERY=str(k))
         if not replay:
             env["SCOUT_REPLAY_EVERY"] = "0"
@@ -120,18 +352,83 @@ def run(condition: str, k: int | None, args: argparse.Namespace, work: Path, *, 
     for rank, (p, (_, err)) in enumerate(zip(procs, outs)):
         if p.returncode != 0:
             raise SystemExit(f"{condition}: rank {rank} exited {p.returncode}:\n{err[-3000:]}")
-    result = json.loads(outs[0][0].strip().splitlines()[-1])
+    ranks = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    result = ranks[0]
     scout_lines = [ln for _, err in outs for ln in err.splitlines() if ln.startswith("scout:")]
     if k is not None and any("disagree" in ln or "outlier" in ln for ln in scout_lines):
         raise SystemExit(f"{condition}: scout reported a disagreement in a clean run: {scout_lines[:5]}")
     return dict(result, condition=condition, wall=statistics.fmean(result["times"]),
-                mean=statistics.fmean(result["cpu"]))
+                mean=statistics.fmean(result["cpu"]), direct=direct(ranks) if k is not None else None)
+
+
+def _spread(values: list[float], scale: float = 100.0, fmt: str = ".2f") -> str:
+    return f"{statistics.median(values) * scale:{fmt}} ({' '.join(f'{v * scale:{fmt}}' for v in values)})"
+
+
+def print_direct(conditions, results: dict[str, list[dict]], args: argparse.Namespace) -> None:
+    """The direct measure: scout's own seconds per step inside the same processes, over the step."""
+    print()
+    print("direct: scout's own per-step work timed inside the training processes (mean of the ranks), over the step; "
+          "median of the repeats (the repeats)")
+    print(f"{'condition':<22} {'scout ms/step wall':>18} {'% of step, wall':>30} {'scout ms/step CPU':>17} "
+          f"{'% of step, CPU':>30}")
+    for name, k, _ in conditions:
+        if k is None:
+            continue
+        ds = [r["direct"] for r in results[name]]
+        print(f"{name:<22} {statistics.median(d['scout_wall'] for d in ds) * 1e3:>18.3f} "
+              f"{_spread([d['ratio_wall'] for d in ds]):>30} {statistics.median(d['scout_cpu'] for d in ds) * 1e3:>17.3f} "
+              f"{_spread([d['ratio_cpu'] for d in ds]):>30}")
+    comps = [c for c in COMPONENTS if any(c in r["direct"]["wall"] for rs in results.values() for r in rs if r["direct"])]
+    print()
+    print("split by component: ms per step, wall / CPU (median of the repeats); calls per step in brackets")
+    print(f"{'condition':<22} " + " ".join(f"{c:>17}" for c in comps))
+    for name, k, _ in conditions:
+        if k is None:
+            continue
+        ds = [r["direct"] for r in results[name]]
+        cells = []
+        for c in comps:
+            w = statistics.median(d["wall"].get(c, 0.0) for d in ds) * 1e3
+            cp = statistics.median(d["cpu"].get(c, 0.0) for d in ds) * 1e3
+            n = statistics.median(d["calls"].get(c, 0.0) for d in ds)
+            cells.append(f"{w:.3f}/{cp:.3f} ({n:.2g})")
+        print(f"{name:<22} " + " ".join(f"{c:>17}" for c in cells))
+    missing = sorted({m for rs in results.values() for r in rs if r["direct"] for m in r["direct"]["missing"]})
+    if missing:
+        print(f"not timed (off or not reachable in this version of the bootstrap): {', '.join(missing)}")
+    timers = statistics.median(r["direct"]["timers"] for rs in results.values() for r in rs if r["direct"])
+    print(f"the timers' own cost, included above: ~{timers * 1e3:.3f} ms CPU per step (measured on an empty call)")
+    params = results["bare"][0]["params"]
+    for name, k, _ in conditions:
+        if k is None:
+            continue
+        ds = [r["direct"] for r in results[name]]
+        ratios = [r["mean"] / b["mean"] for r, b in zip(results[name], results["bare"])]
+        top = max(ds[0]["components"], key=lambda c: statistics.median(d["cpu"].get(c, 0.0) for d in ds))
+        cpu = [d["ratio_cpu"] for d in ds]
+        print(f"SUMMARY\tscout's per-step cost in the training process, {name}\t"
+              f"direct {100 * statistics.median(cpu):.2f} % of the step CPU (repeats {100 * min(cpu):.2f} to "
+              f"{100 * max(cpu):.2f}), {100 * statistics.median(d['ratio_wall'] for d in ds):.2f} % wall; largest "
+              f"{top} {statistics.median(d['cpu'].get(top, 0.0) for d in ds) * 1e3:.2f} ms CPU/step; ratio to bare "
+              f"{statistics.median(ratios):.3f} (repeats {min(ratios):.3f} to {max(ratios):.3f}); {params / 1e6:.1f}M "
+              f"params, {statistics.median(r['mean'] for r in results['bare']) * 1e3:.0f} ms CPU steps"
+              f"\tunder 1 % at K = 50")
+    print("direct: every piece of scout's per-step work in the job's processes wrapped with a timer from outside "
+          "(state vote, in-situ replay and its capture hooks, timing votes, the checkpoint agreement flag exchanged "
+          "every step, the non-finite check, the DDP comm hook scout registers in place of DDP's C++ one and the "
+          "progress record, the hook's scaling of the bucket by 1/world (bare DDP scales while copying into the "
+          "bucket: an extra pass over the gradients), the all_reduce launch from Python, the optimizer hooks' own "
+          "lines); nested timed calls are counted once, in the innermost. CPU: process CPU time, but the comm "
+          "hook's (wrappers, scaling pass, launch) is "
+          "its thread's, as it runs while gloo reduces other buckets. Wall includes waiting for the peer in "
+          "scout's collectives (and, on a loaded machine, time the process waited for a core).")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=40, help="measured steps of a bare or votes-off run (after 5 warm-up)")
+    ap.add_argument("--steps", type=int, default=25, help="measured steps of a bare or votes-off run (after 5 warm-up)")
     ap.add_argument("--vote-steps-min", type=int, default=20,
                     help="measured steps of a run with votes every K: max(this, K)")
     ap.add_argument("--world", type=int, default=2)
@@ -160,7 +457,10 @@ def main() -> int:
             for name, k, replay in todo:
                 r = run(name, k, args, Path(tmp), replay=replay)
                 results[name].append(r)
-                print(f"  repeat {rep + 1}: {name}: mean step {r['mean'] * 1e3:.1f} ms CPU, {r['wall'] * 1e3:.1f} ms wall",
+                d = r["direct"]
+                print(f"  repeat {rep + 1}: {name}: mean step {r['mean'] * 1e3:.1f} ms CPU, {r['wall'] * 1e3:.1f} ms wall"
+                      + (f"; scout's own {d['scout_wall'] * 1e3:.2f} ms wall ({100 * d['ratio_wall']:.2f} %), "
+                         f"{d['scout_cpu'] * 1e3:.2f} ms CPU ({100 * d['ratio_cpu']:.2f} %)" if d else ""),
                       file=sys.stderr, flush=True)
     digests = {r["digest"] for rs in results.values() for r in rs}
     if len(digests) != 1:
@@ -179,15 +479,11 @@ def main() -> int:
         print(f"{name:<22} {statistics.median(means) * 1e3:>11.1f} {statistics.median(ratios):>23.4f} "
               f"{' '.join(f'{x:.4f}' for x in ratios):>30} {statistics.median(r['wall'] for r in results[name]) * 1e3:>12.1f} "
               f"{statistics.median(walls):>10.3f}")
-    for name, _, _ in conditions[1:]:
-        ratios = [r["mean"] / b["mean"] for r, b in zip(results[name], results["bare"])]
-        print(f"SUMMARY\tper-step cost in the training process, {name}\tratio {statistics.median(ratios):.4f} "
-              f"(repeats {min(ratios):.4f} to {max(ratios):.4f}; {params / 1e6:.1f}M params, "
-              f"{statistics.median(r['mean'] for r in results['bare']) * 1e3:.0f} ms steps)\tunder 1 % at K = 50")
     print("CPU: rank 0's process CPU time per step (all its threads, gloo's included), the steady figure on a "
           "shared machine; wall: the same steps by the clock, which moves with the machine's load. ratio: a repeat's mean "
           "step time over the same repeat's bare run; the spread of the repeats is the noise "
           "of this machine. Every run had the bare run's parameters after the same steps, bit for bit.")
+    print_direct(conditions, results, args)
     return 0
 
 
