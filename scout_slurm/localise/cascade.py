@@ -33,6 +33,14 @@ def mentions_peer_failure(lines: Sequence[str]) -> bool:
     line. For ASCII text lower() is exactly re.I's folding; other text goes to the regex."""
     if not lines:
         return False
+    # The peer's failure is usually the tail's last line: found there, the 40-line join and lower()
+    # are not needed (3 us -> 0.5 us a call; the controller asks for every rank of a job 3 times).
+    last = lines[-1]
+    if last.isascii():
+        low = last.lower()
+        for literal in _LITERALS:
+            if literal in low:
+                return True
     text = "\n".join(lines)
     if not text.isascii():
         return CASCADE_PATTERNS.search(text) is not None

@@ -6,6 +6,7 @@ working collective. Progress order decides; wall clocks are never compared acros
 
 from __future__ import annotations
 
+import operator
 from collections import Counter
 from dataclasses import dataclass
 from typing import Mapping
@@ -25,6 +26,9 @@ def position(s: ProgressSnapshot) -> int:
     return s.coll_entered + s.coll_completed
 
 
+_SEQ_OP_BYTES = operator.attrgetter("seq", "op", "nbytes")   # (seq, op, nbytes) of an entry, in C
+
+
 def find_desync(rings: Mapping[int, tuple[CollectiveEntry, ...]]) -> tuple[tuple[int, ...], str]:
     """The first collective sequence number at which a strict majority of ranks agree on
     (op, bytes) and a minority differ; returns (minority ranks, explanation)."""
@@ -35,7 +39,7 @@ def find_desync(rings: Mapping[int, tuple[CollectiveEntry, ...]]) -> tuple[tuple
     # ranks this is 100k small tuples instead of 1.6M dictionary entries).
     groups: dict[tuple, list[int]] = {}
     for rank, ring in rings.items():
-        groups.setdefault(tuple([(e.seq, e.op, e.nbytes) for e in ring]), []).append(rank)
+        groups.setdefault(tuple(map(_SEQ_OP_BYTES, ring)), []).append(rank)
     by_seq: dict[int, list[tuple[tuple[str, int], list[int]]]] = {}
     for key, ranks in groups.items():
         sigs: dict[int, tuple[str, int]] = {}

@@ -38,3 +38,11 @@ def test_known_tails():
     assert not mentions_peer_failure([])
     # a line break between the two halves is no match, as per line
     assert not mentions_peer_failure(["Connection closed", "by peer"])
+
+
+def test_the_last_line_shortcut_leaves_earlier_lines_and_other_text_to_the_full_check():
+    assert mentions_peer_failure(["Broken pipe", "exiting"])                 # only an earlier line says it
+    assert mentions_peer_failure(["ok", "CONNECTION RESET BY PEER"])          # the last line, any case
+    assert mentions_peer_failure(["ok", "ProcessGroupNCCL timeout"])          # the gapped pattern: full check
+    assert mentions_peer_failure(["é", "Connection closed by peer é"])        # non-ASCII last line: the regex
+    assert not mentions_peer_failure(["é", "closed by"])
