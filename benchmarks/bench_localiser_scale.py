@@ -3,8 +3,8 @@ of 1k, 16k and 100k ranks written with the real store (`write_record`, real reco
 `gather_evidence` (list, read, parse and validate every file) and `localise` (pure) and the incident report the controller renders timed
 separately, each size and scenario in a fresh process so that its memory peak is its own.
 
-    python benchmarks/bench_localiser_scale.py [--sizes 1000,16000,100000] [--dir /tmp]
-                                               [--tracemalloc] [--profile SIZE] [--baseline DIR]
+    python benchmarks/bench_localiser_scale.py [--sizes 1000,16000,100000] [--dir /tmp] [--keep DIR]
+                                               [--tracemalloc] [--profile SIZE] [--baseline DIR] [--gc-on]
 
 Per rank: ranks/rank-R.json (RankPlace), progress/rank-R.json (ProgressSnapshot with a 16-entry
 ring), ranks/exit-R.json (ExitRecord with a 40-line stderr tail, the shim's maximum). Crash: one
@@ -13,6 +13,9 @@ naming another rank (the localiser reads the decision before the exits, so the f
 Each verdict is checked to name the planted rank and node; a wrong answer stops the run.
 
 Wall and CPU seconds are both printed: on a shared machine the CPU time is the steadier figure.
+--keep DIR keeps each size's folder in DIR/ranks-N and reuses it on the next run (writing 100k ranks
+with an fsync per file takes minutes). --gc-on measures with the cycle collector left running in the
+gather (as before it was paused) and prints its passes per generation and their time.
 --baseline DIR measures every row a second time with the `scout_slurm` package found in DIR
 (for example `git archive <commit> scout_slurm | tar -x -C DIR`), on the same folders.
 """
@@ -206,9 +209,27 @@ def measure(args: argparse.Namespace) -> None:
         import cProfile
         profiler = cProfile.Profile()
         profiler.enable()
+    import gc
+    passes: list[tuple[int, float]] = []
+    if args.gc_on:
+        # the gather pauses the collector; here it is left running, and its passes are timed
+        import scout_slurm.localise.gather as gather_module
+        import types
+        gather_module.gc = types.SimpleNamespace(isenabled=gc.isenabled, enable=gc.enable,
+                                                 disable=lambda: None, freeze=lambda: None)
+        started: list[float] = []
+
+        def on_gc(phase: str, info: dict) -> None:
+            if phase == "start":
+                started[:] = [time.perf_counter()]
+            elif started:
+                passes.append((info["generation"], time.perf_counter() - started[0]))
+        gc.callbacks.append(on_gc)
     t0, c0 = time.perf_counter(), cpu()
     evidence = gather_evidence(folder, RESTART, job_exit_code=256)
     t1, c1 = time.perf_counter(), cpu()
+    if args.gc_on:
+        gc.callbacks.remove(on_gc)   # the gather's passes only
     verdict = localise(evidence, now=WALL0 + 4000)
     t2, c2 = time.perf_counter(), cpu()
     # the controller Epilog then renders the incident report (a timeline line per rank)
@@ -232,7 +253,9 @@ def measure(args: argparse.Namespace) -> None:
                                    f"problems {list(evidence.problems[:3])}"}))
         sys.exit(1)
     import scout_slurm
-    out = {"gather_s": t1 - t0, "localise_s": t2 - t1, "report_s": t3 - t2, "report_bytes": len(report), "gather_cpu": c1 - c0, "localise_cpu": c2 - c1,
+    out = {"gc_passes": [sum(1 for g, _ in passes if g == k) for k in range(3)],
+           "gc_s": [round(sum(s for g, s in passes if g == k), 3) for k in range(3)],
+           "gather_s": t1 - t0, "localise_s": t2 - t1, "report_s": t3 - t2, "report_bytes": len(report), "gather_cpu": c1 - c0, "localise_cpu": c2 - c1,
            "rss_before": rss_before, "rss_after": rss_after, "package": os.path.dirname(scout_slurm.__file__)}
     if args.tracemalloc:
         import gc
@@ -256,6 +279,7 @@ def run_child(root: Path, world: int, scenario: str, args: argparse.Namespace, p
               package_dir: str | None = None) -> dict:
     argv = [sys.executable, __file__, "--measure", "--root", str(root), "--world", str(world),
             "--scenario", scenario] + (["--tracemalloc"] if args.tracemalloc else []) + \
+           (["--gc-on"] if args.gc_on else []) + \
            (["--profile-child"] if profile else [])
     env = dict(os.environ)
     if package_dir:
@@ -280,6 +304,9 @@ def main() -> int:
     ap.add_argument("--profile", type=int, default=0, metavar="SIZE", help="print a cProfile of this size's runs")
     ap.add_argument("--baseline", metavar="DIR",
                     help="also measure each row with the scout_slurm package in DIR (e.g. an older commit)")
+    ap.add_argument("--keep", metavar="DIR", help="keep each size's folder in DIR/ranks-N and reuse it when there")
+    ap.add_argument("--gc-on", dest="gc_on", action="store_true",
+                    help="leave the cycle collector running in the gather; print its passes")
     ap.add_argument("--timeout", type=float, default=1800.0)
     ap.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--profile-child", dest="profile_child", action="store_true", help=argparse.SUPPRESS)
@@ -296,9 +323,23 @@ def main() -> int:
     load0 = os.getloadavg()[0]
     rows, profiles = [], []
     for world in sizes:
-        tmp = Path(tempfile.mkdtemp(prefix=f"scout-scale-{world}-", dir=args.dir))
-        try:
+        if args.keep:
+            tmp = Path(args.keep) / f"ranks-{world}"
+            done_mark = tmp / "complete"
+            if done_mark.exists():
+                write_s = float(done_mark.read_text())
+            else:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+                write_s = write_folder(tmp, world, args.workers)
+                done_mark.write_text(f"{write_s}\n")
+            # the crash rows are measured without the hang's decision
+            from scout_slurm.evidence.layout import JobFolder
+            JobFolder(tmp, CLUSTER, JOB_ID).stall_decision_path(RESTART).unlink(missing_ok=True)
+        else:
+            tmp = Path(tempfile.mkdtemp(prefix=f"scout-scale-{world}-", dir=args.dir))
             write_s = write_folder(tmp, world, args.workers)
+        try:
             for scenario in ("crash", "hang"):
                 if scenario == "hang":
                     add_stall_decision(tmp, world)
@@ -312,12 +353,15 @@ def main() -> int:
                     print(f"  {world} ranks {scenario} ({label}): gather {r['gather_s']:.2f} s, "
                           f"localise {r['localise_s']:.3f} s", file=sys.stderr, flush=True)
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            if not args.keep:
+                shutil.rmtree(tmp, ignore_errors=True)
 
-    fs = subprocess.run(["df", "--output=fstype", args.dir or tempfile.gettempdir()],
+    where = args.keep or args.dir or tempfile.gettempdir()
+    fs = subprocess.run(["df", "--output=fstype", where],
                         capture_output=True, text=True).stdout.split()[-1:]
     print(f"gather_evidence + localise, one fresh process per row; {os.cpu_count()} CPUs, folders on "
-          f"{args.dir or tempfile.gettempdir()} ({fs[0] if fs else '?'}, written just before: warm page cache), "
+          f"{where} ({fs[0] if fs else '?'}, {'kept from an earlier run' if args.keep else 'written just before'}: "
+          "warm page cache), "
           f"load average {load0:.1f} at start, {os.getloadavg()[0]:.1f} at end")
     hdr = (f"{'ranks':>7} {'scenario':>8} {'files':>7} {'MB data':>8} {'MB alloc':>8} {'write s':>8} "
            f"{'gather s':>9} {'(CPU s)':>8} {'localise s':>10} {'(CPU s)':>8} {'report s':>8} {'total s':>8} "
@@ -326,6 +370,8 @@ def main() -> int:
         hdr += f" {'package':>9}"
     if args.tracemalloc:
         hdr += f" {'traced MB':>9}"
+    if args.gc_on:
+        hdr += f" {'gc passes 0/1/2':>16} {'gc s 0/1/2':>18}"
     print(hdr)
     for r in rows:
         peak = (r["rss_after"] - r["rss_before"]) / 1e6
@@ -337,6 +383,8 @@ def main() -> int:
             line += f" {r['label']:>9}"
         if args.tracemalloc:
             line += f" {r['traced_peak'] / 1e6:>9.1f}"
+        if args.gc_on:
+            line += f" {'/'.join(map(str, r['gc_passes'])):>16} {'/'.join(f'{x:.2f}' for x in r['gc_s']):>18}"
         print(line)
     print("MB data: bytes in the files; MB alloc: blocks the file system gave them. peak MB: growth of the process's "
           "max RSS during gather+localise over its RSS after imports. write s: building the folder with write_record "
