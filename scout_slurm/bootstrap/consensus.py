@@ -88,6 +88,8 @@ class Consensus:
         self.last_clean = -1
         self.groups: list[tuple[int, ...]] | None = None  # replica groups, found at the first vote
         self.replay_rounds: Any = None  # a callable giving the replay rounds so far, when replay is on
+        self.first_nonfinite: Any = None  # a callable giving this rank's first non-finite step (bootstrap.finite)
+        self.nonfinite_said = False       # where non-finite numbers began is decided once per run
 
     def track(self, module: Any) -> None:
         if all(m is not module for m in self.modules):
@@ -109,7 +111,9 @@ class Consensus:
             params += [(f"m{mi}.{n}", p) for n, p in inner(m).named_parameters()]
         sig_w = state_signature(params)
         sig_o = state_signature(optimizer_tensors(optimizer))
-        mine = torch.tensor([sig_w & 0x7FFFFFFFFFFFFFFF, sig_o & 0x7FFFFFFFFFFFFFFF], dtype=torch.int64)
+        from scout_slurm.bootstrap.finite import NONE, first_nonfinite
+        first_bad = self.first_nonfinite() if self.first_nonfinite is not None else NONE
+        mine = torch.tensor([sig_w & 0x7FFFFFFFFFFFFFFF, sig_o & 0x7FFFFFFFFFFFFFFF, first_bad], dtype=torch.int64)
         gathered = [torch.zeros_like(mine) for _ in range(self.world)]
         original_all_gather(gathered, mine, group=self.side)
         self.votes += 1
@@ -122,26 +126,63 @@ class Consensus:
                     findings.append(("inconclusive", what, [], values, gv.group))
                 elif gv.outcome == "sdc":
                     findings.append(("sdc", what, list(gv.outliers), values, gv.group))
+        nonfinite = None
+        if not self.nonfinite_said:
+            nonfinite = first_nonfinite([int(g[2]) for g in gathered])
+            if nonfinite.outcome == "none":
+                nonfinite = None
+            else:
+                self.nonfinite_said = True
         dt = time.perf_counter() - t0
         gstep = step + self.offset  # counted from the start of training, across restarts
         if not findings and any(len(g) >= 2 for g in self.groups):  # pure FSDP compares no state: never "clean"
             self.last_clean = gstep
         if self.rank == 0:
             self._coverage(gstep)
-        if not findings:
+        if not findings and nonfinite is None:
             return
-        confirmed = sorted({r for kind, _, rs, _, _ in findings if kind == "sdc" for r in rs})
+        confirmed = sorted({r for kind, _, rs, _, _ in findings if kind == "sdc" for r in rs}
+                           | set(nonfinite.ranks if nonfinite and nonfinite.outcome == "named" else ()))
         majority_writer = min((r for r in range(self.world) if r not in confirmed), default=0)
         if self.rank == majority_writer:
             for kind, what, outliers, values, group in findings:
                 self._write(kind, what, outliers, values, gstep, dt, group)
+            if nonfinite is not None:
+                self._write_nonfinite(nonfinite, [int(g[2]) for g in gathered])
         # the finding is on disk before the outlier leaves: the Epilogs act on it
         original_barrier(group=self.side)
         if self.rank in confirmed and os.environ.get("SCOUT_SDC_POLICY", "exit") == "exit":
-            sys.stderr.write(f"scout: rank {self.rank}'s state differs from the replicas' majority at step {step}; "
-                             f"ending this rank (exit {SDC_EXIT})\n")
+            why = (f"rank {self.rank}'s loss became non-finite first, at step {nonfinite.step}"
+                   if nonfinite is not None and self.rank in nonfinite.ranks and nonfinite.outcome == "named" else
+                   f"rank {self.rank}'s state differs from the replicas' majority at step {step}")
+            sys.stderr.write(f"scout: {why}; ending this rank (exit {SDC_EXIT})\n")
             sys.stderr.flush()
             os._exit(SDC_EXIT)
+
+    def _write_nonfinite(self, v: Any, first_steps: list[int]) -> None:
+        if self.run_dir is None:
+            return
+        from scout_slurm.evidence.records import Finding, FindingKind
+        from scout_slurm.evidence.store import write_record
+        now = time.time()
+        per_rank = ", ".join(f"rank {r}: {'finite' if s < 0 else f'step {s}'}" for r, s in enumerate(first_steps))
+        details = (v.explanation, f"first non-finite loss per rank: {per_rank}")
+        if v.outcome == "named":
+            records = [(f"sdc-nonfinite-rank-{r}-step-{v.step}.json", Finding(
+                rank=r, node=self.node if r == self.rank else "", kind=FindingKind.SDC, at=now,
+                summary=(f"rank {r}'s loss became non-finite at step {v.step}, before any other rank's: the NaN/Inf "
+                         "began in its compute (corrupt compute, or a non-finite input batch on that rank)"),
+                details=details, step=v.step, since_step=v.step, component="compute")) for r in v.ranks]
+        else:
+            records = [(f"inconclusive-nonfinite-step-{v.step}.json", Finding(
+                rank=0, node="", kind=FindingKind.INFO, at=now,
+                summary=f"non-finite loss at step {v.step}: inconclusive: {v.explanation}",
+                details=details, step=v.step, since_step=v.step, component="compute"))]
+        for name, finding in records:
+            try:
+                write_record(self.run_dir / "findings" / name, finding)
+            except Exception as exc:  # noqa: BLE001
+                sys.stderr.write(f"scout: finding not written: {exc!r}\n")
 
     def _coverage(self, step: int) -> None:
         if self.run_dir is None:

@@ -45,6 +45,7 @@ class _State:
         self.compute_fired = 0           # how often a compute fault corrupted a layer (training and replay)
         self.timing: Any = None          # bootstrap.timing.Timing, when timing votes are on
         self.timing_fault_fired = False  # delay/input_stall said and recorded once, then quiet
+        self.finite: Any = None          # bootstrap.finite.FiniteWatch: where NaN/Inf began
         self.originals: dict[str, Any] = {}
         self.lock = threading.Lock()
 
@@ -127,6 +128,21 @@ def _wrap_collective(name: str, fn: Callable) -> Callable:
     return scout_collective
 
 
+def _scout_side(fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def scout_side_collective(*args, **kwargs):
+        w = STATE.writer
+        if w is None:
+            return fn(*args, **kwargs)
+        seq = w.enter("scout_vote", _nbytes(args[0]) if args else 0, _group_size(kwargs.get("group")))
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            w.leave(seq)
+    scout_side_collective.__scout_original__ = fn
+    return scout_side_collective
+
+
 def _opened_writer(rank: int, world: int) -> None:
     if STATE.progress_dir is None or STATE.writer is not None:
         return
@@ -142,7 +158,11 @@ def _patch_distributed(handle: InstalledHooks, dist: Any) -> None:
     c10d = dist.distributed_c10d
     original_init = c10d.init_process_group
     original_all_reduce = c10d.all_reduce
-    STATE.originals.update(all_gather=c10d.all_gather, barrier=c10d.barrier, broadcast=c10d.broadcast)
+    # scout's own collectives (votes, replay, checkpoint agreement) on its side group: not the job's,
+    # but in the progress record as `scout_vote`, so that when a rank never arrives the ranks waiting
+    # there are seen inside a collective and the missing one is seen behind
+    STATE.originals.update(all_gather=_scout_side(c10d.all_gather), barrier=_scout_side(c10d.barrier),
+                           broadcast=_scout_side(c10d.broadcast))
     late_done: list[bool] = []
 
     @functools.wraps(original_init)
@@ -271,6 +291,8 @@ def _patch_optimizer(handle: InstalledHooks) -> None:
             _fire(fault, optimizer)
         if STATE.timing is not None:
             STATE.timing.pause()
+        if STATE.finite is not None:
+            STATE.finite.after_step(step)
         if STATE.consensus is not None:
             STATE.consensus.maybe_vote(step, optimizer, STATE.originals["all_gather"], STATE.originals["barrier"])
         if STATE.timing is not None:
@@ -393,6 +415,25 @@ def _start_consensus() -> None:
                               max_bytes=int(os.environ.get("SCOUT_REPLAY_MAX_BYTES", "") or DEFAULT_MAX_BYTES),
                               offset=STATE.consensus.offset)
         STATE.consensus.replay_rounds = lambda: STATE.replay.replays  # coverage for checkpoint records
+    if os.environ.get("SCOUT_FINITE_CHECK", "1") != "0" and STATE.installed is not None:
+        from scout_slurm.bootstrap.finite import FiniteWatch
+        STATE.finite = FiniteWatch(offset=STATE.consensus.offset, on_first=_note_first_nonfinite)
+        STATE.finite.install(STATE.installed)
+        STATE.consensus.first_nonfinite = STATE.finite.resolve
+
+
+def _note_first_nonfinite(gstep: int) -> None:
+    """This rank's own note (evidence, not a verdict): the vote decides who was first."""
+    sys.stderr.write(f"scout: rank {STATE.rank}'s loss is non-finite (NaN/Inf) since step {gstep}\n")
+    run_dir = os.environ.get("SCOUT_RUN_DIR")
+    if not run_dir:
+        return
+    from scout_slurm.evidence.records import Finding, FindingKind
+    from scout_slurm.evidence.store import write_record
+    write_record(Path(run_dir) / "findings" / f"nonfinite-rank-{STATE.rank}.json",
+                 Finding(rank=STATE.rank, node=os.environ.get("SLURMD_NODENAME", ""), kind=FindingKind.INFO,
+                         at=time.time(), summary=f"rank {STATE.rank}'s loss is non-finite since step {gstep}",
+                         step=gstep))
 
 
 def _start_timing() -> None:

@@ -32,7 +32,7 @@ SIZE = _HEADER.size + RING * _ENTRY.size
 OPS = ("none", "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
        "reduce_scatter_tensor", "barrier", "all_to_all", "all_to_all_single", "reduce", "gather",
        "scatter", "send", "recv", "all_gather_object", "broadcast_object_list", "ddp_bucket_all_reduce",
-       "other", "scout_vote")  # scout_vote: scout's own timing vote on its side group (peers wait there)
+       "other", "scout_vote")  # scout_vote: scout's own collectives on its side group (votes, replay; peers wait there)
 OP_CODES = {name: i for i, name in enumerate(OPS)}
 FLAG_ACTIVE = 1
 
@@ -105,6 +105,7 @@ class ProgressWriter:
         self._busy_ns = 0
         self._idle_since: int | None = None
         self._busy_since = 0
+        self._paused = False  # scout's own work (votes, replay): its collectives count as neither
         with self._lock:
             self._write_header()
 
@@ -122,7 +123,7 @@ class ProgressWriter:
         with self._lock:
             self._entered += 1
             seq = self._entered
-            if self._in == 0:
+            if self._in == 0 and not self._paused:
                 if self._idle_since is not None:
                     self._idle_ns += now - self._idle_since
                     self._idle_since = None
@@ -154,8 +155,9 @@ class ProgressWriter:
             if self._in == 0:
                 self._op = 0
                 self._nbytes = 0
-                self._busy_ns += now - self._busy_since
-                self._idle_since = now
+                if not self._paused:
+                    self._busy_ns += now - self._busy_since
+                    self._idle_since = now
             self._write_header()
 
     def step(self) -> int:
@@ -177,6 +179,7 @@ class ProgressWriter:
             out = (self._idle_ns, self._busy_ns)
             self._idle_ns = self._busy_ns = 0
             self._idle_since = now if (resume and self._in == 0) else None
+            self._paused = not resume
             return out
 
     def pause_timing(self) -> None:
@@ -186,9 +189,11 @@ class ProgressWriter:
             if self._in == 0 and self._idle_since is not None:
                 self._idle_ns += now - self._idle_since
             self._idle_since = None
+            self._paused = True
 
     def resume_timing(self) -> None:
         with self._lock:
+            self._paused = False
             if self._in == 0:
                 self._idle_since = time.monotonic_ns()
 

@@ -89,3 +89,50 @@ def test_hsdp_weight_fault_with_two_replicas_is_inconclusive_and_names_the_pair(
     assert "no strict majority among 2 replicas (ranks 0, 2) for weights at step 4: inconclusive" in \
         {f.summary for f in unsure}
     assert "rank 0: " in unsure[0].details[0] and "rank 2: " in unsure[0].details[0]
+
+
+NAN_CASES = [
+    # pure FSDP2, rank 3, the output of layer 0 on steps 3.. : the NaN reaches every rank's weights through the
+    # gradient reduction of step 3; replay (layer 2 from rank 1 at step 4 per the schedule) cannot see it then
+    ("fsdp", "nan,rank=3,step=3,every=1,target=activations", 3),
+    # HSDP 2x2, rank 0 (the lowest rank, which otherwise writes the findings)
+    ("hsdp", "nan,rank=0,step=3,every=1,target=activations", 0),
+]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("mode,fault,rank", NAN_CASES, ids=[f"{c[0]}-rank{c[2]}" for c in NAN_CASES])
+def test_nan_is_named_on_the_rank_where_it_began(lab, clean_drains, mode, fault, rank):
+    job = sj.submit(lab, _script(lab, mode, f"--scout-consensus-every=2 --scout-replay-every=2 --scout-inject={fault}"),
+                    extra=("--no-requeue",))
+    sj.wait_finished(lab, job)
+    shown = sj.show_json(lab, job, restart=0)
+    out = sj.output(lab, job)
+    node = sj.places(lab, job)[rank].node
+    assert shown["kind"] == "sdc", (shown, out[-3000:])
+    assert [(s["rank"], s["node"]) for s in shown["suspects"]] == [(rank, node)]
+    sdc = [f for f in _findings(lab, job) if f.kind == FindingKind.SDC]
+    began = [f for f in sdc if "became non-finite at step 3" in f.summary]
+    assert [(f.rank, f.component, f.step) for f in began] == [(rank, "compute", 3)], sdc
+    assert {f.rank for f in sdc} == {rank}
+    # every rank's own note: the injected one from step 3, the others from step 4 (or not at all, if the vote at
+    # step 4 came before they read their flags)
+    notes = {f.rank: f.step for f in _findings(lab, job) if f.kind == FindingKind.INFO and "non-finite since" in f.summary}
+    assert notes.get(rank) == 3 and all(s == 4 for r, s in notes.items() if r != rank), notes
+    assert f"rank {rank}'s loss became non-finite first, at step 3; ending this rank (exit 88)" in out, out[-3000:]
+
+
+@pytest.mark.timeout(180)
+def test_nan_on_every_rank_at_once_is_divergence_and_drains_nobody(lab, clean_drains):
+    job = sj.submit(lab, _script(lab, "fsdp", "--scout-consensus-every=2 --scout-replay-every=2 "
+                                              "--scout-inject=nan,rank=all,step=3,every=1,target=activations"),
+                    extra=("--no-requeue",))
+    sj.wait_finished(lab, job)
+    shown = sj.show_json(lab, job, restart=0)
+    out = sj.output(lab, job)
+    assert shown["kind"] == "inconclusive" and shown["suspects"] == [], (shown, out[-3000:])
+    findings = _findings(lab, job)
+    assert [f for f in findings if f.kind == FindingKind.SDC] == []
+    unsure = [f for f in findings if "non-finite loss at step 3: inconclusive" in f.summary]
+    assert len(unsure) == 1 and "the training itself diverged" in unsure[0].summary, findings
+    assert "exit 88" not in out

@@ -140,12 +140,17 @@ def test_progress_record_counts_every_collective_and_step(scout_run):
         view = read_progress(run_dir, rank)
         assert (view.rank, view.world_size) == (rank, 2)
         assert view.opt_steps == 20
-        assert view.coll_entered == view.coll_completed == 40  # per step: one DDP bucket, one logging all_reduce
+        # the job's: per step one DDP bucket and one logging all_reduce (40); scout's own on its side group,
+        # recorded as scout_vote: the checkpoint-agreement flag per step (20) and once more at
+        # destroy_process_group (the step-20 save), one signature exchange per save (2)
+        assert view.coll_entered == view.coll_completed == 40 + 20 + 1 + 2
+        assert view.recent[-1].op == "scout_vote"  # the last: the step-20 save's exchange at destroy_process_group
         assert not view.in_collective and view.current_op == "none"
         assert not view.active  # atexit marked the record as finished
         ops = [e.op for e in view.recent]
-        assert [e.seq for e in view.recent] == list(range(1, 41))
-        assert ops == ["ddp_bucket_all_reduce", "all_reduce"] * 20
+        assert [e.seq for e in view.recent] == list(range(1, 64))
+        assert [op for op in ops if op != "scout_vote"] == ["ddp_bucket_all_reduce", "all_reduce"] * 20
+        assert ops.count("scout_vote") == 23
         assert {e.nbytes for e in view.recent if e.op == "all_reduce"} == {4}
         assert all(e.left_ns >= e.entered_ns > 0 for e in view.recent)
     assert [(e.seq, e.op, e.nbytes) for e in read_progress(run_dir, 0).recent] == \
@@ -196,8 +201,9 @@ def test_user_comm_hook_composes_and_dot_saves_write_no_note(tmp_path):
         view = read_progress(tmp_path, rank)
         assert view.opt_steps == 4
         # the user's hook calls dist.all_reduce itself: still one entry per bucket, not two
-        assert view.coll_entered == view.coll_completed == 8
-        assert [e.op for e in view.recent] == ["ddp_bucket_all_reduce", "all_reduce"] * 4
+        # (and scout's own: 4 checkpoint-agreement flags, then flag and signatures for final.pt at the end)
+        assert view.coll_entered == view.coll_completed == 8 + 4 + 2
+        assert [e.op for e in view.recent if e.op != "scout_vote"] == ["ddp_bucket_all_reduce", "all_reduce"] * 4
     assert (tmp_path / ".scratch.pt").exists() and (tmp_path / "final.pt").exists()
     notes = checkpoint_notes(tmp_path / "notes")
     assert list(notes) == ["run-0-step-4-rank-0.json"]

@@ -72,3 +72,22 @@ def test_pause_leaves_scouts_own_work_out(clocked):
     assert _ms(w.take_timing(resume=False)) == (14.0, 0.0)
     t.advance(50)                       # not resumed: nothing counts
     assert _ms(w.take_timing(resume=True)) == (0.0, 0.0)
+
+
+def test_scout_collectives_while_paused_count_as_neither_compute_nor_collective(clocked):
+    # votes and replay use scout's side group inside pause/resume: in the progress record (so a rank
+    # that never arrives is seen behind), but their time is not the job's
+    w, t = clocked
+    w.take_timing(resume=True)
+    t.advance(10)                         # compute
+    w.pause_timing()
+    s = w.enter("scout_vote", 8, 2)
+    t.advance(30)                         # waiting for the peers in scout's vote
+    w.leave(s)
+    t.advance(5)                          # scout's own work after the vote
+    w.resume_timing()
+    t.advance(4)                          # compute again
+    s = w.enter("all_reduce", 4, 2)
+    t.advance(2)
+    w.leave(s)
+    assert _ms(w.take_timing(resume=True)) == (14.0, 2.0)
