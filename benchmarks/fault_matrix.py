@@ -1,6 +1,7 @@
 """The fault matrix of issue 6: inject numerical faults (kinds x magnitudes x targets x ranks,
 including rank 0 and the replay source) into small 4-rank training jobs under DDP, FSDP2 and HSDP
-on a private lab cluster (4 slurmd, 2 nodes x 2 ranks a job), plus clean runs; each run is scored
+on a private lab cluster (4 slurmd, 2 nodes x 2 ranks a job), and the state faults into 8-rank HSDP
+jobs with 4 replicas per shard (all 4 nodes), plus clean runs; each run is scored
 against what scout named: the injected rank, its node and the component (weights, optimizer,
 compute), nobody for clean runs.
 
@@ -33,8 +34,12 @@ from scout_slurm.lab.cluster import CLUSTER_NAME, Lab, LabSpec, free_port_base  
 from scout_slurm.slurm import ops  # noqa: E402
 
 JOBS = {"ddp": ROOT / "tests" / "jobs" / "train_ddp.py", "fsdp2": ROOT / "tests" / "jobs" / "train_fsdp2.py",
-        "hsdp": ROOT / "tests" / "jobs" / "train_fsdp2.py"}
-TRAIN_ARGS = {"ddp": "--steps 12 --step-sleep 0 --momentum 0.9", "fsdp2": "--steps 12", "hsdp": "--steps 12 --hsdp"}
+        "hsdp": ROOT / "tests" / "jobs" / "train_fsdp2.py", "hsdp4": ROOT / "tests" / "jobs" / "train_fsdp2.py"}
+TRAIN_ARGS = {"ddp": "--steps 12 --step-sleep 0 --momentum 0.9", "fsdp2": "--steps 12", "hsdp": "--steps 12 --hsdp",
+              "hsdp4": "--steps 12 --hsdp --shard 2"}
+# hsdp: 4 ranks on 2 nodes, a 2x2 mesh (2 replicas per shard: a state difference has no strict majority);
+# hsdp4: 8 ranks on all 4 nodes, a 4x2 mesh (4 replicas per shard), for the state faults
+NODES = {"ddp": 2, "fsdp2": 2, "hsdp": 2, "hsdp4": 4}
 STEPS = 12
 EVERY = 1      # state votes and replay every step: a NaN caught before the all-reduce spreads it
 FAULT_STEP = 3
@@ -51,7 +56,7 @@ COMPUTE_FAULTS = [("bitflip,bit=10,element=1", "activations"), ("bitflip,bit=30,
                   ("bitflip,bit=23", "gradients"), ("sign", "gradients")]
 # pure FSDP holds no replicated state: state faults are listed to show they are missed, once each
 PLAN = {"ddp": STATE_FAULTS + COMPUTE_FAULTS, "hsdp": STATE_FAULTS[:6] + COMPUTE_FAULTS,
-        "fsdp2": STATE_FAULTS[:2] + COMPUTE_FAULTS}
+        "fsdp2": STATE_FAULTS[:2] + COMPUTE_FAULTS, "hsdp4": STATE_FAULTS[:6]}
 
 
 @dataclass(frozen=True)
@@ -75,7 +80,8 @@ def runs(limit: int, clean: int, seed: int) -> list[Run]:
     n = 0
     for par, faults in PLAN.items():
         for spec, target in faults:
-            for rank in (n % 4, (n + 2) % 4):  # every kind meets every rank; rank 0 and the replay source included
+            world = 2 * NODES[par]
+            for rank in (n % world, (n + world // 2) % world):  # every kind meets every rank; rank 0 and the replay source included
                 recur = ",every=1" if target in ("activations", "gradients") else ""
                 text = f"{spec},rank={rank},step={FAULT_STEP},target={target}{recur}"
                 label = " ".join(x.split("=")[-1] if "=" in x else x for x in spec.split(",") if not x.startswith("element"))
@@ -84,7 +90,7 @@ def runs(limit: int, clean: int, seed: int) -> list[Run]:
     random.Random(seed).shuffle(out)
     out = out[:limit] if limit else out
     pars = list(PLAN)
-    cleans = [Run(pars[i % 3], "clean", "-", "", -1) for i in range(clean)]
+    cleans = [Run(pars[i % len(pars)], "clean", "-", "", -1) for i in range(clean)]
     # clean runs spread among the faults, so a run cut short by --minutes still has some of each
     mixed: list[Run] = []
     for i, r in enumerate(out):
@@ -109,10 +115,10 @@ def one(lab: Lab, run: Run, deadline_epoch: float = 0.0) -> Run:
         return Run(**{**asdict(run), "outcome": "skipped"})  # out of time: not run, not counted
     env = lab.client_env()
     t0 = time.monotonic()
-    job = ops.submit_batch(script(run), ["-N2", "--ntasks-per-node=2", "--no-requeue",
+    job = ops.submit_batch(script(run), [f"-N{NODES[run.parallelism]}", "--ntasks-per-node=2", "--no-requeue",
                                          f"--output={lab.paths.work / 'job-%j.out'}"], timeout=20, env=env)
     folder = JobFolder(lab.paths.evidence, CLUSTER_NAME, job)
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + 420  # an 8-rank job waits for the whole lab
     while time.monotonic() < deadline:
         if folder.verdict_path(0).exists() and ops.job_info(job, timeout=10, env=env).is_finished:
             break
