@@ -187,9 +187,13 @@ def _patch_distributed(handle: InstalledHooks, dist: Any) -> None:
 
     @functools.wraps(original_destroy)
     def scout_destroy_process_group(*args, **kwargs):
-        if STATE.writer is not None and (not args or args[0] is None) and kwargs.get("group") is None:
+        everything = (not args or args[0] is None) and kwargs.get("group") is None
+        if STATE.writer is not None and everything:
             STATE.writer.deactivate()  # done with collectives: the watchdog stops watching for stalls
-        return original_destroy(*args, **kwargs)
+        result = original_destroy(*args, **kwargs)
+        if everything:
+            _release_side_groups()
+        return result
 
     for owner in (dist, c10d):
         handle.patch(owner, "init_process_group", scout_init_process_group)
@@ -202,6 +206,20 @@ def _patch_distributed(handle: InstalledHooks, dist: Any) -> None:
         handle.patch(c10d, name, wrapped)
         if getattr(dist, name, None) is fn:
             handle.patch(dist, name, wrapped)
+
+
+def _release_side_groups() -> None:
+    """After destroy_process_group(): drop scout's references to its side groups and free them
+    now, while the interpreter is whole. A gloo group still referenced at interpreter exit is torn
+    down during finalisation, where its worker threads can abort the process (SIGABRT, "terminate
+    called without an active exception", pytorch/pytorch#179291): a crash of scout's making on a
+    job that finished. A later init_process_group starts votes, replay and timing afresh."""
+    import gc
+    STATE.consensus = STATE.replay = STATE.timing = None
+    from scout_slurm.bootstrap import ckptstate
+    if ckptstate.WATCH is not None:
+        ckptstate.WATCH.side = None
+    gc.collect()
 
 
 def _patch_ddp(handle: InstalledHooks, original_all_reduce: Callable) -> None:
