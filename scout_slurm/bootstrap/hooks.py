@@ -216,6 +216,7 @@ def _release_side_groups() -> None:
     job that finished. A later init_process_group starts votes, replay and timing afresh."""
     import gc
     STATE.consensus = STATE.replay = STATE.timing = None
+    STATE.default_pg = None  # the job's own default group, held for its sequence number
     from scout_slurm.bootstrap import ckptstate
     if ckptstate.WATCH is not None:
         ckptstate.WATCH.side = None
