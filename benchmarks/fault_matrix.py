@@ -28,10 +28,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from scout_slurm.evidence.layout import JobFolder  # noqa: E402
-from scout_slurm.evidence.records import Finding, FindingKind, RankPlace, Verdict  # noqa: E402
+from scout_slurm.evidence.records import ExitRecord, Finding, FindingKind, RankPlace, Verdict  # noqa: E402
 from scout_slurm.evidence.store import list_records, read_record  # noqa: E402
 from scout_slurm.lab.cluster import CLUSTER_NAME, Lab, LabSpec, free_port_base  # noqa: E402
 from scout_slurm.slurm import ops  # noqa: E402
+from scout_slurm.errors import SlurmError  # noqa: E402
 
 JOBS = {"ddp": ROOT / "tests" / "jobs" / "train_ddp.py", "fsdp2": ROOT / "tests" / "jobs" / "train_fsdp2.py",
         "hsdp": ROOT / "tests" / "jobs" / "train_fsdp2.py", "hsdp4": ROOT / "tests" / "jobs" / "train_fsdp2.py"}
@@ -71,8 +72,9 @@ class Run:
     verdict: str = ""
     named: tuple = ()
     components: tuple = ()
-    outcome: str = ""    # correct / wrong / inconclusive / missed / clean / false-positive / error
+    outcome: str = ""    # correct / wrong / inconclusive / missed / clean / nobody / false-positive / error
     seconds: float = 0.0
+    failed_at_exit: tuple = ()   # ranks that failed after their distributed work had finished (exit records)
 
 
 def runs(limit: int, clean: int, seed: int) -> list[Run]:
@@ -130,11 +132,15 @@ def one(lab: Lab, run: Run, deadline_epoch: float = 0.0) -> Run:
     node = {p.rank: p.node for p in places}.get(run.rank, "")
     findings, _ = list_records(folder.findings_dir(0), "*.json", Finding, root=folder.root)
     comps = tuple(sorted({f.component for f in findings if f.kind == FindingKind.SDC}))
+    exits, _ = list_records(folder.ranks_dir(0), "exit-*.json", ExitRecord, root=folder.root)
+    at_exit = tuple(sorted(e.rank for e in exits if (e.signal or e.exit_code) and e.last_progress is not None
+                           and not e.last_progress.bootstrap_active and not e.last_progress.in_collective))
     named = tuple((s.rank, s.node) for s in verdict.suspects)
     want_comp = {"weights": "weights", "optimizer": "optimizer"}.get(run.target, "compute")
     kind = verdict.kind.value
     if run.rank < 0:
-        outcome = "clean" if kind == "clean" and not named else "false-positive"
+        # "nobody": not a clean verdict, but nobody named (a rank failed at exit, after the work)
+        outcome = "false-positive" if named else "clean" if kind == "clean" else "nobody"
     elif kind == "sdc" and named == ((run.rank, node),) and comps == (want_comp,):
         outcome = "correct"
     elif kind == "sdc" or named:
@@ -144,11 +150,16 @@ def one(lab: Lab, run: Run, deadline_epoch: float = 0.0) -> Run:
     else:
         outcome = "missed"
     # a detected fault drains its node: return it to service for the next runs
+    # (two runs at a time: the other one may have resumed it first)
     for n in ops.list_nodes(timeout=10, env=env):
         if n.is_drained and n.reason.startswith("scout:"):
-            ops.resume_node(n.name, timeout=10, env=env)
+            try:
+                ops.resume_node(n.name, timeout=10, env=env)
+            except SlurmError:
+                if any(m.name == n.name and m.is_drained for m in ops.list_nodes(timeout=10, env=env)):
+                    raise
     return Run(**{**asdict(run), "job_id": job, "node": node, "verdict": kind, "named": named, "components": comps,
-                  "outcome": outcome, "seconds": round(time.monotonic() - t0, 1)})
+                  "outcome": outcome, "seconds": round(time.monotonic() - t0, 1), "failed_at_exit": at_exit})
 
 
 def table(done: list[Run]) -> str:
@@ -173,7 +184,13 @@ def table(done: list[Run]) -> str:
         mine = [r for r in clean if r.parallelism == par]
         if mine:
             ok = sum(r.outcome == "clean" for r in mine)
-            lines.append(f"clean runs {par:<6}: {len(mine)} run, {ok} named nobody, {len(mine) - ok} named someone")
+            nobody = sum(r.outcome == "nobody" for r in mine)
+            lines.append(f"clean runs {par:<6}: {len(mine)} run, {ok + nobody} named nobody ({nobody} of them not "
+                         f"a clean verdict), {len(mine) - ok - nobody} named someone")
+    at_exit = [r for r in done if r.failed_at_exit]
+    lines.append(f"runs where a rank failed at exit, after its distributed work: {len(at_exit)} of {len(done)}"
+                 + "".join(f"\n  {r.parallelism} {r.kind} job {r.job_id}: ranks {list(r.failed_at_exit)}, "
+                           f"verdict {r.verdict}, named {list(r.named)}" for r in at_exit))
     return "\n".join(lines)
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scout_slurm.evidence.layout import JobFolder
-from scout_slurm.evidence.records import Finding, FindingKind, RankPlace, StallDecision, Verdict
+from scout_slurm.evidence.records import ExitRecord, Finding, FindingKind, RankPlace, StallDecision, Verdict
 from scout_slurm.evidence.store import list_records, read_record
 from scout_slurm.lab.cluster import CLUSTER_NAME, Lab
 from scout_slurm.remediation.records import ActionsRecord
@@ -89,6 +89,13 @@ def places(lab: Lab, job_id: int, restart: int = 0) -> dict[int, RankPlace]:
     records, errors = list_records(f.ranks_dir(restart), "rank-*.json", RankPlace, root=f.root)
     assert not errors, errors
     return {p.rank: p for p in records}
+
+
+def exits(lab: Lab, job_id: int, restart: int = 0) -> dict[int, ExitRecord]:
+    f = folder(lab, job_id)
+    records, errors = list_records(f.ranks_dir(restart), "exit-*.json", ExitRecord, root=f.root)
+    assert not errors, errors
+    return {e.rank: e for e in records}
 
 
 def injected_at(lab: Lab, job_id: int, restart: int = 0) -> float:

@@ -64,6 +64,32 @@ def is_abnormal(e: ExitRecord) -> bool:
     return e.signal != 0 or e.exit_code != 0
 
 
+def failed_after_finishing(ev: JobEvidence, abnormal: Mapping[int, ExitRecord]) -> list[str]:
+    """One line per failed rank when every failure came after its rank had finished the job's
+    distributed work, and [] otherwise. That is: every rank left an exit record; every failed rank
+    failed on its own (no cascade), its record was deactivated after it had run collectives
+    (destroy_process_group() or interpreter exit) while no collective was open, and it had got at
+    least as far as a rank that exited cleanly; and some rank did exit cleanly. A rank that dies in
+    the middle of training leaves its peers waiting or failing, so they do not all exit cleanly."""
+    if not abnormal or any(r not in ev.exits for r in range(ev.world_size)):
+        return []
+    clean = [position(p) for r, e in ev.exits.items()
+             if 0 <= r < ev.world_size and r not in abnormal and (p := ev.last_progress(r)) is not None]
+    if not clean:
+        return []
+    lines = []
+    for r, e in sorted(abnormal.items()):
+        p = ev.last_progress(r)
+        if (is_cascade(e) or p is None or p.bootstrap_active or p.coll_completed <= 0 or p.in_collective
+                or position(p) < min(clean)):
+            return []
+        lines.append(f"rank {r} on {e.node} {describe_exit(e)} after it had left distributed training "
+                     f"({p.coll_completed} collectives done, optimizer step {p.opt_steps}, its progress record "
+                     "closed by destroy_process_group() or at interpreter exit)")
+        lines += [f"  {ln}" for ln in e.stderr_tail[-2:]]
+    return lines
+
+
 def describe_exit(e: ExitRecord) -> str:
     if e.signal:
         name = CRASH_SIGNALS.get(e.signal, f"signal {e.signal}")
@@ -163,6 +189,15 @@ def localise(ev: JobEvidence, *, now: float) -> Verdict:
     abnormal = {r: e for r, e in ev.exits.items() if 0 <= r < ev.world_size and is_abnormal(e)}
     primaries = {r: e for r, e in abnormal.items() if not is_cascade(e)}
     cascades = sorted(set(abnormal) - set(primaries))
+    after = failed_after_finishing(ev, abnormal)
+    if after and stragglers:
+        return _straggler_verdict(ev, stragglers, reasoning + after, now=now)
+    if after:
+        return _verdict(ev, VerdictKind.INCONCLUSIVE, [], 0.0, reasoning + after + [
+            "every rank finished the job's collectives and the others exited cleanly: a failure at exit "
+            "(for example a communicator torn down at interpreter shutdown) says nothing about a node; "
+            "nobody is drained and the job, whose training had finished, is not requeued"], now=now,
+            first_at=min(e.at for e in abnormal.values()))
     if stragglers and (not abnormal or (primaries and all(e.exit_code == STRAGGLER_ENDED for e in primaries.values()))):
         return _straggler_verdict(ev, stragglers, reasoning, now=now)
     if not abnormal:

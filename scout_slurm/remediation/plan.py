@@ -53,7 +53,8 @@ def build_plan(verdict: Verdict, job: JobFacts, cfg: RemediationConfig, *, evide
         return Plan((), ("the run was clean: nothing to do",))
     if verdict.kind == VerdictKind.INCONCLUSIVE:
         return Plan((), ("inconclusive verdict: nothing is drained and the job is not requeued "
-                         "(a failure shared by most ranks would fail again anywhere)",))
+                         "(the verdict's reasoning says why: a failure most ranks share would fail again anywhere, "
+                         "a failure at exit came after the training had finished)",))
     drains: list[str] = []
     if verdict.kind not in DRAINABLE:
         held.append(f"verdict {verdict.kind.value} never drains")

@@ -14,6 +14,7 @@ import time
 import pytest
 
 import scoutjobs as sj
+from scout_slurm.remediation.records import PlanStatus
 from scout_slurm.slurm import ops
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]
@@ -71,6 +72,31 @@ def test_fault_is_named(lab, clean_drains, case_id, inject, rank, kind):
     elif kind == "hang":
         assert d is not None and d.culprits == (rank,)
         assert detect < STALL_FLOOR + 6
+
+
+@pytest.mark.timeout(240)
+def test_abort_at_exit_after_training_finished_drains_nothing(lab, clean_drains):
+    """Rank 1 finishes, leaves the process group, then dies of SIGABRT: the job failed, but every
+    rank did its collectives and the others exited cleanly. Nobody is blamed, nothing drained, and
+    the job (its training done) is not requeued."""
+    script = sj.batch_script(lab, train=sj.TRAIN.parent / "abort_at_exit.py", pre="export ABORT_AT_EXIT_RANK=1",
+                             train_args="--steps 20 --step-sleep 0.01", scout_args=f"--scout-stall-floor={STALL_FLOOR}")
+    job = sj.submit(lab, script)          # requeue allowed: the verdict must not use it
+    sj.wait_finished(lab, job, timeout=180)
+    out = sj.output(lab, job)
+    assert "rank 1: done" in out and "rank 0: done" in out, out[-2000:]
+    exits = sj.exits(lab, job)
+    assert exits[1].signal == 6 and exits[1].last_progress is not None and not exits[1].last_progress.bootstrap_active
+    assert all(exits[r].exit_code == 0 and exits[r].signal == 0 for r in (0, 2, 3))
+    shown = sj.show_json(lab, job, restart=0)
+    assert shown["kind"] == "inconclusive" and shown["suspects"] == [], shown
+    assert any("rank 1 on" in line and "killed by SIGABRT after it had left distributed training" in line
+               for line in shown["reasoning"]), shown
+    acts = sj.actions(lab, job)
+    assert acts.actions == () and acts.status == PlanStatus.NOTHING_TO_DO, acts
+    info = ops.job_info(job, timeout=10, env=lab.client_env())
+    assert info.restart_count == 0 and info.is_finished
+    assert not [n.name for n in ops.list_nodes(timeout=10, env=lab.client_env()) if n.is_drained]
 
 
 @pytest.mark.timeout(600)

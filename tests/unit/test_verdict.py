@@ -542,3 +542,63 @@ def test_a_one_off_stall_leaves_a_clean_run_clean():
                 summary="rank 0 was slow in one timing round only (a one-off stall): not a straggler")
     v = localise(evidence(4, exits=[exited(r) for r in range(4)], findings=[f], job_exit_code=0), now=NOW)
     assert v.kind == VerdictKind.CLEAN
+
+
+# --- a failure at exit, after the distributed work had finished -------------------------------
+
+
+ABORT_AT_EXIT = ("rank 0: done", "terminate called without an active exception")
+
+
+def finished(rank: int, completed: int = 85, *, active: bool = False) -> ProgressSnapshot:
+    """A final snapshot after the last collective: none open, the record closed (deactivated)
+    unless `active`."""
+    import dataclasses
+    return dataclasses.replace(snap(rank, completed, entered=completed, steps=12, state=ChildState.EXITED),
+                               bootstrap_active=active)
+
+
+def test_abort_at_exit_after_every_rank_finished_blames_nobody():
+    from scout_slurm.config import RemediationConfig
+    from scout_slurm.remediation.plan import JobFacts, build_plan
+    exits = [exited(0, signal=6, stderr=ABORT_AT_EXIT, progress=finished(0))]
+    exits += [exited(r, progress=finished(r)) for r in (1, 2, 3)]
+    v = localise(evidence(4, exits=exits), now=NOW)
+    assert v.kind == VerdictKind.INCONCLUSIVE and v.suspects == ()
+    said = "\n".join(v.reasoning)
+    assert "rank 0 on n1 killed by SIGABRT after it had left distributed training" in said
+    assert "terminate called without an active exception" in said
+    plan = build_plan(v, JobFacts(77, ("n1", "n2"), (), True, 0, ("n1", "n2")), RemediationConfig(),
+                      evidence_path="/e")
+    assert plan.actions == ()                     # no drain, no requeue
+
+
+def test_abort_at_exit_leaves_a_straggler_verdict_standing():
+    exits = [exited(2, signal=6, progress=finished(2))] + [exited(r, progress=finished(r)) for r in (0, 1, 3)]
+    v = localise(evidence(4, exits=exits, findings=[_straggler(3, "n2")]), now=NOW)
+    assert v.kind == VerdictKind.STRAGGLER and ranks(v) == [3]
+    assert any("rank 2 on n2 killed by SIGABRT after it had left distributed training" in r for r in v.reasoning)
+
+
+@pytest.mark.parametrize("case", ["record-still-active", "behind-the-clean-ranks", "peers-cascaded",
+                                  "a-rank-left-no-exit-record", "never-ran-a-collective", "inside-a-collective"])
+def test_a_failure_before_the_work_was_done_is_still_a_crash(case):
+    import dataclasses
+    mine = {"record-still-active": finished(0, active=True), "behind-the-clean-ranks": finished(0, 60),
+            "never-ran-a-collective": dataclasses.replace(finished(0, 0), coll_entered=0),
+            "inside-a-collective": finished(0, 85)}.get(case, finished(0))
+    if case == "inside-a-collective":
+        mine = dataclasses.replace(mine, coll_entered=86, in_collective=True)
+    exits = [exited(0, signal=6, progress=mine)]
+    if case == "peers-cascaded":   # an exception mid-training also closes the record (atexit): the peers say so
+        exits += [cascade(r, progress=finished(r, 70, active=True)) for r in (1, 2, 3)]
+    else:
+        peers = 0 if case == "never-ran-a-collective" else 85   # no collectives anywhere: nothing to have finished
+        exits += [exited(r, progress=dataclasses.replace(finished(r, peers), coll_entered=peers)) for r in (1, 2, 3)
+                  if case != "a-rank-left-no-exit-record" or r != 3]
+    v = localise(evidence(4, exits=exits), now=NOW)
+    assert not any("after it had left distributed training" in r for r in v.reasoning)
+    if case == "a-rank-left-no-exit-record":
+        assert v.kind == VerdictKind.CRASH and 0 in ranks(v)
+    else:
+        assert v.kind == VerdictKind.CRASH and ranks(v) == [0]
