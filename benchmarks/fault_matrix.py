@@ -32,6 +32,7 @@ from scout_slurm.evidence.records import ExitRecord, Finding, FindingKind, RankP
 from scout_slurm.evidence.store import list_records, read_record  # noqa: E402
 from scout_slurm.lab.cluster import CLUSTER_NAME, Lab, LabSpec, free_port_base  # noqa: E402
 from scout_slurm.slurm import ops  # noqa: E402
+from scout_slurm.localise.verdict import is_cascade  # noqa: E402
 from scout_slurm.errors import SlurmError  # noqa: E402
 
 JOBS = {"ddp": ROOT / "tests" / "jobs" / "train_ddp.py", "fsdp2": ROOT / "tests" / "jobs" / "train_fsdp2.py",
@@ -133,8 +134,9 @@ def one(lab: Lab, run: Run, deadline_epoch: float = 0.0) -> Run:
     findings, _ = list_records(folder.findings_dir(0), "*.json", Finding, root=folder.root)
     comps = tuple(sorted({f.component for f in findings if f.kind == FindingKind.SDC}))
     exits, _ = list_records(folder.ranks_dir(0), "exit-*.json", ExitRecord, root=folder.root)
-    at_exit = tuple(sorted(e.rank for e in exits if (e.signal or e.exit_code) and e.last_progress is not None
-                           and not e.last_progress.bootstrap_active and not e.last_progress.in_collective))
+    at_exit = tuple(sorted(e.rank for e in exits if (e.signal or e.exit_code) and not is_cascade(e)
+                           and e.last_progress is not None and not e.last_progress.bootstrap_active
+                           and not e.last_progress.in_collective))
     named = tuple((s.rank, s.node) for s in verdict.suspects)
     want_comp = {"weights": "weights", "optimizer": "optimizer"}.get(run.target, "compute")
     kind = verdict.kind.value
