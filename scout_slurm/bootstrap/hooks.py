@@ -162,6 +162,7 @@ def _patch_distributed(handle: InstalledHooks, dist: Any) -> None:
     # but in the progress record as `scout_vote`, so that when a rank never arrives the ranks waiting
     # there are seen inside a collective and the missing one is seen behind
     STATE.originals.update(all_gather=_scout_side(c10d.all_gather), barrier=_scout_side(c10d.barrier),
+                           all_reduce=_scout_side(original_all_reduce),
                            broadcast=_scout_side(c10d.broadcast))
     late_done: list[bool] = []
 

@@ -151,6 +151,9 @@ def test_progress_record_counts_every_collective_and_step(scout_run):
         assert [e.seq for e in view.recent] == list(range(1, 64))
         assert [op for op in ops if op != "scout_vote"] == ["ddp_bucket_all_reduce", "all_reduce"] * 20
         assert ops.count("scout_vote") == 23
+        # the per-step flag is one int64 summed over the side group, not one per rank gathered
+        # (at 100k ranks: 800 KB and 100k output tensors a step); the two exchanges after a save gather
+        assert [e.nbytes for e in view.recent if e.op == "scout_vote"].count(8) == 21
         assert {e.nbytes for e in view.recent if e.op == "all_reduce"} == {4}
         assert all(e.left_ns >= e.entered_ns > 0 for e in view.recent)
     assert [(e.seq, e.op, e.nbytes) for e in read_progress(run_dir, 0).recent] == \
