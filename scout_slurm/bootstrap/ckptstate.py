@@ -149,12 +149,12 @@ def combined_sha(files) -> str:
 
 class CheckpointWatch:
     def __init__(self, *, rank: int, world: int, side: Any, notes_dir: Path | None, run_dir: Path | None,
-                 restart: int, offset: int, all_gather: Callable, groups: Callable[[], Any],
-                 completed_steps: Callable[[], int], all_reduce: Callable | None = None) -> None:
+                 restart: int, offset: int, all_gather: Callable, all_reduce: Callable, groups: Callable[[], Any],
+                 completed_steps: Callable[[], int]) -> None:
         self.rank, self.world, self.side = rank, world, side
         self.notes_dir, self.run_dir, self.restart, self.offset = notes_dir, run_dir, restart, offset
-        self.all_gather, self.groups, self.completed_steps = all_gather, groups, completed_steps
-        self.all_reduce = all_reduce
+        self.all_gather, self.all_reduce = all_gather, all_reduce
+        self.groups, self.completed_steps = groups, completed_steps
         self.optimizers: list[weakref.ref] = []
         self.schedulers: list[weakref.ref] = []  # creation order: the same on every rank
         self.sampler_epoch: int | None = None
@@ -309,17 +309,10 @@ class CheckpointWatch:
             return
         import torch
         saved = 1 if self.pending else 0
-        if self.all_reduce is not None:
-            count = torch.tensor([saved], dtype=torch.int64)
-            self.all_reduce(count, group=self.side)      # SUM: how many ranks saved
-            if not int(count[0]):
-                return
-        else:
-            flag = torch.tensor([saved], dtype=torch.int64)
-            flags = [torch.zeros_like(flag) for _ in range(self.world)]
-            self.all_gather(flags, flag, group=self.side)
-            if not any(int(f[0]) for f in flags):
-                return
+        count = torch.tensor([saved], dtype=torch.int64)
+        self.all_reduce(count, group=self.side)      # SUM: how many ranks saved
+        if not int(count[0]):
+            return
         mine = self.now()
         vec = torch.tensor([saved] + [int(mine[c], 16) if mine[c] else -1 for c in COMPONENTS], dtype=torch.int64)
         got = [torch.zeros_like(vec) for _ in range(self.world)]
@@ -499,8 +492,8 @@ def install(handle: Any, state: Any) -> None:
     watch = CheckpointWatch(rank=state.rank, world=state.world, side=side, notes_dir=state.checkpoints_dir,
                             run_dir=Path(run_dir) if run_dir else None, restart=state.restart,
                             offset=int(os.environ.get("SCOUT_STEP_OFFSET", "0") or 0),
-                            all_gather=state.originals["all_gather"], groups=groups,
-                            all_reduce=state.originals.get("all_reduce"),
+                            all_gather=state.originals["all_gather"], all_reduce=state.originals["all_reduce"],
+                            groups=groups,
                             completed_steps=lambda: state.writer.steps if state.writer is not None else 0)
     WATCH = watch
     handle.on_remove(_forget)

@@ -77,11 +77,12 @@ def failed_after_finishing(ev: JobEvidence, abnormal: Mapping[int, ExitRecord]) 
              if 0 <= r < ev.world_size and r not in abnormal and (p := ev.last_progress(r)) is not None]
     if not clean:
         return []
+    floor = min(clean)
     lines = []
     for r, e in sorted(abnormal.items()):
         p = ev.last_progress(r)
         if (is_cascade(e) or p is None or p.bootstrap_active or p.coll_completed <= 0 or p.in_collective
-                or position(p) < min(clean)):
+                or position(p) < floor):
             return []
         lines.append(f"rank {r} on {e.node} {describe_exit(e)} after it had left distributed training "
                      f"({p.coll_completed} collectives done, optimizer step {p.opt_steps}, its progress record "

@@ -226,7 +226,7 @@ def test_coverage_since_the_previous_record(tmp_path):
     from scout_slurm.bootstrap.ckptstate import CheckpointWatch
     from scout_slurm.remediation.records import VoteCoverage
     w = CheckpointWatch(rank=0, world=4, side=None, notes_dir=None, run_dir=tmp_path, restart=0, offset=0,
-                        all_gather=None, groups=lambda: None, completed_steps=lambda: 0)
+                        all_gather=None, all_reduce=None, groups=lambda: None, completed_steps=lambda: 0)
     assert w._coverage().verdicts.startswith("no state votes recorded")
     write_record(tmp_path / "votes.json", VoteCoverage(restart=0, votes=2, last_clean_step=20, last_vote_step=20,
                                                        replay_rounds=2))
