@@ -134,7 +134,7 @@ def show(job_id: int, restart: int | None, cluster: str | None, as_json: bool, a
     import time as _time
     from scout_slurm.evidence.records import Verdict
     from scout_slurm.evidence.store import read_record, record_to_obj
-    from scout_slurm.localise.gather import gather_evidence
+    from scout_slurm.localise.gather import gather_evidence, with_full_records
     from scout_slurm.localise.verdict import localise
     from scout_slurm.remediation.records import ActionsRecord
     from scout_slurm.report.incident import render_actions
@@ -150,6 +150,7 @@ def show(job_id: int, restart: int | None, cluster: str | None, as_json: bool, a
     vpath = folder.verdict_path(run)
     computed = not vpath.exists()
     verdict = localise(ev, now=_time.time()) if computed else read_record(vpath, Verdict, root=folder.root)
+    ev = with_full_records(ev, folder, [s.rank for s in verdict.suspects])
     apath = folder.actions_path(run)
     actions = read_record(apath, ActionsRecord, root=folder.root) if apath.exists() else None
     if as_html:

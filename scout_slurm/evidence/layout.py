@@ -102,6 +102,14 @@ class JobFolder:
     def stall_decision_path(self, restart: int) -> Path:
         return self.progress_dir(restart) / "stall-decision.json"
 
+    def node_tasks_path(self, restart: int, node: str) -> Path:
+        """Written by the job (its local rank 0 on `node`): the ranks started there."""
+        return self.run_dir(restart) / "tasks" / f"{check_node_name(node)}.json"
+
+    def node_digest_path(self, restart: int, node: str) -> Path:
+        """Written by the node Epilog (root): that node's ranks' records, abridged."""
+        return self.node_dir(node) / f"ranks-{int(restart)}.json"
+
     def stacks_path(self, restart: int, rank: int) -> Path:
         return self.stacks_dir(restart) / f"rank-{int(rank)}.txt"
 

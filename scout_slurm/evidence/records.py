@@ -114,6 +114,47 @@ class ExitRecord:
 
 
 @dataclass(frozen=True)
+class NodeTasks:
+    """The ranks a job step started on one node, `run-N/tasks/<node>.json`: written by the task of
+    local rank 0 from SLURM_GTIDS, so that the node Epilog knows which records are its node's
+    without listing the whole job's. The job's file: the Epilog checks every rank against its
+    place record."""
+    KIND: ClassVar[str] = "node-tasks"
+    job_id: int
+    restart: int
+    node: str
+    ranks: tuple[int, ...]
+    schema_version: int = 1
+
+
+@dataclass(frozen=True)
+class DigestedRank:
+    """One rank's records as its node's Epilog read them, abridged for the controller: the exit
+    record's stderr tail keeps its last 3 lines and the last line naming a peer's failure, and the
+    final snapshot's collectives are in the digest's `rings` (index `ring`), without their times."""
+    rank: int
+    place: RankPlace
+    exit: ExitRecord | None
+    progress: ProgressSnapshot | None   # the published snapshot, only when the exit record carries none
+    ring: int = -1
+
+
+@dataclass(frozen=True)
+class NodeDigest:
+    """`nodes/<node>/ranks-<restart>.json`, written by the node Epilog (root): what the controller
+    reads instead of three files a rank. Ranks whose records did not check out are left out, and
+    the controller reads their files itself."""
+    KIND: ClassVar[str] = "node-digest"
+    job_id: int
+    restart: int
+    node: str
+    rings: tuple[tuple[CollectiveEntry, ...], ...]
+    ranks: tuple[DigestedRank, ...]
+    written_at: float
+    schema_version: int = 1
+
+
+@dataclass(frozen=True)
 class Finding:
     KIND: ClassVar[str] = "finding"
     rank: int

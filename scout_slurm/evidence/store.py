@@ -403,6 +403,10 @@ def _fast_converter(tp: Any) -> Any:
                 raise _Slow
         else:
             def convert(v: Any) -> Any:
+                if type(v) is tuple and set(map(type, v)) <= {item_tp}:
+                    # records built already (JSON gives lists, never tuples): a ring shared by the
+                    # ranks of a node digest is built once and handed to each of them as it is
+                    return v
                 if type(v) is list or type(v) is tuple:
                     built = flat.build_all(v) if flat is not None else None
                     return built if built is not None else tuple([item(x) for x in v])
@@ -839,7 +843,8 @@ def _check_file(st: os.stat_result, shown: str, max_bytes: int) -> None:
         raise EvidenceError(f"{shown}: is {st.st_size} bytes, limit {max_bytes}; {_CORRUPT}")
 
 
-def _read_at(dir_fd: int, name: str, shown: str, max_bytes: int, *, listed_regular: bool = False) -> bytes:
+def _read_at(dir_fd: int, name: str, shown: str, max_bytes: int, *, listed_regular: bool = False,
+             owner: int | None = None) -> bytes:
     # lstat first so that a device node or FIFO is never even opened (opening some devices has
     # effects); the fstat after opening is the check that counts. `listed_regular`: the directory
     # listing's own type field (d_type, no syscall) already said "regular file", which is the same
@@ -855,6 +860,9 @@ def _read_at(dir_fd: int, name: str, shown: str, max_bytes: int, *, listed_regul
     try:
         st = os.fstat(fd)
         _check_file(st, shown, max_bytes)
+        if owner is not None and st.st_uid != owner:
+            # only root writes what this caller asks for: a file owned by anyone else was planted
+            raise EvidenceError(f"{shown}: is owned by uid {st.st_uid}, not {owner}; {_PLANTED}")
         chunks, total = [], 0
         # One read asking for a byte more than fstat's size: getting exactly the size back is the
         # end of the file without a second read (half the read calls of a job-end gather).
@@ -879,23 +887,29 @@ def _read_at(dir_fd: int, name: str, shown: str, max_bytes: int, *, listed_regul
 
 
 def safe_read_bytes(path: Path, *, max_bytes: int = MAX_RECORD_BYTES,
-                    root: Path | None = None) -> bytes:
+                    root: Path | None = None, owner: int | None = None) -> bytes:
     """The bytes of a regular, singly linked file of at most `max_bytes`. With `root`, no
     component from `root` down to the file may be a symbolic link; without, only the file's
-    own name is checked (its directories are trusted)."""
+    own name is checked (its directories are trusted). With `owner`, the file must belong to
+    that uid (what only root writes: a job cannot make a file root's)."""
     shown = os.fspath(path)
     base, parts = _split_under(shown, root, shown)
     dir_fd = _open_below(base, parts[:-1], shown, _DIR_PATH)
     try:
-        return _read_at(dir_fd, parts[-1], shown, max_bytes)
+        return _read_at(dir_fd, parts[-1], shown, max_bytes, owner=owner)
     finally:
         os.close(dir_fd)
 
 
 def read_record(path: Path, cls: type[R], *, max_bytes: int = MAX_RECORD_BYTES,
-                root: Path | None = None) -> R:
-    data = safe_read_bytes(path, max_bytes=max_bytes, root=root)
+                root: Path | None = None, owner: int | None = None) -> R:
+    data = safe_read_bytes(path, max_bytes=max_bytes, root=root, owner=owner)
     return _decode(data, cls, os.fspath(path))
+
+
+def decode_record(data: bytes, cls: type[R], *, source: str) -> R:
+    """`read_record` for bytes already read (`source` names them in errors)."""
+    return _decode(data, cls, source)
 
 
 def _decode(data: bytes, cls: type[R], source: str) -> R:

@@ -20,7 +20,7 @@ from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.records import Finding, Verdict, VerdictKind
 from scout_slurm.evidence.store import create_record_exclusive, list_records, read_record, write_record
 from scout_slurm.jobenv import HookContext, hook_context
-from scout_slurm.localise.gather import gather_evidence
+from scout_slurm.localise.gather import gather_evidence, with_full_records
 from scout_slurm.localise.verdict import localise
 from scout_slurm.log import configure, get_logger
 from scout_slurm.remediation.apply import apply_plan
@@ -133,6 +133,10 @@ def handle_job_end(ctx: HookContext, cfg: SiteConfig, *, env: Mapping[str, str] 
         log.warning("controller.evidence_ignored", job=ctx.job_id, count=len(evidence.problems),
                     problems=list(evidence.problems[:50]))
     verdict = localise(evidence, now=wall())
+    # the report quotes the suspects' records whole, not as the node digests abridged them
+    evidence = with_full_records(evidence, folder, [s.rank for s in verdict.suspects])
+    log.info("controller.evidence", job=ctx.job_id, ranks=evidence.world_size, from_node_digests=len(evidence.abridged),
+             seconds=round(clock() - started, 3))
     if missing:
         verdict = _with_note(verdict, f"node epilog evidence missing from: {', '.join(missing)}")
     write_record(folder.verdict_path(restart), verdict)

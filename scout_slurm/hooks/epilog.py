@@ -66,6 +66,25 @@ def _node_dir(folder: JobFolder, node: str) -> Path:
     return folder.node_dir(node)
 
 
+def _write_digest(folder: JobFolder, restart: int, node: str) -> None:
+    """This node's ranks' records, abridged into one file for the controller (evidence/digest.py).
+    Whatever goes wrong here costs only the controller's time: it then reads the ranks' files."""
+    import time
+    from scout_slurm.evidence.digest import build_node_digest
+    started = time.monotonic()
+    try:
+        digest, note = build_node_digest(folder, restart, node, now=time.time())
+        if digest is not None:
+            write_record(folder.node_digest_path(restart, node), digest)
+    except (ScoutError, OSError) as exc:
+        log.warning("epilog.digest_failed", node=node, error=str(exc))
+        return
+    except Exception as exc:  # noqa: BLE001 - never at the cost of the node's own evidence
+        log.exception("epilog.digest_bug", node=node, error=repr(exc))
+        return
+    log.info("epilog.digest", node=node, restart=restart, note=note, seconds=round(time.monotonic() - started, 3))
+
+
 def exit_status(hardware_error: bool, cfg: EpilogConfig) -> int:
     """Slurm drains a node whose Epilog exits non-zero: only a local hardware error, on a site that
     asked for it, does that (pure)."""
@@ -85,7 +104,10 @@ def run(environ: Mapping[str, str], *, collect: Callable | None = None) -> int:
              hardware_error=evidence.hardware_error, problems=list(evidence.problems))
     # from here on the node's own verdict stands whatever happens to the shared evidence
     try:
-        write_record(_node_dir(folder, ctx.node) / "epilog.json", evidence)
+        node_dir = _node_dir(folder, ctx.node)
+        _write_digest(folder, ctx.restart, ctx.node)
+        # epilog.json last: the controller waits for it, and then finds the digest there too
+        write_record(node_dir / "epilog.json", evidence)
         if cfg.epilog.localise_on == "batch-host":
             nodes = expand_hostlist(ctx.job_nodelist)
             if nodes and nodes[0] == ctx.node:

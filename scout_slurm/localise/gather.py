@@ -4,11 +4,13 @@ The function that reaches outside is `gather_evidence`."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 from collections import Counter
 from pathlib import Path
 
 from scout_slurm.errors import EvidenceError
+from scout_slurm.evidence.digest import DigestsRead, read_node_digests
 from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.records import ExitRecord, Finding, ProgressSnapshot, RankPlace, StallDecision
 from scout_slurm.evidence.store import list_records, read_record
@@ -18,7 +20,10 @@ MAX_WORLD = 1_000_000
 
 
 def gather_evidence(folder: JobFolder, restart: int, *, job_exit_code: int = -1,
-                    world_size: int | None = None) -> JobEvidence:
+                    world_size: int | None = None, digests: bool = True) -> JobEvidence:
+    """The run's evidence. With `digests`, the ranks that node Epilogs digested are read from one
+    root-owned file a node (evidence/digest.py) and only the others' files are read; the result
+    lists them in `abridged`."""
     # Millions of small acyclic records: the cycle collector's passes over them cost more than
     # reading them at 100k ranks (a third of the time, growing faster than the world). It is
     # paused while they are built, and what exists then is moved out of its sight (gc.freeze;
@@ -26,16 +31,19 @@ def gather_evidence(folder: JobFolder, restart: int, *, job_exit_code: int = -1,
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _gather(folder, restart, job_exit_code=job_exit_code, world_size=world_size)
+        return _gather(folder, restart, job_exit_code=job_exit_code, world_size=world_size, digests=digests)
     finally:
         gc.freeze()
         if enabled:
             gc.enable()
 
 
-def _gather(folder: JobFolder, restart: int, *, job_exit_code: int, world_size: int | None) -> JobEvidence:
+def _gather(folder: JobFolder, restart: int, *, job_exit_code: int, world_size: int | None,
+            digests: bool) -> JobEvidence:
     problems: list[str] = []
     root = folder.root
+    dig = read_node_digests(folder, restart) if digests else DigestsRead({}, {}, {}, (), ())
+    problems.extend(dig.problems)
 
     def many(directory: Path, pattern: str, cls, exclude=frozenset()):
         if not directory.exists():
@@ -48,8 +56,19 @@ def _gather(folder: JobFolder, restart: int, *, job_exit_code: int, world_size: 
         problems.extend(errors)
         return records
 
-    places = many(folder.ranks_dir(restart), "rank-*.json", RankPlace)
-    exits = many(folder.ranks_dir(restart), "exit-*.json", ExitRecord)
+    # The digested ranks' files are not read again; when the digests hold the whole world, the
+    # ranks folder is not even listed (200k names at 100k ranks).
+    digested = dig.ranks
+    sizes = Counter(p.world_size for p in dig.places.values())
+    whole = bool(digested) and len(sizes) == 1 and digested == frozenset(range(next(iter(sizes))))
+    if whole:
+        places, exits = [], []
+    else:
+        skip = frozenset(f"{kind}-{r}.json" for r in digested for kind in ("rank", "exit"))
+        places = many(folder.ranks_dir(restart), "rank-*.json", RankPlace, skip)
+        exits = many(folder.ranks_dir(restart), "exit-*.json", ExitRecord, skip)
+    places = [*dig.places.values(), *places]
+    exits = [*dig.exits.values(), *exits]
     torchrun = any(p.launcher == "torchrun" for p in places)
     # An exit record carries its watchdog's final snapshot, taken after the last one it published:
     # the published one is not read again (a third of the files and bytes at the end of a job).
@@ -57,7 +76,9 @@ def _gather(folder: JobFolder, restart: int, *, job_exit_code: int, world_size: 
     name = folder.progress_path(restart, 0).name.replace("0", "{}")   # rank-{}.json, from the layout
     covered = frozenset() if torchrun else frozenset(
         name.format(e.rank) for e in exits if e.last_progress is not None and 0 <= e.rank < MAX_WORLD)
-    snaps = many(folder.progress_dir(restart), "rank-*.json", ProgressSnapshot, covered)
+    snaps = [*dig.snapshots.values()] + ([] if whole else many(
+        folder.progress_dir(restart), "rank-*.json", ProgressSnapshot,
+        covered | frozenset(name.format(r) for r in digested)))
     findings = many(folder.findings_dir(restart), "*.json", Finding)
     decision = None
     dpath = folder.stall_decision_path(restart)
@@ -89,4 +110,32 @@ def _gather(folder: JobFolder, restart: int, *, job_exit_code: int, world_size: 
     return JobEvidence(job_id=folder.job_id, restart=restart, world_size=world_size,
                        places=by_rank(places, "place"), exits=by_rank(exits, "exit record"),
                        snapshots=by_rank(snaps, "progress"), findings=tuple(findings), decision=decision,
-                       job_exit_code=job_exit_code, problems=tuple(problems))
+                       job_exit_code=job_exit_code, problems=tuple(problems),
+                       abridged=frozenset() if torchrun else frozenset(r for r in digested if 0 <= r < world_size))
+
+
+def with_full_records(ev: JobEvidence, folder: JobFolder, ranks) -> JobEvidence:
+    """`ev` with the whole records (stderr tail, collective times) of those of `ranks` that came
+    abridged from node digests, read from the job's files; a record that cannot be read again
+    keeps its abridged form."""
+    want = sorted(r for r in set(ranks) if r in ev.abridged)[:256]
+    if not want:
+        return ev
+    exits, snaps = dict(ev.exits), dict(ev.snapshots)
+    done = set()
+    for r in want:
+        try:
+            if r in exits:
+                e = read_record(folder.rank_exit_path(ev.restart, r), ExitRecord, root=folder.root)
+                if e.rank != r:
+                    continue
+                exits[r] = e
+            if r in snaps:
+                s = read_record(folder.progress_path(ev.restart, r), ProgressSnapshot, root=folder.root)
+                if s.rank != r:
+                    continue
+                snaps[r] = s
+        except EvidenceError:
+            continue
+        done.add(r)
+    return dataclasses.replace(ev, exits=exits, snapshots=snaps, abridged=ev.abridged - done)

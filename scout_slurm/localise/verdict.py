@@ -34,6 +34,9 @@ class JobEvidence:
     decision: StallDecision | None = None
     job_exit_code: int = -1          # raw wait status from Slurm; -1 unknown
     problems: tuple[str, ...] = ()
+    # ranks read from node digests (evidence/digest.py): stderr tails abridged, ring entries
+    # without times; gather.with_full_records reads the whole records of the ones that matter
+    abridged: frozenset[int] = frozenset()
 
     def node_of(self, rank: int) -> str:
         if rank in self.places:

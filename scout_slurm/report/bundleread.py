@@ -12,7 +12,7 @@ from scout_slurm.evidence.history import MAX_BYTES, ProgressSample, decode_histo
 from scout_slurm.evidence.layout import JobFolder, check_node_name
 from scout_slurm.evidence.records import Verdict
 from scout_slurm.evidence.store import read_record, safe_read_bytes
-from scout_slurm.localise.gather import gather_evidence
+from scout_slurm.localise.gather import gather_evidence, with_full_records
 from scout_slurm.localise.verdict import JobEvidence, localise
 from scout_slurm.remediation.records import ActionsRecord, ResumeInstruction
 from scout_slurm.report.bundle import IncidentBundle
@@ -85,6 +85,8 @@ def load_incident_bundle(folder: JobFolder, restart: int, *, evidence: JobEviden
             resume = read_record(rpath, ResumeInstruction, root=folder.root)
         except EvidenceError as exc:
             problems.append(str(exc))
+    # the suspects' stderr as the job left it, not as a node digest abridged it
+    ev = with_full_records(ev, folder, [s.rank for s in verdict.suspects])
     # only the ranks the timeline draws: a page for 100k ranks reads a few dozen histories
     history, errs = read_histories(folder, restart, pick_rows(ev.world_size, frozenset(s.rank for s in verdict.suspects)))
     problems += errs

@@ -23,7 +23,7 @@ import scout_slurm
 from scout_slurm.config import SiteConfig, load_config
 from scout_slurm.errors import ScoutError
 from scout_slurm.evidence.layout import JobFolder
-from scout_slurm.evidence.records import RankPlace
+from scout_slurm.evidence.records import NodeTasks, RankPlace
 from scout_slurm.evidence.store import read_record, write_record
 from scout_slurm.jobenv import TaskContext, task_context
 from scout_slurm.log import configure, get_logger
@@ -154,6 +154,8 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
                       launcher="torchrun" if launcher else "")
     place = _join_hardware_map(folder, place)
     write_record(folder.rank_place_path(ctx.restart, ctx.rank), place)
+    if not launcher and ctx.local_rank == 0:
+        _write_node_tasks(folder, ctx, environ)
 
     from scout_slurm.task.watchdog import Watchdog
     try:
@@ -174,6 +176,34 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         pump.join(timeout=2)
         shutil.rmtree(shm, ignore_errors=True)
     return code
+
+
+def node_tasks(ctx: TaskContext, environ: Mapping[str, str]) -> NodeTasks | None:
+    """The ranks this step started on this node, from SLURM_GTIDS (one rank a task); None when
+    Slurm did not say or what it said does not hold this task's own rank (pure)."""
+    text = environ.get("SLURM_GTIDS", "")
+    try:
+        ranks = tuple(sorted({int(t) for t in text.split(",")}))
+    except ValueError:
+        return None
+    if ctx.rank not in ranks or len(ranks) > 4096 or ranks[0] < 0 or ranks[-1] >= ctx.world_size:
+        return None
+    return NodeTasks(job_id=ctx.job_id, restart=ctx.restart, node=ctx.node, ranks=ranks)
+
+
+def _write_node_tasks(folder: JobFolder, ctx: TaskContext, environ: Mapping[str, str]) -> None:
+    """So that this node's Epilog can digest its ranks' records for the controller (evidence/digest.py);
+    without it the controller reads every rank's files itself."""
+    tasks = node_tasks(ctx, environ)
+    if tasks is None:
+        log.info("shim.no_node_tasks", gtids=environ.get("SLURM_GTIDS", "")[:80])
+        return
+    path = folder.node_tasks_path(ctx.restart, ctx.node)
+    try:
+        path.parent.mkdir(exist_ok=True)
+        write_record(path, tasks)
+    except (ScoutError, OSError) as exc:
+        log.warning("shim.node_tasks_not_written", path=str(path), error=str(exc))
 
 
 def _pump_stderr(child: subprocess.Popen, tail: deque) -> None:

@@ -7,6 +7,7 @@ Latencies (fault to stall decision, fault to verdict) are printed for the closin
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
@@ -14,6 +15,8 @@ import time
 import pytest
 
 import scoutjobs as sj
+from scout_slurm.localise.gather import gather_evidence
+from scout_slurm.localise.verdict import localise
 from scout_slurm.remediation.records import PlanStatus
 from scout_slurm.slurm import ops
 
@@ -66,6 +69,15 @@ def test_fault_is_named(lab, clean_drains, case_id, inject, rank, kind):
     detect = (d.at - fault_at) if d else (v.first_failure_at - fault_at)
     print(f"\nLATENCY {case_id}: fault->detection {detect:.2f} s, fault->verdict {v.created_at - fault_at:.2f} s "
           f"(stall floor {STALL_FLOOR} s)")
+    # every node's Epilog digested its ranks (SLURM_GTIDS -> the tasks file -> the digest), and the
+    # controller's reading of the digests gives the verdict the ranks' own files give
+    folder = sj.folder(lab, job)
+    assert all(folder.node_digest_path(0, n).is_file() for n in info.nodes), info.nodes
+    from_digests = gather_evidence(folder, 0, job_exit_code=256)
+    assert from_digests.abridged == frozenset(range(4)) and not from_digests.problems
+    from_files = gather_evidence(folder, 0, job_exit_code=256, digests=False)
+    assert (dataclasses.replace(localise(from_digests, now=v.created_at), created_at=0) ==
+            dataclasses.replace(localise(from_files, now=v.created_at), created_at=0))
     if case_id == "skip-one-allreduce":
         # gloo aborts on the size mismatch (on a neighbour, not the culprit): the rings tell who left the sequence
         assert any("desync" in line for line in shown["reasoning"]), shown
