@@ -162,6 +162,46 @@ def write_folder(root: Path, world: int, workers: int) -> float:
     return time.perf_counter() - t0
 
 
+def _digest_nodes(root: str, world: int, nodes: list[str]) -> list[float]:
+    """What the shim of each node's local rank 0 writes (its ranks, from SLURM_GTIDS), then what
+    each node's Epilog does with it (evidence/digest.py); returns the Epilog's seconds per node."""
+    from scout_slurm.evidence.digest import build_node_digest
+    from scout_slurm.evidence.layout import JobFolder
+    from scout_slurm.evidence.records import NodeTasks
+    from scout_slurm.evidence.store import write_record
+    folder = JobFolder(Path(root), CLUSTER, JOB_ID)
+    seconds = []
+    for node in nodes:
+        lo = int(node.split("-")[1]) * GPUS_PER_NODE
+        write_record(folder.node_tasks_path(RESTART, node),
+                     NodeTasks(JOB_ID, RESTART, node, tuple(range(lo, min(lo + GPUS_PER_NODE, world)))))
+        t0 = time.perf_counter()
+        digest, note = build_node_digest(folder, RESTART, node, now=time.time())
+        if digest is None or len(digest.ranks) != min(GPUS_PER_NODE, world - lo):
+            raise SystemExit(f"node {node}: {note}")
+        folder.node_dir(node).mkdir(parents=True, exist_ok=True)
+        write_record(folder.node_digest_path(RESTART, node), digest)
+        seconds.append(time.perf_counter() - t0)
+    return seconds
+
+
+def write_digests(root: Path, world: int, workers: int) -> dict:
+    """Every node's digest, as the node Epilogs would write them (here one after the other, on
+    `workers` processes; on a cluster each node writes its own, all at once)."""
+    from scout_slurm.evidence.layout import JobFolder
+    folder = JobFolder(root, CLUSTER, JOB_ID)
+    (folder.run_dir(RESTART) / "tasks").mkdir(parents=True, exist_ok=True)
+    nodes = sorted({node_of(r) for r in range(world)})
+    chunk = 250
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        per_node = [t for part in pool.map(_digest_nodes, *zip(*[(str(root), world, nodes[i:i + chunk])
+                                                                  for i in range(0, len(nodes), chunk)])) for t in part]
+    per_node.sort()
+    return {"nodes": len(nodes), "total_s": time.perf_counter() - t0, "median_ms": per_node[len(per_node) // 2] * 1e3,
+            "max_ms": per_node[-1] * 1e3}
+
+
 def add_stall_decision(root: Path, world: int) -> None:
     from scout_slurm.evidence.layout import JobFolder
     from scout_slurm.evidence.records import FindingKind, StallDecision
@@ -225,8 +265,9 @@ def measure(args: argparse.Namespace) -> None:
             elif started:
                 passes.append((info["generation"], time.perf_counter() - started[0]))
         gc.callbacks.append(on_gc)
+    digests = args.mode == "digests"
     t0, c0 = time.perf_counter(), cpu()
-    evidence = gather_evidence(folder, RESTART, job_exit_code=256)
+    evidence = gather_evidence(folder, RESTART, job_exit_code=256, **({} if digests else {"digests": False}))
     t1, c1 = time.perf_counter(), cpu()
     if args.gc_on:
         gc.callbacks.remove(on_gc)   # the gather's passes only
@@ -234,6 +275,9 @@ def measure(args: argparse.Namespace) -> None:
     t2, c2 = time.perf_counter(), cpu()
     # the controller Epilog then renders the incident report (a timeline line per rank)
     from scout_slurm.report.incident import render_incident_markdown
+    if digests:   # the suspects' whole records, as the controller reads them for the report
+        from scout_slurm.localise.gather import with_full_records
+        evidence = with_full_records(evidence, folder, [s.rank for s in verdict.suspects])
     report = render_incident_markdown(verdict, evidence, None)
     t3 = time.perf_counter()
     if profiler is not None:
@@ -246,7 +290,8 @@ def measure(args: argparse.Namespace) -> None:
     ok = (verdict.kind == kind and named == [(want, node_of(want))] and not evidence.problems
           and evidence.world_size == world and len(evidence.exits) == world
           and len(evidence.places) == world
-          and sum(evidence.last_progress(r) is not None for r in range(world)) == world)
+          and sum(evidence.last_progress(r) is not None for r in range(world)) == world
+          and len(evidence.abridged) == (world - len(verdict.suspects) if digests else 0))
     if not ok:
         print(json.dumps({"error": f"wrong verdict at {world} ranks, {args.scenario}: {verdict.kind.value} "
                                    f"naming {named}, expected {kind.value} naming {[(want, node_of(want))]}; "
@@ -263,7 +308,8 @@ def measure(args: argparse.Namespace) -> None:
         del evidence, verdict
         gc.collect()
         tracemalloc.start()
-        localise(gather_evidence(folder, RESTART, job_exit_code=256), now=WALL0 + 4000)
+        localise(gather_evidence(folder, RESTART, job_exit_code=256, **({} if digests else {"digests": False})),
+                 now=WALL0 + 4000)
         out["traced_peak"] = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
     if profiler is not None:
@@ -276,9 +322,9 @@ def measure(args: argparse.Namespace) -> None:
 
 
 def run_child(root: Path, world: int, scenario: str, args: argparse.Namespace, profile: bool,
-              package_dir: str | None = None) -> dict:
+              package_dir: str | None = None, mode: str = "digests") -> dict:
     argv = [sys.executable, __file__, "--measure", "--root", str(root), "--world", str(world),
-            "--scenario", scenario] + (["--tracemalloc"] if args.tracemalloc else []) + \
+            "--scenario", scenario, "--mode", mode] + (["--tracemalloc"] if args.tracemalloc else []) + \
            (["--gc-on"] if args.gc_on else []) + \
            (["--profile-child"] if profile else [])
     env = dict(os.environ)
@@ -313,6 +359,7 @@ def main() -> int:
     ap.add_argument("--root", help=argparse.SUPPRESS)
     ap.add_argument("--world", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--scenario", choices=("crash", "hang"), help=argparse.SUPPRESS)
+    ap.add_argument("--mode", choices=("files", "digests"), default="digests", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.measure:
         args.profile = args.profile_child
@@ -321,7 +368,7 @@ def main() -> int:
 
     sizes = [int(s) for s in args.sizes.split(",")]
     load0 = os.getloadavg()[0]
-    rows, profiles = [], []
+    rows, profiles, digest_rows = [], [], []
     for world in sizes:
         if args.keep:
             tmp = Path(args.keep) / f"ranks-{world}"
@@ -336,21 +383,32 @@ def main() -> int:
             # the crash rows are measured without the hang's decision
             from scout_slurm.evidence.layout import JobFolder
             JobFolder(tmp, CLUSTER, JOB_ID).stall_decision_path(RESTART).unlink(missing_ok=True)
+            digest_mark = tmp / "digests-complete"
+            if digest_mark.exists():
+                digest_info = json.loads(digest_mark.read_text())
+            else:
+                digest_info = write_digests(tmp, world, args.workers)
+                digest_mark.write_text(json.dumps(digest_info))
         else:
             tmp = Path(tempfile.mkdtemp(prefix=f"scout-scale-{world}-", dir=args.dir))
             write_s = write_folder(tmp, world, args.workers)
+            digest_info = write_digests(tmp, world, args.workers)
+        digest_rows.append(dict(digest_info, world=world))
         try:
             for scenario in ("crash", "hang"):
                 if scenario == "hang":
                     add_stall_decision(tmp, world)
                 files, content, alloc = folder_size(tmp / CLUSTER / str(JOB_ID))
-                for label, package in [("now", None)] + ([("baseline", args.baseline)] if args.baseline else []):
-                    r = run_child(tmp, world, scenario, args, profile=args.profile == world, package_dir=package)
+                runs = [("digests", "now", None), ("files", "now", None)] + (
+                    [("files", "baseline", args.baseline)] if args.baseline else [])
+                for mode, label, package in runs:
+                    r = run_child(tmp, world, scenario, args, profile=args.profile == world, package_dir=package,
+                                  mode=mode)
                     if "profile" in r:
-                        profiles.append((world, f"{scenario}, {label}", r.pop("profile")))
+                        profiles.append((world, f"{scenario}, {label}, {mode}", r.pop("profile")))
                     rows.append(dict(r, world=world, scenario=scenario, files=files, content=content,
-                                     alloc=alloc, write_s=write_s, label=label))
-                    print(f"  {world} ranks {scenario} ({label}): gather {r['gather_s']:.2f} s, "
+                                     alloc=alloc, write_s=write_s, label=label, mode=mode))
+                    print(f"  {world} ranks {scenario} ({label}, {mode}): gather {r['gather_s']:.2f} s, "
                           f"localise {r['localise_s']:.3f} s", file=sys.stderr, flush=True)
         finally:
             if not args.keep:
@@ -365,7 +423,7 @@ def main() -> int:
           f"load average {load0:.1f} at start, {os.getloadavg()[0]:.1f} at end")
     hdr = (f"{'ranks':>7} {'scenario':>8} {'files':>7} {'MB data':>8} {'MB alloc':>8} {'write s':>8} "
            f"{'gather s':>9} {'(CPU s)':>8} {'localise s':>10} {'(CPU s)':>8} {'report s':>8} {'total s':>8} "
-           f"{'peak MB':>8} {'MB/1k ranks':>11}")
+           f"{'peak MB':>8} {'MB/1k ranks':>11} {'reads':>8}")
     if args.baseline:
         hdr += f" {'package':>9}"
     if args.tracemalloc:
@@ -378,7 +436,8 @@ def main() -> int:
         line = (f"{r['world']:>7} {r['scenario']:>8} {r['files']:>7} {r['content'] / 1e6:>8.1f} "
                 f"{r['alloc'] / 1e6:>8.1f} {r['write_s']:>8.1f} {r['gather_s']:>9.2f} {r['gather_cpu']:>8.2f} "
                 f"{r['localise_s']:>10.3f} {r['localise_cpu']:>8.3f} {r['report_s']:>8.2f} "
-                f"{r['gather_s'] + r['localise_s'] + r['report_s']:>8.2f} {peak:>8.1f} {peak / (r['world'] / 1000):>11.2f}")
+                f"{r['gather_s'] + r['localise_s'] + r['report_s']:>8.2f} {peak:>8.1f} {peak / (r['world'] / 1000):>11.2f} "
+                f"{r['mode']:>8}")
         if args.baseline:
             line += f" {r['label']:>9}"
         if args.tracemalloc:
@@ -388,14 +447,26 @@ def main() -> int:
         print(line)
     print("MB data: bytes in the files; MB alloc: blocks the file system gave them. peak MB: growth of the process's "
           "max RSS during gather+localise over its RSS after imports. write s: building the folder with write_record "
-          "(fsync per file), once per size, shared by its rows. Every verdict named the planted rank and node, with "
-          "no reading problems.")
+          "(fsync per file), once per size, shared by its rows. reads: digests = one node digest a node (written "
+          "by the node Epilogs, evidence/digest.py) and the suspects' whole records for the report; files = every "
+          "rank's own files (no digest: the controller's way when the node Epilogs wrote none). Every verdict named "
+          "the planted rank and node, with no reading problems.")
+    print(f"\nnode Epilog's digest of its {GPUS_PER_NODE} ranks (read tasks file and 2 records a rank, write one "
+          "file with fsync); the nodes do this in parallel, before the controller reads:")
+    print(f"{'ranks':>7} {'nodes':>6} {'median ms':>10} {'max ms':>8} {'all nodes here s':>17}")
+    for d in digest_rows:
+        print(f"{d['world']:>7} {d['nodes']:>6} {d['median_ms']:>10.1f} {d['max_ms']:>8.1f} {d['total_s']:>17.1f}")
     for r in rows:
         if r["label"] == "now" and r["world"] == max(sizes):
             peak = (r["rss_after"] - r["rss_before"]) / 1e6
-            print(f"SUMMARY\tcontroller end-of-job work, {r['world']} ranks ({r['scenario']})\tgather {r['gather_s']:.1f} s + "
-                  f"localise {r['localise_s']:.2f} s + report {r['report_s']:.2f} s; {peak / 1e3:.2f} GB peak "
+            print(f"SUMMARY\tcontroller end-of-job work, {r['world']} ranks ({r['scenario']}, {r['mode']})\t"
+                  f"gather {r['gather_s']:.1f} s + localise {r['localise_s']:.2f} s + report {r['report_s']:.2f} s "
+                  f"= {r['gather_s'] + r['localise_s'] + r['report_s']:.1f} s; {peak / 1e3:.2f} GB peak "
                   f"({peak / (r['world'] / 1000):.1f} MB per 1k ranks)\tunder 10 s, memory linear")
+    for d in digest_rows:
+        if d["world"] == max(sizes):
+            print(f"SUMMARY\tnode Epilog digest, {d['world']} ranks ({GPUS_PER_NODE} a node)\t"
+                  f"median {d['median_ms']:.1f} ms, max {d['max_ms']:.1f} ms a node\tbefore the controller reads")
     for world, scenario, text in profiles:
         print(f"\ncProfile, {world} ranks, {scenario} (gather + localise, by own time):\n{text}")
     return 0
