@@ -16,12 +16,15 @@ until the site prunes the evidence root. The month is computed from the stated a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 
 from scout_slurm.config import WatchdogConfig
-from scout_slurm.evidence.records import (ChildState, CollectiveEntry, ExitRecord, Finding, FindingKind,
-                                          ProgressSnapshot, RankPlace, StallDecision, VerdictKind)
+from scout_slurm.evidence.digest import abridge_tail
+from scout_slurm.evidence.records import (ChildState, CollectiveEntry, DigestedRank, ExitRecord, Finding, FindingKind,
+                                          NodeDigest, NodeTasks, ProgressSnapshot, RankPlace, StallDecision,
+                                          VerdictKind)
 from scout_slurm.evidence import history
 from scout_slurm.evidence.store import record_to_bytes
 from scout_slurm.hooks.nodeevidence import KernelLine, NodeEvidence
@@ -92,6 +95,26 @@ def exit_record(rank: int, world: int, *, crashed: bool, cascade: bool) -> ExitR
     return ExitRecord(rank=rank, node=node_of(rank), pid=1_234_567, exit_code=-1 if crashed else (1 if cascade else 0),
                       signal=11 if crashed else 0, core_dumped=crashed, at=WALL + 3.25, killed_by_scout=False,
                       last_progress=snapshot(rank, world), stderr_tail=tuple(lines[-STDERR_LINES:]))
+
+
+def node_tasks(node: int) -> NodeTasks:
+    """What the shim of a node's local rank 0 writes: its node's ranks (SLURM_GTIDS)."""
+    return NodeTasks(job_id=48_213_377, restart=0, node=f"gpu-{node:05d}",
+                     ranks=tuple(range(node * GPUS_PER_NODE, (node + 1) * GPUS_PER_NODE)))
+
+
+def node_digest(node: int, world: int) -> NodeDigest:
+    """What the node Epilog writes for the controller (evidence/digest.py): its ranks' place and exit
+    records, the stderr tail abridged, one ring (seq, op, bytes) shared by the node's ranks."""
+    rows, shared = [], ()
+    for rank in range(node * GPUS_PER_NODE, (node + 1) * GPUS_PER_NODE):
+        e = exit_record(rank, world, crashed=False, cascade=False)
+        shared = tuple(dataclasses.replace(c, entered_ns=0, left_ns=0) for c in e.last_progress.recent)
+        e = dataclasses.replace(e, stderr_tail=abridge_tail(e.stderr_tail),
+                                last_progress=dataclasses.replace(e.last_progress, recent=()))
+        rows.append(DigestedRank(rank=rank, place=place(rank, world), exit=e, progress=None, ring=0))
+    return NodeDigest(job_id=48_213_377, restart=0, node=f"gpu-{node:05d}", rings=(shared,), ranks=tuple(rows),
+                      written_at=WALL)
 
 
 def hardware_map(node: int) -> HardwareMap:
@@ -191,6 +214,8 @@ def main() -> int:
         "ExitRecord (cascade)": len(record_to_bytes(exit_record(7, world, crashed=False, cascade=True))),
         "HardwareMap (8 GPUs)": len(record_to_bytes(hardware_map(3))),
         "NodeEvidence (clean)": len(record_to_bytes(node_evidence(3, xid=False))),
+        "NodeTasks (8 ranks)": len(record_to_bytes(node_tasks(3))),
+        "NodeDigest (8 ranks)": len(record_to_bytes(node_digest(3, world))),
         "Finding": len(record_to_bytes(Finding(rank=7, node=node_of(7), kind=FindingKind.STALL_SUSPECT, at=WALL,
                                                summary="rank 7 made no progress for 61.3 s (threshold 60.0 s)",
                                                details=("process state: running",), step=204_802))),
@@ -213,6 +238,8 @@ def main() -> int:
             "ExitRecord (cascade)": "once per rank at exit (a peer failed)",
             "HardwareMap (8 GPUs)": "per node at job start (Prolog)",
             "NodeEvidence (clean)": "per node at job end (Epilog)",
+            "NodeTasks (8 ranks)": "per node at start, by its local rank 0 (its ranks, for its Epilog)",
+            "NodeDigest (8 ranks)": "per node at job end (Epilog): its ranks abridged, for the controller",
             "Finding": "per stalled rank, on a stall",
             "StallDecision": "once per stalled run"}
     for name, n in size.items():
@@ -249,11 +276,12 @@ def main() -> int:
           "whatever the run's length")
 
     nodes = math.ceil(world / GPUS_PER_NODE)
-    node_kept = size["HardwareMap (8 GPUs)"] + size["NodeEvidence (clean)"]
-    node_blocks = blocks(size["HardwareMap (8 GPUs)"]) + blocks(size["NodeEvidence (clean)"])
+    node_files = ("HardwareMap (8 GPUs)", "NodeEvidence (clean)", "NodeTasks (8 ranks)", "NodeDigest (8 ranks)")
+    node_kept = sum(size[k] for k in node_files)
+    node_blocks = sum(blocks(size[k]) for k in node_files)
     clean_job = world * per_rank_kept + nodes * node_kept + clean_verdict
     clean_job_blocks = world * per_rank_blocks + nodes * node_blocks + blocks(clean_verdict)
-    clean_job_files = 4 * world + 2 * nodes + 1
+    clean_job_files = 4 * world + len(node_files) * nodes + 1
     incident_extra = verdict_b - clean_verdict + actions_b + report_b
     incident_extra_blocks = blocks(actions_b) + blocks(report_b)
     stall_extra = world * STACK_DUMP_BYTES + size["StallDecision"] + size["Finding"] * world

@@ -26,13 +26,14 @@ from scout_slurm.errors import EvidenceError
 from scout_slurm.evidence.layout import JobFolder, check_node_name
 from scout_slurm.evidence.records import (CollectiveEntry, DigestedRank, ExitRecord, NodeDigest, NodeTasks,
                                           ProgressSnapshot, RankPlace)
-from scout_slurm.evidence.store import (_DIR_LIST, _open_below, _parse_json_unbounded, _read_at, KIND_KEY,
-                                        read_record, record_from_obj)
+from scout_slurm.evidence.store import (_DIR_LIST, KIND_KEY, MAX_RECORD_BYTES, _open_below, _parse_json_unbounded,
+                                        _read_at, decode_record, record_from_obj, safe_read_bytes)
 from scout_slurm.localise.cascade import mentions_peer_failure
 
 MAX_TASKS_PER_NODE = 4096
 MAX_RANK = 1_000_000          # the localiser's largest world (localise.gather.MAX_WORLD)
 TAIL_KEPT = 3                 # what the verdict quotes of a failed rank's stderr
+BYTES_READ_PER_NODE = 32 * 1024 * 1024   # 8 ranks of real records: ~80 KB
 
 
 def abridge_tail(lines: tuple[str, ...]) -> tuple[str, ...]:
@@ -68,25 +69,41 @@ def _without_ring(s: ProgressSnapshot | None) -> ProgressSnapshot | None:
     return None if s is None else dataclasses.replace(s, recent=())
 
 
-def _read_optional(path, cls, root):
-    """The record, None when the file does not exist; EvidenceError when it exists but cannot be used."""
-    try:
-        return read_record(path, cls, root=root)
-    except EvidenceError:
-        if not os.path.lexists(path):
-            return None
-        raise
+class _OverBudget(Exception):
+    pass
+
+
+@dataclass
+class _Reader:
+    """Reads the job's records for the digest within a byte budget: what a job writes must not
+    keep a node in its Epilog, nor make the digest large."""
+    root: object
+    left: int
+
+    def optional(self, path, cls):
+        """The record, None when the file does not exist; EvidenceError when it exists but
+        cannot be used."""
+        try:
+            data = safe_read_bytes(path, root=self.root, max_bytes=MAX_RECORD_BYTES)
+        except EvidenceError:
+            if not os.path.lexists(path):
+                return None
+            raise
+        self.left -= len(data)
+        if self.left < 0:
+            raise _OverBudget
+        return decode_record(data, cls, source=os.fspath(path))
 
 
 def build_node_digest(folder: JobFolder, restart: int, node: str, *, now: float) -> tuple[NodeDigest | None, str]:
     """The digest of `node`'s ranks for run `restart` (None when there is nothing to digest) and a
     line saying what was left out. Reads the job's files; writes nothing."""
     check_node_name(node)
-    root = folder.root
+    reader = _Reader(folder.root, BYTES_READ_PER_NODE)
     try:
-        tasks = _read_optional(folder.node_tasks_path(restart, node), NodeTasks, root)
-    except EvidenceError as exc:
-        return None, f"no digest: {exc}"
+        tasks = reader.optional(folder.node_tasks_path(restart, node), NodeTasks)
+    except (EvidenceError, _OverBudget) as exc:
+        return None, f"no digest: {exc or 'the tasks file is too big'}"
     if tasks is None:
         return None, "no digest: the job left no list of this node's ranks (started without scout-srun, or by torchrun)"
     if (tasks.job_id, tasks.restart, tasks.node) != (folder.job_id, restart, node):
@@ -100,17 +117,20 @@ def build_node_digest(folder: JobFolder, restart: int, node: str, *, now: float)
     left: list[int] = []
     for r in ranks:
         try:
-            place = _read_optional(folder.rank_place_path(restart, r), RankPlace, root)
+            place = reader.optional(folder.rank_place_path(restart, r), RankPlace)
             if place is None or place.rank != r or place.node != node or place.launcher == "torchrun":
                 left.append(r)
                 continue
-            exit_rec = _read_optional(folder.rank_exit_path(restart, r), ExitRecord, root)
+            exit_rec = reader.optional(folder.rank_exit_path(restart, r), ExitRecord)
             progress = None
             if exit_rec is None or exit_rec.last_progress is None:
-                progress = _read_optional(folder.progress_path(restart, r), ProgressSnapshot, root)
+                progress = reader.optional(folder.progress_path(restart, r), ProgressSnapshot)
         except EvidenceError:
             left.append(r)      # the controller reads it again and says what is wrong with it
             continue
+        except _OverBudget:
+            return None, (f"no digest: this node's ranks' records exceed {BYTES_READ_PER_NODE >> 20} MiB "
+                          "(real ones take a few KiB a rank); left to the controller")
         if (exit_rec is not None and exit_rec.rank != r) or (progress is not None and progress.rank != r):
             left.append(r)
             continue

@@ -27,7 +27,7 @@ from scout_slurm.remediation.apply import apply_plan
 from scout_slurm.remediation.checkfiles import assess_job
 from scout_slurm.remediation.eligibility import recovery_point
 from scout_slurm.remediation.plan import JobFacts, build_plan
-from scout_slurm.remediation.records import ActionsRecord, CheckpointNote, PlanStatus
+from scout_slurm.remediation.records import ActionsRecord, PlanStatus
 from scout_slurm.report.incident import render_incident_markdown
 from scout_slurm.slurm import ops
 from scout_slurm.slurm.hostlist import expand_hostlist
@@ -119,16 +119,30 @@ def handle_job_end(ctx: HookContext, cfg: SiteConfig, *, env: Mapping[str, str] 
                           retry_wait_s=cfg.slurm.retry_wait_s, deadline=deadline, env=env, bin_dir=cfg.slurm.bin_dir,
                           clock=clock, wall=wall, sleep=sleep)
     findings = _findings(folder, restart)
+
+    def wait_for(nodes: tuple[str, ...]) -> list[str]:
+        return _wait_for_node_evidence(folder, nodes, min(cfg.epilog.wait_for_nodes_s,
+                                                          max(0.0, deadline - clock() - 5)), clock, sleep)
+
+    # The node Epilogs' digests (one file a node instead of three a rank) are written before their
+    # epilog.json: waiting for those first makes the one reading below cheap, clean job or not.
+    allocation = tuple(expand_hostlist(ctx.job_nodelist))
+    missing = wait_for(allocation) if allocation else None
+    evidence = None
     if not ctx.job_failed and not findings:
-        verdict = localise(gather_evidence(folder, restart, job_exit_code=ctx.exit_code_raw), now=wall())
+        evidence = gather_evidence(folder, restart, job_exit_code=ctx.exit_code_raw)
+        verdict = localise(evidence, now=wall())
         if verdict.kind == VerdictKind.CLEAN:
             write_record(folder.verdict_path(restart), verdict)
-            log.info("controller.clean", job=ctx.job_id)
+            log.info("controller.clean", job=ctx.job_id, from_node_digests=len(evidence.abridged),
+                     seconds=round(clock() - started, 3))
             return None
     facts = job_facts(ctx, cfg, env)
-    missing = _wait_for_node_evidence(folder, facts.allocation, min(cfg.epilog.wait_for_nodes_s,
-                                                                    max(0.0, deadline - clock() - 5)), clock, sleep)
-    evidence = gather_evidence(folder, restart, job_exit_code=ctx.exit_code_raw)
+    if missing is None:   # no node list from Slurm in the hook's environment: the job's, asked of Slurm
+        missing = wait_for(facts.allocation)
+        evidence = None
+    if evidence is None:
+        evidence = gather_evidence(folder, restart, job_exit_code=ctx.exit_code_raw)
     if evidence.problems:
         log.warning("controller.evidence_ignored", job=ctx.job_id, count=len(evidence.problems),
                     problems=list(evidence.problems[:50]))

@@ -284,3 +284,16 @@ def test_digests_change_no_verdict(tmp_path):
     check()
     # the property covered the verdicts that read exits and rings, not only one of them
     assert {"crash", "hang", "clean"} <= set(count), count
+
+
+@as_root
+def test_records_too_big_for_the_nodes_budget_are_left_to_the_controller(tmp_path, monkeypatch):
+    import scout_slurm.evidence.digest as digest_mod
+    folder = layout(tmp_path)
+    crash_job(folder)
+    monkeypatch.setattr(digest_mod, "BYTES_READ_PER_NODE", 4000)    # n2's records: ~5.5 KB
+    notes = digest_nodes(folder, 6, ("n2",))
+    assert "exceed" in notes["n2"] and not folder.node_digest_path(0, "n2").exists()
+    monkeypatch.setattr(digest_mod, "BYTES_READ_PER_NODE", 1 << 20)
+    notes = digest_nodes(folder, 6, ("n2",))
+    assert notes["n2"] == "2 rank(s) digested"
