@@ -30,7 +30,7 @@ from scout_slurm.jobenv import HookContext, hook_context
 
 ROOT_DIR_MODE = 0o755
 JOB_DIR_MODE = 0o750
-RUN_SUBDIRS = ("ranks", "progress", "findings", "stacks")
+RUN_SUBDIRS = ("ranks", "progress", "findings", "stacks", "tasks")
 
 # Of the time budget: past this share no further part of the map is started, past the next the
 # collection is abandoned (what it has is written), and the rest is for writing.
