@@ -103,7 +103,7 @@ def build_node_digest(folder: JobFolder, restart: int, node: str, *, now: float)
     try:
         tasks = reader.optional(folder.node_tasks_path(restart, node), NodeTasks)
     except (EvidenceError, _OverBudget) as exc:
-        return None, f"no digest: {exc or 'the tasks file is too big'}"
+        return None, f"no digest: {str(exc) or 'the tasks file is too big'}"
     if tasks is None:
         return None, "no digest: the job left no list of this node's ranks (started without scout-srun, or by torchrun)"
     if (tasks.job_id, tasks.restart, tasks.node) != (folder.job_id, restart, node):
