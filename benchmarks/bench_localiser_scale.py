@@ -1,7 +1,11 @@
 """How the controller's end-of-job reading scales with the world size: synthetic evidence folders
 of 1k, 16k and 100k ranks written with the real store (`write_record`, real record types), then
-`gather_evidence` (list, read, parse and validate every file) and `localise` (pure) and the incident report the controller renders timed
-separately, each size and scenario in a fresh process so that its memory peak is its own.
+`gather_evidence`, `localise` (pure) and the incident report as the controller writes it (the
+suspects' whole records, the bundle, Markdown and HTML) timed separately, each size, scenario and
+way of reading in a fresh process so that its memory peak is its own. Two ways of reading: from
+the node digests that each node's Epilog writes (written here for every node first, as
+`build_node_digest` does on each node, and timed per node), and from every rank's own files (list,
+read, parse and validate every file), what the controller does where no digest holds a rank.
 
     python benchmarks/bench_localiser_scale.py [--sizes 1000,16000,100000] [--dir /tmp] [--keep DIR]
                                                [--tracemalloc] [--profile SIZE] [--baseline DIR] [--gc-on]
@@ -273,12 +277,18 @@ def measure(args: argparse.Namespace) -> None:
         gc.callbacks.remove(on_gc)   # the gather's passes only
     verdict = localise(evidence, now=WALL0 + 4000)
     t2, c2 = time.perf_counter(), cpu()
-    # the controller Epilog then renders the incident report (a timeline line per rank)
-    from scout_slurm.report.incident import render_incident_markdown
-    if digests:   # the suspects' whole records, as the controller reads them for the report
+    # the controller Epilog then writes the incident report as it does (hooks/controller.py): the
+    # suspects' whole records, the bundle (histories and hardware maps of the rows shown), the
+    # Markdown report (a timeline line per rank) and the HTML page
+    from scout_slurm.hooks.controller import _write_report
+    from scout_slurm.remediation.records import ActionsRecord, PlanStatus
+    if digests:
         from scout_slurm.localise.gather import with_full_records
         evidence = with_full_records(evidence, folder, [s.rank for s in verdict.suspects])
-    report = render_incident_markdown(verdict, evidence, None)
+    _write_report(folder, RESTART, verdict, evidence, ActionsRecord(
+        job_id=JOB_ID, restart=RESTART, verdict_kind=verdict.kind, status=PlanStatus.OBSERVE_ONLY, actions=(),
+        held_back=(), results=(), created_at=WALL0 + 4000, updated_at=WALL0 + 4000))
+    report = folder.report_path(RESTART).read_text() + folder.report_html_path(RESTART).read_text()
     t3 = time.perf_counter()
     if profiler is not None:
         profiler.disable()

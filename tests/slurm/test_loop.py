@@ -33,7 +33,12 @@ def _loop(lab, inject: str, rank: int, kind: str):
     assert node in drained and drained[node].startswith(f"scout: {kind} rank {rank} job {job} run 0"), drained
     assert list(drained) == [node]
     info = sj.wait_completed(lab, job)
-    assert info.state == "COMPLETED" and info.restart_count == 1, (info, sj.output(lab, job)[-3000:])
+    # a message in full: pytest cuts the repr of a tuple to a line
+    if not (info.state == "COMPLETED" and info.restart_count == 1):
+        time.sleep(3)   # the controller Epilog's verdict on the rerun, if it wrote one, says why it failed
+        vpath = sj.folder(lab, job).verdict_path(1)
+        why = sj.show_json(lab, job, restart=1) if vpath.exists() else "no verdict for run 1"
+        raise AssertionError(f"{info}\nrun 1: {why}\n{sj.output(lab, job)[-6000:]}")
     assert node in info.excluded_nodes
     run1 = sj.places(lab, job, 1)
     assert len(run1) == 4 and node not in {p.node for p in run1.values()}
