@@ -31,7 +31,7 @@ from scout_slurm.evidence.store import (_DIR_LIST, KIND_KEY, MAX_RECORD_BYTES, _
 from scout_slurm.localise.cascade import mentions_peer_failure
 
 MAX_TASKS_PER_NODE = 4096
-MAX_RANK = 1_000_000          # the localiser's largest world (localise.gather.MAX_WORLD)
+MAX_WORLD = 1_000_000         # the largest world the localiser reads (ranks 0 to MAX_WORLD - 1)
 TAIL_KEPT = 3                 # what the verdict quotes of a failed rank's stderr
 BYTES_READ_PER_NODE = 32 * 1024 * 1024   # 8 ranks of real records: ~80 KB
 
@@ -109,7 +109,7 @@ def build_node_digest(folder: JobFolder, restart: int, node: str, *, now: float)
     if (tasks.job_id, tasks.restart, tasks.node) != (folder.job_id, restart, node):
         return None, (f"no digest: the tasks file names job {tasks.job_id}, run {tasks.restart}, node {tasks.node!r}, "
                       f"not job {folder.job_id}, run {restart}, node {node!r}")
-    ranks = sorted({r for r in tasks.ranks if 0 <= r < MAX_RANK})
+    ranks = sorted({r for r in tasks.ranks if 0 <= r < MAX_WORLD})
     if not ranks or len(ranks) > MAX_TASKS_PER_NODE:
         return None, f"no digest: the tasks file lists {len(tasks.ranks)} ranks (1 to {MAX_TASKS_PER_NODE} expected)"
     rings = _Rings()
@@ -163,6 +163,10 @@ class DigestsRead:
     def ranks(self) -> frozenset[int]:
         return frozenset(self.places)
 
+    @staticmethod
+    def none(*problems: str) -> DigestsRead:
+        return DigestsRead({}, {}, {}, (), problems)
+
 
 def _decode_digest(data: bytes, shown: str, interned: dict) -> NodeDigest:
     """A NodeDigest whose ranks' snapshots carry their rings again. Each distinct ring is built
@@ -203,16 +207,16 @@ def read_node_digests(folder: JobFolder, restart: int) -> DigestsRead:
     used: list[str] = []
     nodes_dir = folder.nodes_dir
     if not nodes_dir.is_dir():
-        return DigestsRead({}, {}, {}, (), ())
+        return DigestsRead.none()
     shown_dir = os.fspath(nodes_dir)
     try:
         dir_fd = _open_below(os.fspath(folder.root), [folder.cluster, str(folder.job_id), "nodes"], shown_dir, _DIR_LIST)
     except EvidenceError as exc:
-        return DigestsRead({}, {}, {}, (), (str(exc),))
+        return DigestsRead.none(str(exc))
     name = f"ranks-{int(restart)}.json"
     interned: dict = {}
     claimed: dict[int, str] = {}
-    twice: set[int] = set()
+    refused: set[int] = set()   # read from their files instead
     try:
         with os.scandir(dir_fd) as entries:
             listing = sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
@@ -251,15 +255,15 @@ def read_node_digests(folder: JobFolder, restart: int) -> DigestsRead:
             taken = 0
             for row in digest.ranks:
                 r = row.rank
-                if (row.place.rank != r or row.place.node != node or not 0 <= r < MAX_RANK
+                if (row.place.rank != r or row.place.node != node or not 0 <= r < MAX_WORLD
                         or (row.exit is not None and row.exit.rank != r)
                         or (row.progress is not None and row.progress.rank != r)):
                     problems.append(f"{shown}: rank {r}'s records do not match it; its files are read instead")
-                    twice.add(r)
+                    refused.add(r)
                     continue
                 if r in claimed:
                     problems.append(f"rank {r} is in the digests of {claimed[r]} and {node}: its files are read instead")
-                    twice.add(r)
+                    refused.add(r)
                     continue
                 claimed[r] = node
                 places[r] = row.place
@@ -274,7 +278,7 @@ def read_node_digests(folder: JobFolder, restart: int) -> DigestsRead:
         problems.append(f"{shown_dir}: cannot be listed: {exc.strerror or exc}")
     finally:
         os.close(dir_fd)
-    for r in twice:
+    for r in refused:
         places.pop(r, None)
         exits.pop(r, None)
         snaps.pop(r, None)

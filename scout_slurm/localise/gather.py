@@ -10,13 +10,13 @@ from collections import Counter
 from pathlib import Path
 
 from scout_slurm.errors import EvidenceError
-from scout_slurm.evidence.digest import DigestsRead, read_node_digests
+from scout_slurm.evidence.digest import MAX_WORLD, DigestsRead, read_node_digests
 from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.records import ExitRecord, Finding, ProgressSnapshot, RankPlace, StallDecision
 from scout_slurm.evidence.store import list_records, read_record
 from scout_slurm.localise.verdict import JobEvidence
 
-MAX_WORLD = 1_000_000
+__all__ = ["MAX_WORLD", "gather_evidence", "with_full_records"]
 
 
 def gather_evidence(folder: JobFolder, restart: int, *, job_exit_code: int = -1,
@@ -42,7 +42,7 @@ def _gather(folder: JobFolder, restart: int, *, job_exit_code: int, world_size: 
             digests: bool) -> JobEvidence:
     problems: list[str] = []
     root = folder.root
-    dig = read_node_digests(folder, restart) if digests else DigestsRead({}, {}, {}, (), ())
+    dig = read_node_digests(folder, restart) if digests else DigestsRead.none()
     problems.extend(dig.problems)
 
     def many(directory: Path, pattern: str, cls, exclude=frozenset()):

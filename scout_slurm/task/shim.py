@@ -22,6 +22,7 @@ from typing import Mapping, Sequence
 import scout_slurm
 from scout_slurm.config import SiteConfig, load_config
 from scout_slurm.errors import ScoutError
+from scout_slurm.evidence.digest import MAX_TASKS_PER_NODE
 from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.records import NodeTasks, RankPlace
 from scout_slurm.evidence.store import read_record, write_record
@@ -186,7 +187,7 @@ def node_tasks(ctx: TaskContext, environ: Mapping[str, str]) -> NodeTasks | None
         ranks = tuple(sorted({int(t) for t in text.split(",")}))
     except ValueError:
         return None
-    if ctx.rank not in ranks or len(ranks) > 4096 or ranks[0] < 0 or ranks[-1] >= ctx.world_size:
+    if ctx.rank not in ranks or len(ranks) > MAX_TASKS_PER_NODE or ranks[0] < 0 or ranks[-1] >= ctx.world_size:
         return None
     return NodeTasks(job_id=ctx.job_id, restart=ctx.restart, node=ctx.node, ranks=ranks)
 
