@@ -2,28 +2,35 @@
 
 Precedence is explicit: a flag beats an environment variable (`SCOUT_<SECTION>_<KEY>`), which
 beats the file (`$SCOUT_CONFIG`, default `/etc/scout/scout.toml`), which beats the default.
-Unknown sections or keys are an error that lists the valid ones.
+Unknown sections or keys are an error that lists the valid ones. The hooks, which run as root,
+read it through `load_hook_config`: only a file that root can trust (trust.py), else SAFE_CONFIG.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from scout_slurm.errors import ConfigError
+from scout_slurm.trust import check_bin_dir, read_trusted_file
 
 DEFAULT_CONFIG_PATH = Path("/etc/scout/scout.toml")
 CONFIG_ENV = "SCOUT_CONFIG"
+MAX_CONFIG_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
 class EvidenceConfig:
     root: str = "/var/lib/scout/evidence"
     max_record_bytes: int = 4 * 1024 * 1024
+    # slurm.conf's SlurmUser, as whom the controller Epilog runs: the Prolog gives its group read
+    # access to what the job writes, and it owns the job's results/ folder (see docs/THREAT-MODEL.md)
+    slurm_user: str = "slurm"
 
 
 @dataclass(frozen=True)
@@ -240,6 +247,70 @@ def load_config(environ: Mapping[str, str], *, path: str | Path | None = None,
     if flags:
         cfg = merge(cfg, flags, source="command-line flags")
     return cfg
+
+
+# What a privileged hook runs with when it cannot trust the site config: nothing from that file,
+# and no drain or requeue on the strength of settings nobody vouched for.
+SAFE_CONFIG = SiteConfig(remediation=RemediationConfig(observe_only=True))
+
+
+@dataclass(frozen=True)
+class HookConfig:
+    """The site config as a hook running as root (or SlurmUser) may use it. `refused` says why
+    the file was not trusted; `config` is then SAFE_CONFIG. `source` says where the values came
+    from, for the hook's log."""
+    config: SiteConfig
+    refused: str | None
+    source: str
+
+
+def load_hook_config(environ: Mapping[str, str], *, path: str | Path | None = None,
+                     trusted_uids: Iterable[int] | None = None) -> HookConfig:
+    """Read the site config for a privileged hook, trusting it the way sshd trusts its own.
+
+    Like `load_config` (defaults < file < environment), but the file, every directory above it,
+    and `[slurm] bin_dir` with the Slurm commands in it must be owned by a trusted uid (default:
+    root and this process's effective uid) and writable by no one else; any failure, and any
+    parse or validation error, is a refusal with SAFE_CONFIG, never an exception.
+    """
+    explicit = path or environ.get(CONFIG_ENV)
+    cfg_path = Path(explicit) if explicit else DEFAULT_CONFIG_PATH
+    trusted = frozenset({0, os.geteuid()} if trusted_uids is None else trusted_uids)
+    try:
+        cfg, source = _read_hook_file(cfg_path, trusted, named_by=(
+            None if not explicit else "the caller" if path else CONFIG_ENV))
+        env = env_overrides(environ)
+        if env:
+            cfg = merge(cfg, env, source="environment (SCOUT_* variables)")
+            names = [f"SCOUT_{s.upper()}_{k.upper()}" for s, keys in env.items() for k in keys]
+            source += f" < environment ({', '.join(names)})"
+        if cfg.slurm.bin_dir:
+            from scout_slurm.slurm.door import SLURM_COMMANDS  # the door (subprocess, logging) only here
+            # checked after the environment: root runs what is there, whoever named it
+            try:
+                check_bin_dir(cfg.slurm.bin_dir, trusted, SLURM_COMMANDS)
+            except FileNotFoundError:
+                raise ConfigError(f"[slurm] bin_dir {cfg.slurm.bin_dir} (from {source}) does not exist; "
+                                  "fix it, or leave it empty to find Slurm on PATH") from None
+    except ConfigError as exc:   # UntrustedPath is one
+        return HookConfig(SAFE_CONFIG, str(exc), f"safe defaults (refused {cfg_path})")
+    return HookConfig(cfg, None, source)
+
+
+def _read_hook_file(cfg_path: Path, trusted: frozenset[int], *,
+                    named_by: str | None) -> tuple[SiteConfig, str]:
+    try:
+        raw = read_trusted_file(cfg_path, trusted, max_bytes=MAX_CONFIG_BYTES)
+    except FileNotFoundError:
+        if named_by:
+            raise ConfigError(f"{cfg_path}: site config not found (named by {named_by}); "
+                              "create it or name another") from None
+        return SiteConfig(), f"defaults ({cfg_path} not present)"
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{cfg_path}: cannot read the site config ({exc}); fix the file") from exc
+    return parse_config(data, source=str(cfg_path)), str(cfg_path)
 
 
 def render_toml(cfg: SiteConfig) -> str:

@@ -12,6 +12,10 @@ class ConfigError(ScoutError):
     """A config file, flag or environment variable is missing or invalid."""
 
 
+class UntrustedPath(ConfigError):
+    """A file or directory root would read or run could be changed by someone root does not trust."""
+
+
 class SlurmError(ScoutError):
     """A Slurm command failed or printed something we cannot read."""
 

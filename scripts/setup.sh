@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 missing=0
-for bin in slurmctld slurmd sbatch scontrol munged mungekey chromium; do
+for bin in slurmctld slurmd sbatch scontrol munged mungekey chromium runuser; do
   command -v "$bin" >/dev/null 2>&1 || [ -x "/usr/sbin/$bin" ] || missing=1
 done
 if [ "$missing" = 1 ]; then
@@ -19,14 +19,27 @@ if [ "$missing" = 1 ]; then
   fi
   apt-get update -qq
   # iproute2: ip netns for the netns lab, tc for its slow-link test; chromium: the incident page's test renders it headless (fonts-dejavu-core: text needs one font)
-  apt-get install -y -qq --no-install-recommends slurm-wlm slurmctld slurmd slurm-client munge procps iproute2 \
+  apt-get install -y -qq --no-install-recommends slurm-wlm slurmctld slurmd slurm-client munge procps iproute2 python3-venv \
     chromium chromium-driver fonts-dejavu-core >/dev/null
   [ "$created_policy" = 1 ] && rm -f /usr/sbin/policy-rc.d
 fi
 
+# The lab runs its controller hook as the `slurm` user and jobs as an unprivileged user: both must
+# be able to run this interpreter. Debian's /usr/bin/python3 is; one under root's home (pyenv) is
+# not (/root is mode 0700). A .venv made from such an interpreter is made again.
+python="${PYTHON:-}"
+if [ -z "$python" ]; then
+  python=python3
+  [ -x /usr/bin/python3 ] && python=/usr/bin/python3
+fi
+if [ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && [ -x /usr/bin/python3 ] \
+   && ! grep -qx "home = /usr/bin" .venv/pyvenv.cfg 2>/dev/null; then
+  echo "setup: .venv was made from $(sed -n 's/^home = //p' .venv/pyvenv.cfg); making it again from /usr/bin/python3" >&2
+  rm -rf .venv
+fi
 if [ ! -x .venv/bin/python ]; then
-  echo "setup: creating .venv" >&2
-  "${PYTHON:-python3}" -m venv .venv
+  echo "setup: creating .venv from $python" >&2
+  "$python" -m venv .venv
 fi
 # the pinned CPU build (on this machine's disk; an unpinned torch downloads several GB of CUDA)
 .venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0"

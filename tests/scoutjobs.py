@@ -35,10 +35,15 @@ exit $rc
 """
 
 
-def submit(lab: Lab, script: str, *, nodes: int = 2, tasks_per_node: int = 2, extra: tuple[str, ...] = ()) -> int:
+def submit(lab: Lab, script: str, *, nodes: int = 2, tasks_per_node: int = 2, extra: tuple[str, ...] = (),
+           user: str | None = None) -> int:
+    """Submit as a site's user would: as the lab's unprivileged job user (`user` picks another of
+    the lab's users; "" submits as root), from the lab's shared work folder."""
     out = lab.paths.work / "job-%j.out"
+    user = lab.job_user if user is None else user
     return ops.submit_batch(script, [f"-N{nodes}", f"--ntasks-per-node={tasks_per_node}", "--open-mode=append",
-                                     f"--output={out}", *extra], timeout=20, env=lab.client_env())
+                                     f"--output={out}", f"--chdir={lab.paths.work}", *extra], timeout=20,
+                            env=lab.client_env(), user=user)
 
 
 def output(lab: Lab, job_id: int) -> str:

@@ -1,7 +1,9 @@
 """Where each record lives: `<root>/<cluster>/<job id>/...` (pure path arithmetic).
 
-`nodes/` is written by root hooks only; `run-<restart>/` and `checkpoints/` by the job, so the
-privileged hooks treat them as untrusted input.
+`nodes/` is written by root hooks only; `results/` by the controller Epilog (SlurmUser) or the
+batch host's Epilog (root); `run-<restart>/` and `checkpoints/` by the job, so the privileged
+hooks treat them as untrusted input. `<root>/<cluster>/pending/` holds one marker per incident
+whose handling has begun and not ended (see hooks/pending.py).
 """
 
 from __future__ import annotations
@@ -69,22 +71,39 @@ class JobFolder:
     def checkpoints_dir(self) -> Path:
         return self.path / "checkpoints"
 
+    @property
+    def results_dir(self) -> Path:
+        """The controller's outcome of each run: owned by SlurmUser, which may write nothing else here."""
+        return self.path / "results"
+
+    @property
+    def pending_dir(self) -> Path:
+        """Markers of incidents being handled, for the whole cluster (owned by SlurmUser)."""
+        return self.cluster_dir / "pending"
+
+    def pending_path(self, restart: int) -> Path:
+        return self.pending_dir / f"{self.job_id}-{int(restart)}.json"
+
+    def lock_path(self, restart: int) -> Path:
+        """Held (flock) by the hook that handles run `restart`; the kernel frees it when that hook dies."""
+        return self.results_dir / f"lock-{int(restart)}"
+
     def verdict_path(self, restart: int) -> Path:
-        return self.path / f"verdict-{int(restart)}.json"
+        return self.results_dir / f"verdict-{int(restart)}.json"
 
     def actions_path(self, restart: int) -> Path:
-        return self.path / f"actions-{int(restart)}.json"
+        return self.results_dir / f"actions-{int(restart)}.json"
 
     def report_path(self, restart: int) -> Path:
-        return self.path / f"report-{int(restart)}.md"
+        return self.results_dir / f"report-{int(restart)}.md"
 
     def report_html_path(self, restart: int) -> Path:
         """The incident page (report/html.py) next to the Markdown report."""
-        return self.path / f"report-{int(restart)}.html"
+        return self.results_dir / f"report-{int(restart)}.html"
 
     def resume_path(self, restart: int) -> Path:
         """Written by the controller hook for run `restart`: which checkpoint to load."""
-        return self.path / f"resume-{int(restart)}.json"
+        return self.results_dir / f"resume-{int(restart)}.json"
 
     def rank_place_path(self, restart: int, rank: int) -> Path:
         return self.ranks_dir(restart) / f"rank-{int(rank)}.json"

@@ -29,7 +29,11 @@ from scout_slurm.hwmap.records import HardwareMap
 from scout_slurm.jobenv import HookContext, hook_context
 
 ROOT_DIR_MODE = 0o755
-JOB_DIR_MODE = 0o750
+# The job's own folders: the job's uid, SlurmUser's group, setgid so that what the job creates in
+# them keeps that group: the controller Epilog (SlurmUser) reads them, nobody else does.
+JOB_DIR_MODE = 0o2750
+RESULTS_DIR_MODE = 0o755   # SlurmUser's: verdicts, actions, reports, resume instructions
+PENDING_DIR_MODE = 0o750   # SlurmUser's: markers of incidents whose handling has not ended
 RUN_SUBDIRS = ("ranks", "progress", "findings", "stacks", "tasks")
 
 # Of the time budget: past this share no further part of the map is started, past the next the
@@ -103,19 +107,25 @@ def _ensure_dir(parent_fd: int, name: str, owner: Owner, shown: Path) -> int:
     return fd
 
 
-def _job_owner(uid: int, log: Any) -> Owner:
+def slurm_user_owner(name: str, log: Any) -> Owner:
+    """SlurmUser (the site config's `[evidence] slurm_user`) as the owner of the results and
+    pending folders; root when that user does not exist here (then only root hooks write them)."""
     try:
-        gid = pwd.getpwuid(uid).pw_gid
+        pw = pwd.getpwnam(name)
     except KeyError:
-        # HookContext has no SLURM_JOB_GID; without a passwd entry the group stays root's,
-        # which lets no one but root and the job read the job's folders (mode 0750).
-        log.warning("prolog.no_passwd_entry", uid=uid, using_gid=0)
-        gid = 0
-    return Owner(uid, gid, JOB_DIR_MODE)
+        log.warning("prolog.no_slurm_user", slurm_user=name, using="root",
+                    consequence="a controller Epilog that does not run as root cannot read or write this job's evidence")
+        return Owner(0, 0, RESULTS_DIR_MODE)
+    return Owner(pw.pw_uid, pw.pw_gid, RESULTS_DIR_MODE)
+
+
+def _job_owner(uid: int, slurm: Owner) -> Owner:
+    """The job's folders: the job's uid, SlurmUser's group (read access for the controller)."""
+    return Owner(uid, slurm.gid, JOB_DIR_MODE)
 
 
 def prepare_job_folder(folder: JobFolder, node: str, restart: int, job_owner: Owner,
-                       log: Any) -> Path | None:
+                       log: Any, slurm_owner: Owner | None = None) -> Path | None:
     """Create the job's folders; returns this node's folder (root-owned), or None if unsafe.
 
     The evidence root is the site's own (it may be a link the administrator made); every folder
@@ -138,6 +148,14 @@ def prepare_job_folder(folder: JobFolder, node: str, restart: int, job_owner: Ow
         nodes_fd = _ensure_dir(job_fd, "nodes", root_owner, folder.nodes_dir)
         fds.append(nodes_fd)
         fds.append(_ensure_dir(nodes_fd, folder.node_dir(node).name, root_owner, folder.node_dir(node)))
+        slurm = slurm_owner or root_owner
+        try:
+            fds.append(_ensure_dir(job_fd, folder.results_dir.name, slurm, folder.results_dir))
+            fds.append(_ensure_dir(cluster_fd, folder.pending_dir.name,
+                                   Owner(slurm.uid, slurm.gid, PENDING_DIR_MODE), folder.pending_dir))
+        except (OSError, EvidenceError) as exc:
+            log.error("prolog.results_folder_failed", reason=str(exc),
+                      consequence="the controller Epilog may be unable to write its verdict")
         try:
             run_fd = _ensure_dir(job_fd, folder.run_dir(restart).name, job_owner, folder.run_dir(restart))
             fds.append(run_fd)
@@ -199,8 +217,9 @@ def _run(ctx: HookContext, environ: Mapping[str, str], log: Any, *, sysfs_root: 
     node_dir: Path | None = None
     try:
         folder = JobFolder(Path(cfg.evidence.root), ctx.cluster, ctx.job_id)
-        owner = _job_owner(ctx.job_uid, log)
-        done, out = _within(lambda: prepare_job_folder(folder, ctx.node, ctx.restart, owner, log),
+        slurm = slurm_user_owner(cfg.evidence.slurm_user, log)
+        owner = _job_owner(ctx.job_uid, slurm)
+        done, out = _within(lambda: prepare_job_folder(folder, ctx.node, ctx.restart, owner, log, slurm),
                             start + budget * COLLECT_SHARE - time.monotonic(), "folders")
         if not done:
             log.error("prolog.folder_timeout", root=cfg.evidence.root, budget_s=budget,

@@ -17,6 +17,7 @@ are `_spawn` and `_ip`.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 import os
@@ -72,6 +73,11 @@ class LabSpec:
     python: str = sys.executable
     site: SiteConfig | None = None  # None: the lab's defaults (short timeouts)
     netns: bool = False  # one network namespace, hostname and address per node (needs root)
+    # As a site runs: slurmctld (so EpilogSlurmctld) as a non-root SlurmUser, jobs submitted by
+    # unprivileged users; slurmd stays root. Needs root to create the users; see `Lab.users`.
+    site_users: bool = True
+    slurm_user: str = "slurm"
+    job_users: tuple[str, ...] = ("scout-u1", "scout-u2")
 
     def node_names(self) -> list[str]:
         return [f"n{i}" for i in range(1, self.nodes + 1)]
@@ -197,7 +203,8 @@ def check_netns_binaries() -> dict[str, str]:
     return found
 
 
-def render_slurm_conf(spec: LabSpec, paths: LabPaths, *, controller_host: str, first_job_id: int) -> str:
+def render_slurm_conf(spec: LabSpec, paths: LabPaths, *, controller_host: str, first_job_id: int,
+                      slurm_user: str = "root") -> str:
     """slurm.conf for the lab (pure)."""
     hooks = ""
     if spec.hooks:
@@ -208,7 +215,7 @@ def render_slurm_conf(spec: LabSpec, paths: LabPaths, *, controller_host: str, f
         f"ClusterName={CLUSTER_NAME}",
         f"SlurmctldHost={controller_host}({ctl_addr})",
         f"SlurmctldPort={spec.port_base}",
-        "SlurmUser=root", "SlurmdUser=root",
+        f"SlurmUser={slurm_user}", "SlurmdUser=root",
         "AuthType=auth/munge", "CredType=cred/munge",
         f"AuthInfo=socket={paths.munge_socket},cred_expire=5",
         f"StateSaveLocation={paths.spool / 'ctld'}",
@@ -269,14 +276,70 @@ def _bridge_alias(root: Path) -> str:
     return f"scout-lab:{root}"
 
 
-def render_hook(python: str, module: str, paths: LabPaths) -> str:
+def render_hook(python: str, module: str, paths: LabPaths, *, log_name: str = "hooks.log") -> str:
     """A hook wrapper: Slurm gives hooks no PATH, and controller hooks no SLURM_CONF."""
     path = ":".join([os.path.dirname(python), "/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"])
     return ("#!/bin/sh\n"
             f"export PATH='{path}'\n"
             f"export SLURM_CONF='{paths.slurm_conf}'\n"
             f"export SCOUT_CONFIG='{paths.scout_conf}'\n"
-            f"exec '{python}' -m {module} >>'{paths.logs}/hooks.log' 2>&1\n")
+            f"exec '{python}' -m {module} >>'{paths.logs}/{log_name}' 2>&1\n")
+
+
+# the controller Epilog runs as SlurmUser: its log is a file of its own, which that user owns
+CONTROLLER_HOOK_LOG = "hooks-slurmctld.log"
+
+
+def _user_ids(name: str) -> tuple[int, int] | None:
+    import pwd
+    try:
+        pw = pwd.getpwnam(name)
+    except KeyError:
+        return None
+    return pw.pw_uid, pw.pw_gid
+
+
+def ensure_user(name: str, *, system: bool) -> tuple[int, int]:
+    """The lab's users (SlurmUser, the job users), created when missing (root only). They are
+    left in place by `down()`: a user is machine configuration, not a lab process."""
+    ids = _user_ids(name)
+    if ids is not None:
+        return ids
+    useradd = shutil.which("useradd", path="/usr/sbin:/sbin:/usr/bin:/bin")
+    if not useradd:
+        raise LabError(f"lab: user {name!r} is missing and useradd (Debian package passwd) is not installed")
+    argv = [useradd, "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
+            "--shell", "/usr/sbin/nologin" if system else "/bin/bash"]
+    if system:
+        argv.append("--system")
+    proc = subprocess.run([*argv, name], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    ids = _user_ids(name)
+    if ids is None:
+        raise LabError(f"lab: could not create user {name!r}: {' '.join(argv)} exited {proc.returncode}: "
+                       f"{proc.stderr.strip()[:300]}")
+    log.info("lab.user_created", user=name, uid=ids[0], gid=ids[1])
+    return ids
+
+
+def unreachable_for(user: str, python: str) -> str:
+    """Why `user` cannot run this interpreter with scout importable, or "" when it can (both the
+    controller hook as SlurmUser and the jobs as their users run it)."""
+    runuser = shutil.which("runuser", path="/usr/sbin:/sbin:/usr/bin:/bin")
+    if not runuser:
+        return "runuser (Debian package util-linux) is not installed"
+    try:
+        proc = subprocess.run([runuser, "-u", user, "--", python, "-c", "import scout_slurm"], capture_output=True,
+                              text=True, timeout=60, stdin=subprocess.DEVNULL, cwd="/")
+    except subprocess.TimeoutExpired:
+        return f"{python} did not start as {user} within 60 s"
+    if proc.returncode == 0:
+        return ""
+    blocked = [str(p) for p in [*reversed(Path(python).parents), Path(python)]
+               if p.exists() and not os.stat(p).st_mode & 0o001]
+    return (f"{python} cannot be run as {user}: {(proc.stderr.strip().splitlines() or ['?'])[-1][:200]}"
+            + (f"; not searchable by others: {', '.join(blocked[:3])}" if blocked else "")
+            + " (make the virtual environment from a Python all users can run, e.g. /usr/bin/python3, "
+              "in a folder they can read)")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -543,6 +606,41 @@ class Lab:
         self.spec = spec
         self.paths = LabPaths(Path(spec.state_dir).resolve())
 
+    @property
+    def users(self) -> dict:
+        """As whom this lab runs: {"slurm_user": ..., "job_users": [...], "why_root": ...}, read from
+        lab.json (what `up()` could set up, not only what the spec asked for)."""
+        info = self._read_lab_json().get("users")
+        if isinstance(info, dict):
+            return info
+        return {"slurm_user": "root", "job_users": [], "why_root": "the lab is not up"}
+
+    @property
+    def job_user(self) -> str:
+        """The unprivileged user that submits the lab's jobs ("" where the lab runs them as root)."""
+        users = self.users.get("job_users") or []
+        return users[0] if users else ""
+
+    def _site_users(self) -> dict:
+        """SlurmUser and the job users for this `up()`, created if missing; falls back to root, with
+        the reason recorded and logged, where that is not possible here."""
+        spec = self.spec
+        if not spec.site_users:
+            return {"slurm_user": "root", "job_users": [], "why_root": "LabSpec(site_users=False)"}
+        if os.geteuid() != 0:
+            me = __import__("pwd").getpwuid(os.geteuid()).pw_name
+            return {"slurm_user": me, "job_users": [], "why_root": "not root: the lab runs as its own user"}
+        ensure_user(spec.slurm_user, system=True)
+        for user in spec.job_users:
+            ensure_user(user, system=False)
+        for user in (spec.slurm_user, *spec.job_users[:1]):
+            why = unreachable_for(user, spec.python)
+            if why:
+                log.warning("lab.site_users_unavailable", reason=why,
+                            consequence="slurmctld and the jobs run as root in this lab")
+                return {"slurm_user": "root", "job_users": [], "why_root": why}
+        return {"slurm_user": spec.slurm_user, "job_users": list(spec.job_users), "why_root": ""}
+
     # -- environment for clients -------------------------------------------------------
     def client_env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -580,12 +678,26 @@ class Lab:
         os.chmod(p.munge_dir, 0o711)  # munge clients must reach the socket: o+x
         os.chmod(p.evidence, 0o755)
         os.chmod(p.work, 0o1777)
+        users = self._site_users()
+        slurm_ids = _user_ids(users["slurm_user"]) or (os.geteuid(), os.getegid())
+        # what slurmctld (as SlurmUser) writes: its state, its logs, its pid file, the controller hook's log
+        for path in (p.spool / "ctld",):
+            os.chown(path, *slurm_ids)
+        for name in ("slurmctld.log", "jobcomp.txt", CONTROLLER_HOOK_LOG):
+            f = p.logs / name
+            f.touch()
+            os.chown(f, *slurm_ids)
+        os.chown(p.run, *slurm_ids)
+        os.chmod(p.run, 0o755)
         host = socket.gethostname().split(".")[0]
-        conf = render_slurm_conf(self.spec, p, controller_host=host, first_job_id=self._next_job_id())
+        conf = render_slurm_conf(self.spec, p, controller_host=host, first_job_id=self._next_job_id(),
+                                 slurm_user=users["slurm_user"])
         p.slurm_conf.write_text(conf)
         (p.etc / "cgroup.conf").write_text(f"CgroupPlugin=cgroup/v1\nCgroupMountpoint={p.root / 'cgroup-empty'}\n"
                                            "ConstrainCores=no\nConstrainRAMSpace=no\nConstrainDevices=no\n")
-        p.scout_conf.write_text(render_toml(lab_site_config(self.spec)))
+        site = lab_site_config(self.spec)
+        site = dataclasses.replace(site, evidence=dataclasses.replace(site.evidence, slurm_user=users["slurm_user"]))
+        p.scout_conf.write_text(render_toml(site))
         plan = None
         if self.spec.netns:
             p.hosts.write_text(render_hosts(self.spec, controller_host=host))
@@ -593,7 +705,8 @@ class Lab:
         for name, module in (("prolog", "scout_slurm.hooks.prolog"), ("epilog", "scout_slurm.hooks.epilog"),
                              ("epilog-slurmctld", "scout_slurm.hooks.controller")):
             hook = p.hooks / name
-            hook.write_text(render_hook(self.spec.python, module, p))
+            hook.write_text(render_hook(self.spec.python, module, p,
+                                        log_name=CONTROLLER_HOOK_LOG if name == "epilog-slurmctld" else "hooks.log"))
             hook.chmod(0o755)
         key = p.munge_dir / "munge.key"
         if not key.exists():
@@ -614,14 +727,18 @@ class Lab:
             else:
                 argv = [bins["slurmd"], "-N", name, "-f", str(p.slurm_conf)]
             self._spawn(argv, f"slurmd {name}", env=env)
+        self._users = users
         self._write_lab_json(plan, started=time.time())
         self._wait_for(self._all_idle, wait_s, "all nodes idle")
-        log.info("lab.up", state_dir=str(p.root), nodes=self.spec.node_names(), mode=self.spec.mode)
+        log.info("lab.up", state_dir=str(p.root), nodes=self.spec.node_names(), mode=self.spec.mode,
+                 slurm_user=users["slurm_user"], job_users=users["job_users"])
 
     def _write_lab_json(self, plan: dict | None, *, started: float | None) -> None:
         p = self.paths
         data = {"nodes": self.spec.node_names(), "port_base": self.spec.port_base, "slurm_conf": str(p.slurm_conf),
                 "mode": self.spec.mode, "started": started}
+        if getattr(self, "_users", None):
+            data["users"] = self._users
         if plan is not None:
             data["netns"] = plan
         tmp = p.lab_json.with_suffix(".json.tmp")

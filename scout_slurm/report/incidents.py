@@ -34,7 +34,7 @@ def list_incidents(root: Path, *, node: str | None = None, limit: int = 20) -> l
         for job in cluster.iterdir():
             if not job.name.isdigit() or job.is_symlink():
                 continue
-            for vpath in job.glob("verdict-*.json"):
+            for vpath in (job / "results").glob("verdict-*.json"):
                 try:
                     v = read_record(vpath, Verdict, root=root)
                 except EvidenceError:
@@ -42,7 +42,7 @@ def list_incidents(root: Path, *, node: str | None = None, limit: int = 20) -> l
                 if v.kind == VerdictKind.CLEAN:
                     continue
                 drained: tuple[str, ...] = ()
-                apath = job / f"actions-{v.restart}.json"
+                apath = job / "results" / f"actions-{v.restart}.json"
                 if apath.exists():
                     try:
                         a = read_record(apath, ActionsRecord, root=root)

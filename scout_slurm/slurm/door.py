@@ -54,19 +54,34 @@ def resolve_binary(name: str, *, bin_dir: str = "", path_env: str | None = None)
     return found
 
 
+def _as_user_prefix(user: str) -> tuple[str, ...]:
+    """`runuser -u USER --`: a command run with that user's own credentials (root only; the lab
+    submits its jobs this way, as a site's users do)."""
+    if not user:
+        return ()
+    if not user.replace("-", "").replace("_", "").isalnum():
+        raise SlurmError(f"refusing user name {user!r}: letters, digits, '-' and '_' only")
+    runuser = shutil.which("runuser", path="/usr/sbin:/sbin:/usr/bin:/bin")
+    if not runuser:
+        raise SlurmNotInstalled("runuser (Debian package util-linux) is needed to run a Slurm command as "
+                                f"{user!r}; install it")
+    return (runuser, "-u", user, "--")
+
+
 def run_slurm(command: str, args: Sequence[str], *, timeout: float, bin_dir: str = "",
               env: Mapping[str, str] | None = None, check: bool = True,
-              input_text: str | None = None) -> SlurmResult:
+              input_text: str | None = None, as_user: str = "") -> SlurmResult:
     """Run one Slurm command and return its result; the only place scout runs Slurm.
 
     Raises SlurmTimeout past `timeout` seconds, and SlurmError on a non-zero exit when `check`.
+    `as_user` runs it as that user (root only).
     """
     for a in args:
         if not isinstance(a, str):
             raise TypeError(f"Slurm argument {a!r} must be a str")
         if "\x00" in a:
             raise SlurmError(f"refusing a Slurm argument with a NUL byte: {a!r}")
-    argv = (resolve_binary(command, bin_dir=bin_dir), *args)
+    argv = (*_as_user_prefix(as_user), resolve_binary(command, bin_dir=bin_dir), *args)
     t0 = time.monotonic()
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,

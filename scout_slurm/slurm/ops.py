@@ -94,15 +94,17 @@ def set_job_comment(job_id: int, comment: str, *, timeout: float, env: Env = Non
               timeout=timeout, env=env, bin_dir=bin_dir)
 
 
-def cancel_job(job_id: int, *, timeout: float, env: Env = None, bin_dir: str = "") -> None:
-    run_slurm("scancel", [str(int(job_id))], timeout=timeout, env=env, bin_dir=bin_dir)
+def cancel_job(job_id: int, *, timeout: float, env: Env = None, bin_dir: str = "", user: str = "") -> None:
+    """`scancel JOB`, as `user` when given (the job's owner cancelling it), else as this process."""
+    run_slurm("scancel", [str(int(job_id))], timeout=timeout, env=env, bin_dir=bin_dir, as_user=user)
 
 
 def submit_batch(script: str, args: Sequence[str] = (), *, timeout: float, env: Env = None,
-                 bin_dir: str = "") -> int:
-    """Submit a batch script given as text; returns the job id (`sbatch --parsable`)."""
+                 bin_dir: str = "", user: str = "") -> int:
+    """Submit a batch script given as text; returns the job id (`sbatch --parsable`). With `user`
+    (root only) the job is that user's, submitted with its own credentials."""
     res = run_slurm("sbatch", ["--parsable", *args], timeout=timeout, env=env, bin_dir=bin_dir,
-                    input_text=script)
+                    input_text=script, as_user=user)
     try:
         return int(res.stdout.strip().split(";")[0])
     except ValueError:

@@ -175,7 +175,7 @@ def listing(path: Path) -> list[str]:
 
 
 def actions(site: Site) -> ActionsRecord:
-    return read_record(site.job_dir / "actions-0.json", ActionsRecord, root=site.root)
+    return read_record(site.job_dir / "results" / "actions-0.json", ActionsRecord, root=site.root)
 
 
 # -------------------------------------------------------------------------------------------
@@ -302,7 +302,7 @@ def test_planted_records_are_refused_by_name_and_the_crash_is_still_found(site, 
     run = run_hook(hook, site.env(hook), timeout=60)
     for name, reason in expected.items():
         run.logged(name, reason)
-    verdict = json.loads((site.job_dir / "verdict-0.json").read_text())
+    verdict = json.loads((site.job_dir / "results" / "verdict-0.json").read_text())
     assert verdict["kind"] == "crash" and [(s["rank"], s["node"]) for s in verdict["suspects"]] == [(2, "n2")]
 
 

@@ -511,6 +511,8 @@ def _restore_logging():
 
 JOB_UID = 65534
 JOB_GID = pwd.getpwuid(JOB_UID).pw_gid
+SLURM_USER = "daemon"              # stands for SlurmUser: a system user every Debian has
+SLURM_UID, SLURM_GID = pwd.getpwnam(SLURM_USER).pw_uid, pwd.getpwnam(SLURM_USER).pw_gid
 CLUSTER = "testc"
 
 
@@ -525,7 +527,7 @@ def hook_env(tmp_path, monkeypatch):
     conf = tmp_path / "scout.toml"
 
     def configure(*, evidence=root, fail_on_broken_gpu=False, time_budget_s=20.0):
-        conf.write_text(f'[evidence]\nroot = "{evidence}"\n[prolog]\ntime_budget_s = {time_budget_s}\n'
+        conf.write_text(f'[evidence]\nroot = "{evidence}"\nslurm_user = "{SLURM_USER}"\n[prolog]\ntime_budget_s = {time_budget_s}\n'
                         f"fail_on_broken_gpu = {'true' if fail_on_broken_gpu else 'false'}\n")
     configure()
     for k, v in {"SLURM_JOB_ID": "4242", "SLURM_JOB_UID": str(JOB_UID), "SLURM_JOB_USER": "nobody",
@@ -562,10 +564,14 @@ def test_prolog_writes_the_map_and_lays_out_the_folder(hook_env):
     assert owner_mode(map_path)[:3] == (0, 0, 0o644)
     for d in (f.cluster_dir, f.path, f.nodes_dir, f.node_dir("n1")):
         assert owner_mode(d) == (0, 0, 0o755, True), d
+    # the job's folders: its uid, SlurmUser's group (setgid), so the controller Epilog reads them
     for d in (f.run_dir(0), f.ranks_dir(0), f.progress_dir(0), f.findings_dir(0), f.stacks_dir(0),
               f.checkpoints_dir):
-        assert owner_mode(d) == (JOB_UID, JOB_GID, 0o750, True), d
-    assert sorted(p.name for p in f.path.iterdir()) == ["checkpoints", "nodes", "run-0"]
+        assert owner_mode(d) == (JOB_UID, SLURM_GID, 0o2750, True), d
+    # SlurmUser's own: where the controller writes its verdict, and the cluster's pending incidents
+    assert owner_mode(f.results_dir) == (SLURM_UID, SLURM_GID, 0o755, True)
+    assert owner_mode(f.pending_dir) == (SLURM_UID, SLURM_GID, 0o750, True)
+    assert sorted(p.name for p in f.path.iterdir()) == ["checkpoints", "nodes", "results", "run-0"]
 
 
 def test_prolog_second_node_and_restart_share_the_folder(hook_env, monkeypatch):
@@ -576,8 +582,8 @@ def test_prolog_second_node_and_restart_share_the_folder(hook_env, monkeypatch):
     f = hook_env.folder
     assert store.read_record(f.node_dir("n2") / prolog.MAP_NAME, HardwareMap).hostname == "vm"
     assert store.read_record(f.node_dir("n1") / prolog.MAP_NAME, HardwareMap).hostname == "gpu-node-017"
-    assert owner_mode(f.run_dir(1)) == (JOB_UID, JOB_GID, 0o750, True)
-    assert owner_mode(f.run_dir(0)) == (JOB_UID, JOB_GID, 0o750, True)
+    assert owner_mode(f.run_dir(1)) == (JOB_UID, SLURM_GID, 0o2750, True)
+    assert owner_mode(f.run_dir(0)) == (JOB_UID, SLURM_GID, 0o2750, True)
 
 
 def test_prolog_on_many_nodes_at_once(hook_env):
@@ -598,8 +604,8 @@ def test_prolog_on_many_nodes_at_once(hook_env):
     for t in threads:
         t.join(30)
     assert results == {i: folder.node_dir(f"n{i}") for i in range(16)}
-    assert owner_mode(folder.run_dir(0)) == (JOB_UID, JOB_GID, 0o750, True)
-    assert owner_mode(folder.stacks_dir(0)) == (JOB_UID, JOB_GID, 0o750, True)
+    assert owner_mode(folder.run_dir(0)) == (JOB_UID, JOB_GID, 0o2750, True)
+    assert owner_mode(folder.stacks_dir(0)) == (JOB_UID, JOB_GID, 0o2750, True)
 
 
 def test_prolog_refuses_a_planted_symlink(hook_env, tmp_path, capsys):
