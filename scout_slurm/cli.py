@@ -197,22 +197,46 @@ def show(job_id: int, restart: int | None, cluster: str | None, as_json: bool, a
 @click.option("--node", default=None, help="Only incidents whose suspects ran on NODE.")
 @click.option("--limit", type=int, default=20, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
+@click.option("--pending", "only_pending", is_flag=True,
+              help="Only incidents whose handling began and has not ended (a hook killed half-way).")
 @_config_opt
-def incidents(node: str | None, limit: int, as_json: bool, config_path: str | None) -> None:
-    """Recent incidents: job, run, verdict, suspects, nodes drained."""
-    from scout_slurm.report.incidents import list_incidents
+def incidents(node: str | None, limit: int, as_json: bool, only_pending: bool, config_path: str | None) -> None:
+    """Recent incidents: job, run, verdict, suspects, nodes drained; then any still pending."""
+    from scout_slurm.report.incidents import list_incidents, list_pending
     cfg = _site(config_path)
-    rows = list_incidents(Path(cfg.evidence.root), node=node, limit=limit)
+    root = Path(cfg.evidence.root)
+    pending = list_pending(root)
+    if only_pending:
+        if as_json:
+            click.echo(json.dumps([p.as_dict() for p in pending], indent=2))
+        else:
+            _echo_pending(pending)
+        return
+    rows = list_incidents(root, node=node, limit=limit)
     if as_json:
         click.echo(json.dumps([r.as_dict() for r in rows], indent=2))
         return
     if not rows:
         click.echo("no incidents")
+    else:
+        click.echo(f"{'cluster':<10} {'job':>7} {'run':>3}  {'verdict':<12} {'suspects':<28} drained")
+        for r in rows:
+            sus = ", ".join(f"r{s[0]}@{s[1]}" for s in r.suspects) or "-"
+            click.echo(f"{r.cluster:<10} {r.job_id:>7} {r.restart:>3}  {r.kind:<12} {sus:<28} "
+                       f"{', '.join(r.drained) or '-'}")
+    if pending:
+        _echo_pending(pending)
+
+
+def _echo_pending(pending) -> None:
+    import time as _time
+    if not pending:
+        click.echo("no pending incidents")
         return
-    click.echo(f"{'cluster':<10} {'job':>7} {'run':>3}  {'verdict':<12} {'suspects':<28} drained")
-    for r in rows:
-        sus = ", ".join(f"r{s[0]}@{s[1]}" for s in r.suspects) or "-"
-        click.echo(f"{r.cluster:<10} {r.job_id:>7} {r.restart:>3}  {r.kind:<12} {sus:<28} {', '.join(r.drained) or '-'}")
+    click.echo("\npending (handling began and has not ended; the next controller run on the cluster completes it):")
+    for p in pending:
+        click.echo(f"{p.cluster:<10} {p.job_id:>7} {p.restart:>3}  {p.status:<16} since "
+                   f"{_time.time() - p.since:.0f} s, begun by {p.holder}")
 
 
 @main.command("undrain")
@@ -354,12 +378,14 @@ def checkpoints(job_id: int, cluster: str | None, as_json: bool, config_path: st
     import dataclasses
     from scout_slurm.evidence.records import Verdict
     from scout_slurm.evidence.store import read_record
-    from scout_slurm.remediation.checkfiles import assess_job
+    from scout_slurm.remediation.checkfiles import assess_job, find_checkpoint_checks
     from scout_slurm.remediation.eligibility import recovery_point
     cfg = _site(config_path)
     folder = _find_job_folder(Path(cfg.evidence.root), job_id, cluster)
-    rows = assess_job(folder)
     runs = folder.restarts()
+    # what the batch host's Epilog found, as the job's user: never the files themselves, which this
+    # command may be running as root to read
+    rows = assess_job(folder, checks=find_checkpoint_checks(folder, runs[-1]) if runs else None)
     fss = -1
     if runs and folder.verdict_path(runs[-1]).exists():
         fss = read_record(folder.verdict_path(runs[-1]), Verdict, root=folder.root).first_suspect_step

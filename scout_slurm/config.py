@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import stat
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -71,6 +72,16 @@ class EpilogConfig:
     # "batch-host" (the batch host's node Epilog does, for sites whose controller cannot see it)
     localise_on: str = "controller"
     wait_for_nodes_s: float = 10.0
+    # an incident whose hook was killed half-way is completed by a later hook run on the cluster
+    # once its marker is this old (its own hook had time to take the lock) ...
+    pending_min_age_s: float = 2.0
+    # ... and given up (logged) past this age: Slurm forgets finished jobs (MinJobAge, default 300 s)
+    pending_max_age_s: float = 3600.0
+    # the batch host's Epilog checks the job's checkpoint files as the job's user (never as root):
+    # what is not checked within this time is not verified; past this many bytes hashed in all,
+    # the later files are checked by size and presence only
+    checkpoint_check_s: float = 15.0
+    checkpoint_check_bytes: int = 2 * 1024 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -183,6 +194,8 @@ def _check_ranges(cfg: SiteConfig, source: str) -> None:
     if cfg.epilog.localise_on not in ("controller", "batch-host"):
         raise ConfigError(f"{source}: [epilog] localise_on must be 'controller' or 'batch-host', "
                           f"got {cfg.epilog.localise_on!r}")
+    if cfg.epilog.checkpoint_check_s <= 0:
+        raise ConfigError(f"{source}: [epilog] checkpoint_check_s must be positive, got {cfg.epilog.checkpoint_check_s}")
     if cfg.watchdog.stall_floor_s <= 0 or cfg.watchdog.poll_interval_s <= 0:
         raise ConfigError(f"{source}: [watchdog] stall_floor_s and poll_interval_s must be positive")
     if cfg.remediation.on_resume_mismatch not in ("warn", "fatal"):
@@ -229,7 +242,12 @@ def load_config(environ: Mapping[str, str], *, path: str | Path | None = None,
     cfg = SiteConfig()
     if cfg_path.exists():
         try:
-            with open(cfg_path, "rb") as fh:
+            # O_NONBLOCK: a FIFO or device in its place must not hang the job's tasks either
+            fd = os.open(cfg_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            with open(fd, "rb") as fh:
+                if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                    raise ConfigError(f"{cfg_path}: the site config is not a regular file; point "
+                                      f"{CONFIG_ENV} at the file itself")
                 raw = fh.read(1024 * 1024 + 1)
             if len(raw) > 1024 * 1024:
                 raise ConfigError(f"{cfg_path}: config file larger than 1 MiB; is this the right file?")

@@ -112,6 +112,7 @@ class HookContext:
     exit_code_raw: int        # SLURM_JOB_EXIT_CODE: raw wait status; -1 in a Prolog
     script_context: str       # prolog_slurmd, epilog_slurmd, epilog_slurmctld, ...
     work_dir: str
+    job_gid: int = -1         # SLURM_JOB_GID; -1 when Slurm did not say (then the passwd entry's)
 
     @property
     def is_controller(self) -> bool:
@@ -133,6 +134,7 @@ HOOK_TABLE: tuple[Field, ...] = (
     ("exit_code_raw", "SLURM_JOB_EXIT_CODE", _int, -1),
     ("script_context", "SLURM_SCRIPT_CONTEXT", _str, ""),
     ("work_dir", "SLURM_JOB_WORK_DIR", _str, ""),
+    ("job_gid", "SLURM_JOB_GID", _int, -1),
 )
 
 

@@ -62,8 +62,9 @@ def file_problem(path: str, st: os.stat_result, trusted_uids: Collection[int], *
                  max_bytes: int) -> str | None:
     """Why root must not read the file at `path` that has this stat, or None (pure)."""
     if not stat.S_ISREG(st.st_mode):
-        return (f"{path} {_type_name(st.st_mode)} ({_found(st)}), not a regular file; "
-                f"put the file itself there (a link is not followed)")
+        what = ("name the file itself: a link is not followed" if stat.S_ISLNK(st.st_mode)
+                else "put the file itself there")
+        return f"{path} {_type_name(st.st_mode)} ({_found(st)}), not a regular file; {what}"
     if problem := _mode_problem(path, st, trusted_uids, fix_mode="644"):
         return problem
     if st.st_size > max_bytes:

@@ -129,6 +129,11 @@ class JobFolder:
         """Written by the node Epilog (root): that node's ranks' records, abridged."""
         return self.node_dir(node) / f"ranks-{int(restart)}.json"
 
+    def checkpoint_checks_path(self, restart: int, node: str) -> Path:
+        """Written by the batch host's node Epilog (root): the job's checkpoint notes as checked
+        by the job's own user (hooks/ckptcheck.py)."""
+        return self.node_dir(node) / f"checkpoints-{int(restart)}.json"
+
     def stacks_path(self, restart: int, rank: int) -> Path:
         return self.stacks_dir(restart) / f"rank-{int(rank)}.txt"
 

@@ -982,6 +982,15 @@ def list_records(directory: Path, pattern: str, cls: type[R], *, root: Path | No
     used. Names starting with "." (temporary files of writers) match only a pattern that
     does; names in `exclude` are not read. Raises EvidenceError only when the directory itself
     is missing or unsafe."""
+    named, errors = list_named_records(directory, pattern, cls, root=root, max_files=max_files,
+                                       max_bytes=max_bytes, exclude=exclude)
+    return [record for _, record in named], errors
+
+
+def list_named_records(directory: Path, pattern: str, cls: type[R], *, root: Path | None = None,
+                       max_files: int = 100_000, max_bytes: int = MAX_RECORD_BYTES,
+                       exclude: typing.Container[str] = frozenset()) -> tuple[list[tuple[str, R]], list[str]]:
+    """`list_records`, each record with its file name (a result recorded about a file names it)."""
     shown_dir = os.fspath(directory)
     if root is None:
         head, name = os.path.split(os.path.normpath(shown_dir))
@@ -996,7 +1005,7 @@ def list_records(directory: Path, pattern: str, cls: type[R], *, root: Path | No
         rel = os.path.relpath(dir_n, root_n)
         base, parts = root_n, ([] if rel == "." else rel.split(os.sep))
     dir_fd = _open_below(base, parts, shown_dir, _DIR_LIST)
-    records: list[R] = []
+    records: list[tuple[str, R]] = []
     errors: list[str] = []
     try:
         hidden_ok = pattern.startswith(".")
@@ -1026,8 +1035,8 @@ def list_records(directory: Path, pattern: str, cls: type[R], *, root: Path | No
         for name in _sorted_natural(names):
             shown = prefix + name
             try:
-                records.append(_decode(_read_at(dir_fd, name, shown, max_bytes, listed_regular=name in regular),
-                                       cls, shown))
+                records.append((name, _decode(_read_at(dir_fd, name, shown, max_bytes,
+                                                       listed_regular=name in regular), cls, shown)))
             except EvidenceError as e:
                 errors.append(str(e))
     finally:

@@ -14,17 +14,19 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping
 
-from scout_slurm.config import SiteConfig, load_config
+from scout_slurm.config import SiteConfig, load_hook_config
 from scout_slurm.errors import EvidenceError, ScoutError, SlurmError
 from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.records import Finding, Verdict, VerdictKind
 from scout_slurm.evidence.store import create_record_exclusive, list_records, read_record, write_record
+from scout_slurm.hooks.pending import (Busy, PendingIncident, abandon, due, held_lock, list_markers, remove_marker,
+                                      write_marker)
 from scout_slurm.jobenv import HookContext, hook_context
 from scout_slurm.localise.gather import gather_evidence, with_full_records
 from scout_slurm.localise.verdict import localise
 from scout_slurm.log import configure, get_logger
 from scout_slurm.remediation.apply import apply_plan
-from scout_slurm.remediation.checkfiles import assess_job
+from scout_slurm.remediation.checkfiles import assess_job, find_checkpoint_checks
 from scout_slurm.remediation.eligibility import recovery_point
 from scout_slurm.remediation.plan import JobFacts, build_plan
 from scout_slurm.remediation.records import ActionsRecord, PlanStatus
@@ -59,12 +61,15 @@ def job_facts(ctx: HookContext, cfg: SiteConfig, env: Mapping[str, str] | None) 
     allocation = tuple(expand_hostlist(ctx.job_nodelist))
     try:
         job = ops.job_info(ctx.job_id, timeout=t, env=env, bin_dir=cfg.slurm.bin_dir)
-        excluded, requeue, restarts = job.excluded_nodes, job.requeue, job.restart_count
+        excluded, requeue, restarts, state = job.excluded_nodes, job.requeue, job.restart_count, job.state
         if not allocation:
             allocation = job.nodes  # the hook's SLURM_JOB_NODELIST is the whole allocation; this may have shrunk
+        if not job.is_finished:   # COMPLETING while the Epilogs run: the base state is accounting's
+            state = ops.job_end_state(ctx.job_id, timeout=t, env=env, bin_dir=cfg.slurm.bin_dir) or state
+        log.info("controller.job_state", job=ctx.job_id, state=state, scontrol_state=job.state, reason=job.reason)
     except SlurmError as exc:
         log.warning("controller.job_info_failed", job=ctx.job_id, error=str(exc))
-        excluded, requeue, restarts = (), True, ctx.restart
+        excluded, requeue, restarts, state = (), True, ctx.restart, ""
     try:
         usable = tuple(n.name for n in ops.list_nodes(timeout=t, env=env, bin_dir=cfg.slurm.bin_dir)
                        if not n.is_drained and n.state not in ("DOWN", "FUTURE"))
@@ -72,7 +77,7 @@ def job_facts(ctx: HookContext, cfg: SiteConfig, env: Mapping[str, str] | None) 
         log.warning("controller.list_nodes_failed", error=str(exc))
         usable = ()
     return JobFacts(job_id=ctx.job_id, allocation=allocation, excluded=excluded, requeue_allowed=requeue,
-                    restart_count=max(restarts, ctx.restart), usable_nodes=usable)
+                    restart_count=max(restarts, ctx.restart), usable_nodes=usable, state=state)
 
 
 def _wait_for_node_evidence(folder: JobFolder, nodes: tuple[str, ...], wait_s: float,
@@ -87,8 +92,11 @@ def _wait_for_node_evidence(folder: JobFolder, nodes: tuple[str, ...], wait_s: f
 
 def handle_job_end(ctx: HookContext, cfg: SiteConfig, *, env: Mapping[str, str] | None = None,
                    clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
-                   sleep: Callable[[float], None] = time.sleep) -> ActionsRecord | None:
-    started = clock()
+                   sleep: Callable[[float], None] = time.sleep, started: float | None = None,
+                   holder: str = "controller") -> ActionsRecord | None:
+    """Run `ctx.restart`'s incident, under its lock; None when there was none (or another hook has
+    it). `started`: when the hook began, on `clock` (its budget counts from there); now if not given."""
+    started = clock() if started is None else started
     deadline = started + cfg.epilog.time_budget_s
     folder = JobFolder(Path(cfg.evidence.root), ctx.cluster, ctx.job_id)
     restart = ctx.restart
@@ -102,8 +110,63 @@ def handle_job_end(ctx: HookContext, cfg: SiteConfig, *, env: Mapping[str, str] 
                   error=f"{folder.path} is a symbolic link; the job may have planted it; not followed")
         return None
     if not folder.path.is_dir() or not _has_scout_records(folder, restart):
-        log.info("controller.not_a_scout_job", job=ctx.job_id)
+        _say_not_a_scout_job(folder, ctx)
         return None
+    if not _results_dir_ready(folder):
+        return None
+    try:
+        with held_lock(folder, restart):
+            record = _handle_locked(ctx, cfg, folder, env=env, clock=clock, wall=wall, sleep=sleep,
+                                    started=started, deadline=deadline, holder=holder)
+    except Busy:
+        log.info("controller.busy", job=ctx.job_id, restart=restart,
+                 why="another live hook holds this incident's lock; it completes it")
+        return None
+    if record is None or record.status in FINAL:
+        remove_marker(folder, restart)
+    return record
+
+
+FINAL = (PlanStatus.APPLIED, PlanStatus.OBSERVE_ONLY, PlanStatus.NOTHING_TO_DO)
+
+
+def _say_not_a_scout_job(folder: JobFolder, ctx: HookContext) -> None:
+    """Why there is nothing to read, in words a site administrator can act on (a job that never ran
+    under scout-srun is the common case; a run folder SlurmUser cannot read is a site problem)."""
+    run = folder.run_dir(ctx.restart)
+    if run.is_dir() and not os.access(run, os.R_OK | os.X_OK):
+        log.error("controller.cannot_read_job_evidence", job=ctx.job_id, folder=str(run), uid=os.geteuid(),
+                  fix="the Prolog gives the job's folders SlurmUser's group: set [evidence] slurm_user in the "
+                      "site config to slurm.conf's SlurmUser")
+    else:
+        log.info("controller.not_a_scout_job", job=ctx.job_id)
+
+
+def _results_dir_ready(folder: JobFolder) -> bool:
+    """The results folder, laid out by the Prolog as SlurmUser's; created here only where this hook
+    may (root, or a job folder of SlurmUser's). Never a link."""
+    d = folder.results_dir
+    if d.is_symlink():
+        log.error("controller.unsafe_results_folder", folder=str(d), error="a symbolic link; not followed")
+        return False
+    if d.is_dir():
+        return True
+    try:
+        os.mkdir(d, 0o755)
+        return True
+    except FileExistsError:
+        return d.is_dir() and not d.is_symlink()
+    except OSError as exc:
+        log.error("controller.no_results_folder", folder=str(d), error=exc.strerror,
+                  fix="the Prolog lays it out as SlurmUser's: is scout-prolog the site's Prolog, with "
+                      "[evidence] slurm_user set to slurm.conf's SlurmUser?")
+        return False
+
+
+def _handle_locked(ctx: HookContext, cfg: SiteConfig, folder: JobFolder, *, env: Mapping[str, str] | None,
+                   clock: Callable[[], float], wall: Callable[[], float], sleep: Callable[[float], None],
+                   started: float, deadline: float, holder: str) -> ActionsRecord | None:
+    restart = ctx.restart
     actions_path = folder.actions_path(restart)
     if actions_path.exists():
         try:
@@ -111,13 +174,16 @@ def handle_job_end(ctx: HookContext, cfg: SiteConfig, *, env: Mapping[str, str] 
         except EvidenceError as exc:
             log.error("controller.actions_unreadable", error=str(exc))
             return None
-        if previous.status in (PlanStatus.APPLIED, PlanStatus.OBSERVE_ONLY, PlanStatus.NOTHING_TO_DO):
+        if previous.status in FINAL:
             log.info("controller.already_handled", job=ctx.job_id, restart=restart, status=previous.status.value)
             return previous
         log.info("controller.resuming_plan", job=ctx.job_id, status=previous.status.value)
-        return apply_plan(previous, actions_path, folder, timeout=cfg.slurm.timeout_s, retries=cfg.slurm.retries,
-                          retry_wait_s=cfg.slurm.retry_wait_s, deadline=deadline, env=env, bin_dir=cfg.slurm.bin_dir,
-                          clock=clock, wall=wall, sleep=sleep)
+        record = apply_plan(previous, actions_path, folder, timeout=cfg.slurm.timeout_s, retries=cfg.slurm.retries,
+                            retry_wait_s=cfg.slurm.retry_wait_s, deadline=deadline, env=env,
+                            bin_dir=cfg.slurm.bin_dir, clock=clock, wall=wall, sleep=sleep)
+        log.info("controller.done", job=ctx.job_id, status=record.status.value, resumed=True,
+                 seconds=round(clock() - started, 3))
+        return record
     findings = _findings(folder, restart)
 
     def wait_for(nodes: tuple[str, ...]) -> list[str]:
@@ -137,6 +203,8 @@ def handle_job_end(ctx: HookContext, cfg: SiteConfig, *, env: Mapping[str, str] 
             log.info("controller.clean", job=ctx.job_id, from_node_digests=len(evidence.abridged),
                      seconds=round(clock() - started, 3))
             return None
+    # from here on an incident: if this hook dies, the next controller run on the cluster completes it
+    write_marker(folder, PendingIncident.of(ctx, since=wall(), holder=holder))
     facts = job_facts(ctx, cfg, env)
     if missing is None:   # no node list from Slurm in the hook's environment: the job's, asked of Slurm
         missing = wait_for(facts.allocation)
@@ -154,7 +222,9 @@ def handle_job_end(ctx: HookContext, cfg: SiteConfig, *, env: Mapping[str, str] 
     if missing:
         verdict = _with_note(verdict, f"node epilog evidence missing from: {', '.join(missing)}")
     write_record(folder.verdict_path(restart), verdict)
-    assessments = [a for a in assess_job(folder, current_verdict=verdict) if a.note.restart <= restart]
+    # what is on storage, as the batch host's Epilog found it as the job's own user (root-owned record)
+    checks = find_checkpoint_checks(folder, restart)
+    assessments = [a for a in assess_job(folder, current_verdict=verdict, checks=checks) if a.note.restart <= restart]
     chosen, why = recovery_point(assessments, verdict.first_suspect_step)
     plan = build_plan(verdict, facts, cfg.remediation, evidence_path=str(folder.path),
                       checkpoint=chosen.note if chosen else None, checkpoint_reason=why)
@@ -175,6 +245,41 @@ def handle_job_end(ctx: HookContext, cfg: SiteConfig, *, env: Mapping[str, str] 
     log.info("controller.done", job=ctx.job_id, verdict=verdict.kind.value, status=record.status.value,
              suspects=[(s.rank, s.node) for s in verdict.suspects], seconds=round(clock() - started, 3))
     return record
+
+
+def complete_pending(ctx: HookContext, cfg: SiteConfig, *, started: float, env: Mapping[str, str] | None = None,
+                     clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                     sleep: Callable[[float], None] = time.sleep, holder: str = "controller") -> list[tuple[int, int]]:
+    """Complete the cluster's incidents that a killed hook left unfinished (hooks/pending.py), within
+    what is left of this hook's budget; returns the (job, run) pairs handled. Each goes through
+    `handle_job_end` under its own lock, so a live hook's incident is never touched."""
+    folder = JobFolder(Path(cfg.evidence.root), ctx.cluster, ctx.job_id)
+    deadline = started + cfg.epilog.time_budget_s
+    markers = list(list_markers(folder))
+    if not markers:
+        return []
+    todo, stale = due(markers, now=wall(), current=(ctx.job_id, ctx.restart),
+                      min_age_s=cfg.epilog.pending_min_age_s, max_age_s=cfg.epilog.pending_max_age_s)
+    for m in stale:
+        abandon(folder, m, now=wall())
+    handled = []
+    for m in todo:
+        # an incident needs its node evidence waited for, Slurm asked, a plan applied: keep a margin
+        if deadline - clock() < min(20.0, cfg.epilog.time_budget_s / 2):
+            log.info("controller.pending_left", count=len(todo) - len(handled), why="out of this hook's budget")
+            break
+        log.info("controller.completing_pending", job=m.job_id, restart=m.restart, holder=m.holder,
+                 age_s=round(wall() - m.since, 1))
+        try:
+            record = handle_job_end(m.context(), cfg, env=env, clock=clock, wall=wall, sleep=sleep,
+                                    started=started, holder=f"{holder} (completing)")
+        except ScoutError as exc:
+            log.error("controller.pending_failed", job=m.job_id, restart=m.restart, error=str(exc))
+            continue
+        handled.append((m.job_id, m.restart))
+        log.info("controller.pending_completed", job=m.job_id, restart=m.restart,
+                 status=record.status.value if record is not None else "no incident")
+    return handled
 
 
 def _with_note(verdict: Verdict, note: str) -> Verdict:
@@ -208,13 +313,21 @@ def _write_report(folder: JobFolder, restart: int, verdict: Verdict, evidence, r
 
 
 def main() -> int:
+    started = time.monotonic()   # the budget includes reading the config (a FIFO or a hung mount there)
     configure()
     try:
         ctx = hook_context(os.environ)
-        cfg = load_config(os.environ)
+        hook_cfg = load_hook_config(os.environ)
+        if hook_cfg.refused:
+            log.error("controller.config_refused", reason=hook_cfg.refused,
+                      consequence="safe defaults (observe only, the default evidence root)")
+        cfg = hook_cfg.config
         if cfg.epilog.localise_on != "controller":
             return 0
-        handle_job_end(ctx, cfg)
+        try:
+            handle_job_end(ctx, cfg, started=started)
+        finally:
+            complete_pending(ctx, cfg, started=started)
     except ScoutError as exc:
         log.error("controller.failed", error=str(exc))
     except Exception as exc:  # noqa: BLE001 - never let scout's bug look like the job's failure

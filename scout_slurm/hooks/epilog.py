@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Mapping
 
-from scout_slurm.config import EpilogConfig, load_config
+from scout_slurm.config import EpilogConfig, load_hook_config
 from scout_slurm.errors import ScoutError
 from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.store import write_record
@@ -85,6 +85,33 @@ def _write_digest(folder: JobFolder, restart: int, node: str) -> None:
     log.info("epilog.digest", node=node, restart=restart, note=note, seconds=round(time.monotonic() - started, 3))
 
 
+def _is_batch_host(ctx) -> bool:
+    nodes = expand_hostlist(ctx.job_nodelist)
+    return bool(nodes) and nodes[0] == ctx.node
+
+
+def _has_findings(folder: JobFolder, restart: int) -> bool:
+    try:
+        return any(n.endswith(".json") for n in os.listdir(folder.findings_dir(restart)))
+    except OSError:
+        return False
+
+
+def _check_checkpoints(folder: JobFolder, ctx, cfg: EpilogConfig) -> None:
+    """The job's checkpoints, checked as the job's own user within the budget, into a root-owned
+    record the controller decides from (hooks/ckptcheck.py): no privileged code opens a path a job
+    named. Before epilog.json, which the controller waits for. Failing here costs only eligibility."""
+    from scout_slurm.hooks.ckptcheck import write_checkpoint_checks
+    try:
+        write_checkpoint_checks(folder, ctx.restart, ctx.node, uid=ctx.job_uid, gid=ctx.job_gid,
+                                time_budget_s=cfg.checkpoint_check_s, byte_budget=cfg.checkpoint_check_bytes)
+    except (ScoutError, OSError) as exc:
+        log.warning("epilog.checkpoint_checks_failed", node=ctx.node, error=str(exc),
+                    consequence="no checkpoint is eligible as a recovery point for this run")
+    except Exception as exc:  # noqa: BLE001 - never at the cost of the node's own evidence
+        log.exception("epilog.checkpoint_checks_bug", node=ctx.node, error=repr(exc))
+
+
 def exit_status(hardware_error: bool, cfg: EpilogConfig) -> int:
     """Slurm drains a node whose Epilog exits non-zero: only a local hardware error, on a site that
     asked for it, does that (pure)."""
@@ -92,8 +119,14 @@ def exit_status(hardware_error: bool, cfg: EpilogConfig) -> int:
 
 
 def run(environ: Mapping[str, str], *, collect: Callable | None = None) -> int:
+    import time
+    started = time.monotonic()   # the budget includes reading the config
     ctx = hook_context(environ)
-    cfg = load_config(environ)
+    hook_cfg = load_hook_config(environ)
+    if hook_cfg.refused:
+        log.error("epilog.config_refused", reason=hook_cfg.refused,
+                  consequence="safe defaults (observe only, the default evidence root); exit 0")
+    cfg = hook_cfg.config
     if not ctx.node:
         raise ScoutError("scout-epilog runs on a node: SLURMD_NODENAME is not set")
     folder = JobFolder(Path(cfg.evidence.root), ctx.cluster, ctx.job_id)
@@ -106,13 +139,19 @@ def run(environ: Mapping[str, str], *, collect: Callable | None = None) -> int:
     try:
         node_dir = _node_dir(folder, ctx.node)
         _write_digest(folder, ctx.restart, ctx.node)
+        if _is_batch_host(ctx) and (ctx.job_failed or _has_findings(folder, ctx.restart)):
+            _check_checkpoints(folder, ctx, cfg.epilog)
         # epilog.json last: the controller waits for it, and then finds the digest there too
         write_record(node_dir / "epilog.json", evidence)
         if cfg.epilog.localise_on == "batch-host":
             nodes = expand_hostlist(ctx.job_nodelist)
             if nodes and nodes[0] == ctx.node:
-                from scout_slurm.hooks.controller import handle_job_end
-                handle_job_end(ctx, cfg)
+                from scout_slurm.hooks.controller import complete_pending, handle_job_end
+                holder = f"batch-host {ctx.node}"
+                try:
+                    handle_job_end(ctx, cfg, started=started, holder=holder)
+                finally:
+                    complete_pending(ctx, cfg, started=started, holder=holder)
     except ScoutError as exc:
         log.error("epilog.failed", error=str(exc))
     except Exception as exc:  # noqa: BLE001 - a failing Epilog would drain this node

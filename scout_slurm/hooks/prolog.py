@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from scout_slurm import log as scout_log
-from scout_slurm.config import load_config
+from scout_slurm.config import load_hook_config
 from scout_slurm.errors import ConfigError, EvidenceError
 from scout_slurm.evidence import store
 from scout_slurm.evidence.layout import JobFolder
@@ -199,13 +199,12 @@ def _within(fn: Callable[[], Any], seconds: float, name: str) -> tuple[bool, _Ou
 
 def _run(ctx: HookContext, environ: Mapping[str, str], log: Any, *, sysfs_root: Path, proc_root: Path,
          nvml_loader: Any, clock: Callable[[], float]) -> int:
-    start = time.monotonic()
-    try:
-        cfg = load_config(environ)
-    except ConfigError as exc:
-        log.error("prolog.bad_config", reason=str(exc),
-                  consequence="nothing recorded: the evidence root is unknown; exit 0")
-        return 0
+    start = time.monotonic()   # the budget includes reading the config (a FIFO or a hung mount there)
+    hook_cfg = load_hook_config(environ)
+    if hook_cfg.refused:
+        log.error("prolog.config_refused", reason=hook_cfg.refused,
+                  consequence="safe defaults (observe only, the default evidence root); exit 0")
+    cfg = hook_cfg.config
     budget = cfg.prolog.time_budget_s
     builder = MapBuilder(ctx.node, sysfs_root=sysfs_root, proc_root=proc_root, nvml_loader=nvml_loader,
                          clock=clock, deadline_s=budget * STAGE_SHARE)

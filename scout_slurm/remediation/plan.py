@@ -25,6 +25,25 @@ class JobFacts:
     requeue_allowed: bool
     restart_count: int
     usable_nodes: tuple[str, ...]     # nodes of the cluster that are up and not drained
+    state: str = ""                   # Slurm's JobState when the hook ran ("" when Slurm did not say)
+
+
+# How the job ended, by Slurm's own word, where that alone decides that scout must not act. A rank
+# that failed in such a job failed because Slurm or a person ended the job, or Slurm already acted:
+# the verdict is kept for the record, nothing is drained, the job is not requeued.
+ENDED_BY_SLURM = {
+    "CANCELLED": "the job was cancelled (scancel, by its user or an administrator)",
+    "TIMEOUT": "the job reached its time limit and Slurm ended it (a rerun would reach it again)",
+    "DEADLINE": "the job reached its deadline and Slurm ended it",
+    "PREEMPTED": "Slurm preempted the job for another; its PreemptMode decides whether it is requeued",
+    "NODE_FAIL": "Slurm saw a node of the job fail: it set that node down and requeues the job itself where allowed",
+    "BOOT_FAIL": "a node of the job failed to boot: Slurm set it down and handles the job itself",
+}
+
+
+def ended_by_slurm(state: str) -> str:
+    """Why scout must not act on a job that ended this way, or "" (pure)."""
+    return ENDED_BY_SLURM.get(state.split()[0].upper() if state else "", "")
 
 
 @dataclass(frozen=True)
@@ -51,6 +70,10 @@ def build_plan(verdict: Verdict, job: JobFacts, cfg: RemediationConfig, *, evide
     actions: list[PlannedAction] = []
     if verdict.kind in (VerdictKind.CLEAN,):
         return Plan((), ("the run was clean: nothing to do",))
+    ended = ended_by_slurm(job.state)
+    if ended:
+        return Plan((), (f"{ended}: the verdict ({verdict.kind.value}) is kept for the record; nothing is drained "
+                         "and the job is not requeued",))
     if verdict.kind == VerdictKind.INCONCLUSIVE:
         return Plan((), ("inconclusive verdict: nothing is drained and the job is not requeued "
                          "(the verdict's reasoning says why: a failure most ranks share would fail again anywhere, "

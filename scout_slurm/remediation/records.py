@@ -158,3 +158,29 @@ class VoteCoverage:
     last_vote_step: int
     replay_rounds: int | None = None  # in-situ replay rounds run so far (None: replay off)
     schema_version: int = 1
+
+
+@dataclass(frozen=True)
+class CheckpointCheck:
+    """One checkpoint note as the batch host's Epilog checked it, as the job's own user."""
+    note_file: str                 # its file name in checkpoints/
+    note_digest: str               # sha256 of the note as read: a note rewritten since matches no result
+    path: str                      # what the note names (shortened for people; results match by the digest)
+    step: int
+    problem: str                   # not verified: why; verified: "" or how far (by size and presence only)
+    verified: bool
+    schema_version: int = 1
+
+
+@dataclass(frozen=True)
+class CheckpointChecks:
+    """Written by the batch host's node Epilog (root) into nodes/<node>/checkpoints-<restart>.json:
+    what checking the job's checkpoint notes as the job's user found. The controller reads this
+    instead of opening any path a job named."""
+    KIND: ClassVar[str] = "checkpoint-checks"
+    job_id: int
+    restart: int
+    node: str
+    checked_as_uid: int
+    results: tuple[CheckpointCheck, ...]
+    schema_version: int = 1

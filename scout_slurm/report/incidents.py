@@ -56,3 +56,40 @@ def list_incidents(root: Path, *, node: str | None = None, limit: int = 20) -> l
                                         drained, v.created_at))
     rows.sort(key=lambda r: r.created_at, reverse=True)
     return rows[:limit]
+
+
+@dataclass(frozen=True)
+class PendingRow:
+    """An incident whose handling began and has not ended (hooks/pending.py)."""
+    cluster: str
+    job_id: int
+    restart: int
+    since: float
+    holder: str
+    status: str              # the actions record's status, or "not planned yet"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def list_pending(root: Path) -> list[PendingRow]:
+    from scout_slurm.evidence.layout import JobFolder
+    from scout_slurm.hooks.pending import list_markers
+    rows: list[PendingRow] = []
+    if not root.is_dir():
+        return rows
+    for cluster in sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink()):
+        try:
+            any_job = JobFolder(root, cluster.name, 1)
+        except EvidenceError:
+            continue
+        for m in list_markers(any_job):
+            folder = JobFolder(root, cluster.name, m.job_id)
+            status = "not planned yet"
+            if folder.actions_path(m.restart).exists():
+                try:
+                    status = read_record(folder.actions_path(m.restart), ActionsRecord, root=root).status.value
+                except EvidenceError as exc:
+                    status = f"unreadable actions record ({exc})"
+            rows.append(PendingRow(cluster.name, m.job_id, m.restart, m.since, m.holder, status))
+    return rows

@@ -7,7 +7,7 @@ from typing import Mapping, Sequence
 from scout_slurm.errors import SlurmError
 from scout_slurm.slurm.door import run_slurm
 from scout_slurm.slurm.hostlist import compress_hostlist
-from scout_slurm.slurm.parse import (JobInfo, NodeInfo, format_reason, parse_scontrol_job,
+from scout_slurm.slurm.parse import (JobInfo, NodeInfo, format_reason, parse_sacct_state, parse_scontrol_job,
                                      parse_scontrol_node, parse_sinfo_json, parse_squeue_json)
 
 Env = Mapping[str, str] | None
@@ -26,6 +26,28 @@ def job_info(job_id: int, *, timeout: float, env: Env = None, bin_dir: str = "")
     if not jobs:
         raise SlurmError(f"job {job_id} not found in scontrol output", argv=res.argv, stderr=res.stderr)
     return jobs[0]
+
+
+def job_end_state(job_id: int, *, timeout: float, env: Env = None, bin_dir: str = "") -> str:
+    """How a job ended, in Slurm's own word (CANCELLED, TIMEOUT, FAILED, ...), "" if nobody says.
+
+    While the Epilogs run, `scontrol show job` and `squeue --json` both say COMPLETING and hide the
+    base state, and the hook's SLURM_JOB_EXIT_CODE of a cancelled job is 0 (measured on 22.05.8).
+    The job's completion record is written before the Epilogs, so accounting has it: `sacct` with
+    slurmdbd, else `sacct -c` (jobcomp/filetxt). A site with neither: "" (scout acts as it would)."""
+    info = job_info(job_id, timeout=timeout, env=env, bin_dir=bin_dir)
+    if info.is_finished:
+        return info.state
+    for args in (["-X"], ["-c"]):
+        try:
+            res = run_slurm("sacct", [*args, "-j", str(int(job_id)), "-P", "-n", "-o", "JobID,State"],
+                            timeout=timeout, env=env, bin_dir=bin_dir)
+        except SlurmError:
+            continue   # "Slurm accounting storage is disabled", no jobcomp file: the next source
+        state = parse_sacct_state(res.stdout, int(job_id))
+        if state:
+            return state
+    return ""
 
 
 def job_nodes(job_id: int, *, timeout: float, env: Env = None, bin_dir: str = "") -> tuple[str, ...]:

@@ -129,6 +129,17 @@ def parse_squeue_json(text: str) -> list[JobInfo]:
     return out
 
 
+def parse_sacct_state(text: str, job_id: int) -> str:
+    """The state of `job_id`'s newest record in `sacct -P -n -o JobID,State` output (pure): "CANCELLED by
+    1001" gives CANCELLED; steps (`ID.batch`) are not the job; "" when the job is not listed."""
+    state = ""
+    for line in text.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) >= 2 and fields[0] == str(job_id) and fields[1].strip():
+            state = fields[1].split()[0].upper()
+    return state
+
+
 def parse_sinfo_json(text: str) -> list[NodeInfo]:
     data = _load_json(text, "sinfo --json")
     nodes = data.get("nodes")

@@ -106,7 +106,42 @@ def parse_args(argv: Sequence[str]) -> list[str]:
 def prepare_dirs(folder: JobFolder, restart: int) -> None:
     for d in (folder.ranks_dir(restart), folder.progress_dir(restart), folder.findings_dir(restart),
               folder.stacks_dir(restart), folder.checkpoints_dir):
-        d.mkdir(parents=True, exist_ok=True)
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ScoutError(f"cannot create the evidence folder {d} ({exc.strerror}): the site's Prolog lays it "
+                             "out; check SCOUT_CONFIG names the site's config") from None
+
+
+def unprepared(folder: JobFolder, restart: int) -> str:
+    """Why the site's hooks will not see this job's evidence, or "" when the site's Prolog laid out
+    this job's folder under this root: a root-owned job folder holding `nodes/` and this run's folder
+    (a job cannot make a folder root's). Reads metadata only."""
+    import stat as stat_mod
+    if not folder.root.is_dir():
+        return f"the evidence root {folder.root} does not exist on this node"
+    try:
+        st = os.lstat(folder.path)
+    except OSError:
+        return (f"no Prolog laid out {folder.path}: scout's Prolog is not the site's Prolog on this cluster, "
+                "or the site's hooks use another config and evidence root than this job")
+    if not stat_mod.S_ISDIR(st.st_mode) or st.st_uid != 0:
+        return f"{folder.path} is not a root-owned folder: the site's Prolog did not make it"
+    if not folder.run_dir(restart).is_dir() or not folder.nodes_dir.is_dir():
+        return f"the site's Prolog did not lay out {folder.run_dir(restart)} (is PrologFlags=Alloc set?)"
+    return ""
+
+
+def _warn_unprepared(why: str, ctx: TaskContext, environ: Mapping[str, str], root: str) -> None:
+    """Loud, once a node (local rank 0), in the job's own output: the job runs on, unwatched by the site."""
+    if ctx.local_rank != 0:
+        return
+    from scout_slurm.config import CONFIG_ENV, DEFAULT_CONFIG_PATH
+    config = environ.get(CONFIG_ENV) or f"{DEFAULT_CONFIG_PATH} (the default; {CONFIG_ENV} is not set)"
+    print(f"scout: WARNING on {ctx.node}: the site's hooks will not see this job's evidence: {why}. "
+          f"This job's config: {config}; its evidence root: {root}. The job runs, but a failure will not be "
+          "localised, nor its node drained, nor the job requeued. Ask your site which SCOUT_CONFIG to use.",
+          file=sys.stderr, flush=True)
 
 
 def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
@@ -114,6 +149,9 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     ctx = task_context(environ)
     cfg = load_config(environ)
     folder = JobFolder(Path(cfg.evidence.root), ctx.cluster, ctx.job_id)
+    why = unprepared(folder, ctx.restart)
+    if why:
+        _warn_unprepared(why, ctx, environ, cfg.evidence.root)
     prepare_dirs(folder, ctx.restart)
     shm = Path("/dev/shm") / f"scout-{ctx.cluster}-{ctx.job_id}-{ctx.restart}-{ctx.step_id}-{ctx.rank}"
     shutil.rmtree(shm, ignore_errors=True)

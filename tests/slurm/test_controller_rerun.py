@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+import scoutjobs as sj
+
 from scout_slurm.errors import EvidenceError
 from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.records import VerdictKind
@@ -242,5 +244,89 @@ def test_when_slurm_does_not_answer_the_plan_stays_pending_and_a_later_run_appli
                            retry_wait_s=1, deadline=time.monotonic() + 60, env=lab.client_env())
         assert_completed(lab, final, job, node, reason)
         assert final.results[0] == pending.results[0]                # the failed attempt stays in the record
+    finally:
+        cleanup(lab, job, node)
+
+
+# The hook as Slurm would run it, with the incident's lock and pending marker, stopped before action
+# `stop_after + 1` (as APPLY above) so that the test kills it exactly there.
+APPLY_LOCKED = """
+import os, signal, sys, time
+from pathlib import Path
+from scout_slurm.evidence.layout import JobFolder
+from scout_slurm.evidence.store import read_record
+from scout_slurm.hooks.pending import PendingIncident, held_lock, write_marker
+from scout_slurm.jobenv import HookContext
+from scout_slurm.remediation.apply import apply_plan
+from scout_slurm.remediation.records import ActionsRecord
+root, job, node, stop_after = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+folder = JobFolder(root, "scoutlab", job)
+reads = [0]
+def clock():
+    reads[0] += 1
+    if reads[0] == stop_after + 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    return time.monotonic()
+ctx = HookContext(job_id=job, job_uid=0, job_user="root", cluster="scoutlab", restart=0, node="", job_nodelist=node,
+                  exit_code_raw=256, script_context="epilog_slurmctld", work_dir="/")
+with held_lock(folder, 0):
+    write_marker(folder, PendingIncident.of(ctx, since=time.time() - 5, holder="controller"))
+    record = read_record(folder.actions_path(0), ActionsRecord, root=root)
+    if stop_after == 0:
+        os.kill(os.getpid(), signal.SIGSTOP)   # killed after planning, before the first action
+    apply_plan(record, folder.actions_path(0), folder, timeout=20, retries=0, retry_wait_s=1,
+               deadline=time.monotonic() + 60, clock=clock)
+"""
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("stop_after", [0, 1, 2], ids=["after-planning", "after-drain", "after-requeue"])
+def test_an_incident_left_by_a_killed_hook_is_completed_by_the_next_controller_run(lab, clean_drains, stop_after):
+    """No rerun by hand: the controller Epilog of the next job to end on the cluster (any job, here a
+    plain `true` of another user) finds the marker, takes the free lock, and completes the incident
+    from its actions record: each action done once, the marker gone."""
+    job, node = running_job(lab)
+    folder = JobFolder(lab.paths.evidence, CLUSTER_NAME, job)
+    # what makes it a scout job for the hooks: a rank's record in the run folder the Prolog laid out
+    (folder.ranks_dir(0) / "rank-0.json").write_text("{}")
+    record, reason = plan_for(job, node, folder.root)
+    try:
+        assert create_record_exclusive(folder.actions_path(0), record)
+        since = log_size(lab)
+        child = subprocess.Popen([sys.executable, "-c", APPLY_LOCKED, str(folder.root), str(job), node,
+                                  str(stop_after)], env=lab.client_env(), stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and child.poll() is None and not _stopped(child.pid):
+                time.sleep(0.01)
+        finally:
+            child.send_signal(signal.SIGKILL)
+            out = child.communicate(timeout=30)[0].decode(errors="replace")
+        killed = read_record(folder.actions_path(0), ActionsRecord, root=folder.root)
+        assert child.returncode == -signal.SIGKILL, out[-3000:]
+        assert [(r.kind, r.ok) for r in killed.results] == [(a.kind, True) for a in record.actions[:stop_after]], out
+        assert killed.status == PlanStatus.PLANNED and folder.pending_path(0).exists()
+        shown = subprocess.run([sys.executable, "-m", "scout_slurm.cli", "incidents", "--pending"],
+                               capture_output=True, text=True, env=lab.client_env(), timeout=60).stdout
+        assert re.search(rf"{job}\s+0\s+planned", shown), shown
+
+        t0 = time.monotonic()
+        other = sj.submit(lab, "#!/bin/bash\ntrue\n", nodes=1, tasks_per_node=1)
+        sj.wait_completed(lab, other)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            final = read_record(folder.actions_path(0), ActionsRecord, root=folder.root)
+            if final.status != PlanStatus.PLANNED and not folder.pending_path(0).exists():
+                break
+            time.sleep(0.3)
+        print(f"\nkilled {['after planning', 'after drain', 'after requeue'][stop_after]}: completed by job "
+              f"{other}'s controller Epilog {time.monotonic() - t0:.1f} s after that job was submitted")
+        assert final.results[:stop_after] == killed.results
+        assert_completed(lab, final, job, node, reason)
+        assert drain_updates(lab, node, job, since) == 1          # once, whoever did it
+        assert not folder.pending_path(0).exists()
+        ctl_log = (lab.paths.logs / "hooks-slurmctld.log").read_text(errors="replace")
+        assert f'"event": "controller.pending_completed"' in ctl_log and f'"job": {job}' in ctl_log
     finally:
         cleanup(lab, job, node)

@@ -648,7 +648,7 @@ def test_prolog_exit_0_when_the_config_is_unreadable(hook_env, monkeypatch, caps
     monkeypatch.setenv("SCOUT_CONFIG", str(hook_env.conf))
     assert run_prolog() == 0
     assert list(hook_env.root.iterdir()) == []
-    assert capsys.readouterr().err.count("prolog.bad_config") == 2
+    assert capsys.readouterr().err.count("prolog.config_refused") == 2   # safe defaults: observe only
 
 
 def test_prolog_exit_0_without_slurm_environment(hook_env, monkeypatch, capsys):

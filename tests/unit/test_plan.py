@@ -303,3 +303,35 @@ def test_straggler_drained_under_the_site_setting_but_never_requeued():
     assert kinds(plan) == [ActionKind.DRAIN] and drained(plan) == ["n2"]
     assert plan.actions[0].detail.startswith("scout: straggler rank 2,3 job 77")
     assert "not requeued" in held(plan)
+
+
+# How the job ended, by Slurm's word: the table of what scout then does (issue: a real site's
+# conditions). A job ended by a person or by Slurm itself is never drained for nor requeued.
+END_STATES = [
+    # (Slurm's JobState at the hook, scout acts?, words the plan must hold)
+    ("CANCELLED", False, "cancelled (scancel, by its user or an administrator)"),
+    ("CANCELLED by 1001", False, "cancelled"),
+    ("TIMEOUT", False, "time limit"),
+    ("DEADLINE", False, "deadline"),
+    ("PREEMPTED", False, "preempted"),
+    ("NODE_FAIL", False, "requeues the job itself"),
+    ("BOOT_FAIL", False, "failed to boot"),
+    ("FAILED", True, ""),
+    ("COMPLETED", True, ""),       # a finding in a job that exited 0 (SDC)
+    ("OUT_OF_MEMORY", True, ""),
+    ("", True, ""),                # Slurm did not answer: today's behaviour
+]
+
+
+@pytest.mark.parametrize("state,acts,words", END_STATES)
+@pytest.mark.parametrize("kind", [VerdictKind.CRASH, VerdictKind.HANG, VerdictKind.SDC, VerdictKind.INFRA])
+def test_how_the_job_ended_decides_whether_scout_acts(state, acts, words, kind):
+    import dataclasses
+    plan = build_plan(verdict(kind, (2, "n2")), dataclasses.replace(facts(), state=state), RemediationConfig(),
+                      evidence_path=EVIDENCE, checkpoint=note(100))
+    if acts:
+        assert ActionKind.REQUEUE in [a.kind for a in plan.actions], plan
+    else:
+        assert plan.actions == (), plan
+        assert any(words in h and kind.value in h and "nothing is drained and the job is not requeued" in h
+                   for h in plan.held_back), plan.held_back

@@ -238,7 +238,7 @@ def write_tree(root, *, world: int = 4, forged_node: bool = False):
     from scout_slurm.evidence.store import write_record
     b = hang_bundle(world)
     folder = JobFolder(root, "lab", 77)
-    for d in (folder.ranks_dir(0), folder.progress_dir(0), folder.findings_dir(0)):
+    for d in (folder.ranks_dir(0), folder.progress_dir(0), folder.findings_dir(0), folder.results_dir):
         d.mkdir(parents=True, exist_ok=True)
     for r in range(world):
         p = b.evidence.places[r]

@@ -59,3 +59,23 @@ def test_torch_environment_does_not_change_its_input():
                                           (["--", "tool", "--", "x"], ["tool", "--", "x"])])
 def test_parse_args(argv, command):
     assert parse_args(argv) == command
+
+
+def test_unprepared_says_why_the_site_will_not_see_the_job(tmp_path):
+    """The shim's start-up check (issue: a job whose SCOUT_CONFIG points elsewhere writes where the
+    site's hooks never look): only a root-owned job folder with nodes/ and this run's folder counts."""
+    import os
+    from scout_slurm.evidence.layout import JobFolder
+    from scout_slurm.task.shim import unprepared
+    f = JobFolder(tmp_path / "root", "c", 7)
+    assert "does not exist on this node" in unprepared(f, 0)
+    f.root.mkdir()
+    assert "no Prolog laid out" in unprepared(f, 0)
+    f.path.mkdir(parents=True)
+    assert "did not lay out" in unprepared(f, 0)
+    f.nodes_dir.mkdir()
+    f.run_dir(0).mkdir()
+    assert unprepared(f, 0) == ""
+    assert "did not lay out" in unprepared(f, 1)           # a requeued run the Prolog did not see
+    os.chown(f.path, 1001, 1001)                           # a job made it itself
+    assert "not a root-owned folder" in unprepared(f, 0)

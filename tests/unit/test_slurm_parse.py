@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from scout_slurm.errors import SlurmError
 from scout_slurm.slurm import ops
 from scout_slurm.slurm.hostlist import expand_hostlist
-from scout_slurm.slurm.parse import (JobInfo, NodeInfo, format_reason, parse_scontrol_job,
+from scout_slurm.slurm.parse import (parse_sacct_state, JobInfo, NodeInfo, format_reason, parse_scontrol_job,
                                      parse_scontrol_node, parse_scontrol_oneliner, parse_sinfo_json,
                                      parse_squeue_json)
 
@@ -307,3 +307,29 @@ def test_merged_exclusion_refuses_bad_names(bad):
 def test_merged_exclusion_is_the_union(current, add):
     merged = ops.merged_exclusion(current, add)
     assert set(expand_hostlist(merged)) == set(current) | set(add)
+
+
+def test_a_cancelled_job_while_its_epilogs_run():
+    """Recorded inside EpilogSlurmctld on 22.05.8 for job 27453, cancelled by its user: scontrol and
+    squeue --json both say COMPLETING (ExitCode 0:15), so the base state must come from accounting
+    (ops.job_end_state: sacct, else sacct -c), whose record `sacct -c` printed as below."""
+    scontrol = parse_scontrol_job(fixture("scontrol-show-job-cancelled-in-epilogslurmctld.txt"))
+    assert [(j.job_id, j.state, j.exit_code, j.is_finished) for j in scontrol] == [(27453, "COMPLETING", 15, False)]
+    squeue = by_id(parse_squeue_json(fixture("squeue-json-cancelled-in-epilogslurmctld.json")))
+    assert squeue[27453].state == "COMPLETING" and not squeue[27453].is_finished
+    assert squeue[27451].state == "CANCELLED"   # an earlier cancelled job, its Epilogs done
+    assert parse_sacct_state(fixture("sacct-c-cancelled.txt"), 27453) == "CANCELLED"
+
+
+@pytest.mark.parametrize("text,job,state", [
+    ("27453|CANCELLED\n", 27453, "CANCELLED"),
+    ("27453|CANCELLED by 1001\n27453.batch|CANCELLED\n", 27453, "CANCELLED"),
+    ("27450|FAILED\n27450|COMPLETED\n", 27450, "COMPLETED"),     # requeued: the newest record
+    ("27450|FAILED\n", 27451, ""),
+    ("27450.0|TIMEOUT\n", 27450, ""),
+    ("", 1, ""),
+    ("garbage without bars\n", 1, ""),
+    ("1|\n", 1, ""),
+])
+def test_sacct_state(text, job, state):
+    assert parse_sacct_state(text, job) == state
