@@ -158,3 +158,52 @@ def resume_scout_drains(lab: Lab) -> list[str]:
 
 def node_of_rank(job_nodes: tuple[str, ...], rank: int, tasks_per_node: int = 2) -> str:
     return sorted(job_nodes, key=lambda n: int(n.lstrip("n")))[rank // tasks_per_node]
+
+
+PLANT = r'''
+python3 - <<'PY'
+import os, time
+from pathlib import Path
+from scout_slurm.evidence.store import write_record
+from scout_slurm.remediation.records import CheckpointNote
+ck = Path(os.environ["EVIDENCE"]) / "checkpoints"
+work = Path(os.environ["PLANT_DIR"])
+fifo = work / "ckpt.fifo"
+os.mkfifo(fifo)
+sparse = work / "ckpt.sparse"
+with open(sparse, "wb") as fh:
+    fh.truncate(1 << 30)
+plants = [("/proc/kmsg", 0, "0" * 64), (str(fifo), 0, "0" * 64),
+          ("/etc/shadow", int(os.environ["SHADOW_SIZE"]), os.environ["SHADOW_SHA"]),
+          (os.environ["OTHER"], int(os.environ["OTHER_SIZE"]), os.environ["OTHER_SHA"])]
+plants += [(str(sparse), 1 << 30, "0" * 64)] * 12
+for i, (path, size, sha) in enumerate(plants):
+    write_record(ck / f"planted-{i}.json",
+                 CheckpointNote(path=path, step=1 + i % 3, rank=0, restart=0, saved_at=time.time() - 100 + i,
+                                size_bytes=size, sha256=sha, agreement="agreed"))
+print("planted", len(plants), "checkpoint records")
+PY
+'''
+
+
+def hostile_checkpoints(lab: Lab, tag: str) -> tuple[str, tuple[str, ...]]:
+    """A batch script's `pre` exports and `post` snippet that plant checkpoint records naming
+    /proc/kmsg, a FIFO, /etc/shadow (with its real digest, computed here as root), another user's
+    0600 file (its real digest too) and twelve times one 1 GiB sparse file; and those paths."""
+    import hashlib
+    import pwd
+    plant_dir = lab.paths.work / f"plant-{tag}-{time.time_ns()}"
+    plant_dir.mkdir(mode=0o777)
+    os.chmod(plant_dir, 0o777)
+    shadow = Path("/etc/shadow").read_bytes()
+    other = lab.paths.work / f"other-{tag}-{time.time_ns()}.pt"
+    other.write_bytes(b"another user's secret weights")
+    users = lab.users.get("job_users") or []
+    if len(users) > 1:
+        os.chown(other, pwd.getpwnam(users[1]).pw_uid, pwd.getpwnam(users[1]).pw_gid)
+    os.chmod(other, 0o600)
+    pre = (f"export EVIDENCE={lab.paths.evidence}/scoutlab/$SLURM_JOB_ID PLANT_DIR={plant_dir} "
+           f"SHADOW_SIZE={len(shadow)} SHADOW_SHA={hashlib.sha256(shadow).hexdigest()} "
+           f"OTHER={other} OTHER_SIZE={other.stat().st_size} OTHER_SHA={hashlib.sha256(other.read_bytes()).hexdigest()}")
+    paths = ("/proc/kmsg", str(plant_dir / "ckpt.fifo"), "/etc/shadow", str(other), str(plant_dir / "ckpt.sparse"))
+    return pre, paths

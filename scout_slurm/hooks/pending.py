@@ -97,7 +97,7 @@ class held_lock:
 
 def write_marker(folder: JobFolder, marker: PendingIncident) -> None:
     try:
-        write_record(folder.pending_path(marker.restart), marker, mode=0o640)
+        write_record(folder.pending_path(marker.restart), marker, mode=0o644)   # the folder (0750) keeps others out
     except (EvidenceError, OSError) as exc:
         # without it, only a rerun by hand completes this incident if this hook dies: say so
         log.warning("pending.marker_not_written", job=marker.job_id, restart=marker.restart, error=str(exc))

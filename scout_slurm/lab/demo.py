@@ -45,13 +45,17 @@ def run_demo(*, state_dir: Path, fault: str, keep: bool, echo: Callable[[str], N
     lab = Lab(LabSpec(state_dir=state_dir, nodes=nodes, port_base=port_base, python=sys.executable))
     echo(f"[1/6] starting a {nodes}-node Slurm cluster in {state_dir} (slurmctld, {nodes} slurmd, munge) ...")
     lab.up()
+    users = lab.users
+    echo(f"      slurmctld runs as {users['slurm_user']}, the job as {lab.job_user or 'root'}"
+         + (f" ({users['why_root']})" if users["why_root"] else "; slurmd as root, as at a site"))
     env = lab.client_env()
     try:
         ckpt = lab.paths.work / f"demo-ckpt-{int(time.time())}"
         out = lab.paths.work / "demo-%j.out"
         job = ops.submit_batch(_script(lab, FAULTS[fault], ckpt, stall_floor),
                                ["-N2", "--ntasks-per-node=2", "--open-mode=append", f"--output={out}",
-                                "--job-name=scout-demo"], timeout=20, env=env)
+                                "--job-name=scout-demo", f"--chdir={lab.paths.work}"], timeout=20, env=env,
+                               user=lab.job_user)
         echo(f"[2/6] submitted job {job}: 2 nodes x 2 ranks of DDP training under scout-srun; "
              f"fault '{fault}' ({FAULTS[fault]}) on rank 2 at step 25 of the first run")
         folder = JobFolder(lab.paths.evidence, CLUSTER_NAME, job)

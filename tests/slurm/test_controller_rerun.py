@@ -91,7 +91,7 @@ def plan_for(job: int, node: str, root: Path, *, requeue_only: bool = False) -> 
 def actions_file(tmp_path: Path, job: int) -> tuple[Path, JobFolder]:
     """The plan's own evidence folder, beside the lab's (the lab's hooks never see it)."""
     folder = JobFolder(tmp_path / "evidence", CLUSTER_NAME, job)
-    folder.path.mkdir(parents=True)
+    folder.results_dir.mkdir(parents=True)      # as the Prolog lays it out
     return folder.actions_path(0), folder
 
 
@@ -287,7 +287,11 @@ def test_an_incident_left_by_a_killed_hook_is_completed_by_the_next_controller_r
     from its actions record: each action done once, the marker gone."""
     job, node = running_job(lab)
     folder = JobFolder(lab.paths.evidence, CLUSTER_NAME, job)
-    # what makes it a scout job for the hooks: a rank's record in the run folder the Prolog laid out
+    # what makes it a scout job for the hooks: a rank's record in the run folder the Prolog lays out
+    # (a job shows RUNNING while its Prolog may still run: wait for the folder)
+    deadline = time.monotonic() + 30
+    while not (folder.ranks_dir(0).is_dir() and folder.results_dir.is_dir()) and time.monotonic() < deadline:
+        time.sleep(0.1)
     (folder.ranks_dir(0) / "rank-0.json").write_text("{}")
     record, reason = plan_for(job, node, folder.root)
     try:

@@ -167,9 +167,19 @@ def test_twelve_notes_of_a_sparse_giant_stay_within_both_budgets(shared):
     results = verify(notes, time_budget_s=3.0, byte_budget=256 * MiB)
     elapsed = time.monotonic() - started
     assert elapsed < 3.5, elapsed
-    # none was hashed (a wrong digest would have said so); each says how far it was checked
-    assert all(r is not None and r.startswith(SIZE_ONLY) and is_verified(r) for r in results), results
-    assert f"of the {256 * MiB} bytes of the hashing budget were left" in results[0]
+    # none was hashed (a wrong digest would have said so), and none passes unhashed: a file a hook
+    # could hash is not eligible by its size alone
+    assert all(r is not None and not is_verified(r) and "the hashing budget was spent" in r
+               for r in results), results
+    assert f"({256 * MiB} bytes left, {GiB} needed)" in results[0]
+
+
+@root_only
+@pytest.mark.timeout(30)
+def test_a_file_larger_than_any_hook_hashes_is_checked_by_size_and_presence(shared):
+    huge = sparse(shared / "huge.pt", GiB + 1)
+    results = verify([note(huge, step=1, size=GiB + 1, sha256="0" * 64)], time_budget_s=3.0, byte_budget=4 * GiB)
+    assert results[0].startswith(SIZE_ONLY) and is_verified(results[0]), results
 
 
 @root_only
@@ -180,10 +190,10 @@ def test_the_byte_budget_is_shared_newest_first(shared):
     digest = zeros_sha256(size)
     notes = [note(big, step=s, size=size, sha256=digest) for s in range(12)]
     results = verify(notes, time_budget_s=30.0, byte_budget=160 * MiB)
-    # two files fit in 160 MiB: the two newest (steps 11 and 10) are hashed, the rest by size only
+    # two files fit in 160 MiB: the two newest (steps 11 and 10) are hashed; the rest are not verified
     assert results[10:] == [None, None]
-    assert all(r.startswith(SIZE_ONLY) for r in results[:10]), results
-    assert f"({160 * MiB - 2 * size} of the {160 * MiB} bytes" in results[0]
+    assert all(not is_verified(r) and "the hashing budget was spent" in r for r in results[:10]), results
+    assert f"({160 * MiB - 2 * size} bytes left, {size} needed)" in results[0]
 
 
 @root_only
@@ -191,8 +201,8 @@ def test_the_byte_budget_is_shared_newest_first(shared):
 def test_a_child_that_overruns_is_killed_and_the_unfinished_notes_say_so(shared):
     small = shared / "small.pt"
     small.write_bytes(b"newest")
-    huge = sparse(shared / "huge.pt", 64 * GiB)
-    notes = [note(huge, step=s, size=64 * GiB, sha256="0" * 64) for s in (1, 2, 3)] + [noted(small, step=9)]
+    huge = sparse(shared / "huge.pt", GiB)    # hashed (the largest size a hook hashes): about 1 s each here
+    notes = [note(huge, step=s, size=GiB, sha256="0" * 64) for s in (1, 2, 3)] + [noted(small, step=9)]
     started = time.monotonic()
     results = verify(notes, time_budget_s=0.5, byte_budget=1 << 40)
     elapsed = time.monotonic() - started
