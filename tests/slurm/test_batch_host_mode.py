@@ -65,7 +65,7 @@ def test_batch_host_mode_observe_only_with_planted_checkpoints_finishes_within_b
         sj.wait_finished(lab, job, timeout=240)
         assert "planted 16 checkpoint records" in sj.output(lab, job)
         acts = sj.actions(lab, job, 0)
-        assert acts.status.value == "observe_only"
+        assert acts.status.value == "observe-only"
         for a in acts.actions:
             assert not any(p in a.target or p in a.detail for p in planted), a
         hooks_log = (lab.paths.logs / "hooks.log").read_text()
