@@ -378,14 +378,16 @@ def checkpoints(job_id: int, cluster: str | None, as_json: bool, config_path: st
     import dataclasses
     from scout_slurm.evidence.records import Verdict
     from scout_slurm.evidence.store import read_record
-    from scout_slurm.remediation.checkfiles import assess_job, find_checkpoint_checks
+    from scout_slurm.remediation.checkfiles import assess_job
     from scout_slurm.remediation.eligibility import recovery_point
     cfg = _site(config_path)
     folder = _find_job_folder(Path(cfg.evidence.root), job_id, cluster)
     runs = folder.restarts()
-    # what the batch host's Epilog found, as the job's user: never the files themselves, which this
-    # command may be running as root to read
-    rows = assess_job(folder, checks=find_checkpoint_checks(folder, runs[-1]) if runs else None)
+    # the files as they are now, read as the job's user (never as root: this command may run as root)
+    from scout_slurm.hooks.ckptcheck import checks_now
+    checks = checks_now(folder, runs[-1] if runs else 0, time_budget_s=cfg.epilog.checkpoint_check_s,
+                        byte_budget=cfg.epilog.checkpoint_check_bytes)
+    rows = assess_job(folder, checks=checks)
     fss = -1
     if runs and folder.verdict_path(runs[-1]).exists():
         fss = read_record(folder.verdict_path(runs[-1]), Verdict, root=folder.root).first_suspect_step

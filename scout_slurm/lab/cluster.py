@@ -630,6 +630,12 @@ class Lab:
         if os.geteuid() != 0:
             me = __import__("pwd").getpwuid(os.geteuid()).pw_name
             return {"slurm_user": me, "job_users": [], "why_root": "not root: the lab runs as its own user"}
+        blocked = [str(p) for p in reversed(self.paths.root.parents) if p.exists() and not os.stat(p).st_mode & 0o001]
+        if blocked:
+            why = (f"the state folder {self.paths.root} is under {blocked[-1]}, which other users cannot enter: "
+                   "slurmctld as SlurmUser and the jobs' users could not reach it")
+            log.warning("lab.site_users_unavailable", reason=why, consequence="slurmctld and the jobs run as root")
+            return {"slurm_user": "root", "job_users": [], "why_root": why}
         ensure_user(spec.slurm_user, system=True)
         for user in spec.job_users:
             ensure_user(user, system=False)

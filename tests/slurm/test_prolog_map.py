@@ -46,7 +46,10 @@ def hooks_log(lab) -> str:
     return (lab.paths.logs / "hooks.log").read_text(errors="replace")
 
 
-def check_job_folder(lab, job: JobInfo, uid: int, gid: int) -> None:
+def check_job_folder(lab, job: JobInfo, uid: int) -> None:
+    """The job's folders: its uid, SlurmUser's group, setgid (the controller Epilog reads them as
+    SlurmUser); results/ SlurmUser's; nodes/ root's."""
+    slurm = pwd.getpwnam(lab.users["slurm_user"])
     evidence = lab.paths.evidence
     folder = JobFolder(evidence, CLUSTER_NAME, job.job_id)
     assert len(job.nodes) == 2, job
@@ -66,8 +69,9 @@ def check_job_folder(lab, job: JobInfo, uid: int, gid: int) -> None:
         assert owner_mode(d) == (0, 0, 0o755), d
     for d in (folder.run_dir(0), folder.ranks_dir(0), folder.progress_dir(0), folder.findings_dir(0),
               folder.stacks_dir(0), folder.checkpoints_dir):
-        assert owner_mode(d) == (uid, gid, 0o750), d
-    assert sorted(p.name for p in folder.path.iterdir()) == ["checkpoints", "nodes", "run-0"]
+        assert owner_mode(d) == (uid, slurm.pw_gid, 0o2750), d
+    assert owner_mode(folder.results_dir) == (slurm.pw_uid, slurm.pw_gid, 0o755)
+    assert sorted(p.name for p in folder.path.iterdir()) == ["checkpoints", "nodes", "results", "run-0"]
     log = hooks_log(lab)
     for node in job.nodes:
         assert f'"job_id": {job.job_id}, "node": "{node}"' in log and "prolog.map_written" in log
@@ -82,7 +86,7 @@ def test_prolog_records_each_allocated_node(lab):
                                f"--output={lab.paths.work}/prolog-map-%j.out"], timeout=T, env=env)
     job = wait_finished(job_id, env)
     assert job.state == "COMPLETED", job
-    check_job_folder(lab, job, 0, 0)
+    check_job_folder(lab, job, 0)
 
 
 def test_prolog_hands_the_run_folder_to_the_jobs_user(lab):
@@ -94,4 +98,4 @@ def test_prolog_hands_the_run_folder_to_the_jobs_user(lab):
     job = wait_finished(job_id, env)
     assert job.state == "COMPLETED", job
     assert job.user_id == nobody.pw_uid
-    check_job_folder(lab, job, nobody.pw_uid, nobody.pw_gid)
+    check_job_folder(lab, job, nobody.pw_uid)

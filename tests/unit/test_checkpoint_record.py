@@ -179,9 +179,7 @@ def test_scout_checkpoints_lists_the_new_fields_and_old_records(tmp_path, monkey
     old = {"record_kind": "checkpoint-note", "schema_version": 1, "path": str(good), "step": 2, "rank": 0,
            "restart": 0, "saved_at": 1.0, "size_bytes": 10, "sha256": digest, "versions": "python 3.11"}
     (folder.checkpoints_dir / "run-0-step-2-rank-0.json").write_text(json.dumps(old))
-    # the command opens no checkpoint: it shows what the batch host's Epilog found as the job's user
-    from scout_slurm.hooks.ckptcheck import write_checkpoint_checks
-    write_checkpoint_checks(folder, 0, "n1", uid=0, gid=0, time_budget_s=10, byte_budget=1 << 20)
+    # the command (root here) checks the files as the owner of the job's checkpoints folder, in a child
     monkeypatch.setenv("SCOUT_EVIDENCE_ROOT", str(tmp_path / "evidence"))
     monkeypatch.delenv("SCOUT_CONFIG", raising=False)
     res = CliRunner().invoke(main, ["checkpoints", "7"])
