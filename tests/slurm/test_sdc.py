@@ -19,7 +19,11 @@ CASES = [
     ("bitflip,bit=31", 1, "weights"),        # sign bit
     ("scale,factor=1.0001", 1, "weights"),
     ("sign", 3, "optimizer"),
-    ("bitflip,bit=0", 0, "optimizer"),
+    # (bit 0 of the momentum element it hits, -9.545392822474241e-05, is 7e-12: four steps of
+    #  momentum 0.9 plus the gradients round it away, the replicas' exact signatures are equal again
+    #  at the vote at step 10 and `clean` is the true answer; bit 12 (a change of 5e-4 of the value)
+    #  outlives them)
+    ("bitflip,bit=12", 0, "optimizer"),
 ]
 
 
