@@ -20,6 +20,13 @@ buffers are not seen); optimizer = its tensor state and hyperparameters; schedul
 every LR scheduler created; RNG = torch CPU, CUDA (only if the job initialised CUDA), Python
 `random`, NumPy (only if the job imported it); data = scout's global optimizer step and the epoch
 last given to a DistributedSampler. The data loader's own position is not visible to scout.
+
+- Renames: a checkpoint written under one name and renamed (the atomic save: NAME.tmp, then
+  os.replace to NAME; a DCP folder step-10.tmp/ renamed to step-10/; a folder of checkpoints
+  renamed) keeps its record under the name it ends up with (`moved`, called by the hooks'
+  os.rename, os.replace and shutil.move). A hidden temporary name is recorded once it is renamed
+  to a visible one. The rank that renames follows it: the saving rank, or for a DCP save any rank
+  (the lowest one records it).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import threading
 import time
 import weakref
 from pathlib import Path
@@ -37,6 +45,7 @@ from scout_slurm.remediation.signatures import COMPONENTS
 RESUME_MISMATCH_EXIT = 90  # scout_slurm.task.exitcodes.RESUME_MISMATCH (literal: runs in the job's Python)
 _MASK = 0x7FFFFFFFFFFFFFFF
 DATA_POSITION = "scout's global optimizer step; the DistributedSampler epoch when the script sets one"
+FOLLOWED_MAX = 4096  # recorded checkpoints whose renames are followed (the newest); older ones keep their names
 
 
 def _sig_hex(value: int) -> str:
@@ -138,6 +147,17 @@ def files_of(path: str):
     return tuple(files), sum(f.size_bytes for f in files), combined_sha(files)
 
 
+def canonical(path: Any) -> str:
+    """The directory entry a path names: its folder resolved (links followed), its last name kept
+    (a rename moves a link itself, not what it points to)."""
+    head, tail = os.path.split(os.path.abspath(os.fsdecode(path)))
+    return os.path.join(os.path.realpath(head), tail)
+
+
+def _components(path: str) -> set[str]:
+    return {c for c in path.split(os.sep) if c}
+
+
 def combined_sha(files) -> str:
     if len(files) == 1 and files[0].name == "":
         return files[0].sha256
@@ -166,6 +186,13 @@ class CheckpointWatch:
         self.resume_done = not self.resume
         self.exchanges = 0
         self.init_steps = 0  # optimizer steps DCP's get_state_dict makes to create the state (lr 0)
+        # renames followed: canonical path of a checkpoint this rank recorded in this run -> its note
+        # files; `names` holds every component of those paths (and of hidden saves), so that a rename
+        # of anything else ends at one set lookup
+        self.lock = threading.Lock()  # pending and the followed paths: a rename may come from another thread
+        self.followed: dict[str, list[Path]] = {}
+        self.hidden: dict[str, tuple[str, int, str]] = {}  # canonical hidden name -> (saver, step, name written)
+        self.names: set[str] = set()
 
     # -- what the job has ------------------------------------------------------------------------
     def see_optimizer(self, opt: Any) -> None:
@@ -190,9 +217,10 @@ class CheckpointWatch:
 
     # -- saves ------------------------------------------------------------------------------------
     def saved(self, path: str, *, saver: str, step: int | None, ranks_saved: tuple[int, ...] | None = None,
-              per_rank: list[dict[str, str]] | None = None) -> None:
+              per_rank: list[dict[str, str]] | None = None, saved_as: str = "") -> None:
         """Record a checkpoint this rank wrote. per_rank: every rank's signatures when the save was
-        collective (DCP); else the exchange follows at the next step."""
+        collective (DCP); else the exchange follows at the next step. saved_as: the name it was
+        written under, when that was a hidden one since renamed to `path`."""
         if self.notes_dir is None:
             return
         from scout_slurm.evidence.store import write_record
@@ -210,7 +238,7 @@ class CheckpointWatch:
                               world=self.world, ranks_saved=ranks_saved or (self.rank,),
                               agreement="not exchanged: the replicas' signatures follow at the next optimizer step",
                               data_position=DATA_POSITION, software=software_versions(),
-                              coverage=self._coverage())
+                              coverage=self._coverage(), saved_as=saved_as)
         if per_rank is not None:
             note = self._with_exchange(note, mine, per_rank, at_save=True)
         elif self.world < 2 or self.side is None:
@@ -218,14 +246,16 @@ class CheckpointWatch:
         else:
             note = self._with_exchange(note, mine, None, at_save=False)
         dest = self.notes_dir / f"run-{self.restart}-step-{step}-rank-{self.rank}.json"
-        try:
-            self.notes_dir.mkdir(parents=True, exist_ok=True)
-            write_record(dest, note)
-        except Exception as exc:  # noqa: BLE001 - never break the job for a note
-            sys.stderr.write(f"scout: checkpoint note not written: {exc!r}\n")
-            return
-        if per_rank is None and self.world >= 2 and self.side is not None:
-            self.pending.append((dest, note))
+        with self.lock:
+            try:
+                self.notes_dir.mkdir(parents=True, exist_ok=True)
+                write_record(dest, note)
+            except Exception as exc:  # noqa: BLE001 - never break the job for a note
+                sys.stderr.write(f"scout: checkpoint note not written: {exc!r}\n")
+                return
+            if per_rank is None and self.world >= 2 and self.side is not None:
+                self.pending.append((dest, note))
+            self._follow(canonical(target), dest)
 
     def saved_collective(self, path: str, *, saver: str) -> None:
         """A save every rank made together (DCP): sign and exchange now; the lowest rank records it."""
@@ -241,6 +271,12 @@ class CheckpointWatch:
             per_rank = [mine]
         if self.rank == 0:
             self.saved(path, saver=saver, step=None, ranks_saved=tuple(range(self.world)), per_rank=per_rank)
+        elif self.notes_dir is not None:
+            # the lowest rank records it; when the script has another rank rename the folder (after its
+            # barrier: the record is written by then), that rank follows it in the lowest rank's note
+            dest = self.notes_dir / f"run-{self.restart}-step-{self.global_step()}-rank-0.json"
+            with self.lock:
+                self._follow(canonical(path), dest)
 
     def _with_exchange(self, note, mine: dict[str, str], per_rank: list[dict[str, str]] | None, *, at_save: bool,
                        why: str = ""):
@@ -321,17 +357,105 @@ class CheckpointWatch:
         savers = tuple(r for r, g in enumerate(got) if int(g[0]))
         per_rank = [{c: (_sig_hex(int(g[i + 1])) if int(g[i + 1]) >= 0 else "") for i, c in enumerate(COMPONENTS)}
                     for g in got]
+        import dataclasses
+
         from scout_slurm.evidence.store import write_record
-        for dest, note in self.pending:
-            import dataclasses
-            saved_values = {s.component: s.saved for s in note.signatures}
-            done = self._with_exchange(dataclasses.replace(note, ranks_saved=savers),
-                                       {c: saved_values.get(c, "") for c in COMPONENTS}, per_rank, at_save=False)
-            try:
+        with self.lock:  # a rename meanwhile has updated the pending note: it is written with its new name
+            for dest, note in self.pending:
+                saved_values = {s.component: s.saved for s in note.signatures}
+                done = self._with_exchange(dataclasses.replace(note, ranks_saved=savers),
+                                           {c: saved_values.get(c, "") for c in COMPONENTS}, per_rank,
+                                           at_save=False)
+                try:
+                    write_record(dest, done)
+                except Exception as exc:  # noqa: BLE001
+                    sys.stderr.write(f"scout: checkpoint record not completed: {exc!r}\n")
+            self.pending.clear()
+
+    # -- renames ----------------------------------------------------------------------------------
+    def _follow(self, key: str, dest: Path) -> None:
+        """Follow renames of the checkpoint at `key` (canonical), recorded in `dest`. Under the lock."""
+        files = self.followed.pop(key, [])
+        if dest not in files:
+            files.append(dest)
+        self.followed[key] = files   # newest last
+        self.names |= _components(key)
+        if len(self.followed) > FOLLOWED_MAX:  # the oldest quarter forgotten at once: the filter is rebuilt rarely
+            for old in list(self.followed)[:len(self.followed) - FOLLOWED_MAX * 3 // 4]:
+                del self.followed[old]
+            self._rename_filter()
+
+    def _rename_filter(self) -> None:
+        names: set[str] = set()
+        for key in (*self.followed, *self.hidden):
+            names |= _components(key)
+        self.names = names
+
+    def saved_hidden(self, path: Any, *, saver: str) -> None:
+        """A save to a hidden name (".NAME"): not a checkpoint yet; recorded if renamed to a visible name."""
+        key = canonical(path)
+        with self.lock:
+            self.hidden.pop(key, None)
+            self.hidden[key] = (saver, self.global_step(), os.path.abspath(os.fspath(path)))
+            self.names |= _components(key)
+            if len(self.hidden) > FOLLOWED_MAX:
+                for old in list(self.hidden)[:len(self.hidden) - FOLLOWED_MAX * 3 // 4]:
+                    del self.hidden[old]
+                self._rename_filter()
+
+    def moved(self, src: Any, dst: Any) -> None:
+        """The job renamed `src` to `dst` (it succeeded). When `src` is a checkpoint this rank recorded
+        in this run, or a folder holding some, their records now name where they are: the same bytes,
+        so the digests hold. Anything else costs a set lookup."""
+        if os.fsdecode(src).rstrip(os.sep).rpartition(os.sep)[2] not in self.names:
+            return
+        old, new = canonical(src), canonical(dst)
+        if old == new:
+            return
+        shown = os.path.abspath(os.fsdecode(dst))
+        hidden = None
+        with self.lock:
+            inside = old + os.sep
+            hits = [(k, new + k[len(old):], shown + k[len(old):]) for k in self.followed
+                    if k == old or k.startswith(inside)]
+            for key, new_key, new_path in hits:
+                files = self.followed.pop(key)
+                self.followed.pop(new_key, None)  # a checkpoint replaced at that name: its record no longer holds
+                for dest in files:
+                    self._renamed(dest, key, new_path)
+                self.followed[new_key] = files
+                self.names |= _components(new_key)
+            if old in self.hidden:
+                hidden = self.hidden.pop(old)
+                if os.path.basename(new).startswith("."):  # still a temporary name: followed on
+                    self.hidden[new] = hidden
+                    self.names |= _components(new)
+                    hidden = None
+        if hidden is not None:
+            saver, step, written = hidden
+            self.saved(shown, saver=saver, step=step, saved_as=written)
+
+    def _renamed(self, dest: Path, key: str, new_path: str) -> None:
+        """The note in `dest` (and a pending copy) names `new_path` when it still describes `key`
+        (another save at the same step may have written `dest` since). Under the lock."""
+        import dataclasses
+
+        from scout_slurm.evidence.store import read_record, write_record
+        from scout_slurm.remediation.records import CheckpointNote
+
+        def moved_note(note):
+            if canonical(note.path) != key:
+                return None
+            return dataclasses.replace(note, path=new_path, saved_as=note.saved_as or note.path)
+        for i, (d, note) in enumerate(self.pending):
+            if d == dest and (done := moved_note(note)) is not None:
+                self.pending[i] = (d, done)
+        try:
+            done = moved_note(read_record(dest, CheckpointNote))
+            if done is not None:
                 write_record(dest, done)
-            except Exception as exc:  # noqa: BLE001
-                sys.stderr.write(f"scout: checkpoint record not completed: {exc!r}\n")
-        self.pending.clear()
+        except Exception as exc:  # noqa: BLE001 - never break the job for a note
+            sys.stderr.write(f"scout: the record {dest.name} still names the checkpoint's old name: {exc!r}\n")
 
     # -- the resume -------------------------------------------------------------------------------
     def loaded(self, path: Any) -> None:

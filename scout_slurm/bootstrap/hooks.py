@@ -392,13 +392,58 @@ def _patch_save(handle: InstalledHooks) -> None:
     @functools.wraps(original_save)
     def scout_save(obj, f, *args, **kwargs):
         result = original_save(obj, f, *args, **kwargs)
-        if isinstance(f, (str, os.PathLike)) and not os.path.basename(os.fspath(f)).startswith("."):
-            note_checkpoint(f, saver="torch.save")
+        if isinstance(f, (str, os.PathLike)):
+            if not os.path.basename(os.fspath(f)).startswith("."):
+                note_checkpoint(f, saver="torch.save")
+            else:
+                _saved_hidden(f)
         return result
 
     handle.patch(torch, "save", scout_save)
     from scout_slurm.bootstrap import ckptstate  # DCP saves, loads, schedulers, the replicas' agreement
     ckptstate.install(handle, STATE)
+
+
+def _saved_hidden(f: Any) -> None:
+    """A torch.save to a hidden name (".NAME.tmp"): no checkpoint yet; recorded when renamed to a visible name."""
+    from scout_slurm.bootstrap import ckptstate
+    if ckptstate.WATCH is not None:
+        try:
+            ckptstate.WATCH.saved_hidden(f, saver="torch.save")
+        except Exception as exc:  # noqa: BLE001 - never break the job for a note
+            sys.stderr.write(f"scout: hidden save {os.fspath(f)!r} not followed: {exc!r}\n")
+
+
+def _patch_renames(handle: InstalledHooks) -> None:
+    """os.rename, os.replace and shutil.move (pathlib's rename and replace call os's): a checkpoint
+    written under one name and renamed (the atomic save) keeps its record under the name it ends up
+    with. Patched at install, before the script runs, so that a script's `from os import replace`
+    gets the patched one too."""
+    import shutil
+
+    from scout_slurm.bootstrap import ckptstate
+    handle.patch(os, "rename", _following_renames(os.rename, ckptstate, returns_dest=False))
+    handle.patch(os, "replace", _following_renames(os.replace, ckptstate, returns_dest=False))
+    handle.patch(shutil, "move", _following_renames(shutil.move, ckptstate, returns_dest=True))
+
+
+def _following_renames(fn: Callable, ckptstate: Any, *, returns_dest: bool) -> Callable:
+    @functools.wraps(fn)
+    def scout_rename(*args, **kwargs):
+        result = fn(*args, **kwargs)  # the job's rename: its result and its errors, untouched
+        watch = ckptstate.WATCH
+        if watch is not None and watch.names:  # nothing recorded yet: nothing to follow
+            try:
+                src = args[0] if args else kwargs["src"]
+                dst = result if returns_dest and isinstance(result, (str, bytes, os.PathLike)) else (
+                    args[1] if len(args) > 1 else kwargs["dst"])
+                if not kwargs or (kwargs.get("src_dir_fd") is None and kwargs.get("dst_dir_fd") is None):
+                    watch.moved(src, dst)  # relative to a folder descriptor (scout's own records): not followed
+            except Exception as exc:  # noqa: BLE001 - never break the job for a note
+                sys.stderr.write(f"scout: rename not followed in the checkpoint records: {exc!r}\n")
+        return result
+    scout_rename.__scout_original__ = fn
+    return scout_rename
 
 
 def _record_injection(fault: FaultSpec) -> None:
@@ -587,6 +632,11 @@ def install(progress_dir: Path | None, *, fault: FaultSpec | None = None, restar
         STATE.restart = restart
         handle = InstalledHooks()
         STATE.installed = handle
+    if checkpoints_dir is not None:
+        try:
+            _patch_renames(handle)
+        except Exception as exc:  # noqa: BLE001 - never break the job
+            sys.stderr.write(f"scout: renames of checkpoints not followed: {exc!r}\n")
 
     def on_distributed(dist: Any) -> None:
         if not dist.is_available():

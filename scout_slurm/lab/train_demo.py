@@ -28,6 +28,9 @@ def main() -> int:
     ap.add_argument("--momentum", type=float, default=0.0)
     ap.add_argument("--out", default="", help="rank 0 writes the final parameter checksum here")
     ap.add_argument("--sched", action="store_true", help="a StepLR schedule, saved and restored with the state")
+    ap.add_argument("--atomic-save", choices=("none", "replace", "move", "hidden"), default="none",
+                    help="save to NAME.tmp, then os.replace (replace) or shutil.move (move) it to NAME; hidden: "
+                         "to .NAME.tmp, then os.replace")
     args = ap.parse_args()
 
     torch.set_num_threads(1)
@@ -88,7 +91,18 @@ def main() -> int:
                              "numpy": _numpy_state(np)}}
             if sched is not None:
                 state["sched"] = sched.state_dict()
-            torch.save(state, os.path.join(args.ckpt_dir, f"step-{step}.pt"))
+            final = os.path.join(args.ckpt_dir, f"step-{step}.pt")
+            if args.atomic_save == "none":
+                torch.save(state, final)
+            else:  # the usual atomic save: a reader never sees a partly written NAME
+                tmp = (os.path.join(args.ckpt_dir, f".step-{step}.pt.tmp") if args.atomic_save == "hidden"
+                       else final + ".tmp")
+                torch.save(state, tmp)
+                if args.atomic_save == "move":
+                    import shutil
+                    shutil.move(tmp, final)
+                else:
+                    os.replace(tmp, final)
         if rank == 0 and step % 20 == 0:
             print(f"step {step} loss {logged.item() / world:.6f}", flush=True)
     if rank == 0 and args.out:

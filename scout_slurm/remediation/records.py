@@ -145,6 +145,7 @@ class CheckpointNote:
     data_position: str = ""        # what "data" signs, in words
     software: SoftwareVersions | None = None
     coverage: CoverageSince | None = None
+    saved_as: str = ""             # the name it was written under, when renamed since (the atomic save); "": not renamed
     schema_version: int = 2
 
 

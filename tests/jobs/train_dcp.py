@@ -3,6 +3,7 @@ and can resume from such a folder. Knows nothing of scout."""
 
 import argparse
 import datetime
+import os
 import random
 import sys
 
@@ -22,6 +23,8 @@ def main() -> int:
     ap.add_argument("--ckpt", required=True)
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--fsdp", action="store_true", help="FSDP2 over every rank (each holds a shard) instead of DDP")
+    ap.add_argument("--rename-from-tmp", action="store_true",
+                    help="save into CKPT.tmp/, then rank 0 renames the folder to CKPT/ (after a barrier)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -56,7 +59,12 @@ def main() -> int:
         opt.step()
         if step == args.save_at and not args.resume:
             msd, osd = get_state_dict(model, opt)
-            dcp.save({"model": msd, "optim": osd, "step": torch.tensor(step)}, checkpoint_id=args.ckpt)
+            where = args.ckpt + ".tmp" if args.rename_from_tmp else args.ckpt
+            dcp.save({"model": msd, "optim": osd, "step": torch.tensor(step)}, checkpoint_id=where)
+            if args.rename_from_tmp:
+                dist.barrier()  # every rank is done with the folder
+                if rank == 0:
+                    os.rename(where, args.ckpt)
     dist.destroy_process_group()
     print(f"rank {rank}: done", flush=True)
     return 0

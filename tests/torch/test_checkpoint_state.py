@@ -158,3 +158,47 @@ def test_sharded_dcp_save_is_not_called_a_disagreement_and_each_shard_is_verifie
     found = _findings(tmp_path / "b")
     assert sorted(found) == ["resume-verified-rank-0.json", "resume-verified-rank-1.json"], found
     assert "model, optimizer" in found["resume-verified-rank-0.json"]["summary"]
+
+
+@pytest.mark.timeout(120)
+def test_a_dcp_folder_renamed_after_the_save_is_recorded_and_resumed_under_its_final_name(tmp_path):
+    # saved into ck.tmp/, then rank 0 renames the folder to ck/ (after a barrier): the record follows
+    ck = tmp_path / "ck"
+    _ok(run_ranks([str(DCP_JOB), "--ckpt", str(ck), "--rename-from-tmp"], _env(tmp_path, "a"), cwd=tmp_path / "a"))
+    assert not (tmp_path / "ck.tmp").exists()
+    [note] = _notes(tmp_path)
+    assert (note.path, note.saved_as, note.saver, note.agreement) == (str(ck), f"{ck}.tmp", "dcp.save", "agreed")
+    assert sorted(f.name for f in note.files) == sorted(str(p.relative_to(ck)) for p in ck.rglob("*") if p.is_file())
+    assert file_problem(note) is None
+    assert assess([note], {}, {}, file_problem)[0].status == CheckpointStatus.ELIGIBLE
+    runs = run_ranks([str(DCP_JOB), "--ckpt", str(ck), "--resume"],
+                     _env(tmp_path, "b", SCOUT_RESUME_CHECKPOINT=str(ck), SCOUT_STEP_OFFSET="4", SLURM_RESTART_COUNT="1"),
+                     cwd=tmp_path / "b")
+    _ok(runs)
+    found = _findings(tmp_path / "b")
+    assert sorted(found) == ["resume-verified-rank-0.json", "resume-verified-rank-1.json"], found
+    assert f"restored {ck} (step 4)" in found["resume-verified-rank-1.json"]["summary"]
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("atomic", ["replace", "hidden"])
+def test_an_atomic_torch_save_is_recorded_under_its_final_name_and_resumed_bit_for_bit(tmp_path, atomic):
+    # NAME.tmp (or the hidden .NAME.tmp, not a checkpoint until renamed) then os.replace to NAME
+    ckpt = tmp_path / "ckpt"
+    train = [str(TRAIN), "--steps", "12", "--step-sleep", "0", "--timeout", "30", "--ckpt-dir", str(ckpt),
+             "--ckpt-every", "5", "--sched", "--momentum", "0.9", "--atomic-save", atomic]
+    _ok(run_ranks([*train, "--out", str(tmp_path / "a.txt")], _env(tmp_path, "a"), cwd=tmp_path / "a"))
+    assert sorted(p.name for p in ckpt.iterdir()) == ["step-10.pt", "step-5.pt"]
+    notes = {n.step: n for n in _notes(tmp_path)}
+    assert sorted(notes) == [5, 10]
+    tmp_name = {"replace": "step-5.pt.tmp", "hidden": ".step-5.pt.tmp"}[atomic]
+    five = notes[5]
+    assert (five.path, five.saved_as, five.agreement) == (str(ckpt / "step-5.pt"), str(ckpt / tmp_name), "agreed")
+    assert file_problem(five) is None
+    assert assess([five], {}, {}, file_problem)[0].status == CheckpointStatus.ELIGIBLE
+    resume = dict(SCOUT_RESUME_CHECKPOINT=five.path, SCOUT_STEP_OFFSET="5", SLURM_RESTART_COUNT="1")
+    _ok(run_ranks([*train, "--out", str(tmp_path / "b.txt")], _env(tmp_path, "b", **resume), cwd=tmp_path / "b"))
+    found = _findings(tmp_path / "b")
+    assert sorted(found) == ["resume-verified-rank-0.json", "resume-verified-rank-1.json"], found
+    assert f"restored {ckpt / 'step-5.pt'} (step 5)" in found["resume-verified-rank-0.json"]["summary"]
+    assert (tmp_path / "b.txt").read_text() == (tmp_path / "a.txt").read_text()
