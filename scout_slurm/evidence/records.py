@@ -110,6 +110,11 @@ class ExitRecord:
     last_progress: ProgressSnapshot | None
     stderr_tail: tuple[str, ...] = ()
     external_termination: bool = False   # the shim itself was signalled (scancel, srun, node shutdown)
+    # the final "Type: message" line of the last Python traceback in the child's stderr, printed
+    # before scout or anyone signalled it ("" when none), and the rank's progress position
+    # (collectives entered + completed) when it was printed, -1 unknown: whole even in a digest
+    exception: str = ""
+    exception_position: int = -1
     schema_version: int = 1
 
 

@@ -16,6 +16,7 @@ from scout_slurm.evidence.records import (ChildState, ExitRecord, Finding, Findi
                                           RankPlace, StallDecision, Suspect, Verdict, VerdictKind)
 from scout_slurm.localise.cascade import CASCADE_PATTERNS, mentions_peer_failure  # noqa: F401 (re-exported)
 from scout_slurm.localise.stall import find_desync, position
+from scout_slurm.task import exitcodes
 
 STRAGGLER_ENDED = 91  # scout_slurm.task.exitcodes: a confirmed straggler ended under the "exit" policy
 CRASH_SIGNALS = {4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL", 11: "SIGSEGV", 31: "SIGSYS"}
@@ -101,6 +102,47 @@ def describe_exit(e: ExitRecord) -> str:
     return f"exited with code {e.exit_code}"
 
 
+# --- crash evidence: the kind from the strongest evidence a rank left ---------------------------
+# A child exits with these codes only when scout's bootstrap ended it (the shim's own 86, 87 and 89
+# are never a child's): its numbers, its restored state or its speed was judged, it did not crash.
+SCOUT_ENDINGS = {exitcodes.SDC_CULPRIT: exitcodes.ALL[exitcodes.SDC_CULPRIT],
+                 exitcodes.RESUME_MISMATCH: exitcodes.ALL[exitcodes.RESUME_MISMATCH],
+                 exitcodes.STRAGGLER_ENDED: exitcodes.ALL[exitcodes.STRAGGLER_ENDED]}
+
+
+def own_exception(e: ExitRecord, last: ProgressSnapshot | None) -> str:
+    """The exception that stopped the rank, or "": the last one its stderr showed, printed before
+    anyone signalled it, not a peer's failure, and with no progress after it (its position then is
+    its last one). A traceback printed and survived earlier does not count."""
+    if not e.exception or e.exception_position < 0 or mentions_peer_failure((e.exception,)):
+        return ""
+    if last is not None and e.exception_position < position(last):
+        return ""
+    return e.exception
+
+
+def crash_evidence(e: ExitRecord | None, last: ProgressSnapshot | None) -> list[str]:
+    """Why a rank the watchdogs named counts as crashed, not hung ([] when nothing says so): it
+    ended on its own with a signal or a non-zero code, or it raised and then sat idle, alive (a
+    non-daemon thread holds the interpreter), until scout ended it."""
+    if e is None:
+        return []
+    exc = own_exception(e, last)
+    if is_abnormal(e) and not is_cascade(e) and e.exit_code not in SCOUT_ENDINGS:
+        return [f"rank {e.rank} {describe_exit(e)}", *([f"exception: {exc}"] if exc else [])]
+    if exc:
+        end = "scout ended it" if e.killed_by_scout else f"it {describe_exit(e)}"
+        return [f"rank {e.rank} raised {exc}", f"exception: {exc}",
+                "its process stayed alive without progress after the exception until " + end]
+    if e.killed_by_scout and last is not None and not last.bootstrap_active and last.coll_completed > 0 \
+            and not last.in_collective:
+        # it left training (sys.exit, an exception handled by exiting) and was still tearing down
+        return [f"rank {e.rank} left training while its peers waited: its progress record was closed "
+                f"(destroy_process_group() or interpreter exit) after {last.coll_completed} collectives",
+                "its process was still ending when scout ended it"]
+    return []
+
+
 def _step(ev: JobEvidence, rank: int) -> int:
     """The training step the rank was in, counted from the start of training (a resumed run's
     progress counts from the checkpoint's step)."""
@@ -158,8 +200,15 @@ def localise(ev: JobEvidence, *, now: float) -> Verdict:
                             reasoning + ["the job stalled but no rank was behind the others:"] + list(d.reasoning),
                             now=now, first_at=d.at)
         suspects = []
+        crashed: dict[int, list[str]] = {}
         for r in culprits:
             snap = ev.last_progress(r)
+            # a culprit whose exit or stderr says it crashed is a crash, however its peers waited
+            crash = crash_evidence(ev.exits.get(r), snap) if d.kind != FindingKind.DESYNC else []
+            if crash:
+                crashed[r] = crash
+                suspects.append(Suspect(r, ev.node_of(r), VerdictKind.CRASH, 0.95, tuple(crash + list(d.reasoning))))
+                continue
             conf = 0.9
             lines = list(d.reasoning)
             if snap is not None and snap.child_state in (ChildState.STOPPED, ChildState.DISK_SLEEP):
@@ -171,9 +220,13 @@ def localise(ev: JobEvidence, *, now: float) -> Verdict:
         share = len(culprits) / max(ev.world_size, 1)
         conf = min(s.confidence for s in suspects) * (1.0 if share <= 0.25 else 0.8)
         what = "desync" if d.kind == FindingKind.DESYNC else "stopped making progress first"
-        return _verdict(ev, VerdictKind.HANG, suspects, conf,
-                        reasoning + [f"rank(s) {', '.join(map(str, culprits))} {what}"] + list(d.reasoning),
-                        now=now, first_at=d.at)
+        said = [f"rank(s) {', '.join(map(str, culprits))} {what}"]
+        if crashed:   # the kind is crash only when every culprit crashed; a hung one keeps it a hang
+            said += [f"{lines[0]} (crash, not a hang)" for lines in crashed.values()]
+        kind = VerdictKind.CRASH if len(crashed) == len(culprits) else VerdictKind.HANG
+        ended = [ev.exits[r].at for r in crashed if is_abnormal(ev.exits[r]) and not is_cascade(ev.exits[r])]
+        return _verdict(ev, kind, suspects, conf, reasoning + said + list(d.reasoning),
+                        now=now, first_at=min([d.at, *ended]))
 
     # 3. a desync: one rank's sequence of collectives left the majority's (gloo may then abort a
     #    peer, so this comes before blaming whoever died first)
@@ -259,12 +312,15 @@ def localise(ev: JobEvidence, *, now: float) -> Verdict:
         e = primaries[r]
         p = ev.last_progress(r)
         lines = [f"rank {r} {describe_exit(e)}"]
+        if e.exception:   # the traceback's last line, not whatever stderr said last (a warning)
+            lines.append(f"exception: {e.exception}")
         if p is not None:
             lines.append(f"at progress {position(p)} ({p.coll_completed} collectives done, optimizer step {p.opt_steps})")
         lines += [ln for ln in e.stderr_tail[-3:]]
         suspects.append(Suspect(r, e.node, VerdictKind.CRASH, confidence, tuple(lines)))
     others = [r for r in ranked if r not in first]
-    lines = [f"rank {r} on {primaries[r].node} {describe_exit(primaries[r])} on its own" for r in first]
+    lines = [f"rank {r} on {primaries[r].node} {describe_exit(primaries[r])} on its own"
+             + (f" ({primaries[r].exception})" if primaries[r].exception else "") for r in first]
     if others:
         lines.append(f"also failed on their own, later in progress: ranks {others}")
     if cascades:

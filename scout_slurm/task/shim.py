@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections import deque
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -31,6 +30,7 @@ from scout_slurm.log import configure, get_logger
 from scout_slurm.slurm.hostlist import expand_hostlist
 from scout_slurm.task import exitcodes
 from scout_slurm.task import progress as progress_mod
+from scout_slurm.task.stderrtail import StderrTail
 
 log = get_logger("scout.task")
 BOOTSTRAP_DIR = Path(scout_slurm.__file__).parent / "bootstrap" / "site"
@@ -201,7 +201,8 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         child = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
     except OSError as exc:
         raise ScoutError(f"scout-task: cannot start {command[0]!r}: {exc}") from exc
-    tail: deque[str] = deque(maxlen=40)
+    own_record = None if launcher else shm / f"rank-{ctx.rank}.bin"
+    tail = StderrTail(40, position=lambda: _position(own_record))
     pump = threading.Thread(target=_pump_stderr, args=(child, tail), daemon=True)
     pump.start()
     import dataclasses
@@ -245,17 +246,27 @@ def _write_node_tasks(folder: JobFolder, ctx: TaskContext, environ: Mapping[str,
         log.warning("shim.node_tasks_not_written", path=str(path), error=str(exc))
 
 
-def _pump_stderr(child: subprocess.Popen, tail: deque) -> None:
-    """Forward the child's stderr and keep its last lines (cascade errors are recognised there)."""
+def _pump_stderr(child: subprocess.Popen, tail: StderrTail) -> None:
+    """Forward the child's stderr unchanged and keep its last lines and last exception (cascade
+    errors and crashes are recognised there)."""
     assert child.stderr is not None
     out = sys.stderr.buffer
-    for line in iter(child.stderr.readline, b""):
-        try:
-            out.write(line)
-            out.flush()
-        except OSError:
-            pass
-        tail.append(line.decode("utf-8", "replace").rstrip("\n")[:500])
+    try:
+        for line in iter(child.stderr.readline, b""):
+            try:
+                out.write(line)
+                out.flush()
+            except OSError:
+                pass
+            tail.feed(line.decode("utf-8", "replace"))
+    finally:
+        tail.end()
+
+
+def _position(record: Path | None) -> int:
+    """The rank's progress position (collectives entered + completed), -1 when unknown."""
+    view = progress_mod.read(record) if record is not None else None
+    return view.coll_entered + view.coll_completed if view is not None else -1
 
 
 def _resume_checkpoint(folder: JobFolder, restart: int) -> tuple[str, int]:

@@ -37,6 +37,8 @@ from scout_slurm.task.evidencehealth import EvidenceHealth, storage_errno
 
 log = get_logger("scout.watchdog")
 STACK_SIGNAL = signal.SIGRTMIN + 5  # the bootstrap registers faulthandler on it
+STDERR_DRAIN_S = 2.0  # how long the child's last stderr lines may take to reach the tail after it exited
+STACK_WAIT_S = 1.0   # how long a stack dump may take to appear before the process is read from outside
 
 
 class WatchState(enum.Enum):
@@ -127,6 +129,11 @@ class Watchdog:
         self.peer_seq_at_suspect: dict[int, int] = {}
         self.external_signal = 0
         self.stacks_requested = False
+        self.stacks_asked_at = 0.0
+        self.stacks_size_before = 0
+        self.stacks_signalled = False      # the bootstrap's handler was asked (its record active)
+        self.exception_before_signal = None  # stderrtail.ExceptionSeen, frozen when scout or anyone signals
+        self.signalled = False
         self.reported_stalled: set[int] = set()   # ranks whose stall_suspect finding this window wrote
         self.health = EvidenceHealth(policy=cfg.on_evidence_loss, grace_s=cfg.evidence_loss_grace_s)
         self.histories: dict[int, HistoryWriter] = {}   # for the report's timeline only
@@ -142,6 +149,7 @@ class Watchdog:
     # -- signals --------------------------------------------------------------------------
     def on_signal(self, signum: int, frame) -> None:
         if signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            self._freeze_exception()
             self.external_signal = signum
         try:
             os.kill(self.child.pid, signum)
@@ -287,9 +295,17 @@ class Watchdog:
         log.error("watchdog.ending_for_lost_evidence", rank=self.ctx.rank, lost_for_s=round(self.health.lost_for(now), 1),
                   failures=self.health.failures, last_error=self.health.last_error)
         self._to(WatchState.TERMINATING)
+        self._freeze_exception()
         status = self._escalate()
         self._on_exit(status, killed_by_scout=True)
         return exitcodes.EVIDENCE_LOST
+
+    def _freeze_exception(self) -> None:
+        """The exception the child printed before anyone signalled it: one printed afterwards (a
+        handler that turns SIGTERM into an exception) says nothing about why it stopped."""
+        if not self.signalled:
+            self.signalled = True
+            self.exception_before_signal = getattr(self.stderr_tail, "last_exception", None)
 
     # -- stalls ---------------------------------------------------------------------------
     def _decision_path(self) -> Path:
@@ -383,17 +399,59 @@ class Watchdog:
             log.warning("watchdog.peer_unreadable", error=e)
         return records
 
+    def _stacks_path(self) -> Path:
+        return self.folder.stacks_path(self.ctx.restart, self.ctx.rank)
+
+    def _stacks_size(self) -> int:
+        try:
+            return self._stacks_path().stat().st_size
+        except OSError:
+            return 0
+
     def _request_stacks(self) -> None:
         if self.stacks_requested:
             return
         self.stacks_requested = True
+        self.stacks_asked_at = self.clock()
+        self.stacks_size_before = self._stacks_size()
+        self.stacks_signalled = False
         for t in self.trackers.values():
             if t.view is None or not t.view.active:
                 continue  # the bootstrap's handler is only there while the record is active
             try:
                 os.kill(self._training_pid(t), STACK_SIGNAL)
+                self.stacks_signalled = True
             except ProcessLookupError:
                 pass
+
+    def _ensure_stacks(self) -> None:
+        """Before anything is killed: wait (bounded) for the dump the stack signal asked for; when
+        none came (a stopped process runs no handler; an inactive record has none), read the
+        processes from outside into the same file, saying why."""
+        if self.stacks_signalled:
+            deadline = self.stacks_asked_at + STACK_WAIT_S
+            while self._stacks_size() <= self.stacks_size_before and self.clock() < deadline:
+                self.sleep(0.05)
+            if self._stacks_size() > self.stacks_size_before:
+                return
+            why = (f"no Python stack dump within {STACK_WAIT_S:g} s of the stack signal "
+                   f"(process state: {', '.join(sorted({proc_state(self._training_pid(t)).value for t in self.trackers.values()}))})")
+        else:
+            why = ("no Python stack dump asked: the progress record is inactive or absent (closed at "
+                   "destroy_process_group() or interpreter exit, or never opened), so the bootstrap's handler "
+                   "may be gone and the signal could kill the process")
+        from scout_slurm.task.procstack import describe_process
+        pids = list(dict.fromkeys([self._training_pid(t) for t in self.trackers.values()] or [self.child.pid]))
+        lines = [f"--- scout watchdog, {time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(self.wall()))}Z: {why}; "
+                 "the processes as /proc shows them:"]
+        for pid in pids:
+            lines += describe_process(pid)
+        try:
+            with open(self._stacks_path(), "a") as fh:
+                fh.write("\n".join(lines) + "\n")
+        except OSError as exc:
+            log.warning("watchdog.stacks_unwritable", rank=self.ctx.rank, error=str(exc))
+        log.info("watchdog.stacks_from_proc", rank=self.ctx.rank, reason=why)
 
     def _write_finding(self, finding: Finding) -> None:
         name = f"{finding.kind.value}-rank-{finding.rank}-{int(finding.at * 1000)}.json"
@@ -403,6 +461,8 @@ class Watchdog:
         self._to(WatchState.TERMINATING)
         mine = [r for r in self.trackers if r in decision.culprits]
         self._request_stacks()
+        self._ensure_stacks()       # the stacks first: nothing is signalled before they are in
+        self._freeze_exception()
         now = self.clock()
         for r in mine:
             t = self.trackers[r]
@@ -440,11 +500,18 @@ class Watchdog:
         snaps = final or {r: self.snapshot(t, now, exited=True) for r, t in self.trackers.items()}
         signum = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
         code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
+        ended = getattr(self.stderr_tail, "wait_ended", None)
+        if ended is not None and not ended(STDERR_DRAIN_S):
+            log.info("watchdog.stderr_open", rank=self.ctx.rank, waited_s=STDERR_DRAIN_S)
+        seen = (self.exception_before_signal if self.signalled
+                else getattr(self.stderr_tail, "last_exception", None))
         record = ExitRecord(rank=self.ctx.rank, node=self.ctx.node, pid=self.child.pid, exit_code=code,
                             signal=signum, core_dumped=bool(os.WIFSIGNALED(status) and os.WCOREDUMP(status)),
                             at=self.wall(), killed_by_scout=killed_by_scout,
                             last_progress=snaps.get(self.ctx.rank), stderr_tail=tuple(self.stderr_tail),
-                            external_termination=bool(self.external_signal))
+                            external_termination=bool(self.external_signal),
+                            exception=seen.line if seen is not None else "",
+                            exception_position=seen.position if seen is not None else -1)
         if not self._write_evidence(self.folder.rank_exit_path(self.ctx.restart, self.ctx.rank), record, what="exit_record"):
             log.error("watchdog.exit_record_failed", rank=self.ctx.rank)
         self._publish(now, exited=True)

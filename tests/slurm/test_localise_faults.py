@@ -84,6 +84,10 @@ def test_fault_is_named(lab, clean_drains, case_id, inject, rank, kind):
     elif kind == "hang":
         assert d is not None and d.culprits == (rank,)
         assert detect < STALL_FLOOR + 6
+    if case_id == "sigstop-from-outside":
+        # a stopped process runs no stack handler: its watchdog read it from /proc before the kill
+        stacks = folder.stacks_path(0, rank).read_text()
+        assert "no Python stack dump within" in stacks and "state T (stopped)" in stacks, stacks[-2000:]
 
 
 @pytest.mark.timeout(240)
@@ -126,3 +130,53 @@ def test_clean_runs_name_nobody(lab, clean_drains):
         assert shown["suspects"] == []
         assert "rank 0: done" in sj.output(lab, j)
     assert not [n.name for n in ops.list_nodes(timeout=10, env=lab.client_env()) if n.is_drained]
+
+
+KEEP_ALIVE = sj.TRAIN.parent / "train_keep_alive.py"
+CRASHES = [
+    # id, inject spec, the job's environment, rank, what the suspect's evidence must say
+    ("sigkill", "sigkill,rank=3,step=5", "", 3, "rank 3 killed by SIGKILL"),
+    ("raise-then-idle", "raise,rank=1,step=5", "export KEEP_ALIVE=1", 1,
+     "exception: RuntimeError: scout injected exception at step 5"),
+    ("out-of-memory", None, "export OOM_RANK=2 OOM_STEP=5", 2,
+     "exception: RuntimeError: [enforce fail at alloc_cpu.cpp"),
+]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("case_id,inject,pre,rank,said", CRASHES, ids=[c[0] for c in CRASHES])
+def test_crash_kind_from_the_strongest_evidence(lab, clean_drains, case_id, inject, pre, rank, said):
+    """Issue 19: a rank SIGKILLed, one whose main thread raised while a non-daemon thread kept it
+    alive (its peers wait for it: the watchdogs call the stall), and one whose allocation failed
+    (the CPU allocator's own out-of-memory error, under an address-space limit set in that rank
+    only) are crashes, named with the signal or the exception's type and message."""
+    scout_args = f"--scout-stall-floor={STALL_FLOOR}" + (f" --scout-inject={inject}" if inject else "")
+    script = sj.batch_script(lab, train=KEEP_ALIVE, pre=pre, train_args="--steps 400 --step-sleep 0.02",
+                             scout_args=scout_args)
+    job = sj.submit(lab, script, extra=("--no-requeue",))
+    sj.wait_finished(lab, job, timeout=180)
+    out = sj.output(lab, job)
+    shown = sj.show_json(lab, job, restart=0)
+    place = sj.places(lab, job)[rank]
+    assert shown["kind"] == "crash", (shown, out[-3000:])
+    assert [(s["rank"], s["node"], s["kind"]) for s in shown["suspects"]] == [(rank, place.node, "crash")], shown
+    evidence = shown["suspects"][0]["evidence"]
+    assert any(line.startswith(said) for line in evidence), (evidence, out[-3000:])
+    exits = sj.exits(lab, job)
+    d = sj.decision(lab, job)
+    if case_id == "raise-then-idle":
+        # it stayed alive: the watchdogs called the stall on it and scout ended it
+        assert d is not None and d.culprits == (rank,), d
+        assert exits[rank].killed_by_scout and exits[rank].exception.endswith("exception at step 5"), exits[rank]
+        assert "stayed alive without progress" in " ".join(evidence)
+        stacks = sj.folder(lab, job).stacks_path(0, rank).read_text()
+        assert "(most recent call first)" in stacks, stacks[-2000:]     # its threads, dumped before the kill
+    elif case_id == "out-of-memory":
+        assert exits[rank].exit_code == 1 and "DefaultCPUAllocator: can't allocate memory" in exits[rank].exception
+    folder = sj.folder(lab, job)
+    from_digests = gather_evidence(folder, 0, job_exit_code=256)
+    from_files = gather_evidence(folder, 0, job_exit_code=256, digests=False)
+    v = sj.verdict(lab, job)
+    assert (dataclasses.replace(localise(from_digests, now=v.created_at), created_at=0) ==
+            dataclasses.replace(localise(from_files, now=v.created_at), created_at=0))
+    print(f"\nCRASH {case_id}: {shown['suspects'][0]['evidence'][:3]}")

@@ -1,0 +1,95 @@
+"""The child's stderr as the shim keeps it: its last lines, and the last Python exception it
+printed (the final `Type: message` line of its last traceback) with the rank's progress then.
+Fed line by line by the shim's pump thread; the parsing is pure (`TracebackReader`).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+TRACEBACK_START = "Traceback (most recent call last):"
+# "RuntimeError: boom", "torch.OutOfMemoryError: ...", "KeyboardInterrupt": a dotted name, then
+# ": message" or nothing. A warning ("/x.py:3: FutureWarning: ...") or a chained exception's
+# "During handling of the above exception, ..." does not match.
+EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(?:: .*|:)?")
+# torch.distributed's excepthook writes every line of an uncaught exception as "[rank3]: ...";
+# torchrun's --tee as "[default0]:..."
+PREFIX = re.compile(r"\[[^\]\s]{1,40}\]: ?")
+MAX_FRAME_LINES = 2000   # a traceback that never ends is given up (a frame line is indented)
+
+
+@dataclass(frozen=True)
+class ExceptionSeen:
+    line: str          # the final "Type: message" line, at most 500 characters
+    position: int      # the rank's collectives entered + completed when it was read; -1 unknown
+    at: float          # wall clock when it was read
+
+
+class TracebackReader:
+    """Finds the exception line that ends each traceback in a stream of lines (pure): after
+    "Traceback (most recent call last):", the first line that is not indented, not empty and
+    looks like `Type: message` (a "[rankN]: " prefix is read past). Lines from other writers (a warning printed by another thread)
+    in between are skipped."""
+
+    def __init__(self) -> None:
+        self._inside = False
+        self._seen = 0
+
+    def feed(self, line: str) -> str | None:
+        """The exception line when `line` ends a traceback, else None."""
+        prefix = PREFIX.match(line)
+        if prefix is not None:
+            line = line[prefix.end():]
+        if line.startswith(TRACEBACK_START):
+            self._inside, self._seen = True, 0
+            return None
+        if not self._inside:
+            return None
+        self._seen += 1
+        if self._seen > MAX_FRAME_LINES:
+            self._inside = False
+            return None
+        if not line.strip() or line.startswith((" ", "\t")):
+            return None
+        if EXCEPTION_LINE.fullmatch(line.rstrip()):
+            self._inside = False
+            return line.rstrip()[:500]
+        return None
+
+
+class StderrTail(deque):
+    """The last `maxlen` lines (a deque, as the watchdog has always read it) and the last
+    exception seen. `position` reads the rank's progress when an exception line arrives."""
+
+    def __init__(self, maxlen: int = 40, *, position: Callable[[], int] = lambda: -1,
+                 wall: Callable[[], float] = time.time) -> None:
+        super().__init__(maxlen=maxlen)
+        self._reader = TracebackReader()
+        self._position, self._wall = position, wall
+        self.last_exception: ExceptionSeen | None = None
+        self._ended = threading.Event()
+
+    def end(self) -> None:
+        """The stream reached its end (the child and whatever inherited its stderr closed it)."""
+        self._ended.set()
+
+    def wait_ended(self, timeout: float) -> bool:
+        """Until the stream ended, at most `timeout` seconds: the lines a child printed just
+        before it exited are in the tail before its exit record is written."""
+        return self._ended.wait(timeout)
+
+    def feed(self, line: str) -> None:
+        line = line.rstrip("\n")[:500]
+        self.append(line)
+        found = self._reader.feed(line)
+        if found is not None:
+            try:
+                pos = self._position()
+            except Exception:  # noqa: BLE001 - a record that cannot be read: position unknown
+                pos = -1
+            self.last_exception = ExceptionSeen(found, pos, self._wall())  # one assignment: read whole
