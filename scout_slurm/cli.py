@@ -27,7 +27,14 @@ class _ScoutGroup(click.Group):
 
 @click.group(cls=_ScoutGroup)
 def main() -> None:
-    """scout: find the rank that failed first in a Slurm job, keep the evidence, act on it."""
+    """scout: find the rank that failed first in a Slurm job, keep the evidence, act on it.
+
+    Log lines (every Slurm call, each state change) are shown only from warnings up; set
+    SCOUT_LOG_LEVEL=info to see them all."""
+    import logging
+
+    from scout_slurm.log import configure, level_from_env
+    configure(level=level_from_env(logging.WARNING))
 
 
 @main.group()
@@ -147,6 +154,10 @@ def show(job_id: int, restart: int | None, cluster: str | None, as_json: bool, a
         raise ScoutError(f"job {job_id}: no run folders in {folder.path}")
     run = runs[-1] if restart is None else restart
     ev = gather_evidence(folder, run)
+    if not ev.places and not ev.exits and not ev.snapshots and not ev.findings:
+        raise ScoutError(f"job {job_id} run {run}: no scout records in {folder.run_dir(run)} (no rank wrote its "
+                         "place, progress or exit): the job did not run under scout-srun, or its SCOUT_CONFIG "
+                         "sent its evidence elsewhere; there is no verdict to show")
     vpath = folder.verdict_path(run)
     computed = not vpath.exists()
     verdict = localise(ev, now=_time.time()) if computed else read_record(vpath, Verdict, root=folder.root)

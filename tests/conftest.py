@@ -29,6 +29,15 @@ def up_or_skip(cluster: Lab) -> None:
         raise
 
 
+@pytest.fixture(autouse=True)
+def _default_logging():
+    """Each test starts with the library's default logging (info, to stderr): a `scout` command run
+    in-process sets the operator level (warnings only) for the rest of its process."""
+    from scout_slurm.log import configure
+    configure()
+    yield
+
+
 @pytest.fixture(scope="session")
 def lab(tmp_path_factory) -> Lab:
     """A real 4-node Slurm cluster for the whole session, stopped (and its folder removed) at the

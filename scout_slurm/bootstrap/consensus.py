@@ -87,17 +87,47 @@ class Consensus:
         self.restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
         self.last_clean = -1
         self.groups: list[tuple[int, ...]] | None = None  # replica groups, found at the first vote
-        self.replay_rounds: Any = None  # a callable giving the replay rounds so far, when replay is on
         self.first_nonfinite: Any = None  # a callable giving this rank's first non-finite step (bootstrap.finite)
         self.nonfinite_said = False       # where non-finite numbers began is decided once per run
+        self.last_vote_step = -1
+        self.steps = 0                    # the last optimizer step seen (this run's count)
+        self.optimizer: Any = None        # the optimizer last seen (held until destroy_process_group)
+        self.on_vote: Any = None          # called after every vote (bootstrap.hooks writes the coverage)
 
     def track(self, module: Any) -> None:
         if all(m is not module for m in self.modules):
             self.modules.append(module)
 
     def maybe_vote(self, step: int, optimizer: Any, original_all_gather: Any, original_barrier: Any) -> None:
-        if self.every <= 0 or step % self.every != 0 or not self.modules:
+        if self.every <= 0 or not self.modules:
             return
+        self.optimizer = optimizer  # for the end-of-training vote (released at destroy_process_group)
+        self.steps = step
+        if step % self.every != 0:
+            return
+        self._vote(step, optimizer, original_all_gather, original_barrier)
+
+    def final_vote(self, original_all_gather: Any, original_barrier: Any, *, timeout_s: float) -> str:
+        """The end-of-training vote (destroy_process_group, every rank): the replicas' state once
+        more unless the last vote was at the last step. Every rank must arrive within `timeout_s`;
+        else no vote (said). Returns what it did, in words."""
+        opt = self.optimizer
+        if self.every <= 0 or not self.modules or opt is None or self.steps <= 0:
+            return "not made: no model or optimizer step seen"
+        if self.votes and self.last_vote_step == self.steps + self.offset:
+            return f"not needed: the last vote was at the last step ({self.last_vote_step})"
+        try:
+            self._vote(self.steps, opt, original_all_gather, original_barrier, timeout_s=timeout_s)
+        except RuntimeError as exc:  # a rank did not arrive in time, or a peer is gone
+            return f"not made: not every rank arrived within {timeout_s:g} s ({str(exc)[:120]})"
+        if not any(len(g) >= 2 for g in self.groups or ()):
+            return f"at step {self.last_vote_step}: no replicas to compare (every rank holds a state of its own)"
+        return (f"at step {self.last_vote_step}: "
+                + ("every replica agreed" if self.last_clean == self.last_vote_step else
+                   "replicas disagreed (see the findings)"))
+
+    def _vote(self, step: int, optimizer: Any, original_all_gather: Any, original_barrier: Any, *,
+              timeout_s: float | None = None) -> None:
         import torch
         t0 = time.perf_counter()
         from scout_slurm.bootstrap.replay import inner, replica_layout
@@ -115,7 +145,12 @@ class Consensus:
         first_bad = self.first_nonfinite() if self.first_nonfinite is not None else NONE
         mine = torch.tensor([sig_w & 0x7FFFFFFFFFFFFFFF, sig_o & 0x7FFFFFFFFFFFFFFF, first_bad], dtype=torch.int64)
         gathered = [torch.zeros_like(mine) for _ in range(self.world)]
-        original_all_gather(gathered, mine, group=self.side)
+        if timeout_s is None:
+            original_all_gather(gathered, mine, group=self.side)
+        else:
+            import datetime
+            original_all_gather(gathered, mine, group=self.side, async_op=True).wait(
+                timeout=datetime.timedelta(seconds=timeout_s))
         self.votes += 1
         weights = [int(g[0]) for g in gathered]
         opt = [int(g[1]) for g in gathered]
@@ -135,10 +170,11 @@ class Consensus:
                 self.nonfinite_said = True
         dt = time.perf_counter() - t0
         gstep = step + self.offset  # counted from the start of training, across restarts
+        self.last_vote_step = gstep
         if not findings and any(len(g) >= 2 for g in self.groups):  # pure FSDP compares no state: never "clean"
             self.last_clean = gstep
-        if self.rank == 0:
-            self._coverage(gstep)
+        if self.on_vote is not None:
+            self.on_vote()  # the run's coverage record (the lowest rank writes it)
         if not findings and nonfinite is None:
             return
         confirmed = sorted({r for kind, _, rs, _, _ in findings if kind == "sdc" for r in rs}
@@ -183,20 +219,6 @@ class Consensus:
                 write_record(self.run_dir / "findings" / name, finding)
             except Exception as exc:  # noqa: BLE001
                 sys.stderr.write(f"scout: finding not written: {exc!r}\n")
-
-    def _coverage(self, step: int) -> None:
-        if self.run_dir is None:
-            return
-        from scout_slurm.evidence.store import write_record
-        from scout_slurm.remediation.records import VoteCoverage
-        try:
-            write_record(self.run_dir / "votes.json", VoteCoverage(restart=self.restart, votes=self.votes,
-                                                                   last_clean_step=self.last_clean,
-                                                                   last_vote_step=step,
-                                                                   replay_rounds=self.replay_rounds()
-                                                                   if self.replay_rounds else None))
-        except Exception as exc:  # noqa: BLE001
-            sys.stderr.write(f"scout: vote coverage not written: {exc!r}\n")
 
     def _write(self, kind: str, what: str, outliers: list[int], values: list[int], step: int, dt: float,
                group: tuple[int, ...] = ()) -> None:

@@ -48,6 +48,8 @@ class _State:
         self.finite: Any = None          # bootstrap.finite.FiniteWatch: where NaN/Inf began
         self.originals: dict[str, Any] = {}
         self.lock = threading.Lock()
+        self.coverage_written: tuple | None = None  # what the run's coverage record last said
+        self.final_vote = ""             # what the end-of-training vote did ("": not reached yet)
 
 
 STATE = _State()
@@ -152,6 +154,7 @@ def _opened_writer(rank: int, world: int) -> None:
     STATE.writer = progress_mod.ProgressWriter(path, rank=rank, world_size=world)
     STATE.rank, STATE.world = rank, world
     atexit.register(STATE.writer.deactivate)
+    atexit.register(_at_exit)  # runs first (last registered)
 
 
 def _patch_distributed(handle: InstalledHooks, dist: Any) -> None:
@@ -191,6 +194,8 @@ def _patch_distributed(handle: InstalledHooks, dist: Any) -> None:
         everything = (not args or args[0] is None) and kwargs.get("group") is None
         if STATE.writer is not None and everything:
             STATE.writer.deactivate()  # done with collectives: the watchdog stops watching for stalls
+        if everything and not STATE.final_vote:
+            _end_of_training()
         result = original_destroy(*args, **kwargs)
         if everything:
             _release_side_groups()
@@ -317,6 +322,8 @@ def _patch_optimizer(handle: InstalledHooks) -> None:
             STATE.consensus.maybe_vote(step, optimizer, STATE.originals["all_gather"], STATE.originals["barrier"])
         if STATE.timing is not None:
             STATE.timing.after_step(step)
+        if STATE.rank == 0:
+            _write_coverage()
 
     h = register_optimizer_step_post_hook(scout_step_hook)
     handle.on_remove(h.remove)
@@ -471,6 +478,7 @@ def _start_consensus() -> None:
     STATE.consensus = Consensus(every=every, rank=STATE.rank, world=STATE.world,
                                 run_dir=Path(run_dir) if run_dir else None,
                                 node=os.environ.get("SLURMD_NODENAME", ""))
+    STATE.consensus.on_vote = _write_coverage
     replay_every = int(os.environ.get("SCOUT_REPLAY_EVERY", str(every)) or 0)
     if replay_every > 0:
         from scout_slurm.bootstrap.replay import DEFAULT_MAX_BYTES, Replay
@@ -479,7 +487,6 @@ def _start_consensus() -> None:
                               originals=STATE.originals, current_step=_current_step,
                               max_bytes=int(os.environ.get("SCOUT_REPLAY_MAX_BYTES", "") or DEFAULT_MAX_BYTES),
                               offset=STATE.consensus.offset)
-        STATE.consensus.replay_rounds = lambda: STATE.replay.replays  # coverage for checkpoint records
     if os.environ.get("SCOUT_FINITE_CHECK", "1") != "0" and STATE.installed is not None:
         from scout_slurm.bootstrap.finite import FiniteWatch
         STATE.finite = FiniteWatch(offset=STATE.consensus.offset, on_first=_note_first_nonfinite)
@@ -511,6 +518,94 @@ def _start_timing() -> None:
                                 writer=STATE.writer, run_dir=Path(run_dir) if run_dir else None,
                                 node=os.environ.get("SLURMD_NODENAME", ""), environ=os.environ,
                                 offset=int(os.environ.get("SCOUT_STEP_OFFSET", "0") or 0))
+
+
+FINAL_VOTE_TIMEOUT_S = 120.0  # every rank must reach destroy_process_group within this for the last vote
+
+
+def _end_of_training() -> None:
+    """At destroy_process_group (every rank): the replicas vote on their state once more, so the
+    final model is checked even in a run shorter than K steps; the coverage record says what ran.
+    Not while an exception is being raised (a `finally:` after a failure: no collective then)."""
+    c = STATE.consensus
+    if sys.exc_info()[0] is not None:
+        STATE.final_vote = f"not made: destroy_process_group ran while {sys.exc_info()[0].__name__} was raised"
+    elif c is None:
+        STATE.final_vote = "not made: state votes are off" if STATE.world >= 2 else "not made: one rank"
+    else:
+        try:
+            timeout = float(os.environ.get("SCOUT_FINAL_VOTE_TIMEOUT_S", "") or FINAL_VOTE_TIMEOUT_S)
+        except ValueError:
+            timeout = FINAL_VOTE_TIMEOUT_S
+        if STATE.timing is not None:
+            STATE.timing.pause()
+        try:
+            STATE.final_vote = c.final_vote(STATE.originals["all_gather"], STATE.originals["barrier"],
+                                            timeout_s=timeout)
+        except Exception as exc:  # noqa: BLE001 - never break the job's teardown
+            STATE.final_vote = f"not made: {exc!r}"[:200]
+        # every rank is here only when this vote gathered them and none is leaving (not when the last
+        # periodic vote made it unneeded): then the timing of the steps since the last round counts too
+        if STATE.timing is not None and STATE.final_vote.startswith("at step") and "disagreed" not in STATE.final_vote:
+            last = STATE.timing.last_step
+            try:
+                if STATE.timing.final_round(c.steps):
+                    STATE.final_vote += f"; a last timing round over steps {last + 1}-{c.steps}"
+            except Exception as exc:  # noqa: BLE001
+                STATE.final_vote += f"; the last timing round failed: {exc!r}"[:200]
+    _write_coverage(force=True)
+    # the models and optimizer scout held for this vote: freed before the groups go (a DDP object
+    # alive during destroy_process_group can deadlock gloo's teardown: TORCH-FACTS)
+    if c is not None:
+        c.optimizer, c.modules = None, []
+    if STATE.replay is not None:
+        STATE.replay.roots, STATE.replay.layers = [], []
+    import gc
+    gc.collect()
+
+
+def _at_exit() -> None:
+    """The interpreter ends: a script that never called destroy_process_group got no final vote."""
+    if not STATE.final_vote and STATE.writer is not None:
+        STATE.final_vote = "not made: the process ended without reaching destroy_process_group"
+        _write_coverage(force=True)
+
+
+def _every_from_env(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, "") or default)
+    except ValueError:
+        return 0
+
+
+def _write_coverage(*, force: bool = False) -> None:
+    """The lowest rank's record of which checks ran in this run (runs/N/votes.json), written when
+    a count changed: after a vote, a replay or a timing round, and at the end of training."""
+    if STATE.rank != 0:
+        return
+    c, r, t = STATE.consensus, STATE.replay, STATE.timing
+    key = (c.votes if c else 0, r.replays if r else None, r.failed_rounds if r else 0, t.rounds if t else 0,
+           STATE.final_vote)
+    if key == STATE.coverage_written and not force:
+        return
+    STATE.coverage_written = key
+    run_dir = os.environ.get("SCOUT_RUN_DIR")
+    if not run_dir:
+        return
+    offset = _every_from_env("SCOUT_STEP_OFFSET", 0)
+    votes_every = c.every if c else _every_from_env("SCOUT_CONSENSUS_EVERY", 50)
+    try:
+        from scout_slurm.evidence.records import VoteCoverage
+        from scout_slurm.evidence.store import write_record
+        write_record(Path(run_dir) / "votes.json", VoteCoverage(
+            restart=STATE.restart, votes=key[0], last_clean_step=c.last_clean if c else -1,
+            last_vote_step=c.last_vote_step if c else -1, replay_rounds=key[1], replay_failed_rounds=key[2],
+            timing_rounds=key[3], votes_every=votes_every if c else 0, replay_every=r.every if r else 0,
+            timing_every=t.rules.every if t else 0,
+            steps=(STATE.writer.steps + offset) if STATE.writer is not None else -1, final_vote=STATE.final_vote,
+            replicas=max((len(g) for g in c.groups), default=0) if c is not None and c.groups else 0))
+    except Exception as exc:  # noqa: BLE001 - coverage is evidence, never a reason to fail the job
+        sys.stderr.write(f"scout: coverage record not written: {exc!r}\n")
 
 
 def _current_step() -> int:

@@ -155,6 +155,9 @@ class Replay:
         self.roots: list[Any] = []
         self.layers: list[tuple[str, Any]] | None = None
         self.groups: list[tuple[int, ...]] = []
+        self.said: set[tuple[str, ...]] = set()   # what was said in the job's output once already
+        self.layer_clean: dict[int, int] = {}     # layer index -> the last step a replay of it passed
+        self.failed_rounds = 0                     # rounds in which some rank could not recompute
         self.replaying = False
         self.cap_step = -1
         self.cap: dict[str, Any] | None = None
@@ -194,6 +197,11 @@ class Replay:
         if self.rank == 0:
             say(f"in-situ replay every {self.every} steps over layers {[n for n, _ in self.layers]}"
                 + (f"; not replayed: {'; '.join(skipped)}" if skipped else ""))
+
+    def _say_once(self, key: tuple[str, ...], msg: str) -> None:
+        if key not in self.said:
+            self.said.add(key)
+            say(msg)
 
     def _plan(self, step: int):
         return replay_plan(step, self.every, len(self.layers or ()), self.world)
@@ -246,8 +254,8 @@ class Replay:
         if self.rank == plan.source:
             cap = self.cap if self.cap_step == step else None
             if cap is None:
-                say(f"replay of layer {name!r} at step {step} skipped: "
-                    f"{self.cap_reason or 'the layer did not run in this step'}")
+                why = self.cap_reason or 'the layer did not run in this step'
+                self._say_once(("skipped", name, why), f"replay of layer {name!r} at step {step} skipped: {why}")
             else:
                 x, gy = cap["x"], cap["gy"]
                 header[0] = 1
@@ -286,22 +294,27 @@ class Replay:
         try:
             sig_out, sig_gx, sig_gw = self._recompute(layer, weights, x, gy, rng)
             mine[0], mine[1], mine[2], mine[3] = 1, sig_out, sig_gx, sig_gw
-        except Exception as exc:  # noqa: BLE001 - a failed recomputation is said, not fatal
-            say(f"replay of layer {name!r} at step {step} failed on rank {self.rank}: {exc!r}")
+        except Exception as exc:  # noqa: BLE001 - a failed recomputation is said (once a layer), not fatal
+            error = repr(exc)[:300]
+        else:
+            error = ""
         gathered = [torch.zeros_like(mine) for _ in range(self.world)]
         self.all_gather(gathered, mine, group=self.side)
         self.replays += 1
         failed = [r for r, g in enumerate(gathered) if int(g[0]) != 1]
         if failed:
-            if self.rank == 0:
-                say(f"replay of layer {name!r} at step {step}: rank(s) {failed} could not recompute; no vote")
+            self.failed_rounds += 1
+            if self.rank == failed[0]:  # one line for the whole job, the first time this layer fails
+                self._say_once(("failed", name), f"replay of layer {name!r} at step {step}: rank(s) {failed} could "
+                               f"not recompute it ({'rank ' + str(self.rank) + ': ' + error if error else 'no error'}); "
+                               "no vote on this layer (said once; later rounds are counted in the evidence)")
             return
         stored = [int(g[4]) for g in gathered]
         if any(len(g) >= 2 and len({stored[r] for r in g}) > 1 for g in self.groups):
             # corrupted state, not compute: the state vote names it (with the right component)
             if self.rank == 0:
-                say(f"replay of layer {name!r} at step {step}: the layer's stored weights differ among replicas; "
-                    "left to the state vote")
+                self._say_once(("stored", name), f"replay of layer {name!r} at step {step}: the layer's stored "
+                               "weights differ among replicas; left to the state vote")
             return
         group = tuple(range(self.world))  # same full layer everywhere: every rank is a replica of the compute
         votes = [vote_group(what, group, [int(g[i]) for g in gathered])
@@ -364,6 +377,7 @@ class Replay:
         unsure = [v for v in votes if v.outcome == "inconclusive"]
         if not confirmed and not unsure:
             self.last_clean = gstep
+            self.layer_clean[plan.layer_index] = gstep
             return
         writer = min((r for r in range(self.world) if r not in confirmed), default=0)
         if self.rank == writer:
@@ -382,17 +396,24 @@ class Replay:
         from scout_slurm.evidence.store import write_record
         now = time.time()
         per_rank = "; ".join(f"rank {r}: " + "/".join(f"{s:016x}" for s in sig) for r, sig in enumerate(sigs))
-        since = (self.last_clean + 1) if self.last_clean >= 0 else self.offset + 1
+        # the onset: only a replay of this same layer that passed clears it (a replay of another layer,
+        # or a state vote, says nothing of this layer's compute: a corrupt gradient spreads to every replica)
+        cleared = self.layer_clean.get(plan.layer_index, -1)
+        since = cleared + 1 if cleared >= 0 else self.offset + 1
+        bound = (f"onset bound: the last replay of layer {name!r} that passed was at step {cleared}" if cleared >= 0
+                 else f"onset bound: no earlier replay of layer {name!r} passed in this run (from step {since})")
         common = (f"in-situ replay of layer {name!r}, input captured on rank {plan.source} at step {step}",
                   f"signatures (output/input gradient/weight gradient) {per_rank}",
-                  f"replay took {dt * 1000:.1f} ms", f"last clean replay at step {self.last_clean}")
+                  f"replay took {dt * 1000:.1f} ms", bound,
+                  f"last clean replay of any layer at step {self.last_clean}")
         records = []
         for r in confirmed:
             what = [v.what for v in votes if r in v.outliers]
             records.append((f"sdc-compute-rank-{r}-step-{step}.json", Finding(
                 rank=r, node=self.node if r == self.rank else "", kind=FindingKind.SDC, at=now,
                 summary=(f"rank {r}'s recomputation of layer {name!r} ({', '.join(what)}) differs from the majority of "
-                         f"{self.world} replicas at step {step}: compute corruption"),
+                         f"{self.world} replicas at step {step}: compute corruption, which may have begun as early "
+                         f"as step {since} ({bound.split(': ', 1)[1]})"),
                 details=common, step=step, since_step=since, component="compute")))
         for v in unsure:
             records.append((f"inconclusive-compute-{v.what.replace(' ', '-')}-step-{step}.json", Finding(

@@ -43,6 +43,9 @@ class Timing:
         self.best_median: float | None = None
         self.state = Confirmation()
         self.rounds = 0
+        # the job's time since the last round, up to the end of the last optimizer step (what follows
+        # the last step, a final save or an evaluation, is not a step's time)
+        self.acc_idle_ns = self.acc_busy_ns = 0
         self.last_decision: RoundDecision | None = None
         self.probing = rules.probe and world <= rules.probe_max_world
         if rules.probe and not self.probing and rank == 0:
@@ -65,9 +68,13 @@ class Timing:
             self.writer.take_timing(resume=True)
             return
         if self.rules.every <= 0 or step % self.rules.every != 0 or step <= self.last_step:
-            self.writer.resume_timing()
+            idle_ns, busy_ns = self.writer.take_timing(resume=True)
+            self.acc_idle_ns += idle_ns
+            self.acc_busy_ns += busy_ns
             return
         idle_ns, busy_ns = self.writer.take_timing(resume=False)
+        idle_ns, busy_ns = idle_ns + self.acc_idle_ns, busy_ns + self.acc_busy_ns
+        self.acc_idle_ns = self.acc_busy_ns = 0
         steps = step - self.last_step
         self.last_step = step
         # the vote is a collective of scout's: in the progress record, so that if a peer never comes
@@ -78,6 +85,18 @@ class Timing:
         finally:
             self.writer.leave(seq)
             self.writer.take_timing(resume=True)  # the vote's own time is neither compute nor the job's collectives
+
+    def final_round(self, step: int) -> bool:
+        """At the end of training (every rank, right after the end-of-training state vote, so all are
+        here): the partial window since the last round is voted on too. False when there is none."""
+        if not self.started or self.rules.every <= 0 or step <= self.last_step:
+            return False
+        steps = step - self.last_step
+        idle_ns, busy_ns = self.acc_idle_ns, self.acc_busy_ns
+        self.acc_idle_ns = self.acc_busy_ns = 0
+        self.last_step = step
+        self._vote(step, idle_ns / 1e9 / steps, busy_ns / 1e9 / steps, steps)
+        return True
 
     # -- the vote ---------------------------------------------------------------------------------
 

@@ -111,6 +111,14 @@ class JobFolder:
     def rank_exit_path(self, restart: int, rank: int) -> Path:
         return self.ranks_dir(restart) / f"exit-{int(rank)}.json"
 
+    def coverage_path(self, restart: int) -> Path:
+        """Which of scout's checks ran in the run (VoteCoverage, written by the lowest rank)."""
+        return self.run_dir(restart) / "votes.json"
+
+    def task_log_path(self, restart: int, rank: int) -> Path:
+        """The task shim's and its watchdog's own log (JSON lines, bounded): not the job's output."""
+        return self.ranks_dir(restart) / f"log-{int(rank)}.jsonl"
+
     def progress_path(self, restart: int, rank: int) -> Path:
         return self.progress_dir(restart) / f"rank-{int(rank)}.json"
 

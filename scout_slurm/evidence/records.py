@@ -37,6 +37,9 @@ class VerdictKind(str, enum.Enum):
     SDC = "sdc"
     INFRA = "infra"
     INCONCLUSIVE = "inconclusive"
+    # every rank exited cleanly but no check of the state or timing ran (votes off, or fewer steps
+    # than K and no end-of-training vote): nothing was found because nothing was looked at
+    UNCHECKED = "unchecked"
 
 
 @dataclass(frozen=True)
@@ -196,6 +199,55 @@ class Suspect:
 
 
 @dataclass(frozen=True)
+class VoteCoverage:
+    """Written by the lowest rank after every round of scout's checks in a run (runs/N/votes.json):
+    which checks ran and how far they saw the run sound. Verdicts and checkpoint records quote it."""
+    KIND: ClassVar[str] = "vote-coverage"
+    restart: int
+    votes: int                     # state votes among replicas (the end-of-training one included)
+    last_clean_step: int           # the last step at which every replica's state agreed (-1: none)
+    last_vote_step: int
+    replay_rounds: int | None = None  # in-situ replay rounds run so far (None: replay off)
+    replay_failed_rounds: int = 0     # of those, rounds where some rank could not recompute (no vote)
+    timing_rounds: int = 0            # timing votes (stragglers)
+    votes_every: int = 0              # K of each check as the run had it (0: off)
+    replay_every: int = 0
+    timing_every: int = 0
+    steps: int = -1                   # the last optimizer step this run completed (counted from training's start)
+    final_vote: str = ""              # the end-of-training vote: "" not reached, else what it did
+    replicas: int = 0                 # the largest replica group the votes compared (1: none to compare; 0: unknown)
+    schema_version: int = 1
+
+    @property
+    def checks_ran(self) -> bool:
+        return (self.votes > 0 and self.replicas != 1) \
+            or bool(self.replay_rounds and self.replay_rounds > self.replay_failed_rounds) or self.timing_rounds > 0
+
+    def lines(self) -> tuple[str, ...]:
+        """What ran, in words (one line per kind of check)."""
+        every = (lambda k: f"every {k} steps" if k > 0 else "off")
+        votes = (f"state votes ({every(self.votes_every)}): {self.votes}"
+                 + (f", the last at step {self.last_vote_step}" if self.votes else "")
+                 + (f", every replica agreed up to step {self.last_clean_step}" if self.last_clean_step >= 0 else
+                    (", no vote with replicas agreeing" if self.votes else "")))
+        if self.votes and self.replicas == 1:
+            votes += " (no replicas to compare: every rank holds a state of its own, so nothing was compared)"
+        out = [votes]
+        if self.final_vote:
+            out.append(f"end-of-training vote: {self.final_vote}")
+        if self.replay_rounds is None:
+            out.append("in-situ replay: off")
+        else:
+            out.append(f"in-situ replay ({every(self.replay_every)}): {self.replay_rounds} rounds"
+                       + (f", {self.replay_failed_rounds} without a vote (a rank could not recompute)"
+                          if self.replay_failed_rounds else ""))
+        out.append(f"timing votes ({every(self.timing_every)}): {self.timing_rounds} rounds")
+        if self.steps >= 0:
+            out.append(f"optimizer steps in this run: up to step {self.steps}")
+        return tuple(out)
+
+
+@dataclass(frozen=True)
 class Verdict:
     KIND: ClassVar[str] = "verdict"
     job_id: int
@@ -208,6 +260,8 @@ class Verdict:
     first_suspect_step: int        # -1 when unknown
     world_size: int
     created_at: float
+    # which of scout's checks ran in the run (None: no record of any, e.g. an older job or votes off)
+    coverage: VoteCoverage | None = None
     schema_version: int = 1
 
     @property

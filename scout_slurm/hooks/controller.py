@@ -198,9 +198,9 @@ def _handle_locked(ctx: HookContext, cfg: SiteConfig, folder: JobFolder, *, env:
     if not ctx.job_failed and not findings:
         evidence = gather_evidence(folder, restart, job_exit_code=ctx.exit_code_raw)
         verdict = localise(evidence, now=wall())
-        if verdict.kind == VerdictKind.CLEAN:
+        if verdict.kind in (VerdictKind.CLEAN, VerdictKind.UNCHECKED):
             write_record(folder.verdict_path(restart), verdict)
-            log.info("controller.clean", job=ctx.job_id, from_node_digests=len(evidence.abridged),
+            log.info("controller.clean", kind=verdict.kind.value, job=ctx.job_id, from_node_digests=len(evidence.abridged),
                      seconds=round(clock() - started, 3))
             return None
     # from here on an incident: if this hook dies, the next controller run on the cluster completes it

@@ -136,7 +136,11 @@ def srun_argv(plan: LaunchPlan, python: str) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import logging
+
+    from scout_slurm.log import configure, level_from_env
     from scout_slurm.slurm.door import exec_slurm, resolve_binary
+    configure(level=level_from_env(logging.WARNING))  # the job's output is the user's: warnings only
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         plan = split_args(argv)

@@ -12,7 +12,8 @@ from pathlib import Path
 from scout_slurm.errors import EvidenceError
 from scout_slurm.evidence.digest import MAX_WORLD, DigestsRead, read_node_digests
 from scout_slurm.evidence.layout import JobFolder
-from scout_slurm.evidence.records import ExitRecord, Finding, ProgressSnapshot, RankPlace, StallDecision
+from scout_slurm.evidence.records import (ExitRecord, Finding, ProgressSnapshot, RankPlace, StallDecision,
+                                          VoteCoverage)
 from scout_slurm.evidence.store import list_records, read_record
 from scout_slurm.localise.verdict import JobEvidence
 
@@ -87,6 +88,13 @@ def _gather(folder: JobFolder, restart: int, *, job_exit_code: int, world_size: 
             decision = read_record(dpath, StallDecision, root=root)
         except EvidenceError as exc:
             problems.append(str(exc))
+    coverage = None
+    cpath = folder.coverage_path(restart)
+    if cpath.exists():
+        try:
+            coverage = read_record(cpath, VoteCoverage, root=root)
+        except EvidenceError as exc:
+            problems.append(str(exc))
     if world_size is None:
         sizes = Counter(p.world_size for p in places if 0 < p.world_size <= MAX_WORLD)
         world_size = sizes.most_common(1)[0][0] if sizes else max(
@@ -110,7 +118,7 @@ def _gather(folder: JobFolder, restart: int, *, job_exit_code: int, world_size: 
     return JobEvidence(job_id=folder.job_id, restart=restart, world_size=world_size,
                        places=by_rank(places, "place"), exits=by_rank(exits, "exit record"),
                        snapshots=by_rank(snaps, "progress"), findings=tuple(findings), decision=decision,
-                       job_exit_code=job_exit_code, problems=tuple(problems),
+                       job_exit_code=job_exit_code, problems=tuple(problems), coverage=coverage,
                        abridged=frozenset() if torchrun else frozenset(r for r in digested if 0 <= r < world_size))
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from scout_slurm.evidence.records import (ChildState, ExitRecord, Finding, FindingKind, ProgressSnapshot,
-                                          RankPlace, StallDecision, Suspect, Verdict, VerdictKind)
+                                          RankPlace, StallDecision, Suspect, Verdict, VerdictKind, VoteCoverage)
 from scout_slurm.localise.cascade import CASCADE_PATTERNS, mentions_peer_failure  # noqa: F401 (re-exported)
 from scout_slurm.localise.stall import find_desync, position
 from scout_slurm.task import exitcodes
@@ -38,6 +38,7 @@ class JobEvidence:
     # ranks read from node digests (evidence/digest.py): stderr tails abridged, ring entries
     # without times; gather.with_full_records reads the whole records of the ones that matter
     abridged: frozenset[int] = frozenset()
+    coverage: VoteCoverage | None = None   # which of scout's checks ran (the lowest rank's record)
 
     def node_of(self, rank: int) -> str:
         if rank in self.places:
@@ -159,7 +160,21 @@ def _verdict(ev: JobEvidence, kind: VerdictKind, suspects: list[Suspect], confid
     return Verdict(job_id=ev.job_id, restart=ev.restart, kind=kind, suspects=tuple(suspects),
                    confidence=round(confidence, 3), reasoning=tuple(reasoning),
                    first_failure_at=first_at, first_suspect_step=min(steps) if steps else -1,
-                   world_size=ev.world_size, created_at=now)
+                   world_size=ev.world_size, created_at=now, coverage=ev.coverage)
+
+
+def _clean_or_unchecked(ev: JobEvidence, reasoning: list[str], *, now: float, confidence: float = 1.0) -> Verdict:
+    """Every rank exited cleanly: `clean` says nothing was found by the checks that ran, and lists
+    them; with none (votes off, a run shorter than K without its end-of-training vote) it is
+    `unchecked`, never `clean`."""
+    cov = ev.coverage
+    if cov is not None and cov.checks_ran:
+        return _verdict(ev, VerdictKind.CLEAN, [], confidence,
+                        reasoning + ["nothing found by the checks that ran:", *cov.lines()], now=now)
+    why = ("no record of scout's checks in this run" if cov is None else
+           "none of scout's checks ran in this run: " + "; ".join(cov.lines()))
+    return _verdict(ev, VerdictKind.UNCHECKED, [], confidence,
+                    reasoning + [why, "the state of the model was not checked: `unchecked`, not `clean`"], now=now)
 
 
 def _straggler_verdict(ev: JobEvidence, hits: list[Finding], reasoning: list[str], *, now: float) -> Verdict:
@@ -265,11 +280,15 @@ def localise(ev: JobEvidence, *, now: float) -> Verdict:
         if ev.job_exit_code in (0, -1) and not missing and unsure:
             return _verdict(ev, VerdictKind.INCONCLUSIVE, [], 0.0,
                             reasoning + [f.summary for f in unsure[:10]], now=now, first_at=min(f.at for f in unsure))
+        if not ev.places and not ev.exits and not ev.snapshots:
+            # nothing of scout's in this run: not a clean run, an unwatched one
+            no_records = "no scout records for this run (not started under scout-srun?)"
+            if ev.job_exit_code == 0:
+                return _verdict(ev, VerdictKind.UNCHECKED, [], 0.0, reasoning + [no_records], now=now)
+            return _verdict(ev, VerdictKind.INCONCLUSIVE, [], 0.0, reasoning + [
+                no_records, f"the job failed (raw status {ev.job_exit_code}) and scout saw none of its ranks"], now=now)
         if ev.job_exit_code in (0, -1) and not missing:
-            return _verdict(ev, VerdictKind.CLEAN, [], 1.0, reasoning + ["every rank exited cleanly"], now=now)
-        if ev.job_exit_code in (0, -1) and len(missing) == ev.world_size:
-            return _verdict(ev, VerdictKind.CLEAN if ev.job_exit_code == 0 else VerdictKind.INCONCLUSIVE, [], 0.5,
-                            reasoning + ["no scout records for this run (not started under scout-srun?)"], now=now)
+            return _clean_or_unchecked(ev, reasoning + ["every rank exited cleanly"], now=now)
         if missing and len(missing) * 2 < ev.world_size:
             suspects = [Suspect(r, ev.node_of(r), VerdictKind.INFRA, 0.7,
                                 ("no exit record: the task, its shim or its node vanished",)) for r in missing]

@@ -227,7 +227,7 @@ def assess_job(folder, *, current_verdict=None, checks: CheckpointChecks | None)
             problems[id(note)] = result.problem or NO_RESULT
     coverage, verdicts = {}, {}
     for restart in folder.restarts():
-        p = folder.run_dir(restart) / "votes.json"
+        p = folder.coverage_path(restart)
         if p.exists():
             try:
                 coverage[restart] = read_record(p, VoteCoverage, root=folder.root)

@@ -68,8 +68,10 @@ def build_plan(verdict: Verdict, job: JobFacts, cfg: RemediationConfig, *, evide
                checkpoint: CheckpointNote | None = None, checkpoint_reason: str = "") -> Plan:
     held: list[str] = []
     actions: list[PlannedAction] = []
-    if verdict.kind in (VerdictKind.CLEAN,):
+    if verdict.kind == VerdictKind.CLEAN:
         return Plan((), ("the run was clean: nothing to do",))
+    if verdict.kind == VerdictKind.UNCHECKED:
+        return Plan((), ("no rank failed and none of scout's checks ran (unchecked): nothing to do",))
     ended = ended_by_slurm(job.state)
     if ended:
         return Plan((), (f"{ended}: the verdict ({verdict.kind.value}) is kept for the record; nothing is drained "

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass
 from typing import ClassVar
 
-from scout_slurm.evidence.records import VerdictKind
+from scout_slurm.evidence.records import VerdictKind, VoteCoverage  # noqa: F401 (VoteCoverage lives there now)
 
 
 class ActionKind(str, enum.Enum):
@@ -147,18 +147,6 @@ class CheckpointNote:
     coverage: CoverageSince | None = None
     saved_as: str = ""             # the name it was written under, when renamed since (the atomic save); "": not renamed
     schema_version: int = 2
-
-
-@dataclass(frozen=True)
-class VoteCoverage:
-    """Written by the lowest rank after every state vote: how far the replicas were seen to agree."""
-    KIND: ClassVar[str] = "vote-coverage"
-    restart: int
-    votes: int
-    last_clean_step: int           # the last step at which every replica's state agreed (-1: none)
-    last_vote_step: int
-    replay_rounds: int | None = None  # in-situ replay rounds run so far (None: replay off)
-    schema_version: int = 1
 
 
 @dataclass(frozen=True)

@@ -122,7 +122,7 @@ def incident_section(bundle: IncidentBundle, *, heading_level: int = 2) -> list[
     h = f"h{heading_level}"
     v, ev = bundle.verdict, bundle.evidence
     m = incident_moments(bundle)
-    bad = v.kind.value not in ("clean",)
+    bad = v.kind.value not in ("clean", "unchecked")
     out = [f'<section class="incident" data-job="{v.job_id}" data-restart="{v.restart}">']
     who = "; ".join(f"rank {s.rank} on node {s.node} ({s.kind.value}, {s.confidence:.2f})" for s in v.suspects[:8])
     if len(v.suspects) > 8:
@@ -132,6 +132,8 @@ def incident_section(bundle: IncidentBundle, *, heading_level: int = 2) -> list[
                + (f"; first suspect step {v.first_suspect_step}" if v.first_suspect_step >= 0 else "")
                + (" <span class=\"sub\">(computed now from the evidence; the Epilog recorded none)</span>"
                   if bundle.verdict_computed else "") + "</div>")
+    checks = v.coverage.lines() if v.coverage is not None else ("no record of scout's checks in this run",)
+    out.append('<p class="sub">Checks that ran: ' + "; ".join(esc(c, 400) for c in checks) + "</p>")
 
     out.append(f"<{h}>Who stopped when</{h}>")
     out.append('<p class="sub">One row per rank: progress over time up to its last advance, from the samples the '

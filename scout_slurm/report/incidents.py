@@ -39,7 +39,7 @@ def list_incidents(root: Path, *, node: str | None = None, limit: int = 20) -> l
                     v = read_record(vpath, Verdict, root=root)
                 except EvidenceError:
                     continue
-                if v.kind == VerdictKind.CLEAN:
+                if v.kind in (VerdictKind.CLEAN, VerdictKind.UNCHECKED):
                     continue
                 drained: tuple[str, ...] = ()
                 apath = job / "results" / f"actions-{v.restart}.json"

@@ -20,6 +20,10 @@ def render_verdict(v: Verdict) -> list[str]:
         lines.append(f"first suspect step: {v.first_suspect_step}")
     lines.append("reasoning:")
     lines += [f"  - {r}" for r in v.reasoning]
+    lines.append("checks that ran:" if v.coverage is not None else
+                 "checks that ran: no record (votes off in every form, or not run under scout-srun)")
+    if v.coverage is not None:
+        lines += [f"  {c}" for c in v.coverage.lines()]
     return lines
 
 

@@ -7,6 +7,7 @@ watchdog (see `watchdog.Watchdog`). Its exit status is the child's, or one of `e
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -26,7 +27,7 @@ from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.records import NodeTasks, RankPlace
 from scout_slurm.evidence.store import read_record, write_record
 from scout_slurm.jobenv import TaskContext, task_context
-from scout_slurm.log import configure, get_logger
+from scout_slurm.log import TaskLog, configure, get_logger, level_from_env
 from scout_slurm.slurm.hostlist import expand_hostlist
 from scout_slurm.task import exitcodes
 from scout_slurm.task import progress as progress_mod
@@ -144,6 +145,28 @@ def _warn_unprepared(why: str, ctx: TaskContext, environ: Mapping[str, str], roo
           file=sys.stderr, flush=True)
 
 
+def _every(environ: Mapping[str, str], name: str, default: str) -> str:
+    text = (environ.get(name) or default).strip()
+    try:
+        k = int(text)
+    except ValueError:
+        return f"unreadable ({name}={text!r})"
+    return f"every {k} steps" if k > 0 else "off"
+
+
+def banner(ctx: TaskContext, cfg: SiteConfig, environ: Mapping[str, str], folder: JobFolder) -> str:
+    """The one line scout prints in the job's output at start (rank 0): what is on, and where the
+    evidence goes (pure)."""
+    votes = _every(environ, "SCOUT_CONSENSUS_EVERY", "50")
+    replay = _every(environ, "SCOUT_REPLAY_EVERY", environ.get("SCOUT_CONSENSUS_EVERY") or "50")
+    timing = _every(environ, "SCOUT_TIMING_EVERY", "25")
+    w = cfg.watchdog
+    return (f"scout: watching job {ctx.job_id} (run {ctx.restart}, {ctx.world_size} ranks): a rank is called "
+            f"stalled after max({w.stall_floor_s:g} s, {w.stall_factor:g} x its step time) without progress; "
+            f"state votes {votes}; in-situ replay {replay}; timing votes {timing}; "
+            f"evidence in {folder.run_dir(ctx.restart)} (scout's own log: ranks/log-<rank>.jsonl)")
+
+
 def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     command = parse_args(argv)
     ctx = task_context(environ)
@@ -153,6 +176,10 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     if why:
         _warn_unprepared(why, ctx, environ, cfg.evidence.root)
     prepare_dirs(folder, ctx.restart)
+    # from here on, scout's own log goes to the evidence folder: the job's output is the user's
+    configure(TaskLog(folder.task_log_path(ctx.restart, ctx.rank)), json=True, level=level_from_env())
+    if ctx.rank == 0 and not why:
+        print(banner(ctx, cfg, environ, folder), file=sys.stderr, flush=True)
     shm = Path("/dev/shm") / f"scout-{ctx.cluster}-{ctx.job_id}-{ctx.restart}-{ctx.step_id}-{ctx.rank}"
     shutil.rmtree(shm, ignore_errors=True)
     shm.mkdir(mode=0o700, parents=True)
@@ -280,6 +307,8 @@ def _resume_checkpoint(folder: JobFolder, restart: int) -> tuple[str, int]:
         return r.checkpoint, max(0, r.step)
     except ScoutError as exc:
         log.warning("task.resume_unreadable", path=str(path), error=str(exc))
+        print(f"scout: WARNING: the resume instruction {path} is unreadable ({exc}); this run does not "
+              "resume from a checkpoint scout chose", file=sys.stderr, flush=True)
         return "", 0
 
 
@@ -297,7 +326,8 @@ def _join_hardware_map(folder: JobFolder, place: RankPlace) -> RankPlace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    configure()
+    # until the evidence folder is known, only what the user must see reaches the job's stderr
+    configure(level=level_from_env(logging.WARNING))
     try:
         return run(sys.argv[1:] if argv is None else argv, os.environ)
     except ScoutError as exc:

@@ -8,6 +8,7 @@ replay (step 2(n+1)) takes layer n mod L from source rank (n // L + n mod L) mod
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -136,3 +137,29 @@ def test_nan_on_every_rank_at_once_is_divergence_and_drains_nobody(lab, clean_dr
     unsure = [f for f in findings if "non-finite loss at step 3: inconclusive" in f.summary]
     assert len(unsure) == 1 and "the training itself diverged" in unsure[0].summary, findings
     assert "exit 88" not in out
+
+
+@pytest.mark.timeout(240)
+def test_the_onset_of_a_replay_finding_is_bounded_by_the_last_replay_of_that_layer(lab, clean_drains):
+    """Issue 19: corruption of layer '2' (index 1) from step 9, between the replays of other layers.
+    Replays every 2 steps over layers 0 and 2: layer 1 passes at step 8, layer 0 passes at step 10,
+    layer 1 fails at step 12. The onset is step 9 (the last pass of that layer + 1), not 11 (the last
+    pass of any replay + 1), and the rerun resumes from the checkpoint at step 5, not the one at 10."""
+    ckpt = lab.paths.work / f"ckpt-onset-{time.time_ns()}"
+    fault = "scale,factor=1.5,rank=3,step=9,every=1,target=activations,layer=2"
+    script = sj.batch_script(lab, train_args=f"--steps 14 --step-sleep 0 --ckpt-dir {ckpt} --ckpt-every 5",
+                             scout_args=f"--scout-consensus-every=2 --scout-replay-every=2 --scout-inject={fault}")
+    job = sj.submit(lab, script)
+    sj.wait_finished(lab, job)
+    shown = sj.show_json(lab, job, restart=0)
+    out = sj.output(lab, job)
+    assert shown["kind"] == "sdc" and [s["rank"] for s in shown["suspects"]] == [3], (shown, out[-3000:])
+    sdc = [f for f in _findings(lab, job) if f.kind == FindingKind.SDC]
+    assert [(f.rank, f.step, f.since_step) for f in sdc] == [(3, 12, 9)], sdc
+    assert "the last replay of layer '2' that passed was at step 8" in sdc[0].summary
+    assert shown["first_suspect_step"] == 9 <= 9          # no later than the fault's first step
+    info = sj.wait_completed(lab, job)
+    assert info.state == "COMPLETED" and info.restart_count == 1, (info, sj.output(lab, job)[-3000:])
+    resume = [a for a in sj.actions(lab, job, 0).actions if a.kind.value == "resume_from"]
+    assert len(resume) == 1 and resume[0].target.endswith("step-5.pt"), resume
+    assert sj.output(lab, job).count(f"resumed from {ckpt}/step-5.pt at step 5") == 4

@@ -53,3 +53,46 @@ def test_clean_run_with_votes_every_step_names_nobody(lab, clean_drains):
     sj.wait_finished(lab, job)
     shown = sj.show_json(lab, job, restart=0)
     assert shown["kind"] == "clean" and shown["suspects"] == [], shown
+    # the job's output is the user's: scout's banner and nothing of its structured log (issue 19)
+    out = sj.output(lab, job)
+    assert out.count(f"scout: watching job {job} (run 0, 4 ranks)") == 1, out[-3000:]
+    assert not [line for line in out.splitlines() if line.lstrip().startswith("{") and '"event"' in line], out[-3000:]
+    # and it says what it checked: a vote every step, none needed at the end
+    cov = shown["coverage"]
+    assert cov["votes"] == 30 and cov["last_clean_step"] == 30 and cov["final_vote"].startswith("not needed"), cov
+    assert "nothing found by the checks that ran:" in shown["reasoning"], shown
+    folder = sj.folder(lab, job)
+    for rank in range(4):
+        own = folder.task_log_path(0, rank).read_text()
+        assert '"event": "watchdog.child_exited"' in own, own[-2000:]
+
+
+@pytest.mark.timeout(180)
+def test_a_run_shorter_than_k_is_checked_at_its_end(lab, clean_drains):
+    """40 steps with the default K = 50: no periodic vote ever runs, the end-of-training vote at
+    destroy_process_group names the rank whose weights were corrupted (issue 19)."""
+    script = sj.batch_script(lab, train_args="--steps 40 --momentum 0.9",
+                             scout_args="--scout-inject=bitflip,bit=23,rank=2,step=6,target=weights")
+    job = sj.submit(lab, script, extra=("--no-requeue",))
+    sj.wait_finished(lab, job)
+    shown = sj.show_json(lab, job, restart=0)
+    node = sj.places(lab, job)[2].node
+    assert shown["kind"] == "sdc", (shown, sj.output(lab, job)[-2000:])
+    assert [(s["rank"], s["node"]) for s in shown["suspects"]] == [(2, node)]
+    cov = shown["coverage"]
+    assert cov["votes"] == 1 and cov["votes_every"] == 50 and cov["last_vote_step"] == 40, cov
+    assert "rank 2's state differs from the replicas' majority at step 40" in sj.output(lab, job)
+
+
+@pytest.mark.timeout(180)
+def test_a_short_run_with_votes_off_is_unchecked_not_clean(lab):
+    script = sj.batch_script(lab, train_args="--steps 10", scout_args="--scout-consensus-every=0")
+    job = sj.submit(lab, script, extra=("--no-requeue",))
+    sj.wait_finished(lab, job)
+    shown = sj.show_json(lab, job, restart=0)
+    assert shown["kind"] == "unchecked" and shown["suspects"] == [], shown
+    cov = shown["coverage"]
+    assert (cov["votes"], cov["replay_rounds"], cov["timing_rounds"], cov["steps"]) == (0, None, 0, 10), cov
+    assert cov["final_vote"] == "not made: state votes are off", cov
+    assert any("not checked" in line for line in shown["reasoning"]), shown
+    assert sj.actions(lab, job) is None or not sj.actions(lab, job).actions

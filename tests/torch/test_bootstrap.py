@@ -98,9 +98,10 @@ def assert_clean(runs: list[RankRun]) -> None:
     for r in runs:
         assert r.returncode == 0, f"rank {r.rank} exited {r.returncode}\n{r.stdout}\n{r.stderr}"
         assert f"rank {r.rank}: done" in r.stdout
-        # rank 0 announces what replay covers; anything else scout says on stderr is a warning
+        # rank 0 announces what replay covers and, at its first vote (the end-of-training one in a
+        # run shorter than K), the replica groups; anything else scout says on stderr is a warning
         said = [line for line in r.stderr.splitlines() if "scout:" in line
-                and not line.startswith("scout: in-situ replay every ")]
+                and not line.startswith(("scout: in-situ replay every ", "scout: state votes every "))]
         assert said == [], r.stderr
 
 
@@ -142,15 +143,17 @@ def test_progress_record_counts_every_collective_and_step(scout_run):
         assert view.opt_steps == 20
         # the job's: per step one DDP bucket and one logging all_reduce (40); scout's own on its side group,
         # recorded as scout_vote: the checkpoint-agreement flag per step (20) and once more at
-        # destroy_process_group (the step-20 save), one signature exchange per save (2)
-        assert view.coll_entered == view.coll_completed == 40 + 20 + 1 + 2
-        assert view.recent[-1].op == "scout_vote"  # the last: the step-20 save's exchange at destroy_process_group
+        # destroy_process_group (the step-20 save), one signature exchange per save (2), and the
+        # end-of-training state vote at destroy_process_group (1: 20 steps, no periodic vote at K = 50)
+        assert view.coll_entered == view.coll_completed == 40 + 20 + 1 + 2 + 1
+        assert view.recent[-1].op == "scout_vote"  # the last: the end-of-training vote
+        assert view.recent[-2].op == "scout_vote"  # before it: the step-20 save's exchange
         assert not view.in_collective and view.current_op == "none"
         assert not view.active  # atexit marked the record as finished
         ops = [e.op for e in view.recent]
-        assert [e.seq for e in view.recent] == list(range(1, 64))
+        assert [e.seq for e in view.recent] == list(range(1, 65))
         assert [op for op in ops if op != "scout_vote"] == ["ddp_bucket_all_reduce", "all_reduce"] * 20
-        assert ops.count("scout_vote") == 23
+        assert ops.count("scout_vote") == 24
         # the per-step flag is one int64 summed over the side group, not one per rank gathered
         # (at 100k ranks: 800 KB and 100k output tensors a step); the two exchanges after a save gather
         assert [e.nbytes for e in view.recent if e.op == "scout_vote"].count(8) == 21
@@ -170,7 +173,7 @@ def test_bootstrap_changes_no_numbers(tmp_path):
     plain = run_ranks(argv, bare_env(), cwd=tmp_path / "bare", world=3)
     assert_clean(hooked)
     assert_clean(plain)
-    assert read_progress(tmp_path / "scout", 2).coll_entered == 10
+    assert read_progress(tmp_path / "scout", 2).coll_entered == 10 + 1  # and the end-of-training vote
     assert not (tmp_path / "bare" / "progress").exists()
     assert (tmp_path / "scout" / "checksum.txt").read_text() == (tmp_path / "bare" / "checksum.txt").read_text()
     with_scout = tensor_bytes(tmp_path / "scout" / "ckpt" / "step-5.pt")
@@ -204,8 +207,9 @@ def test_user_comm_hook_composes_and_dot_saves_write_no_note(tmp_path):
         view = read_progress(tmp_path, rank)
         assert view.opt_steps == 4
         # the user's hook calls dist.all_reduce itself: still one entry per bucket, not two
-        # (and scout's own: 4 checkpoint-agreement flags, then flag and signatures for final.pt at the end)
-        assert view.coll_entered == view.coll_completed == 8 + 4 + 2
+        # (and scout's own: 4 checkpoint-agreement flags, then flag and signatures for final.pt at the end,
+        # and the end-of-training vote)
+        assert view.coll_entered == view.coll_completed == 8 + 4 + 2 + 1
         assert [e.op for e in view.recent if e.op != "scout_vote"] == ["ddp_bucket_all_reduce", "all_reduce"] * 4
     assert (tmp_path / ".scratch.pt").exists() and (tmp_path / "final.pt").exists()
     notes = checkpoint_notes(tmp_path / "notes")

@@ -283,7 +283,8 @@ def test_digests_change_no_verdict(tmp_path):
 
     check()
     # the property covered the verdicts that read exits and rings, not only one of them
-    assert {"crash", "hang", "clean"} <= set(count), count
+    # (no coverage record in these jobs: a run whose ranks all exited cleanly is `unchecked`)
+    assert {"crash", "hang", "unchecked"} <= set(count), count
 
 
 @as_root

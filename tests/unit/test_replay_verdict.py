@@ -3,7 +3,10 @@ disagreement (inconclusive finding) makes an otherwise clean run inconclusive an
 
 from __future__ import annotations
 
+import dataclasses
+
 from scout_slurm.evidence.records import ExitRecord, Finding, FindingKind, RankPlace, VerdictKind
+from scout_slurm.evidence.records import VoteCoverage
 from scout_slurm.localise.verdict import JobEvidence, localise
 
 NOW = 1_700_000_500.0
@@ -52,4 +55,6 @@ def test_two_replicas_disagreeing_make_a_clean_exit_inconclusive():
 def test_an_injection_note_alone_keeps_a_clean_run_clean():
     note = Finding(rank=1, node="n1", kind=FindingKind.INFO, at=NOW - 30, summary="fault injected: noise", step=3)
     ev = evidence(4, exits=[exited(r) for r in range(4)], findings=[note], job_exit_code=0)
+    ev = dataclasses.replace(ev, coverage=VoteCoverage(restart=0, votes=1, last_clean_step=10, last_vote_step=10,
+                                                       replay_rounds=1, steps=10))
     assert localise(ev, now=NOW).kind == VerdictKind.CLEAN

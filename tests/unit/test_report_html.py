@@ -135,6 +135,21 @@ def test_timeline_has_one_row_per_rank_and_marks_the_suspect():
     assert not [t for t, a in tree.tags if t in ("script", "link", "iframe", "img", "object")]
     assert "Content-Security-Policy" in page and "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
     assert 'class="badge drained"' in page and "/ck/step-10.pt" in page
+    # the verdict says what was checked (this bundle's run has no coverage record)
+    assert "Checks that ran: no record of scout&#x27;s checks in this run" in page or \
+        "Checks that ran: no record of scout's checks in this run" in page
+
+
+def test_the_page_lists_the_checks_that_ran():
+    import dataclasses
+
+    from scout_slurm.evidence.records import VoteCoverage
+    b = hang_bundle()
+    cov = VoteCoverage(restart=0, votes=2, last_clean_step=20, last_vote_step=20, replay_rounds=4, timing_rounds=1,
+                       votes_every=10, replay_every=5, timing_every=25, steps=23)
+    page = render_incident_html(dataclasses.replace(b, verdict=dataclasses.replace(b.verdict, coverage=cov)))
+    assert ("Checks that ran: state votes (every 10 steps): 2, the last at step 20, every replica agreed up to "
+            "step 20; in-situ replay (every 5 steps): 4 rounds; timing votes (every 25 steps): 1 rounds") in page
 
 
 def test_moments_and_phases_of_a_hang():

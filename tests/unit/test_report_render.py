@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 from scout_slurm.evidence.records import ChildState, ExitRecord, ProgressSnapshot, RankPlace, VerdictKind
+from scout_slurm.evidence.records import VoteCoverage
 from scout_slurm.localise.verdict import JobEvidence, localise
 from scout_slurm.remediation.records import ActionKind, ActionResult, ActionsRecord, PlannedAction, PlanStatus
 from scout_slurm.report.incident import render_actions, render_incident_markdown
@@ -90,11 +91,18 @@ def test_timeline_row_without_progress():
 
 
 def test_clean_verdict_names_nobody():
+    cov = VoteCoverage(restart=0, votes=1, last_clean_step=8, last_vote_step=8, replay_rounds=None, steps=8,
+                       votes_every=8, final_vote="not needed: the last vote was at the last step (8)")
     ev = JobEvidence(job_id=1, restart=0, world_size=2, exits={r: exit_rec(r, progress=snap(r, 8)) for r in range(2)},
-                     job_exit_code=0)
+                     job_exit_code=0, coverage=cov)
     v = localise(ev, now=NOW)
     lines = render_verdict(v)
     assert lines[0] == "verdict: clean  (confidence 1.00)"
+    # what was checked is part of the verdict
+    at = lines.index("checks that ran:")
+    assert lines[at + 1:at + 5] == ["  state votes (every 8 steps): 1, the last at step 8, every replica agreed up to step 8",
+                                    "  end-of-training vote: not needed: the last vote was at the last step (8)",
+                                    "  in-situ replay: off", "  timing votes (off): 0 rounds"]
     assert "suspects: none" in lines
     assert not any(l.startswith("first suspect step") for l in lines)
     assert all("exited 0" in r for r in timeline_rows(render_timeline(ev)))

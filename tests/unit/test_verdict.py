@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.records import (ChildState, CollectiveEntry, ExitRecord, Finding, FindingKind,
                                           ProgressSnapshot, RankPlace, StallDecision, VerdictKind)
+from scout_slurm.evidence.records import VoteCoverage
 from scout_slurm.evidence.store import write_record
 from scout_slurm.localise.gather import gather_evidence
 from scout_slurm.localise.verdict import JobEvidence, describe_exit, is_abnormal, is_cascade, localise
@@ -55,12 +56,18 @@ def cascade(rank: int, **kw) -> ExitRecord:
     return exited(rank, 1, stderr=("Traceback (most recent call last):", GLOO_PEER), **kw)
 
 
+# a run in which scout's checks ran (two state votes, both clean; replay and timing rounds)
+CHECKED = VoteCoverage(restart=0, votes=2, last_clean_step=40, last_vote_step=40, replay_rounds=2, timing_rounds=1,
+                       votes_every=20, replay_every=20, timing_every=25, steps=40, final_vote="not needed")
+
+
 def evidence(world: int, *, exits=(), snapshots=(), findings=(), decision=None, job_exit_code: int = 256,
-             places: bool = True) -> JobEvidence:
+             places: bool = True, coverage: VoteCoverage | None = CHECKED) -> JobEvidence:
     return JobEvidence(job_id=77, restart=0, world_size=world,
                        places={r: place(r, world) for r in range(world)} if places else {},
                        exits={e.rank: e for e in exits}, snapshots={s.rank: s for s in snapshots},
-                       findings=tuple(findings), decision=decision, job_exit_code=job_exit_code)
+                       findings=tuple(findings), decision=decision, job_exit_code=job_exit_code,
+                       coverage=coverage if places else None)
 
 
 def ranks(v) -> list[int]:
@@ -362,12 +369,36 @@ def test_clean_run_names_nobody(job_exit_code):
     assert v.kind == VerdictKind.CLEAN
     assert v.suspects == ()
     assert v.confidence == 1.0
+    # clean says which checks found nothing
+    assert v.coverage == CHECKED
+    assert "nothing found by the checks that ran:" in v.reasoning
+    assert "state votes (every 20 steps): 2, the last at step 40, every replica agreed up to step 40" in v.reasoning
+
+
+@pytest.mark.parametrize("coverage", [
+    None,                                                                   # no record of any check
+    VoteCoverage(restart=0, votes=0, last_clean_step=-1, last_vote_step=-1, replay_rounds=None, timing_rounds=0,
+                 steps=10, final_vote="not made: state votes are off"),    # votes off, 10 steps < timing K
+    VoteCoverage(restart=0, votes=0, last_clean_step=-1, last_vote_step=-1, replay_rounds=3,
+                 replay_failed_rounds=3, steps=40),                         # every replay round failed
+], ids=["no-record", "votes-off", "replay-always-failed"])
+def test_a_run_no_check_looked_at_is_unchecked_not_clean(coverage):
+    v = localise(evidence(4, exits=[exited(r, progress=snap(r)) for r in range(4)], job_exit_code=0,
+                          coverage=coverage), now=NOW)
+    assert v.kind == VerdictKind.UNCHECKED and v.suspects == ()
+    assert any("not checked" in line for line in v.reasoning), v.reasoning
+    if coverage is not None:
+        assert any("state votes (off): 0" in line for line in v.reasoning), v.reasoning
 
 
 def test_no_scout_records_at_all():
-    assert localise(evidence(4, job_exit_code=0, places=False), now=NOW).kind == VerdictKind.CLEAN
+    """A job that never ran under scout-srun is not called clean."""
+    v = localise(evidence(4, job_exit_code=0, places=False), now=NOW)
+    assert v.kind == VerdictKind.UNCHECKED and "no scout records" in v.reasoning[-1]
     v = localise(evidence(4, job_exit_code=-1, places=False), now=NOW)
     assert v.kind == VerdictKind.INCONCLUSIVE and v.suspects == ()
+    v = localise(evidence(4, job_exit_code=256, places=False), now=NOW)
+    assert v.kind == VerdictKind.INCONCLUSIVE and "scout saw none of its ranks" in v.reasoning[-1]
 
 
 def test_exit_records_outside_the_world_are_ignored():
@@ -436,7 +467,9 @@ def test_gather_ignores_ranks_outside_the_world(tmp_path):
         write_record(folder.progress_path(0, r), snap(r))
     write_record(folder.rank_exit_path(0, 12), exited(12, signal=11))
     write_record(folder.progress_path(0, 12), snap(12))
+    write_record(folder.coverage_path(0), CHECKED)
     ev = gather_evidence(folder, 0, job_exit_code=0)
+    assert ev.coverage == CHECKED
     assert ev.world_size == 4
     assert sorted(ev.exits) == [0, 1, 2, 3] and sorted(ev.snapshots) == [0, 1, 2, 3]
     assert any("rank 12 outside the world of 4" in p for p in ev.problems)
@@ -489,7 +522,7 @@ def test_localise_never_raises_and_names_only_ranks_of_the_world(ev):
     assert all(0 <= s.rank < ev.world_size for s in v.suspects)
     assert len({s.rank for s in v.suspects}) == len(v.suspects)
     assert 0.0 <= v.confidence <= 1.0
-    if v.kind in (VerdictKind.CLEAN, VerdictKind.INCONCLUSIVE):
+    if v.kind in (VerdictKind.CLEAN, VerdictKind.INCONCLUSIVE, VerdictKind.UNCHECKED):
         assert v.suspects == ()
     else:
         assert v.suspects
@@ -602,3 +635,13 @@ def test_a_failure_before_the_work_was_done_is_still_a_crash(case):
         assert v.kind == VerdictKind.CRASH and 0 in ranks(v)
     else:
         assert v.kind == VerdictKind.CRASH and ranks(v) == [0]
+
+
+def test_votes_that_compared_no_replicas_are_not_a_check():
+    """Pure FSDP: every rank holds its own shard; votes ran but compared nothing."""
+    cov = VoteCoverage(restart=0, votes=3, last_clean_step=-1, last_vote_step=30, replay_rounds=None, steps=30,
+                       votes_every=10, replicas=1)
+    v = localise(evidence(4, exits=[exited(r, progress=snap(r)) for r in range(4)], job_exit_code=0, coverage=cov),
+                 now=NOW)
+    assert v.kind == VerdictKind.UNCHECKED
+    assert any("no replicas to compare" in line for line in v.reasoning), v.reasoning
