@@ -81,20 +81,19 @@ def _gather(folder: JobFolder, restart: int, *, job_exit_code: int, world_size: 
         folder.progress_dir(restart), "rank-*.json", ProgressSnapshot,
         covered | frozenset(name.format(r) for r in digested)))
     findings = many(folder.findings_dir(restart), "*.json", Finding)
-    decision = None
-    dpath = folder.stall_decision_path(restart)
-    if dpath.exists():
+
+    def one(path: Path, cls):
+        """A single record of the run, None when absent (or unreadable: said in the problems)."""
+        if not path.exists():
+            return None
         try:
-            decision = read_record(dpath, StallDecision, root=root)
+            return read_record(path, cls, root=root)
         except EvidenceError as exc:
             problems.append(str(exc))
-    coverage = None
-    cpath = folder.coverage_path(restart)
-    if cpath.exists():
-        try:
-            coverage = read_record(cpath, VoteCoverage, root=root)
-        except EvidenceError as exc:
-            problems.append(str(exc))
+            return None
+
+    decision = one(folder.stall_decision_path(restart), StallDecision)
+    coverage = one(folder.coverage_path(restart), VoteCoverage)
     if world_size is None:
         sizes = Counter(p.world_size for p in places if 0 < p.world_size <= MAX_WORLD)
         world_size = sizes.most_common(1)[0][0] if sizes else max(
