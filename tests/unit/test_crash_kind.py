@@ -193,29 +193,9 @@ def test_peers_sigkilled_by_scout_or_slurm_at_the_end_are_not_suspects():
 # --- the real watchdog writes the record the localiser reads -------------------------------------
 
 FLOOR = 4.0
-WALL0 = 1.8e9
 
 
-class Script:
-    """A fake monotonic clock that moves only when the watchdog sleeps, running scripted events
-    as it passes them (as in test_watchdog_window)."""
-
-    def __init__(self) -> None:
-        self.t = 0.0
-        self.events: list = []
-
-    def clock(self) -> float:
-        return self.t
-
-    def wall(self) -> float:
-        return WALL0 + self.t
-
-    def sleep(self, dt: float) -> None:
-        assert dt > 0
-        self.t = round(self.t + dt, 6)
-        while self.events and self.events[0][0] <= self.t:
-            self.events.pop(0)[1]()
-        assert self.t < 60, "the watchdog never returned"
+from unit.test_watchdog_window import Script  # noqa: E402 - the same scripted clock as the watchdog's own tests
 
 
 def publish_peers(folder, script: Script, position: int, seq: list[int]) -> None:
@@ -262,7 +242,7 @@ def test_watchdog_records_the_exception_dumps_stacks_before_the_kill_and_the_ver
     for line in real + ["/w/t.py:3: FutureWarning: deprecated"]:
         tail.feed(line)
     tail.end()
-    script = Script()
+    script = Script([])
     count = [0]
     publish_peers(folder, script, 4, count)
     script.events = [(round(0.5 * i, 3), lambda: publish_peers(folder, script, 4, count)) for i in range(1, 100)]
