@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 from scout_slurm.errors import LabError, ScoutError
-from scout_slurm.lab.cluster import DEFAULT_STATE_DIR, Lab, LabSpec
+from scout_slurm.lab import DEFAULT_PORT_BASE, default_state_dir
 
 
 class _ScoutGroup(click.Group):
@@ -43,13 +43,13 @@ def lab() -> None:
 
 
 _state_dir = click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
-                          default=DEFAULT_STATE_DIR, show_default=True,
+                          default=default_state_dir(), show_default=True,
                           help="Folder holding the lab's config, logs, pid files and spool.")
 
 
 @lab.command("up")
 @click.option("--nodes", type=click.IntRange(1, 64), default=4, show_default=True)
-@click.option("--port-base", type=click.IntRange(1024, 65000), default=LabSpec.port_base, show_default=True,
+@click.option("--port-base", type=click.IntRange(1024, 65000), default=DEFAULT_PORT_BASE, show_default=True,
               help="slurmctld listens here, node i on port-base + i.")
 @click.option("--netns", is_flag=True,
               help="One network namespace per node (own hostname n1.., address 10.213.0.10+i, bridge scoutbr0); "
@@ -57,7 +57,7 @@ _state_dir = click.option("--state-dir", type=click.Path(file_okay=False, path_t
 @_state_dir
 def lab_up(nodes: int, port_base: int, netns: bool, state_dir: Path) -> None:
     """Start (or restart) the lab; prints the `export` lines a shell needs to use it."""
-    from scout_slurm.lab.cluster import NETNS_CTL_ADDR
+    from scout_slurm.lab.cluster import NETNS_CTL_ADDR, Lab, LabSpec
     cluster = Lab(LabSpec(state_dir=state_dir, nodes=nodes, port_base=port_base, python=sys.executable, netns=netns))
     cluster.up()
     where = f"{NETNS_CTL_ADDR}:{port_base} (netns mode, bridge scoutbr0)" if netns else f"127.0.0.1:{port_base}"
@@ -70,6 +70,7 @@ def lab_up(nodes: int, port_base: int, netns: bool, state_dir: Path) -> None:
 @_state_dir
 def lab_down(state_dir: Path) -> None:
     """Stop every process of the lab in STATE_DIR (found by its pid files and open files)."""
+    from scout_slurm.lab.cluster import Lab, LabSpec
     stopped = Lab(LabSpec(state_dir=state_dir)).down()
     click.echo(f"lab down: stopped {len(stopped)} process(es) of {Path(state_dir).resolve()}")
 
@@ -79,6 +80,7 @@ def lab_down(state_dir: Path) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the status as one JSON object.")
 def lab_status(state_dir: Path, as_json: bool) -> None:
     """Daemons and node states of the lab in STATE_DIR."""
+    from scout_slurm.lab.cluster import Lab, LabSpec
     cluster = Lab(LabSpec(state_dir=state_dir))
     if not cluster.paths.lab_json.exists():
         raise LabError(f"no lab cluster in {cluster.paths.root}: start one with "

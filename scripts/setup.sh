@@ -43,4 +43,4 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # the pinned CPU build (on this machine's disk; an unpinned torch downloads several GB of CUDA)
 .venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0"
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[job,test]'

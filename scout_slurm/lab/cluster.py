@@ -34,11 +34,12 @@ from pathlib import Path
 
 from scout_slurm.config import EpilogConfig, EvidenceConfig, RemediationConfig, SiteConfig, SlurmConfig, WatchdogConfig, render_toml
 from scout_slurm.errors import LabError, SlurmError
+from scout_slurm.lab import DEFAULT_PORT_BASE, default_state_dir
 from scout_slurm.log import get_logger
 
 log = get_logger("scout.lab")
 
-DEFAULT_STATE_DIR = Path(os.environ.get("SCOUT_LAB_DIR", "/tmp/scout-lab"))
+DEFAULT_STATE_DIR = default_state_dir()
 DAEMONS = ("slurmctld", "slurmd", "slurmstepd", "munged")
 REQUIRED_BINARIES = {
     "slurmctld": "slurmctld", "slurmd": "slurmd", "sbatch": "slurm-client", "scontrol": "slurm-client",
@@ -67,7 +68,7 @@ _DEFAULT_MODE_HINT = ("use the default mode instead (`scout lab up` without --ne
 class LabSpec:
     state_dir: Path = DEFAULT_STATE_DIR
     nodes: int = 4
-    port_base: int = 16800
+    port_base: int = DEFAULT_PORT_BASE
     cpus_per_node: int = 8
     hooks: bool = True
     python: str = sys.executable
