@@ -27,11 +27,11 @@ def _job_started(folder: JobFolder, node: str) -> float:
     not lay out its folders), and only a regular file owned by root counts: the time bounds which
     kernel log lines are attached, so a job must not be able to choose it."""
     import stat as stat_mod
-    from scout_slurm.evidence.store import _DIR_PATH, _open_below, _split_under
+    from scout_slurm.evidence.safeio import DIR_PATH, open_below, split_under
     path = os.fspath(folder.node_dir(node) / "hardware-map.json")
     try:
-        base, parts = _split_under(path, folder.root, path)
-        dir_fd = _open_below(base, parts[:-1], path, _DIR_PATH)
+        base, parts = split_under(path, folder.root, path)
+        dir_fd = open_below(base, parts[:-1], path, DIR_PATH)
     except (ScoutError, OSError):
         return 0.0
     try:
