@@ -9,8 +9,10 @@ import ctypes
 import errno
 import functools
 import os
+import pwd
 import secrets
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -350,3 +352,72 @@ def safe_read_bytes(path: Path, *, max_bytes: int = MAX_RECORD_BYTES,
     finally:
         os.close(dir_fd)
 
+
+# --------------------------------------------------------------------------------------------
+# Creating the evidence tree's folders (the root hooks)
+# --------------------------------------------------------------------------------------------
+
+_DIR_CREATE_OPEN = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class UnsafeFolder(EvidenceError):
+    """A folder of the evidence tree is a link, not a directory, or has an unexpected owner."""
+
+
+@dataclass(frozen=True)
+class Owner:
+    uid: int
+    gid: int
+    mode: int
+
+
+def _describe_owner(uid: int) -> str:
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def ensure_dir(parent_fd: int, name: str, owner: Owner, shown: Path) -> int:
+    """An O_NOFOLLOW descriptor of directory `name` under `parent_fd`, created if missing.
+
+    Several nodes run this at once on shared storage: mkdir may lose the race, which is fine.
+    An existing entry is used only if it is a real directory owned by `owner.uid`, or by root
+    (a root hook on another node that has not yet handed it over; only root can create entries
+    in the root-owned folders above); then it is (re)owned through the descriptor, never a path.
+    """
+    created = True
+    try:
+        os.mkdir(name, owner.mode, dir_fd=parent_fd)
+    except FileExistsError:
+        created = False
+    try:
+        fd = os.open(name, _DIR_CREATE_OPEN, dir_fd=parent_fd)
+    except OSError as exc:
+        try:
+            mode = os.stat(name, dir_fd=parent_fd, follow_symlinks=False).st_mode
+        except OSError:
+            mode = 0
+        if stat.S_ISLNK(mode):
+            raise UnsafeFolder(f"{shown} is a symbolic link; refusing to follow it (who planted it?); "
+                               f"remove it") from None
+        if mode and not stat.S_ISDIR(mode):
+            raise UnsafeFolder(f"{shown} exists and is not a directory; remove it") from None
+        raise UnsafeFolder(f"{shown}: cannot open: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid not in (owner.uid, 0):
+            raise UnsafeFolder(f"{shown} is owned by {_describe_owner(st.st_uid)}, expected "
+                               f"{_describe_owner(owner.uid)}; refusing to use it (root-squashed NFS? "
+                               f"export the evidence root with no_root_squash)")
+        handed = st.st_uid == 0 and (st.st_uid, st.st_gid) != (owner.uid, owner.gid)
+        if handed:
+            os.fchown(fd, owner.uid, owner.gid)
+        # mkdir's mode went through the umask; a root-owned folder others may write is unsafe.
+        # A folder the job already owns keeps whatever mode the job gave it.
+        if created or handed or (st.st_uid == 0 and st.st_mode & 0o022):
+            os.fchmod(fd, owner.mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
