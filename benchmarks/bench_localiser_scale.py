@@ -156,7 +156,9 @@ def _write_ranks(root: str, world: int, lo: int, hi: int) -> int:
 def write_folder(root: Path, world: int, workers: int) -> float:
     from scout_slurm.evidence.layout import JobFolder
     folder = JobFolder(root, CLUSTER, JOB_ID)
-    for d in (folder.ranks_dir(RESTART), folder.progress_dir(RESTART), folder.findings_dir(RESTART)):
+    # results/: where the controller's report goes (the Prolog lays it out on a cluster)
+    for d in (folder.ranks_dir(RESTART), folder.progress_dir(RESTART), folder.findings_dir(RESTART),
+              folder.results_dir):
         d.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     chunk = 2000
