@@ -141,6 +141,7 @@ def _imports(tree: ast.Module, module: str, is_pkg: bool, sources: Sources, *,
 
 
 def _env_uses(tree: ast.Module) -> list[tuple[int, str]]:
+    """Reads of the environment, and torch.distributed reached as an attribute of torch."""
     os_names = {"os"}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -150,6 +151,9 @@ def _env_uses(tree: ast.Module) -> list[tuple[int, str]]:
         if isinstance(node, ast.Attribute) and node.attr in ENV_ATTRS and \
                 isinstance(node.value, ast.Name) and node.value.id in os_names:
             found.append((node.lineno, f"reads the environment (os.{node.attr})"))
+        elif isinstance(node, ast.Attribute) and node.attr == "distributed" and \
+                isinstance(node.value, ast.Name) and node.value.id == "torch":
+            found.append((node.lineno, "uses torch.distributed (forbidden in the pure core)"))
         elif isinstance(node, ast.ImportFrom) and node.module == "os":
             for a in node.names:
                 if a.name in ENV_ATTRS:
@@ -252,6 +256,7 @@ def test_a_clean_planted_module_passes():
     ("import torch.distributed as dist\n", 1, "imports torch.distributed"),
     ("from torch import distributed\n", 1, "imports torch.distributed"),
     ("import pynvml\n", 1, "imports pynvml"),
+    ("import torch\n\ndef f():\n    return torch.distributed.get_rank()\n", 4, "uses torch.distributed"),
     ("import os\n\nLEVEL = os.environ.get('X')\n", 3, "reads the environment (os.environ)"),
     ("import os as o\ndef f():\n    return o.getenv('X')\n", 3, "reads the environment (os.getenv)"),
     ("from os import environ\n", 1, "reads the environment (from os import environ)"),
