@@ -79,7 +79,7 @@ def create_exclusive(path: Path, data: bytes, *, mode: int = 0o644) -> bool:
     try:
         tmp = _write_temp(dir_fd, name, data, mode, None)
         try:
-            created = _publish_exclusive(dir_fd, tmp, name)
+            created = publish_exclusive(dir_fd, tmp, name)
         finally:
             _unlink_quietly(dir_fd, tmp)
         if created:
@@ -161,7 +161,9 @@ def _renameat2() -> Any:
 _RENAME_NOREPLACE = 1
 
 
-def _publish_exclusive(dir_fd: int, tmp: str, name: str, *, use_renameat2: bool = True) -> bool:
+def publish_exclusive(dir_fd: int, tmp: str, name: str, *, use_renameat2: bool = True) -> bool:
+    """Give the complete file `tmp` the name `name` in `dir_fd` unless `name` exists: True when
+    it did. `use_renameat2=False` takes the link()+unlink() fallback (tested on its own)."""
     # rename(RENAME_NOREPLACE) publishes the file with one link. link()+unlink() (the fallback,
     # for file systems without the flag) leaves a moment where the file has two links, which
     # safe_read_bytes refuses; a loser of the race reading right away could see that.
@@ -297,6 +299,8 @@ def _check_file(st: os.stat_result, shown: str, max_bytes: int) -> None:
 
 def read_at(dir_fd: int, name: str, shown: str, max_bytes: int, *, listed_regular: bool = False,
              owner: int | None = None) -> bytes:
+    """The bytes of regular, singly linked file `name` in `dir_fd`, at most `max_bytes`, without
+    following a link or blocking on a FIFO; `shown` names it in errors."""
     # lstat first so that a device node or FIFO is never even opened (opening some devices has
     # effects); the fstat after opening is the check that counts. `listed_regular`: the directory
     # listing's own type field (d_type, no syscall) already said "regular file", which is the same

@@ -625,8 +625,8 @@ def test_the_link_fallback_is_exclusive_too(tmp_path):
     try:
         for name, content in (("t1", b"first"), ("t2", b"second")):
             put(tmp_path / name, content)
-        assert safeio._publish_exclusive(fd, "t1", "d.json", use_renameat2=False) is True
-        assert safeio._publish_exclusive(fd, "t2", "d.json", use_renameat2=False) is False
+        assert safeio.publish_exclusive(fd, "t1", "d.json", use_renameat2=False) is True
+        assert safeio.publish_exclusive(fd, "t2", "d.json", use_renameat2=False) is False
     finally:
         os.close(fd)
     assert (tmp_path / "d.json").read_bytes() == b"first"
