@@ -27,6 +27,7 @@ gather (as before it was paused) and prints its passes per generation and their 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -155,7 +156,9 @@ def _write_ranks(root: str, world: int, lo: int, hi: int) -> int:
 def write_folder(root: Path, world: int, workers: int) -> float:
     from scout_slurm.evidence.layout import JobFolder
     folder = JobFolder(root, CLUSTER, JOB_ID)
-    for d in (folder.ranks_dir(RESTART), folder.progress_dir(RESTART), folder.findings_dir(RESTART)):
+    # results/: where the controller's report goes (the Prolog lays it out on a cluster)
+    for d in (folder.ranks_dir(RESTART), folder.progress_dir(RESTART), folder.findings_dir(RESTART),
+              folder.results_dir):
         d.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     chunk = 2000
@@ -241,7 +244,7 @@ def _maxrss_bytes() -> int:
 def measure(args: argparse.Namespace) -> None:
     from scout_slurm.evidence.layout import JobFolder
     from scout_slurm.evidence.records import VerdictKind
-    from scout_slurm.localise.gather import gather_evidence
+    from scout_slurm.evidence.gather import cycle_collector_paused, gather_evidence
     from scout_slurm.localise.verdict import localise
 
     folder = JobFolder(Path(args.root), CLUSTER, JOB_ID)
@@ -256,11 +259,8 @@ def measure(args: argparse.Namespace) -> None:
     import gc
     passes: list[tuple[int, float]] = []
     if args.gc_on:
-        # the gather pauses the collector; here it is left running, and its passes are timed
-        import scout_slurm.localise.gather as gather_module
-        import types
-        gather_module.gc = types.SimpleNamespace(isenabled=gc.isenabled, enable=gc.enable,
-                                                 disable=lambda: None, freeze=lambda: None)
+        # the controller pauses the collector around the gather; here it is left running, and its
+        # passes are timed
         started: list[float] = []
 
         def on_gc(phase: str, info: dict) -> None:
@@ -271,7 +271,9 @@ def measure(args: argparse.Namespace) -> None:
         gc.callbacks.append(on_gc)
     digests = args.mode == "digests"
     t0, c0 = time.perf_counter(), cpu()
-    evidence = gather_evidence(folder, RESTART, job_exit_code=256, **({} if digests else {"digests": False}))
+    # as the controller Epilog does (hooks/controller.py), unless --gc-on asks to see the passes
+    with contextlib.nullcontext() if args.gc_on else cycle_collector_paused():
+        evidence = gather_evidence(folder, RESTART, job_exit_code=256, **({} if digests else {"digests": False}))
     t1, c1 = time.perf_counter(), cpu()
     if args.gc_on:
         gc.callbacks.remove(on_gc)   # the gather's passes only
@@ -283,7 +285,7 @@ def measure(args: argparse.Namespace) -> None:
     from scout_slurm.hooks.controller import _write_report
     from scout_slurm.remediation.records import ActionsRecord, PlanStatus
     if digests:
-        from scout_slurm.localise.gather import with_full_records
+        from scout_slurm.evidence.gather import with_full_records
         evidence = with_full_records(evidence, folder, [s.rank for s in verdict.suspects])
     _write_report(folder, RESTART, verdict, evidence, ActionsRecord(
         job_id=JOB_ID, restart=RESTART, verdict_kind=verdict.kind, status=PlanStatus.OBSERVE_ONLY, actions=(),
@@ -318,8 +320,9 @@ def measure(args: argparse.Namespace) -> None:
         del evidence, verdict
         gc.collect()
         tracemalloc.start()
-        localise(gather_evidence(folder, RESTART, job_exit_code=256, **({} if digests else {"digests": False})),
-                 now=WALL0 + 4000)
+        with cycle_collector_paused():
+            evidence = gather_evidence(folder, RESTART, job_exit_code=256, **({} if digests else {"digests": False}))
+        localise(evidence, now=WALL0 + 4000)
         out["traced_peak"] = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
     if profiler is not None:

@@ -143,7 +143,7 @@ def show(job_id: int, restart: int | None, cluster: str | None, as_json: bool, a
     import time as _time
     from scout_slurm.evidence.records import Verdict
     from scout_slurm.evidence.store import read_record, record_to_obj
-    from scout_slurm.localise.gather import gather_evidence, with_full_records
+    from scout_slurm.evidence.gather import gather_evidence, with_full_records
     from scout_slurm.localise.verdict import localise
     from scout_slurm.remediation.records import ActionsRecord
     from scout_slurm.report.incident import render_actions
@@ -391,7 +391,7 @@ def checkpoints(job_id: int, cluster: str | None, as_json: bool, config_path: st
     import dataclasses
     from scout_slurm.evidence.records import Verdict
     from scout_slurm.evidence.store import read_record
-    from scout_slurm.remediation.checkfiles import assess_job
+    from scout_slurm.evidence.checkfiles import assess_job
     from scout_slurm.remediation.eligibility import recovery_point
     cfg = _site(config_path)
     folder = _find_job_folder(Path(cfg.evidence.root), job_id, cluster)

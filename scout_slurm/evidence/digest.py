@@ -5,7 +5,7 @@ one file a node instead of three a rank, and parses no collective ring twice.
 What is abridged can change no verdict: the localiser reads of a stderr tail only whether a line
 names a peer's failure (kept: the last such line) and its last 3 lines (kept), and of a ring only
 each collective's (seq, op, bytes) (kept; the entry and exit times are not). The controller reads
-the suspects' full records again for the report (`localise.gather.with_full_records`).
+the suspects' full records again for the report (`evidence.gather.with_full_records`).
 
 Trust: the tasks file is the job's, and so are the records; a rank goes into the digest only when
 its place record is on this node under its own rank number, its exit and progress records (where
@@ -26,9 +26,9 @@ from scout_slurm.errors import EvidenceError
 from scout_slurm.evidence.layout import JobFolder, check_node_name
 from scout_slurm.evidence.records import (CollectiveEntry, DigestedRank, ExitRecord, NodeDigest, NodeTasks,
                                           ProgressSnapshot, RankPlace)
-from scout_slurm.evidence.store import (_DIR_LIST, KIND_KEY, MAX_RECORD_BYTES, _open_below, _parse_json_unbounded,
-                                        _read_at, decode_record, record_from_obj, safe_read_bytes)
-from scout_slurm.localise.cascade import mentions_peer_failure
+from scout_slurm.evidence.cascade import mentions_peer_failure
+from scout_slurm.evidence.codec import KIND_KEY, decode_record, parse_json_unbounded, record_from_obj
+from scout_slurm.evidence.safeio import DIR_LIST, MAX_RECORD_BYTES, open_below, read_at, safe_read_bytes
 
 MAX_TASKS_PER_NODE = 4096
 MAX_WORLD = 1_000_000         # the largest world the localiser reads (ranks 0 to MAX_WORLD - 1)
@@ -171,7 +171,7 @@ class DigestsRead:
 def _decode_digest(data: bytes, shown: str, interned: dict) -> NodeDigest:
     """A NodeDigest whose ranks' snapshots carry their rings again. Each distinct ring is built
     once for the whole job (`interned`, by its JSON text) and shared by every rank that ran it."""
-    obj, _ = _parse_json_unbounded(data, shown)
+    obj, _ = parse_json_unbounded(data, shown)
     if type(obj) is not dict or obj.get(KIND_KEY) != NodeDigest.KIND or type(obj.get("rings")) is not list \
             or type(obj.get("ranks")) is not list:
         return record_from_obj(NodeDigest, obj, source=shown)    # refuses it, saying why
@@ -210,7 +210,7 @@ def read_node_digests(folder: JobFolder, restart: int) -> DigestsRead:
         return DigestsRead.none()
     shown_dir = os.fspath(nodes_dir)
     try:
-        dir_fd = _open_below(os.fspath(folder.root), [folder.cluster, str(folder.job_id), "nodes"], shown_dir, _DIR_LIST)
+        dir_fd = open_below(os.fspath(folder.root), [folder.cluster, str(folder.job_id), "nodes"], shown_dir, DIR_LIST)
     except EvidenceError as exc:
         return DigestsRead.none(str(exc))
     name = f"ranks-{int(restart)}.json"
@@ -236,7 +236,7 @@ def read_node_digests(folder: JobFolder, restart: int) -> DigestsRead:
                     problems.append(f"{os.path.join(shown_dir, node)}: not root's folder; its digest is not read")
                     continue
                 try:
-                    data = _read_at(node_fd, name, shown, 64 * 1024 * 1024, owner=0)
+                    data = read_at(node_fd, name, shown, 64 * 1024 * 1024, owner=0)
                 except EvidenceError as exc:
                     if os.path.lexists(os.path.join(shown_dir, node, name)):
                         problems.append(str(exc))

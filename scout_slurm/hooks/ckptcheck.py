@@ -10,7 +10,7 @@ import time
 from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.store import write_record
 from scout_slurm.log import get_logger
-from scout_slurm.remediation.checkfiles import list_checkpoint_notes, note_digest
+from scout_slurm.evidence.checkfiles import list_checkpoint_notes, note_digest
 from scout_slurm.remediation.records import CheckpointCheck, CheckpointChecks
 from scout_slurm.remediation.verifyuser import is_verified, verify_as_job_user
 
@@ -72,7 +72,7 @@ def checks_now(folder: JobFolder, restart: int, *, time_budget_s: float, byte_bu
     if os.geteuid() == 0:
         return build_checkpoint_checks(folder, restart, "(now)", uid=uid, gid=-1, time_budget_s=time_budget_s,
                                        byte_budget=byte_budget)
-    from scout_slurm.remediation.checkfiles import check_file
+    from scout_slurm.evidence.checkfiles import check_file
     from scout_slurm.remediation.verifyuser import SIZE_ONLY
     named = sorted(list_checkpoint_notes(folder), key=lambda item: (item[1].step, item[1].saved_at), reverse=True)
     left, results = byte_budget, []

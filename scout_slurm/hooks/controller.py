@@ -22,11 +22,11 @@ from scout_slurm.evidence.store import create_record_exclusive, list_records, re
 from scout_slurm.hooks.pending import (Busy, PendingIncident, abandon, due, held_lock, list_markers, remove_marker,
                                       write_marker)
 from scout_slurm.jobenv import HookContext, hook_context
-from scout_slurm.localise.gather import gather_evidence, with_full_records
+from scout_slurm.evidence.gather import cycle_collector_paused, gather_evidence, with_full_records
 from scout_slurm.localise.verdict import localise
 from scout_slurm.log import configure, get_logger
 from scout_slurm.remediation.apply import apply_plan
-from scout_slurm.remediation.checkfiles import assess_job, find_checkpoint_checks
+from scout_slurm.evidence.checkfiles import assess_job, find_checkpoint_checks
 from scout_slurm.remediation.eligibility import recovery_point
 from scout_slurm.remediation.plan import JobFacts, build_plan
 from scout_slurm.remediation.records import ActionsRecord, PlanStatus
@@ -196,7 +196,8 @@ def _handle_locked(ctx: HookContext, cfg: SiteConfig, folder: JobFolder, *, env:
     missing = wait_for(allocation) if allocation else None
     evidence = None
     if not ctx.job_failed and not findings:
-        evidence = gather_evidence(folder, restart, job_exit_code=ctx.exit_code_raw)
+        with cycle_collector_paused():   # this hook owns its process (evidence/gather.py says why)
+            evidence = gather_evidence(folder, restart, job_exit_code=ctx.exit_code_raw)
         verdict = localise(evidence, now=wall())
         if verdict.kind in (VerdictKind.CLEAN, VerdictKind.UNCHECKED):
             write_record(folder.verdict_path(restart), verdict)
@@ -210,7 +211,8 @@ def _handle_locked(ctx: HookContext, cfg: SiteConfig, folder: JobFolder, *, env:
         missing = wait_for(facts.allocation)
         evidence = None
     if evidence is None:
-        evidence = gather_evidence(folder, restart, job_exit_code=ctx.exit_code_raw)
+        with cycle_collector_paused():
+            evidence = gather_evidence(folder, restart, job_exit_code=ctx.exit_code_raw)
     if evidence.problems:
         log.warning("controller.evidence_ignored", job=ctx.job_id, count=len(evidence.problems),
                     problems=list(evidence.problems[:50]))

@@ -27,11 +27,11 @@ def _job_started(folder: JobFolder, node: str) -> float:
     not lay out its folders), and only a regular file owned by root counts: the time bounds which
     kernel log lines are attached, so a job must not be able to choose it."""
     import stat as stat_mod
-    from scout_slurm.evidence.store import _DIR_PATH, _open_below, _split_under
+    from scout_slurm.evidence.safeio import DIR_PATH, open_below, split_under
     path = os.fspath(folder.node_dir(node) / "hardware-map.json")
     try:
-        base, parts = _split_under(path, folder.root, path)
-        dir_fd = _open_below(base, parts[:-1], path, _DIR_PATH)
+        base, parts = split_under(path, folder.root, path)
+        dir_fd = open_below(base, parts[:-1], path, DIR_PATH)
     except (ScoutError, OSError):
         return 0.0
     try:
@@ -49,7 +49,8 @@ def _node_dir(folder: JobFolder, node: str) -> Path:
     """This node's folder, created if missing, with no link followed below the evidence root (where
     the Prolog did not lay out the job's folders, the job may have planted one). The root itself
     must exist: creating it would fill the local disk under a shared file system that failed to mount."""
-    from scout_slurm.hooks.prolog import ROOT_DIR_MODE, Owner, UnsafeFolder, _ensure_dir
+    from scout_slurm.evidence.safeio import Owner, UnsafeFolder, ensure_dir
+    from scout_slurm.hooks.prolog import ROOT_DIR_MODE
     root_owner = Owner(0, 0, ROOT_DIR_MODE)
     try:
         fds = [os.open(folder.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)]
@@ -59,7 +60,7 @@ def _node_dir(folder: JobFolder, node: str) -> Path:
     try:
         for name, shown in ((folder.cluster, folder.cluster_dir), (str(folder.job_id), folder.path),
                             ("nodes", folder.nodes_dir), (node, folder.node_dir(node))):
-            fds.append(_ensure_dir(fds[-1], name, root_owner, shown))
+            fds.append(ensure_dir(fds[-1], name, root_owner, shown))
     finally:
         for fd in fds:
             os.close(fd)

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import os
 import pwd
-import stat
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -23,6 +21,7 @@ from scout_slurm.config import load_hook_config
 from scout_slurm.errors import ConfigError, EvidenceError
 from scout_slurm.evidence import store
 from scout_slurm.evidence.layout import JobFolder
+from scout_slurm.evidence.safeio import Owner, UnsafeFolder, ensure_dir
 from scout_slurm.hwmap.collect import MapBuilder
 from scout_slurm.hwmap.join import MAP_NAME
 from scout_slurm.hwmap.records import HardwareMap
@@ -40,72 +39,6 @@ RUN_SUBDIRS = ("ranks", "progress", "findings", "stacks", "tasks")
 # collection is abandoned (what it has is written), and the rest is for writing.
 STAGE_SHARE = 0.5
 COLLECT_SHARE = 0.75
-
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-class UnsafeFolder(EvidenceError):
-    """A folder of the evidence tree is a link, not a directory, or has an unexpected owner."""
-
-
-@dataclass(frozen=True)
-class Owner:
-    uid: int
-    gid: int
-    mode: int
-
-
-def _describe_owner(uid: int) -> str:
-    try:
-        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
-    except KeyError:
-        return f"uid {uid}"
-
-
-def _ensure_dir(parent_fd: int, name: str, owner: Owner, shown: Path) -> int:
-    """An O_NOFOLLOW descriptor of directory `name` under `parent_fd`, created if missing.
-
-    Several nodes run this at once on shared storage: mkdir may lose the race, which is fine.
-    An existing entry is used only if it is a real directory owned by `owner.uid`, or by root
-    (a root hook on another node that has not yet handed it over; only root can create entries
-    in the root-owned folders above); then it is (re)owned through the descriptor, never a path.
-    """
-    created = True
-    try:
-        os.mkdir(name, owner.mode, dir_fd=parent_fd)
-    except FileExistsError:
-        created = False
-    try:
-        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
-    except OSError as exc:
-        try:
-            mode = os.stat(name, dir_fd=parent_fd, follow_symlinks=False).st_mode
-        except OSError:
-            mode = 0
-        if stat.S_ISLNK(mode):
-            raise UnsafeFolder(f"{shown} is a symbolic link; refusing to follow it (who planted it?); "
-                               f"remove it") from None
-        if mode and not stat.S_ISDIR(mode):
-            raise UnsafeFolder(f"{shown} exists and is not a directory; remove it") from None
-        raise UnsafeFolder(f"{shown}: cannot open: {exc.strerror or exc}") from None
-    try:
-        st = os.fstat(fd)
-        if st.st_uid not in (owner.uid, 0):
-            raise UnsafeFolder(f"{shown} is owned by {_describe_owner(st.st_uid)}, expected "
-                               f"{_describe_owner(owner.uid)}; refusing to use it (root-squashed NFS? "
-                               f"export the evidence root with no_root_squash)")
-        handed = st.st_uid == 0 and (st.st_uid, st.st_gid) != (owner.uid, owner.gid)
-        if handed:
-            os.fchown(fd, owner.uid, owner.gid)
-        # mkdir's mode went through the umask; a root-owned folder others may write is unsafe.
-        # A folder the job already owns keeps whatever mode the job gave it.
-        if created or handed or (st.st_uid == 0 and st.st_mode & 0o022):
-            os.fchmod(fd, owner.mode)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
 
 def slurm_user_owner(name: str, log: Any) -> Owner:
     """SlurmUser (the site config's `[evidence] slurm_user`) as the owner of the results and
@@ -141,27 +74,27 @@ def prepare_job_folder(folder: JobFolder, node: str, restart: int, job_owner: Ow
             raise UnsafeFolder(f"evidence root {folder.root} does not exist: create it on storage every "
                                f"node sees, or fix [evidence] root in the site config") from None
         fds.append(root_fd)
-        cluster_fd = _ensure_dir(root_fd, folder.cluster, root_owner, folder.cluster_dir)
+        cluster_fd = ensure_dir(root_fd, folder.cluster, root_owner, folder.cluster_dir)
         fds.append(cluster_fd)
-        job_fd = _ensure_dir(cluster_fd, str(folder.job_id), root_owner, folder.path)
+        job_fd = ensure_dir(cluster_fd, str(folder.job_id), root_owner, folder.path)
         fds.append(job_fd)
-        nodes_fd = _ensure_dir(job_fd, "nodes", root_owner, folder.nodes_dir)
+        nodes_fd = ensure_dir(job_fd, "nodes", root_owner, folder.nodes_dir)
         fds.append(nodes_fd)
-        fds.append(_ensure_dir(nodes_fd, folder.node_dir(node).name, root_owner, folder.node_dir(node)))
+        fds.append(ensure_dir(nodes_fd, folder.node_dir(node).name, root_owner, folder.node_dir(node)))
         slurm = slurm_owner or root_owner
         try:
-            fds.append(_ensure_dir(job_fd, folder.results_dir.name, slurm, folder.results_dir))
-            fds.append(_ensure_dir(cluster_fd, folder.pending_dir.name,
+            fds.append(ensure_dir(job_fd, folder.results_dir.name, slurm, folder.results_dir))
+            fds.append(ensure_dir(cluster_fd, folder.pending_dir.name,
                                    Owner(slurm.uid, slurm.gid, PENDING_DIR_MODE), folder.pending_dir))
         except (OSError, EvidenceError) as exc:
             log.error("prolog.results_folder_failed", reason=str(exc),
                       consequence="the controller Epilog may be unable to write its verdict")
         try:
-            run_fd = _ensure_dir(job_fd, folder.run_dir(restart).name, job_owner, folder.run_dir(restart))
+            run_fd = ensure_dir(job_fd, folder.run_dir(restart).name, job_owner, folder.run_dir(restart))
             fds.append(run_fd)
             for sub in RUN_SUBDIRS:
-                fds.append(_ensure_dir(run_fd, sub, job_owner, folder.run_dir(restart) / sub))
-            fds.append(_ensure_dir(job_fd, "checkpoints", job_owner, folder.checkpoints_dir))
+                fds.append(ensure_dir(run_fd, sub, job_owner, folder.run_dir(restart) / sub))
+            fds.append(ensure_dir(job_fd, "checkpoints", job_owner, folder.checkpoints_dir))
         except (OSError, EvidenceError) as exc:
             log.error("prolog.job_folders_failed", reason=str(exc),
                       consequence="the job may be unable to write its evidence")

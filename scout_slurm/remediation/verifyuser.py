@@ -17,7 +17,7 @@ import signal
 import time
 from typing import Sequence
 
-from scout_slurm.remediation.checkfiles import check_file
+from scout_slurm.evidence.checkfiles import check_file
 from scout_slurm.remediation.records import CheckpointNote
 
 # How a result that is not a problem begins when the file's sha256 was not compared.

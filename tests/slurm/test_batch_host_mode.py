@@ -72,7 +72,7 @@ def test_batch_host_mode_observe_only_with_planted_checkpoints_finishes_within_b
         assert '"event": "epilog.checkpoint_checks"' in hooks_log and '"event": "controller.done"' in hooks_log
         reasons = {n.name: n.reason for n in ops.list_nodes(timeout=10, env=lab.client_env()) if n.is_drained}
         assert reasons == {}, reasons      # sinfo -R: nothing drained, not by scout, not by an Epilog timeout
-        from scout_slurm.remediation.checkfiles import find_checkpoint_checks
+        from scout_slurm.evidence.checkfiles import find_checkpoint_checks
         checks = find_checkpoint_checks(sj.folder(lab, job), 0)
         assert checks is not None and len(checks.results) == 16 and not [r for r in checks.results if r.verified]
     finally:

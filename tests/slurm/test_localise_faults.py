@@ -15,7 +15,7 @@ import time
 import pytest
 
 import scoutjobs as sj
-from scout_slurm.localise.gather import gather_evidence
+from scout_slurm.evidence.gather import gather_evidence
 from scout_slurm.localise.verdict import localise
 from scout_slurm.remediation.records import PlanStatus
 from scout_slurm.slurm import ops

@@ -248,7 +248,7 @@ def test_checkpoint_records_naming_what_root_could_open_are_checked_as_the_user_
     report = f.report_path(0).read_text()
     assert not any(f"resume from {p}" in report or f"checkpoint {p}" in report for p in planted), report[-3000:]
     # the checks: on the batch host, root-owned, as the job's user, none verified, within budget
-    from scout_slurm.remediation.checkfiles import find_checkpoint_checks
+    from scout_slurm.evidence.checkfiles import find_checkpoint_checks
     checks = find_checkpoint_checks(f, 0)
     assert checks is not None and checks.checked_as_uid == pwd.getpwnam(lab.job_user).pw_uid
     assert os.stat(f.checkpoint_checks_path(0, checks.node)).st_uid == 0

@@ -14,7 +14,7 @@ import torch
 
 from scout_slurm.evidence.store import read_record
 from scout_slurm.remediation.eligibility import CheckpointStatus, assess
-from scout_slurm.remediation.checkfiles import file_problem
+from scout_slurm.evidence.checkfiles import file_problem
 from scout_slurm.remediation.records import CheckpointNote
 
 def _bootstrap_helpers():

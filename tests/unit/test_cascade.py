@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scout_slurm.localise.cascade import CASCADE_PATTERNS, mentions_peer_failure
+from scout_slurm.evidence.cascade import CASCADE_PATTERNS, mentions_peer_failure
 
 FRAGMENTS = ("Connection closed by peer", "connection RESET by peer", "Timed out waiting", "pair closure",
              "BROKEN PIPE", "remote process exited", "NCCL communicator was aborted", "nccl Error",

@@ -18,7 +18,7 @@ import pytest
 from scout_slurm.bootstrap import ckptstate, hooks
 from scout_slurm.bootstrap.ckptstate import CheckpointWatch, files_of
 from scout_slurm.evidence.store import read_record
-from scout_slurm.remediation.checkfiles import file_problem
+from scout_slurm.evidence.checkfiles import file_problem
 from scout_slurm.remediation.eligibility import CheckpointStatus, assess
 from scout_slurm.remediation.records import CheckpointNote
 

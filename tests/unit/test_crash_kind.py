@@ -17,7 +17,7 @@ import pytest
 from scout_slurm.evidence.records import (ChildState, ExitRecord, FindingKind, ProgressSnapshot, RankPlace,
                                           StallDecision, VerdictKind)
 from scout_slurm.evidence.store import read_record, write_record
-from scout_slurm.localise.gather import gather_evidence
+from scout_slurm.evidence.gather import gather_evidence
 from scout_slurm.localise.verdict import JobEvidence, localise
 from scout_slurm.task import exitcodes
 

@@ -18,8 +18,8 @@ from scout_slurm.evidence.records import (ChildState, CollectiveEntry, ExitRecor
                                           ProgressSnapshot, RankPlace, StallDecision, VerdictKind)
 from scout_slurm.evidence.store import read_record, write_record
 from scout_slurm.jobenv import TaskContext
-from scout_slurm.localise.cascade import mentions_peer_failure
-from scout_slurm.localise.gather import gather_evidence, with_full_records
+from scout_slurm.evidence.cascade import mentions_peer_failure
+from scout_slurm.evidence.gather import gather_evidence, with_full_records
 from scout_slurm.localise.verdict import localise
 from scout_slurm.task.shim import node_tasks
 

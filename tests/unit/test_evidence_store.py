@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scout_slurm.errors import EvidenceError
-from scout_slurm.evidence import store
+from scout_slurm.evidence import codec, safeio
 from scout_slurm.evidence.records import (
     ChildState, CollectiveEntry, ExitRecord, Finding, FindingKind, ProgressSnapshot, RankPlace,
     StallDecision, Suspect, Verdict, VerdictKind,
@@ -324,11 +324,11 @@ def test_unparseable_files_are_refused_naming_the_file(tmp_path, data, expected)
 
 def test_nesting_limit_is_exact_and_ignores_brackets_inside_strings():
     ok = "[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH
-    assert store._parse_json(ok.encode(), "x") is not None
+    assert codec.parse_json(ok.encode(), "x") is not None
     with pytest.raises(EvidenceError, match="nested deeper"):
-        store._parse_json(("[" + ok + "]").encode(), "x")
+        codec.parse_json(("[" + ok + "]").encode(), "x")
     quoted = json.dumps({"s": "[{" * 10_000 + '\\"[[['})
-    assert store._parse_json(quoted.encode(), "x") == json.loads(quoted)
+    assert codec.parse_json(quoted.encode(), "x") == json.loads(quoted)
 
 
 # -------------------------------------------------------------------------------------------
@@ -418,7 +418,7 @@ def test_a_fifo_is_refused_without_blocking(job_tree):
             # Past the lstat, straight at the open + fstat that must not block either.
             fd = os.open(pdir, os.O_PATH | os.O_DIRECTORY)
             try:
-                store._read_at(fd, fifo.name, str(fifo), 100)
+                safeio.read_at(fd, fifo.name, str(fifo), 100)
             finally:
                 os.close(fd)
         except EvidenceError as e:
@@ -625,8 +625,8 @@ def test_the_link_fallback_is_exclusive_too(tmp_path):
     try:
         for name, content in (("t1", b"first"), ("t2", b"second")):
             put(tmp_path / name, content)
-        assert store._publish_exclusive(fd, "t1", "d.json", use_renameat2=False) is True
-        assert store._publish_exclusive(fd, "t2", "d.json", use_renameat2=False) is False
+        assert safeio.publish_exclusive(fd, "t1", "d.json", use_renameat2=False) is True
+        assert safeio.publish_exclusive(fd, "t2", "d.json", use_renameat2=False) is False
     finally:
         os.close(fd)
     assert (tmp_path / "d.json").read_bytes() == b"first"

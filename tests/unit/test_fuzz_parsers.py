@@ -34,7 +34,7 @@ from scout_slurm.evidence.store import KIND_KEY, MAX_RECORD_BYTES, read_record, 
 from scout_slurm.hooks.nodeevidence import KERNEL_PATTERNS, MAX_LINES, NodeEvidence, parse_kmsg
 from scout_slurm.hwmap.records import HardwareMap
 from scout_slurm.jobenv import HOOK_TABLE, HookContext, hook_context
-from scout_slurm.localise.gather import MAX_WORLD, gather_evidence
+from scout_slurm.evidence.gather import MAX_WORLD, gather_evidence
 from scout_slurm.localise.verdict import localise
 from scout_slurm.remediation import records as rem_records
 from scout_slurm.remediation.plan import JobFacts, build_plan

@@ -318,7 +318,7 @@ def test_scout_show_html_writes_the_page(tmp_path):
 
 def test_the_controller_writes_the_page_and_survives_when_it_cannot(tmp_path):
     from scout_slurm.hooks.controller import _write_report
-    from scout_slurm.localise.gather import gather_evidence
+    from scout_slurm.evidence.gather import gather_evidence
     from scout_slurm.localise.verdict import localise
     folder = write_tree(tmp_path)
     ev = gather_evidence(folder, 0)

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scout_slurm.evidence.records import RankPlace
-from scout_slurm.evidence.store import _natural, _sorted_natural, list_records, write_record
+from scout_slurm.evidence.store import list_records, natural_key, sorted_natural, write_record
 from tests.unit.test_verdict import place
 
 _parts = st.sampled_from(["rank-", "exit-", "", "a", "rank", "-", ".json", "x1y", "ränk-"])
@@ -34,24 +34,24 @@ def names(draw):
 @settings(max_examples=400, deadline=None)
 @given(names())
 def test_fast_order_is_the_natural_order(listed):
-    assert _sorted_natural(listed) == sorted(listed, key=_natural)
+    assert sorted_natural(listed) == sorted(listed, key=natural_key)
 
 
 def test_equal_numbers_keep_the_listing_order_like_the_general_key():
     listed = ["rank-1.json", "rank-01.json", "rank-001.json", "rank-0.json"]
-    assert _sorted_natural(listed) == sorted(listed, key=_natural) == [
+    assert sorted_natural(listed) == sorted(listed, key=natural_key) == [
         "rank-0.json", "rank-1.json", "rank-01.json", "rank-001.json"]
 
 
 def test_a_name_with_a_superscript_digit_is_ordered_not_raised():
     listed = ["rank-1²3.json", "rank-2.json", "²"]
-    assert _sorted_natural(listed) == sorted(listed, key=_natural) == ["rank-1²3.json", "rank-2.json", "²"]
+    assert sorted_natural(listed) == sorted(listed, key=natural_key) == ["rank-1²3.json", "rank-2.json", "²"]
 
 
 def test_a_large_listing_in_rank_order():
     listed = [f"rank-{r}.json" for r in range(5000)]
     random.Random(7).shuffle(listed)
-    assert _sorted_natural(listed) == [f"rank-{r}.json" for r in range(5000)]
+    assert sorted_natural(listed) == [f"rank-{r}.json" for r in range(5000)]
 
 
 def test_list_records_returns_ranks_in_natural_order(tmp_path):

@@ -13,7 +13,7 @@ from scout_slurm.evidence.records import (ChildState, CollectiveEntry, ExitRecor
                                           ProgressSnapshot, RankPlace, StallDecision, VerdictKind)
 from scout_slurm.evidence.records import VoteCoverage
 from scout_slurm.evidence.store import write_record
-from scout_slurm.localise.gather import gather_evidence
+from scout_slurm.evidence.gather import gather_evidence
 from scout_slurm.localise.verdict import JobEvidence, describe_exit, is_abnormal, is_cascade, localise
 
 NOW = 1_700_000_500.0

@@ -20,7 +20,7 @@ import pytest
 from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.store import read_record, write_record
 from scout_slurm.hooks.ckptcheck import write_checkpoint_checks
-from scout_slurm.remediation.checkfiles import (NO_RECORD, NO_RESULT, assess_job, note_digest,
+from scout_slurm.evidence.checkfiles import (NO_RECORD, NO_RESULT, assess_job, note_digest,
                                                 read_checkpoint_checks)
 from scout_slurm.remediation.eligibility import CheckpointStatus
 from scout_slurm.remediation.records import CheckpointCheck, CheckpointChecks, CheckpointNote

@@ -1,12 +1,15 @@
-"""Read one run's evidence from the job folder for the localiser. Everything under `run-N/` was
-written by the job: read with the safe reader, each unreadable file a problem, never a crash.
-The function that reaches outside is `gather_evidence`."""
+"""Read one run's evidence from the job folder for the localiser (the rim: the localiser itself
+takes the records and reads nothing). Everything under `run-N/` was written by the job: read with
+the safe reader, each unreadable file a problem, never a crash. The function that reaches outside
+is `gather_evidence`; `cycle_collector_paused` is for the process that owns the interpreter."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 from scout_slurm.errors import EvidenceError
@@ -17,30 +20,34 @@ from scout_slurm.evidence.records import (ExitRecord, Finding, ProgressSnapshot,
 from scout_slurm.evidence.store import list_records, read_record
 from scout_slurm.localise.verdict import JobEvidence
 
-__all__ = ["MAX_WORLD", "gather_evidence", "with_full_records"]
+__all__ = ["MAX_WORLD", "cycle_collector_paused", "gather_evidence", "with_full_records"]
 
 
-def gather_evidence(folder: JobFolder, restart: int, *, job_exit_code: int = -1,
-                    world_size: int | None = None, digests: bool = True) -> JobEvidence:
-    """The run's evidence. With `digests`, the ranks that node Epilogs digested are read from one
-    root-owned file a node (evidence/digest.py) and only the others' files are read; the result
-    lists them in `abridged`."""
-    # Millions of small acyclic records: the cycle collector's passes over them cost more than
-    # reading them at 100k ranks (a third of the time, growing faster than the world). It is
-    # paused while they are built, and what exists then is moved out of its sight (gc.freeze;
-    # reference counting still frees it), so the localiser and the report after it do not pay either.
+@contextlib.contextmanager
+def cycle_collector_paused() -> Iterator[None]:
+    """Pause the cycle collector for the whole process while the body runs, and on leaving move
+    everything that exists then out of its sight (gc.freeze; reference counting still frees it).
+    For the caller that owns the process (the controller Epilog, the CLI) around a gather: a
+    gather builds millions of small acyclic records, and the collector's passes over them cost
+    more than reading them at 100k ranks (a third of the time, growing faster than the world);
+    frozen, the localiser and the report after the gather do not pay for them either. A library
+    function must not decide this for a process it does not own."""
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _gather(folder, restart, job_exit_code=job_exit_code, world_size=world_size, digests=digests)
+        yield
     finally:
         gc.freeze()
         if enabled:
             gc.enable()
 
 
-def _gather(folder: JobFolder, restart: int, *, job_exit_code: int, world_size: int | None,
-            digests: bool) -> JobEvidence:
+def gather_evidence(folder: JobFolder, restart: int, *, job_exit_code: int = -1,
+                    world_size: int | None = None, digests: bool = True) -> JobEvidence:
+    """The run's evidence. With `digests`, the ranks that node Epilogs digested are read from one
+    root-owned file a node (evidence/digest.py) and only the others' files are read; the result
+    lists them in `abridged`. The process's cycle collector is left alone: a caller that owns the
+    process pauses it around this (`cycle_collector_paused`)."""
     problems: list[str] = []
     root = folder.root
     dig = read_node_digests(folder, restart) if digests else DigestsRead.none()

@@ -1,0 +1,51 @@
+"""Does a rank's stderr say it failed because a peer failed (pure)? The patterns, and a check
+that costs a few substring searches per rank instead of a case-blind regex per line: at 100k
+ranks that all print gloo's "Connection closed by peer", the per-line regex took 35 s.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+# The definition: a tail is a cascade when any of its lines matches this.
+CASCADE_PATTERNS = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Timed out waiting|pair closure|Broken pipe|"
+    r"remote process exited|NCCL (communicator was aborted|error)|ProcessGroupNCCL.*(timeout|abort)|"
+    r"DistBackendError|connectFullMesh|Socket Timeout|recv operation|send operation|"
+    r"Application timeout caused|watchdog caught collective operation timeout", re.I)
+
+# The same alternatives spelt out as lower-case literals, except the one with a gap
+# (ProcessGroupNCCL ... timeout|abort), which keeps a regex behind a literal guard.
+_LITERALS = (
+    "connection closed by peer", "connection reset by peer", "timed out waiting", "pair closure",
+    "broken pipe", "remote process exited", "nccl communicator was aborted", "nccl error",
+    "distbackenderror", "connectfullmesh", "socket timeout", "recv operation", "send operation",
+    "application timeout caused", "watchdog caught collective operation timeout",
+)
+_GAPPED_GUARD = "processgroupnccl"
+_GAPPED = re.compile(r"ProcessGroupNCCL.*(timeout|abort)", re.I)   # '.' stops at a line end
+
+
+def mentions_peer_failure(lines: Sequence[str]) -> bool:
+    """True when any line matches CASCADE_PATTERNS. The lines are joined with newlines: no
+    pattern spans a newline ('.' does not match one), so a match in the text is a match in a
+    line. For ASCII text lower() is exactly re.I's folding; other text goes to the regex."""
+    if not lines:
+        return False
+    # The peer's failure is usually the tail's last line: found there, the 40-line join and lower()
+    # are not needed (3 us -> 0.5 us a call; the controller asks for every rank of a job 3 times).
+    last = lines[-1]
+    if last.isascii():
+        low = last.lower()
+        for literal in _LITERALS:
+            if literal in low:
+                return True
+    text = "\n".join(lines)
+    if not text.isascii():
+        return CASCADE_PATTERNS.search(text) is not None
+    low = text.lower()
+    for literal in _LITERALS:
+        if literal in low:
+            return True
+    return _GAPPED_GUARD in low and _GAPPED.search(text) is not None
