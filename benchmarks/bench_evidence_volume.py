@@ -30,7 +30,7 @@ from scout_slurm.evidence.store import record_to_bytes
 from scout_slurm.hooks.nodeevidence import KernelLine, NodeEvidence
 from scout_slurm.hwmap.records import Affinity, GpuInfo, GpuNic, HardwareMap, IbPort, NicInfo, NicKind
 from scout_slurm.localise.verdict import JobEvidence, localise
-from scout_slurm.remediation.records import ActionKind, ActionsRecord, PlannedAction, PlanStatus
+from scout_slurm.remediation.records import ActionsRecord, Drain, PlannedAction, PlanStatus, Requeue
 from scout_slurm.report.incident import render_incident_markdown
 
 GPUS_PER_NODE = 8
@@ -171,9 +171,9 @@ def crash_outputs(world: int) -> tuple[int, int, int]:
     assert verdict.kind == VerdictKind.CRASH and [s.rank for s in verdict.suspects] == [bad], verdict
     node = node_of(bad)
     actions = ActionsRecord(job_id=48_213_377, restart=0, verdict_kind=verdict.kind, status=PlanStatus.PLANNED,
-                            actions=(PlannedAction(ActionKind.DRAIN, node, f"scout: crash rank {bad} job 48213377 run 0 "
-                                                   "conf 0.95 see /var/lib/scout/evidence/c1/48213377"),
-                                     PlannedAction(ActionKind.REQUEUE, "48213377", "")),
+                            actions=(PlannedAction.of(Drain(node, f"scout: crash rank {bad} job 48213377 run 0 "
+                                                         "conf 0.95 see /var/lib/scout/evidence/c1/48213377")),
+                                     PlannedAction.of(Requeue(48_213_377))),
                             held_back=(), results=(), created_at=WALL + 31, updated_at=WALL + 31)
     report = render_incident_markdown(verdict, ev, actions).encode()
     return len(record_to_bytes(verdict)), len(record_to_bytes(actions)), len(report)

@@ -9,7 +9,7 @@ from typing import Sequence
 
 from scout_slurm.config import RemediationConfig
 from scout_slurm.evidence.records import Verdict, VerdictKind
-from scout_slurm.remediation.records import ActionKind, CheckpointNote, PlannedAction
+from scout_slurm.remediation.records import CheckpointNote, Drain, Exclude, PlannedAction, Requeue, ResumeFrom
 from scout_slurm.slurm.hostlist import compress_hostlist
 
 DRAINABLE = frozenset({VerdictKind.HANG, VerdictKind.CRASH, VerdictKind.SDC, VerdictKind.STRAGGLER,
@@ -106,7 +106,7 @@ def build_plan(verdict: Verdict, job: JobFacts, cfg: RemediationConfig, *, evide
                         f"({cfg.max_drain_fraction:.0%} of {len(job.allocation)}): nothing drained")
             drains = []
     for node in drains:
-        actions.append(PlannedAction(ActionKind.DRAIN, node, drain_reason(verdict, node, evidence_path)))
+        actions.append(PlannedAction.of(Drain(node, drain_reason(verdict, node, evidence_path))))
 
     requeue = cfg.requeue
     if not cfg.requeue:
@@ -132,14 +132,12 @@ def build_plan(verdict: Verdict, job: JobFacts, cfg: RemediationConfig, *, evide
                         "not requeued")
             requeue = False
         else:
-            actions.append(PlannedAction(ActionKind.REQUEUE, str(job.job_id), ""))
+            actions.append(PlannedAction.of(Requeue(job.job_id)))
             if drains:
-                actions.append(PlannedAction(ActionKind.EXCLUDE, str(job.job_id), compress_hostlist(excluded)))
+                actions.append(PlannedAction.of(Exclude(job.job_id, tuple(excluded))))
             if checkpoint is not None:
-                actions.append(PlannedAction(ActionKind.RESUME_FROM, checkpoint.path,
-                                             f"step {checkpoint.step}, before first suspect step "
-                                             f"{verdict.first_suspect_step}" +
-                                             (f"; {checkpoint_reason}" if checkpoint_reason else "")))
+                actions.append(PlannedAction.of(ResumeFrom(checkpoint.path, checkpoint.step,
+                                                           verdict.first_suspect_step, checkpoint_reason)))
             else:
                 held.append(checkpoint_reason or "no recorded checkpoint before the first suspect step: the rerun "
                             "starts as the script decides")
