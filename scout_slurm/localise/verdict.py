@@ -13,8 +13,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from scout_slurm.evidence.records import (ChildState, ExitRecord, Finding, FindingKind, ProgressSnapshot,
-                                          RankPlace, StallDecision, Suspect, Verdict, VerdictKind, VoteCoverage)
+from scout_slurm.evidence.records import (ChildState, ExitRecord, Finding, FindingComponent, FindingKind, ProgressSnapshot,
+                                          RankPlace, StallDecision, Suspect, Verdict, VerdictKind, VoteCoverage,
+                                          is_no_majority)
 from scout_slurm.localise.cascade import CASCADE_PATTERNS, mentions_peer_failure  # noqa: F401 (re-exported)
 from scout_slurm.localise.stall import find_desync, position
 from scout_slurm.task import exitcodes
@@ -316,7 +317,7 @@ def _straggler_verdict(ev: JobEvidence, hits: list[Finding], reasoning: list[str
     rs = rule(Rule.STRAGGLER)
     suspects = [Suspect(r, ev.node_of(r), rs.kind, rs.confidence,
                         tuple(dict.fromkeys(f.summary for f in hits if f.rank == r))[:5]) for r in ranks]
-    parts = sorted({f.component or "compute" for f in hits})
+    parts = sorted({f.component or FindingComponent.COMPUTE.value for f in hits})
     return _verdict(ev, rs.kind, suspects, rs.confidence,
                     reasoning + [f"confirmed {' and '.join(parts)} straggler(s): rank(s) {', '.join(map(str, ranks))}"],
                     now=now, first_at=min(f.at for f in hits))
@@ -428,7 +429,7 @@ def _decide(ev: JobEvidence, rule: _Consulted, *, now: float) -> Verdict:
         missing = [r for r in range(ev.world_size) if r not in ev.exits]
         # replicas that disagreed with no strict majority (e.g. two HSDP replicas): nobody is named, but
         # the run is not clean either
-        unsure = [f for f in ev.findings if f.kind == FindingKind.INFO and f.component and "inconclusive" in f.summary]
+        unsure = [f for f in ev.findings if is_no_majority(f)]
         if ev.job_exit_code in (0, -1) and not missing and unsure:
             r = rule(Rule.NO_MAJORITY)
             return _verdict(ev, r.kind, [], r.confidence,

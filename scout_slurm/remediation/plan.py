@@ -52,9 +52,14 @@ class Plan:
     held_back: tuple[str, ...]
 
 
+# What every drain reason of scout's starts with: Slurm keeps only the text, and `scout undrain`,
+# the acceptance test and the benchmarks tell scout's drains from others' by it.
+DRAIN_REASON_PREFIX = "scout:"
+
+
 def drain_reason(verdict: Verdict, node: str, evidence_path: str) -> str:
     ranks = ",".join(str(s.rank) for s in verdict.suspects if s.node == node)
-    return (f"scout: {verdict.kind.value} rank {ranks} job {verdict.job_id} run {verdict.restart} "
+    return (f"{DRAIN_REASON_PREFIX} {verdict.kind.value} rank {ranks} job {verdict.job_id} run {verdict.restart} "
             f"conf {verdict.confidence:.2f} see {evidence_path}")
 
 
