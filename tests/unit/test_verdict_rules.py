@@ -3,6 +3,7 @@ confidence the table states, and the README's verdict section shows the table as
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -106,3 +107,33 @@ def test_the_rendering_has_one_row_a_rule():
     lines = render_rules_markdown().splitlines()
     assert len(lines) == 2 + len(RULES)
     assert all(f"`{r.value}`" in line for r, line in zip(RULES, lines[2:]))
+
+
+# --- findings by kind, and the words older writers used ------------------------------------
+
+
+def test_a_no_majority_finding_is_inconclusive_by_kind_or_by_its_words():
+    from scout_slurm.evidence.records import is_no_majority
+    worded = EXAMPLES[Rule.NO_MAJORITY][0].findings[0]
+    typed = dataclasses.replace(worded, kind=FindingKind.NO_MAJORITY, summary="replicas 0 and 1 disagree")
+    assert is_no_majority(worded) and is_no_majority(typed)
+    assert not is_no_majority(dataclasses.replace(worded, component=""))     # the words alone, no component
+    for f in (worded, typed):
+        ev = evidence(4, exits=all_clean(), job_exit_code=0, findings=[f])
+        assert explain(ev, now=NOW)[1] == (Rule.NO_MAJORITY,)
+
+
+def test_a_fault_injection_is_known_by_kind_or_by_its_words():
+    from scout_slurm.evidence.records import is_fault_injection
+    worded = Finding(rank=2, node="n2", kind=FindingKind.INFO, at=NOW, summary="fault injected: hang")
+    assert is_fault_injection(worded)
+    assert is_fault_injection(dataclasses.replace(worded, kind=FindingKind.FAULT_INJECTED, summary="hang"))
+    assert not is_fault_injection(dataclasses.replace(worded, kind=FindingKind.SDC))
+    assert not is_fault_injection(dataclasses.replace(worded, summary="a fault injected"))
+
+
+def test_resume_outcomes():
+    from scout_slurm.evidence.records import ResumeOutcome, resume_outcome
+    assert resume_outcome("RESUME MISMATCH: rank 0's state restored from x") is ResumeOutcome.MISMATCH
+    assert resume_outcome("resume verified: rank 1 restored x (step 10)") is ResumeOutcome.VERIFIED
+    assert resume_outcome("no checkpoint record for x") is ResumeOutcome.OTHER
