@@ -11,18 +11,11 @@ before the first suspect step; failing that, the newest candidate, said so plain
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from scout_slurm.evidence.records import Verdict, VerdictKind
-from scout_slurm.remediation.records import CheckpointNote, VoteCoverage
-
-
-class CheckpointStatus(str, enum.Enum):
-    ELIGIBLE = "eligible"
-    CANDIDATE = "candidate"
-    REJECTED = "rejected"
+from scout_slurm.remediation.records import CheckpointNote, CheckpointStatus, VoteCoverage  # noqa: F401 (re-exported)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ from typing import Sequence
 
 from scout_slurm.config import RemediationConfig
 from scout_slurm.evidence.records import Verdict, VerdictKind
-from scout_slurm.remediation.records import CheckpointNote, Drain, Exclude, PlannedAction, Requeue, ResumeFrom
+from scout_slurm.remediation.records import (CheckpointNote, CheckpointStatus, Drain, Exclude, PlannedAction, Requeue,
+                                             ResumeFrom)
 from scout_slurm.slurm.hostlist import compress_hostlist
 
 DRAINABLE = frozenset({VerdictKind.HANG, VerdictKind.CRASH, VerdictKind.SDC, VerdictKind.STRAGGLER,
@@ -70,7 +71,10 @@ def choose_checkpoint(notes: Sequence[CheckpointNote], first_suspect_step: int) 
 
 
 def build_plan(verdict: Verdict, job: JobFacts, cfg: RemediationConfig, *, evidence_path: str,
-               checkpoint: CheckpointNote | None = None, checkpoint_reason: str = "") -> Plan:
+               checkpoint: CheckpointNote | None = None, checkpoint_reason: str = "",
+               checkpoint_status: CheckpointStatus | None = None) -> Plan:
+    """The actions for `verdict` and what the guards held back (pure). `checkpoint` is the one the
+    recovery rule chose (`checkpoint_status`: as eligible or as candidate; `checkpoint_reason`: why)."""
     held: list[str] = []
     actions: list[PlannedAction] = []
     if verdict.kind == VerdictKind.CLEAN:
@@ -142,7 +146,8 @@ def build_plan(verdict: Verdict, job: JobFacts, cfg: RemediationConfig, *, evide
                 actions.append(PlannedAction.of(Exclude(job.job_id, tuple(excluded))))
             if checkpoint is not None:
                 actions.append(PlannedAction.of(ResumeFrom(checkpoint.path, checkpoint.step,
-                                                           verdict.first_suspect_step, checkpoint_reason)))
+                                                           verdict.first_suspect_step, checkpoint_reason,
+                                                           checkpoint_status)))
             else:
                 held.append(checkpoint_reason or "no recorded checkpoint before the first suspect step: the rerun "
                             "starts as the script decides")

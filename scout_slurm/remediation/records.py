@@ -17,6 +17,13 @@ class ActionKind(str, enum.Enum):
     RESUME_FROM = "resume_from"
 
 
+class CheckpointStatus(str, enum.Enum):
+    """A checkpoint as the recovery rule sees it (remediation/eligibility.py decides which)."""
+    ELIGIBLE = "eligible"
+    CANDIDATE = "candidate"
+    REJECTED = "rejected"
+
+
 class PlanStatus(str, enum.Enum):
     PLANNED = "planned"
     APPLIED = "applied"
@@ -57,6 +64,7 @@ class ResumeFrom:
     step: int
     first_suspect_step: int       # -1: unknown (any recorded step was eligible)
     rule: str                     # what the recovery rule said of the choice ("" when nothing more)
+    chosen_as: CheckpointStatus | None = None   # the newest eligible or, failing that, candidate; None: not assessed
 
     def describe(self) -> str:
         return (f"step {self.step}, before first suspect step {self.first_suspect_step}"

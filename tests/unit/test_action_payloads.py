@@ -13,8 +13,12 @@ from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.records import VerdictKind
 from scout_slurm.evidence.store import decode_record, read_record, record_to_bytes
 from scout_slurm.remediation.apply import apply_plan
-from scout_slurm.remediation.records import (ActionKind, ActionsRecord, Drain, Exclude, PlannedAction, PlanStatus,
-                                             Requeue, ResumeFrom, ResumeInstruction)
+from scout_slurm.config import RemediationConfig
+from scout_slurm.evidence.records import Suspect, Verdict
+from scout_slurm.remediation.plan import JobFacts, build_plan
+from scout_slurm.remediation.records import (ActionKind, ActionsRecord, CheckpointNote, CheckpointStatus, Drain,
+                                             Exclude, PlannedAction, PlanStatus, Requeue, ResumeFrom,
+                                             ResumeInstruction)
 
 ACTIONS = (PlannedAction.of(Drain("n3", "scout: crash rank 5 job 77 run 0 conf 0.95 see /e")),
            PlannedAction.of(Requeue(77)),
@@ -74,3 +78,18 @@ def test_the_resume_step_comes_from_the_payload(tmp_path):
     assert (instruction.checkpoint, instruction.step, instruction.restart) == ("/ckpt/step 7, really.pt", 100, 1)
     assert instruction.reason == "step 100, before first suspect step -1; step 3 in words"
     assert read_record(path, ActionsRecord, root=folder.root) == done
+
+
+@pytest.mark.parametrize("status", [CheckpointStatus.ELIGIBLE, CheckpointStatus.CANDIDATE, None])
+def test_the_plan_says_how_the_rule_chose_the_checkpoint(status):
+    verdict = Verdict(job_id=77, restart=0, kind=VerdictKind.CRASH, suspects=(Suspect(5, "n3", VerdictKind.CRASH, 0.95),),
+                      confidence=0.95, reasoning=(), first_failure_at=1.0, first_suspect_step=120, world_size=8,
+                      created_at=2.0)
+    note = CheckpointNote(path="/ckpt/step-100.pt", step=100, rank=0, restart=0, saved_at=1.0, size_bytes=10)
+    plan = build_plan(verdict, JobFacts(77, ("n3", "n4"), (), True, 0, ("n1", "n2", "n3", "n4")),
+                      RemediationConfig(), evidence_path="/e", checkpoint=note, checkpoint_reason="why",
+                      checkpoint_status=status)
+    resume = [a.payload for a in plan.actions if a.kind == ActionKind.RESUME_FROM]
+    assert resume == [ResumeFrom("/ckpt/step-100.pt", 100, 120, "why", status)]
+    back = decode_record(record_to_bytes(record(plan.actions)), ActionsRecord, source="actions-0.json")
+    assert back.actions == plan.actions
