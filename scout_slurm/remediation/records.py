@@ -24,6 +24,14 @@ class CheckpointStatus(str, enum.Enum):
     REJECTED = "rejected"
 
 
+class Agreement(str, enum.Enum):
+    """What `CheckpointNote.agreement` says of the replicas' state signatures at the save."""
+    AGREED = "agreed"
+    DISAGREED = "disagreed"
+    NOT_EXCHANGED = "not exchanged"
+    UNKNOWN = ""                   # a version 1 record, or a text this scout does not know
+
+
 class PlanStatus(str, enum.Enum):
     PLANNED = "planned"
     APPLIED = "applied"
@@ -222,6 +230,14 @@ class CheckpointNote:
     coverage: CoverageSince | None = None
     saved_as: str = ""             # the name it was written under, when renamed since (the atomic save); "": not renamed
     schema_version: int = 2
+
+    @property
+    def agreement_kind(self) -> Agreement:
+        """The outcome `agreement` opens with (the rest of the text says where replicas differed)."""
+        for kind in (Agreement.DISAGREED, Agreement.AGREED, Agreement.NOT_EXCHANGED):
+            if self.agreement.startswith(kind.value):
+                return kind
+        return Agreement.UNKNOWN
 
 
 @dataclass(frozen=True)

@@ -93,3 +93,13 @@ def test_the_plan_says_how_the_rule_chose_the_checkpoint(status):
     assert resume == [ResumeFrom("/ckpt/step-100.pt", 100, 120, "why", status)]
     back = decode_record(record_to_bytes(record(plan.actions)), ActionsRecord, source="actions-0.json")
     assert back.actions == plan.actions
+
+
+@pytest.mark.parametrize("text,kind", [("agreed", "AGREED"), ("agreed (per-rank RNG streams: rng_cpu differs)", "AGREED"),
+                                       ("disagreed: model differs on rank 3", "DISAGREED"),
+                                       ("not exchanged: the replicas' signatures follow", "NOT_EXCHANGED"),
+                                       ("", "UNKNOWN"), ("something newer", "UNKNOWN")])
+def test_a_checkpoint_note_s_agreement_by_kind(text, kind):
+    from scout_slurm.remediation.records import Agreement
+    note = CheckpointNote(path="/c", step=1, rank=0, restart=0, saved_at=1.0, size_bytes=1, agreement=text)
+    assert note.agreement_kind is Agreement[kind]
