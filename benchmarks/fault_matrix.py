@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from scout_slurm.evidence.layout import JobFolder  # noqa: E402
 from scout_slurm.evidence.records import (ExitRecord, Finding, FindingComponent, FindingKind, RankPlace,  # noqa: E402
                                           Verdict, VerdictKind)
-from scout_slurm.remediation.plan import DRAIN_REASON_PREFIX  # noqa: E402
+from scout_slurm.remediation.plan import is_scout_drain  # noqa: E402
 from scout_slurm.evidence.store import list_records, read_record  # noqa: E402
 from scout_slurm.lab.cluster import CLUSTER_NAME, Lab, LabSpec, free_port_base  # noqa: E402
 from scout_slurm.slurm import ops  # noqa: E402
@@ -157,7 +157,7 @@ def one(lab: Lab, run: Run, deadline_epoch: float = 0.0) -> Run:
     # a detected fault drains its node: return it to service for the next runs
     # (two runs at a time: the other one may have resumed it first)
     for n in ops.list_nodes(timeout=10, env=env):
-        if n.is_drained and n.reason.startswith(DRAIN_REASON_PREFIX):
+        if n.is_drained and is_scout_drain(n.reason):
             try:
                 ops.resume_node(n.name, timeout=10, env=env)
             except SlurmError:

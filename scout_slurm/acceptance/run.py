@@ -34,7 +34,7 @@ from scout_slurm.evidence.store import list_records, read_record
 from scout_slurm.inject.spec import KINDS
 from scout_slurm.lab.cluster import CLUSTER_NAME, Lab, LabSpec, free_port_base, shape_link, unshape_link
 from scout_slurm.log import configure
-from scout_slurm.remediation.plan import DRAIN_REASON_PREFIX
+from scout_slurm.remediation.plan import is_scout_drain
 from scout_slurm.remediation.records import ResumeInstruction
 from scout_slurm.slurm import ops
 
@@ -253,7 +253,7 @@ scout-srun {scout} {py} {TRAIN} {train}
         """Nodes scout drained for a fault acceptance injected itself are healthy: return them."""
         try:
             for n in ops.list_nodes(timeout=20, env=self.where.env):
-                if n.is_drained and n.reason.startswith(DRAIN_REASON_PREFIX) and f"job {folder.job_id} " in n.reason:
+                if n.is_drained and is_scout_drain(n.reason, folder.job_id):
                     ops.resume_node(n.name, timeout=20, env=self.where.env)
                     self.drained.append(n.name)
         except ScoutError as exc:  # e.g. a site where this user may not resume nodes: say so, go on

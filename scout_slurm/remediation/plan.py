@@ -58,6 +58,13 @@ class Plan:
 DRAIN_REASON_PREFIX = "scout:"
 
 
+def is_scout_drain(reason: str, job_id: int | None = None) -> bool:
+    """Whether a node's Slurm reason is one `drain_reason` wrote (for `job_id`, when given)."""
+    if not reason.startswith(DRAIN_REASON_PREFIX):
+        return False
+    return job_id is None or f" job {int(job_id)} " in reason
+
+
 def drain_reason(verdict: Verdict, node: str, evidence_path: str) -> str:
     ranks = ",".join(str(s.rank) for s in verdict.suspects if s.node == node)
     return (f"{DRAIN_REASON_PREFIX} {verdict.kind.value} rank {ranks} job {verdict.job_id} run {verdict.restart} "

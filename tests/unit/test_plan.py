@@ -337,3 +337,11 @@ def test_how_the_job_ended_decides_whether_scout_acts(state, acts, words, kind):
         assert plan.actions == (), plan
         assert any(words in h and kind.value in h and "nothing is drained and the job is not requeued" in h
                    for h in plan.held_back), plan.held_back
+
+
+def test_scout_s_drain_reasons_are_told_from_others():
+    from scout_slurm.remediation.plan import is_scout_drain
+    reason = drain_reason(verdict(VerdictKind.CRASH, (5, "n3")), "n3", EVIDENCE)
+    assert is_scout_drain(reason) and is_scout_drain(reason, 77)
+    assert not is_scout_drain(reason, 7) and not is_scout_drain(reason, 777)
+    assert not is_scout_drain("bad DIMM (admin)") and not is_scout_drain("bad DIMM, scout: job 77 ", 77)
