@@ -150,6 +150,7 @@ def build_plan(verdict: Verdict, job: JobFacts, cfg: RemediationConfig, *, evide
         else:
             actions.append(PlannedAction.of(Requeue(job.job_id)))
             if drains:
+                compress_hostlist(excluded)   # raises, naming it, on a node name Slurm would not take
                 actions.append(PlannedAction.of(Exclude(job.job_id, tuple(excluded))))
             if checkpoint is not None:
                 actions.append(PlannedAction.of(ResumeFrom(checkpoint.path, checkpoint.step,

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from scout_slurm.evidence.records import VerdictKind, VoteCoverage  # noqa: F401 (VoteCoverage lives there now)
+from scout_slurm.errors import SlurmError
 from scout_slurm.slurm.hostlist import compress_hostlist
 
 
@@ -62,7 +63,12 @@ class Exclude:
 
     @property
     def hostlist(self) -> str:
-        return compress_hostlist(list(self.nodes))
+        """Slurm's short form (`n[1,3,7]`); a list that is not valid host names (a record from
+        elsewhere: the plan checks the names it writes) is shown as it is, for people."""
+        try:
+            return compress_hostlist(list(self.nodes))
+        except SlurmError:
+            return ",".join(self.nodes)
 
 
 @dataclass(frozen=True)

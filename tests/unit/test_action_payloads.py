@@ -103,3 +103,7 @@ def test_a_checkpoint_note_s_agreement_by_kind(text, kind):
     from scout_slurm.remediation.records import Agreement
     note = CheckpointNote(path="/c", step=1, rank=0, restart=0, saved_at=1.0, size_bytes=1, agreement=text)
     assert note.agreement_kind is Agreement[kind]
+
+
+def test_an_exclusion_of_names_that_are_not_hosts_is_still_shown():
+    assert PlannedAction.of(Exclude(77, ("n1", "a b"))).describe() == "set job 77 excluded nodes to n1,a b"
