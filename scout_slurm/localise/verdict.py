@@ -301,13 +301,13 @@ def _clean_or_unchecked(ev: JobEvidence, reasoning: list[str], rule: _Consulted,
     `unchecked`, never `clean`."""
     cov = ev.coverage
     if cov is not None and cov.checks_ran:
-        r = rule(Rule.CLEAN)
-        return _verdict(ev, r.kind, [], r.confidence,
+        hit = rule(Rule.CLEAN)
+        return _verdict(ev, hit.kind, [], hit.confidence,
                         reasoning + ["nothing found by the checks that ran:", *cov.lines()], now=now)
     why = ("no record of scout's checks in this run" if cov is None else
            "none of scout's checks ran in this run: " + "; ".join(cov.lines()))
-    r = rule(Rule.UNCHECKED)
-    return _verdict(ev, r.kind, [], r.confidence,
+    hit = rule(Rule.UNCHECKED)
+    return _verdict(ev, hit.kind, [], hit.confidence,
                     reasoning + [why, "the state of the model was not checked: `unchecked`, not `clean`"], now=now)
 
 
@@ -359,8 +359,8 @@ def _decide(ev: JobEvidence, rule: _Consulted, *, now: float) -> Verdict:
     if d is not None:
         culprits = list(dict.fromkeys(r for r in d.culprits if 0 <= r < ev.world_size))  # the file is the job's: no duplicates
         if not culprits:
-            r = rule(Rule.STALL_NO_CULPRIT)
-            return _verdict(ev, r.kind, [], r.confidence,
+            hit = rule(Rule.STALL_NO_CULPRIT)
+            return _verdict(ev, hit.kind, [], hit.confidence,
                             reasoning + ["the job stalled but no rank was behind the others:"] + list(d.reasoning),
                             now=now, first_at=d.at)
         suspects = []
@@ -417,8 +417,8 @@ def _decide(ev: JobEvidence, rule: _Consulted, *, now: float) -> Verdict:
     if after and stragglers:
         return _straggler_verdict(ev, stragglers, reasoning + after, rule, now=now)
     if after:
-        r = rule(Rule.FAILED_AT_EXIT)
-        return _verdict(ev, r.kind, [], r.confidence, reasoning + after + [
+        hit = rule(Rule.FAILED_AT_EXIT)
+        return _verdict(ev, hit.kind, [], hit.confidence, reasoning + after + [
             "every rank finished the job's collectives and the others exited cleanly: a failure at exit "
             "(for example a communicator torn down at interpreter shutdown) says nothing about a node; "
             "nobody is drained and the job, whose training had finished, is not requeued"], now=now,
@@ -431,17 +431,17 @@ def _decide(ev: JobEvidence, rule: _Consulted, *, now: float) -> Verdict:
         # the run is not clean either
         unsure = [f for f in ev.findings if is_no_majority(f)]
         if ev.job_exit_code in (0, -1) and not missing and unsure:
-            r = rule(Rule.NO_MAJORITY)
-            return _verdict(ev, r.kind, [], r.confidence,
+            hit = rule(Rule.NO_MAJORITY)
+            return _verdict(ev, hit.kind, [], hit.confidence,
                             reasoning + [f.summary for f in unsure[:10]], now=now, first_at=min(f.at for f in unsure))
         if not ev.places and not ev.exits and not ev.snapshots:
             # nothing of scout's in this run: not a clean run, an unwatched one
             no_records = "no scout records for this run (not started under scout-srun?)"
             if ev.job_exit_code == 0:
-                r = rule(Rule.UNWATCHED_CLEAN)
-                return _verdict(ev, r.kind, [], r.confidence, reasoning + [no_records], now=now)
-            r = rule(Rule.UNWATCHED_FAILED)
-            return _verdict(ev, r.kind, [], r.confidence, reasoning + [
+                hit = rule(Rule.UNWATCHED_CLEAN)
+                return _verdict(ev, hit.kind, [], hit.confidence, reasoning + [no_records], now=now)
+            hit = rule(Rule.UNWATCHED_FAILED)
+            return _verdict(ev, hit.kind, [], hit.confidence, reasoning + [
                 no_records, f"the job failed (raw status {ev.job_exit_code}) and scout saw none of its ranks"], now=now)
         if ev.job_exit_code in (0, -1) and not missing:
             return _clean_or_unchecked(ev, reasoning + ["every rank exited cleanly"], rule, now=now)
@@ -451,8 +451,8 @@ def _decide(ev: JobEvidence, rule: _Consulted, *, now: float) -> Verdict:
                                 ("no exit record: the task, its shim or its node vanished",)) for r in missing]
             return _verdict(ev, ri.kind, suspects, ri.confidence,
                             reasoning + [f"rank(s) {missing} left no exit record while the job failed"], now=now)
-        r = rule(Rule.FAILED_NO_RANK)
-        return _verdict(ev, r.kind, [], r.confidence,
+        hit = rule(Rule.FAILED_NO_RANK)
+        return _verdict(ev, hit.kind, [], hit.confidence,
                         reasoning + [f"the job failed (raw status {ev.job_exit_code}) with no rank failing"], now=now)
     if not primaries:
         missing = [r for r in range(ev.world_size) if r not in ev.exits]
@@ -462,13 +462,13 @@ def _decide(ev: JobEvidence, rule: _Consulted, *, now: float) -> Verdict:
                                 ("no exit record while every other rank failed because of a peer",)) for r in missing]
             return _verdict(ev, ri.kind, suspects, ri.confidence, reasoning + [
                 f"ranks {cascades} failed because of a peer; rank(s) {missing} left no record"], now=now)
-        r = rule(Rule.ALL_CASCADE)
-        return _verdict(ev, r.kind, [], r.confidence, reasoning + [
+        hit = rule(Rule.ALL_CASCADE)
+        return _verdict(ev, hit.kind, [], hit.confidence, reasoning + [
             f"every failed rank ({cascades}) reports a peer failure; none failed on its own"], now=now)
     if len(primaries) * 2 > ev.world_size:
         kinds = Counter(describe_exit(e) for e in primaries.values())
-        r = rule(Rule.SHARED_FAILURE)
-        return _verdict(ev, r.kind, [], r.confidence, reasoning + [
+        hit = rule(Rule.SHARED_FAILURE)
+        return _verdict(ev, hit.kind, [], hit.confidence, reasoning + [
             f"{len(primaries)} of {ev.world_size} ranks failed on their own ({dict(kinds)}): a failure shared "
             "by most replicas (code, data or configuration), not one rank's"], now=now)
 
