@@ -24,7 +24,7 @@ from scout_slurm.config import WatchdogConfig
 from scout_slurm.evidence.digest import abridge_tail
 from scout_slurm.evidence.records import (ChildState, CollectiveEntry, DigestedRank, ExitRecord, Finding, FindingKind,
                                           NodeDigest, NodeTasks, ProgressSnapshot, RankPlace, StallDecision,
-                                          VerdictKind)
+                                          VerdictKind, VoteCoverage)
 from scout_slurm.evidence import history
 from scout_slurm.evidence.store import record_to_bytes
 from scout_slurm.hooks.nodeevidence import KernelLine, NodeEvidence
@@ -153,7 +153,11 @@ def clean_verdict_bytes(world: int) -> int:
     ev = JobEvidence(job_id=48_213_377, restart=0, world_size=world,
                      places={r: place(r, world) for r in range(world)},
                      exits={r: exit_record(r, world, crashed=False, cascade=False) for r in range(world)},
-                     snapshots={r: snapshot(r, world) for r in range(world)}, job_exit_code=0)
+                     snapshots={r: snapshot(r, world) for r in range(world)}, job_exit_code=0,
+                     # a clean verdict lists the checks that ran; without any it is `unchecked`
+                     coverage=VoteCoverage(restart=0, votes=2, last_clean_step=40, last_vote_step=40, replay_rounds=2,
+                                           timing_rounds=1, votes_every=20, replay_every=20, timing_every=25,
+                                           steps=40, final_vote="not needed"))
     verdict = localise(ev, now=WALL + 30)
     assert verdict.kind == VerdictKind.CLEAN, verdict
     return len(record_to_bytes(verdict))
