@@ -24,13 +24,13 @@ from scout_slurm.config import WatchdogConfig
 from scout_slurm.evidence.digest import abridge_tail
 from scout_slurm.evidence.records import (ChildState, CollectiveEntry, DigestedRank, ExitRecord, Finding, FindingKind,
                                           NodeDigest, NodeTasks, ProgressSnapshot, RankPlace, StallDecision,
-                                          VerdictKind)
+                                          VerdictKind, VoteCoverage)
 from scout_slurm.evidence import history
 from scout_slurm.evidence.store import record_to_bytes
 from scout_slurm.hooks.nodeevidence import KernelLine, NodeEvidence
 from scout_slurm.hwmap.records import Affinity, GpuInfo, GpuNic, HardwareMap, IbPort, NicInfo, NicKind
 from scout_slurm.localise.verdict import JobEvidence, localise
-from scout_slurm.remediation.records import ActionKind, ActionsRecord, PlannedAction, PlanStatus
+from scout_slurm.remediation.records import ActionsRecord, Drain, PlannedAction, PlanStatus, Requeue
 from scout_slurm.report.incident import render_incident_markdown
 
 GPUS_PER_NODE = 8
@@ -153,7 +153,11 @@ def clean_verdict_bytes(world: int) -> int:
     ev = JobEvidence(job_id=48_213_377, restart=0, world_size=world,
                      places={r: place(r, world) for r in range(world)},
                      exits={r: exit_record(r, world, crashed=False, cascade=False) for r in range(world)},
-                     snapshots={r: snapshot(r, world) for r in range(world)}, job_exit_code=0)
+                     snapshots={r: snapshot(r, world) for r in range(world)}, job_exit_code=0,
+                     # a clean verdict lists the checks that ran; without any it is `unchecked`
+                     coverage=VoteCoverage(restart=0, votes=2, last_clean_step=40, last_vote_step=40, replay_rounds=2,
+                                           timing_rounds=1, votes_every=20, replay_every=20, timing_every=25,
+                                           steps=40, final_vote="not needed"))
     verdict = localise(ev, now=WALL + 30)
     assert verdict.kind == VerdictKind.CLEAN, verdict
     return len(record_to_bytes(verdict))
@@ -171,9 +175,9 @@ def crash_outputs(world: int) -> tuple[int, int, int]:
     assert verdict.kind == VerdictKind.CRASH and [s.rank for s in verdict.suspects] == [bad], verdict
     node = node_of(bad)
     actions = ActionsRecord(job_id=48_213_377, restart=0, verdict_kind=verdict.kind, status=PlanStatus.PLANNED,
-                            actions=(PlannedAction(ActionKind.DRAIN, node, f"scout: crash rank {bad} job 48213377 run 0 "
-                                                   "conf 0.95 see /var/lib/scout/evidence/c1/48213377"),
-                                     PlannedAction(ActionKind.REQUEUE, "48213377", "")),
+                            actions=(PlannedAction.of(Drain(node, f"scout: crash rank {bad} job 48213377 run 0 "
+                                                         "conf 0.95 see /var/lib/scout/evidence/c1/48213377")),
+                                     PlannedAction.of(Requeue(48_213_377))),
                             held_back=(), results=(), created_at=WALL + 31, updated_at=WALL + 31)
     report = render_incident_markdown(verdict, ev, actions).encode()
     return len(record_to_bytes(verdict)), len(record_to_bytes(actions)), len(report)

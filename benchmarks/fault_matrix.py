@@ -28,7 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from scout_slurm.evidence.layout import JobFolder  # noqa: E402
-from scout_slurm.evidence.records import ExitRecord, Finding, FindingKind, RankPlace, Verdict  # noqa: E402
+from scout_slurm.evidence.records import (ExitRecord, Finding, FindingComponent, FindingKind, RankPlace,  # noqa: E402
+                                          Verdict, VerdictKind)
+from scout_slurm.remediation.plan import is_scout_drain  # noqa: E402
 from scout_slurm.evidence.store import list_records, read_record  # noqa: E402
 from scout_slurm.lab.cluster import CLUSTER_NAME, Lab, LabSpec, free_port_base  # noqa: E402
 from scout_slurm.slurm import ops  # noqa: E402
@@ -138,23 +140,24 @@ def one(lab: Lab, run: Run, deadline_epoch: float = 0.0) -> Run:
                            and e.last_progress is not None and not e.last_progress.bootstrap_active
                            and not e.last_progress.in_collective))
     named = tuple((s.rank, s.node) for s in verdict.suspects)
-    want_comp = {"weights": "weights", "optimizer": "optimizer"}.get(run.target, "compute")
+    want_comp = {"weights": FindingComponent.WEIGHTS, "optimizer": FindingComponent.OPTIMIZER}.get(
+        run.target, FindingComponent.COMPUTE).value
     kind = verdict.kind.value
     if run.rank < 0:
         # "nobody": not a clean verdict, but nobody named (a rank failed at exit, after the work)
-        outcome = "false-positive" if named else "clean" if kind == "clean" else "nobody"
-    elif kind == "sdc" and named == ((run.rank, node),) and comps == (want_comp,):
+        outcome = "false-positive" if named else "clean" if verdict.kind is VerdictKind.CLEAN else "nobody"
+    elif verdict.kind is VerdictKind.SDC and named == ((run.rank, node),) and comps == (want_comp,):
         outcome = "correct"
-    elif kind == "sdc" or named:
+    elif verdict.kind is VerdictKind.SDC or named:
         outcome = "wrong"
-    elif kind == "inconclusive":
+    elif verdict.kind is VerdictKind.INCONCLUSIVE:
         outcome = "inconclusive"
     else:
         outcome = "missed"
     # a detected fault drains its node: return it to service for the next runs
     # (two runs at a time: the other one may have resumed it first)
     for n in ops.list_nodes(timeout=10, env=env):
-        if n.is_drained and n.reason.startswith("scout:"):
+        if n.is_drained and is_scout_drain(n.reason):
             try:
                 ops.resume_node(n.name, timeout=10, env=env)
             except SlurmError:

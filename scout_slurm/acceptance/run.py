@@ -29,11 +29,12 @@ from scout_slurm.acceptance.steps import (CaseRun, CheckpointResult, CheckpointR
                                           overall, summary_table)
 from scout_slurm.errors import ScoutError
 from scout_slurm.evidence.layout import JobFolder
-from scout_slurm.evidence.records import Finding, FindingKind, RankPlace, StallDecision, Verdict
+from scout_slurm.evidence.records import Finding, FindingKind, RankPlace, StallDecision, Verdict, is_fault_injection
 from scout_slurm.evidence.store import list_records, read_record
 from scout_slurm.inject.spec import KINDS
 from scout_slurm.lab.cluster import CLUSTER_NAME, Lab, LabSpec, free_port_base, shape_link, unshape_link
 from scout_slurm.log import configure
+from scout_slurm.remediation.plan import is_scout_drain
 from scout_slurm.remediation.records import ResumeInstruction
 from scout_slurm.slurm import ops
 
@@ -252,7 +253,7 @@ scout-srun {scout} {py} {TRAIN} {train}
         """Nodes scout drained for a fault acceptance injected itself are healthy: return them."""
         try:
             for n in ops.list_nodes(timeout=20, env=self.where.env):
-                if n.is_drained and n.reason.startswith("scout:") and f"job {folder.job_id} " in n.reason:
+                if n.is_drained and is_scout_drain(n.reason, folder.job_id):
                     ops.resume_node(n.name, timeout=20, env=self.where.env)
                     self.drained.append(n.name)
         except ScoutError as exc:  # e.g. a site where this user may not resume nodes: say so, go on
@@ -331,7 +332,7 @@ def read_case(case: CaseRun, folder: JobFolder, restart: int) -> CaseRun:
     root = folder.root
     places, _ = list_records(folder.ranks_dir(restart), "rank-*.json", RankPlace, root=root)
     findings, _ = list_records(folder.findings_dir(restart), "*.json", Finding, root=root)
-    injected = [f.at for f in findings if f.kind == FindingKind.INFO and f.summary.startswith("fault injected")]
+    injected = [f.at for f in findings if is_fault_injection(f)]
     detections = [f.at for f in findings if f.kind in _DETECTING]
     sd = folder.stall_decision_path(restart)
     if sd.exists():

@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass
 from typing import Sequence
 
-from scout_slurm.evidence.records import VerdictKind
+from scout_slurm.evidence.records import ResumeOutcome, VerdictKind, resume_outcome
 
 
 class Status(str, enum.Enum):
@@ -371,10 +371,10 @@ def judge_resume(r: ResumeResult | None) -> StepResult:
         problems.append("a final state digest is missing (rerun or uninterrupted reference)")
     elif r.final_digest != r.reference_digest:
         problems.append("the resumed run's final state differs from the uninterrupted run's")
-    mismatch = [s for s in r.resume_check if "MISMATCH" in s]
+    mismatch = [s for s in r.resume_check if resume_outcome(s) is ResumeOutcome.MISMATCH]
     if mismatch:
         problems.append("scout's restored-state check: " + "; ".join(mismatch))
-    verified = [s for s in r.resume_check if "resume verified" in s]
+    verified = [s for s in r.resume_check if resume_outcome(s) is ResumeOutcome.VERIFIED]
     check = (f"; scout's own restored-state check: {len(verified)} of {len(r.resume_check)} rank records say "
              f"resume verified ({r.resume_check[0]})" if r.resume_check
              else "; scout's own restored-state check: none recorded")

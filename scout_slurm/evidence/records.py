@@ -27,6 +27,43 @@ class FindingKind(str, enum.Enum):
     SDC = "sdc"                       # numbers differ from the replicas' majority
     STRAGGLER = "straggler"
     INFO = "info"
+    # Kinds for what an INFO finding said in words. Readers accept both (`is_fault_injection`,
+    # `is_no_majority`); the writers in bootstrap/ still write INFO with the words today.
+    NO_MAJORITY = "no_majority"       # replicas disagreed with no strict majority: nobody is named
+    FAULT_INJECTED = "fault_injected"  # the bootstrap injected a test fault (lab, acceptance, benchmarks)
+
+
+class FindingComponent(str, enum.Enum):
+    """What a finding is about (`Finding.component`, kept a string on disk: "" when none)."""
+    WEIGHTS = "weights"
+    OPTIMIZER = "optimizer"
+    COMPUTE = "compute"               # in-situ replay, a non-finite loss, a compute straggler
+    COMMUNICATION = "communication"   # a communication straggler
+    TIMING = "timing"                 # a timing vote's own note
+    RESUME = "resume"                 # the restored state against its checkpoint record
+
+
+class ResumeOutcome(str, enum.Enum):
+    """What a resume finding says of the restored state."""
+    VERIFIED = "verified"
+    MISMATCH = "mismatch"
+    OTHER = "other"                   # not checked, or not loaded: said in its summary
+
+
+# The words older writers put in INFO findings, read in this one place only.
+INJECTED_SUMMARY = "fault injected"          # bootstrap/hooks.py: f"fault injected: {fault.kind}"
+NO_MAJORITY_WORD = "inconclusive"            # bootstrap/consensus.py, replay.py: "...: inconclusive: ..."
+RESUME_MISMATCH_WORD = "MISMATCH"            # bootstrap/ckptstate.py: "RESUME MISMATCH: rank ..."
+RESUME_VERIFIED_WORDS = "resume verified"    # bootstrap/ckptstate.py: "resume verified: rank ..."
+
+
+def resume_outcome(summary: str) -> ResumeOutcome:
+    """The outcome a resume finding's summary states (the finding carries no field for it yet)."""
+    if RESUME_MISMATCH_WORD in summary:
+        return ResumeOutcome.MISMATCH
+    if RESUME_VERIFIED_WORDS in summary:
+        return ResumeOutcome.VERIFIED
+    return ResumeOutcome.OTHER
 
 
 class VerdictKind(str, enum.Enum):
@@ -175,6 +212,17 @@ class Finding:
     since_step: int = -1           # the earliest step the problem may have begun (SDC: last clean vote + 1)
     component: str = ""            # SDC: what was found wrong: "weights", "optimizer" or "compute" (replay)
     schema_version: int = 1
+
+
+def is_fault_injection(f: Finding) -> bool:
+    """The bootstrap's note that it injected a test fault (its time is the fault's)."""
+    return f.kind == FindingKind.FAULT_INJECTED or (f.kind == FindingKind.INFO and f.summary.startswith(INJECTED_SUMMARY))
+
+
+def is_no_majority(f: Finding) -> bool:
+    """A vote of replicas (state, replay, timing) that found no strict majority: nobody is named."""
+    return f.kind == FindingKind.NO_MAJORITY or (f.kind == FindingKind.INFO and bool(f.component)
+                                                 and NO_MAJORITY_WORD in f.summary)
 
 
 @dataclass(frozen=True)

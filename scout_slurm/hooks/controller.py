@@ -229,7 +229,8 @@ def _handle_locked(ctx: HookContext, cfg: SiteConfig, folder: JobFolder, *, env:
     assessments = [a for a in assess_job(folder, current_verdict=verdict, checks=checks) if a.note.restart <= restart]
     chosen, why = recovery_point(assessments, verdict.first_suspect_step)
     plan = build_plan(verdict, facts, cfg.remediation, evidence_path=str(folder.path),
-                      checkpoint=chosen.note if chosen else None, checkpoint_reason=why)
+                      checkpoint=chosen.note if chosen else None, checkpoint_reason=why,
+                      checkpoint_status=chosen.status if chosen else None)
     status = (PlanStatus.NOTHING_TO_DO if not plan.actions else
               PlanStatus.OBSERVE_ONLY if cfg.remediation.observe_only else PlanStatus.PLANNED)
     record = ActionsRecord(job_id=ctx.job_id, restart=restart, verdict_kind=verdict.kind, status=status,

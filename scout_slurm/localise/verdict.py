@@ -8,18 +8,150 @@ only. When most ranks share the failure there is no majority: inconclusive.
 
 from __future__ import annotations
 
+import enum
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from scout_slurm.evidence.records import (ChildState, ExitRecord, Finding, FindingKind, ProgressSnapshot,
-                                          RankPlace, StallDecision, Suspect, Verdict, VerdictKind, VoteCoverage)
+from scout_slurm.evidence.records import (ChildState, ExitRecord, Finding, FindingComponent, FindingKind, ProgressSnapshot,
+                                          RankPlace, StallDecision, Suspect, Verdict, VerdictKind, VoteCoverage,
+                                          is_no_majority)
 from scout_slurm.localise.cascade import CASCADE_PATTERNS, mentions_peer_failure  # noqa: F401 (re-exported)
 from scout_slurm.localise.stall import find_desync, position
 from scout_slurm.task import exitcodes
 
 STRAGGLER_ENDED = 91  # scout_slurm.task.exitcodes: a confirmed straggler ended under the "exit" policy
 CRASH_SIGNALS = {4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL", 11: "SIGSEGV", 31: "SIGSYS"}
+
+
+# --- the decision as a table ---------------------------------------------------------------------
+# `localise` consults these rules in this order; the first whose evidence is present decides the
+# kind and the confidence. The README's verdict section is rendered from this table
+# (`render_rules_markdown`; tests/unit/test_verdict_rules.py keeps the two equal).
+
+class Rule(str, enum.Enum):
+    SDC_VOTE = "sdc-vote"
+    STALL_NO_CULPRIT = "stall-no-culprit"
+    STALL_CRASHED = "stall-crashed"
+    STALL_STOPPED = "stall-stopped"
+    STALL_BEHIND = "stall-behind"
+    STALL_WIDE = "stall-wide"
+    DESYNC = "desync"
+    STRAGGLER = "straggler"
+    FAILED_AT_EXIT = "failed-at-exit"
+    NO_MAJORITY = "no-majority"
+    UNWATCHED_CLEAN = "unwatched-clean"
+    UNWATCHED_FAILED = "unwatched-failed"
+    CLEAN = "clean"
+    UNCHECKED = "unchecked"
+    MISSING_EXIT = "missing-exit"
+    FAILED_NO_RANK = "failed-no-rank"
+    CASCADE_MISSING = "cascade-missing"
+    ALL_CASCADE = "all-cascade"
+    SHARED_FAILURE = "shared-failure"
+    CRASH_SOLE = "crash-sole"
+    CRASH_FIRST = "crash-first"
+    CRASH_TIED = "crash-tied"
+
+
+@dataclass(frozen=True)
+class VerdictRule:
+    evidence: str                  # what must be present, in words
+    kind: VerdictKind | None       # None: keeps the kind an earlier rule gave (a factor)
+    confidence: float              # the verdict's (a suspect's, for the per-culprit stall rules)
+    why: str
+    factor: bool = False           # the confidence multiplies the one the earlier rules gave
+
+
+RULES: dict[Rule, VerdictRule] = {
+    Rule.SDC_VOTE: VerdictRule(
+        "an `sdc` finding (state vote or in-situ replay)", VerdictKind.SDC, 0.9,
+        "a strict majority of equivalent replicas disagreed with the named rank(s); checked first, as it happens"),
+    Rule.STALL_NO_CULPRIT: VerdictRule(
+        "a stall decision naming no rank", VerdictKind.INCONCLUSIVE, 0.0,
+        "the job stalled but no rank was behind the others"),
+    Rule.STALL_CRASHED: VerdictRule(
+        "a stall decision; the culprit's exit or stderr says it crashed (not for a desync)", VerdictKind.CRASH, 0.95,
+        "it ended on its own, or raised and sat idle, or had left training: a crash, however its peers waited"),
+    Rule.STALL_STOPPED: VerdictRule(
+        "a stall decision; the culprit's process was stopped (T) or in disk sleep (D)", VerdictKind.HANG, 0.95,
+        "the process state itself says it was not running"),
+    Rule.STALL_BEHIND: VerdictRule(
+        "a stall decision naming the culprit(s)", VerdictKind.HANG, 0.9,
+        "the watchdogs agreed the rank stopped making progress first (or its collectives left the majority's)"),
+    Rule.STALL_WIDE: VerdictRule(
+        "a stall decision naming more than a quarter of the ranks", None, 0.8,
+        "the more ranks are behind, the less one of them is the cause", factor=True),
+    Rule.DESYNC: VerdictRule(
+        "every rank's collective ring; a minority ran a different collective", VerdictKind.HANG, 0.9,
+        "a desync (gloo may then abort a peer): before blaming whoever died first"),
+    Rule.STRAGGLER: VerdictRule(
+        "a confirmed `straggler` finding, and no rank failed (or only at exit, or ended for it)",
+        VerdictKind.STRAGGLER, 0.9,
+        "timing votes confirmed the rank was slower; a slow rank does not fail a job"),
+    Rule.FAILED_AT_EXIT: VerdictRule(
+        "every failed rank failed after leaving distributed training; the others exited cleanly",
+        VerdictKind.INCONCLUSIVE, 0.0,
+        "a failure at exit (a communicator torn down at shutdown) says nothing about a node"),
+    Rule.NO_MAJORITY: VerdictRule(
+        "no rank failed; a vote of replicas found no strict majority", VerdictKind.INCONCLUSIVE, 0.0,
+        "replicas disagreed with no majority (e.g. two HSDP replicas): nobody is named, the run is not clean"),
+    Rule.UNWATCHED_CLEAN: VerdictRule(
+        "no scout records for the run; the job exited 0", VerdictKind.UNCHECKED, 0.0,
+        "not started under scout-srun: an unwatched run, not a clean one"),
+    Rule.UNWATCHED_FAILED: VerdictRule(
+        "no scout records for the run; the job failed", VerdictKind.INCONCLUSIVE, 0.0,
+        "scout saw none of its ranks"),
+    Rule.CLEAN: VerdictRule(
+        "every rank exited cleanly; scout's checks ran", VerdictKind.CLEAN, 1.0,
+        "nothing found by the checks that ran (the verdict lists them)"),
+    Rule.UNCHECKED: VerdictRule(
+        "every rank exited cleanly; none of scout's checks ran", VerdictKind.UNCHECKED, 1.0,
+        "nothing was found because nothing was looked at: `unchecked`, never `clean`"),
+    Rule.MISSING_EXIT: VerdictRule(
+        "the job failed, no rank failed, a minority of ranks left no exit record", VerdictKind.INFRA, 0.7,
+        "the task, its shim or its node vanished"),
+    Rule.FAILED_NO_RANK: VerdictRule(
+        "the job failed with no rank failing (or most ranks left no record)", VerdictKind.INCONCLUSIVE, 0.0,
+        "nothing names a rank"),
+    Rule.CASCADE_MISSING: VerdictRule(
+        "every failed rank failed because of a peer; a minority left no exit record", VerdictKind.INFRA, 0.7,
+        "the peer they lost is the one that left nothing"),
+    Rule.ALL_CASCADE: VerdictRule(
+        "every failed rank failed because of a peer", VerdictKind.INCONCLUSIVE, 0.0,
+        "none failed on its own"),
+    Rule.SHARED_FAILURE: VerdictRule(
+        "more than half of the ranks failed on their own", VerdictKind.INCONCLUSIVE, 0.0,
+        "a failure shared by most replicas (code, data or configuration), not one rank's: nothing is drained"),
+    Rule.CRASH_SOLE: VerdictRule(
+        "one rank failed on its own (the others were cascades or clean)", VerdictKind.CRASH, 0.95,
+        "its exit, signal or exception; peers that died of it are not blamed"),
+    Rule.CRASH_FIRST: VerdictRule(
+        "a minority failed on their own; one was first by progress (wall time breaks ties within a node)",
+        VerdictKind.CRASH, 0.85,
+        "progress order, not wall clocks, decides who was first"),
+    Rule.CRASH_TIED: VerdictRule(
+        "a minority failed on their own; several on different nodes tied for first", VerdictKind.CRASH, 0.6,
+        "each is named: clocks across nodes cannot order them"),
+}
+
+
+def render_rules_markdown() -> str:
+    """The table above as the README shows it (between its verdict-rules markers)."""
+    out = ["| order | rule | evidence | verdict | confidence | why |", "|---:|---|---|---|---:|---|"]
+    for i, (rid, r) in enumerate(RULES.items(), 1):
+        kind = f"`{r.kind.value}`" if r.kind is not None else "(as above)"
+        conf = f"x {r.confidence:.2f}" if r.factor else f"{r.confidence:.2f}"
+        out.append(f"| {i} | `{rid.value}` | {r.evidence} | {kind} | {conf} | {r.why} |")
+    return "\n".join(out) + "\n"
+
+
+class _Consulted(list):
+    """The rules one call of `localise` consulted, in order (for `explain` and the rule tests)."""
+
+    def __call__(self, rule: Rule) -> VerdictRule:
+        self.append(rule)
+        return RULES[rule]
 
 
 @dataclass(frozen=True)
@@ -163,31 +295,47 @@ def _verdict(ev: JobEvidence, kind: VerdictKind, suspects: list[Suspect], confid
                    world_size=ev.world_size, created_at=now, coverage=ev.coverage)
 
 
-def _clean_or_unchecked(ev: JobEvidence, reasoning: list[str], *, now: float, confidence: float = 1.0) -> Verdict:
+def _clean_or_unchecked(ev: JobEvidence, reasoning: list[str], rule: _Consulted, *, now: float) -> Verdict:
     """Every rank exited cleanly: `clean` says nothing was found by the checks that ran, and lists
     them; with none (votes off, a run shorter than K without its end-of-training vote) it is
     `unchecked`, never `clean`."""
     cov = ev.coverage
     if cov is not None and cov.checks_ran:
-        return _verdict(ev, VerdictKind.CLEAN, [], confidence,
+        hit = rule(Rule.CLEAN)
+        return _verdict(ev, hit.kind, [], hit.confidence,
                         reasoning + ["nothing found by the checks that ran:", *cov.lines()], now=now)
     why = ("no record of scout's checks in this run" if cov is None else
            "none of scout's checks ran in this run: " + "; ".join(cov.lines()))
-    return _verdict(ev, VerdictKind.UNCHECKED, [], confidence,
+    hit = rule(Rule.UNCHECKED)
+    return _verdict(ev, hit.kind, [], hit.confidence,
                     reasoning + [why, "the state of the model was not checked: `unchecked`, not `clean`"], now=now)
 
 
-def _straggler_verdict(ev: JobEvidence, hits: list[Finding], reasoning: list[str], *, now: float) -> Verdict:
+def _straggler_verdict(ev: JobEvidence, hits: list[Finding], reasoning: list[str], rule: _Consulted, *,
+                       now: float) -> Verdict:
     ranks = sorted({f.rank for f in hits})
-    suspects = [Suspect(r, ev.node_of(r), VerdictKind.STRAGGLER, 0.9,
+    rs = rule(Rule.STRAGGLER)
+    suspects = [Suspect(r, ev.node_of(r), rs.kind, rs.confidence,
                         tuple(dict.fromkeys(f.summary for f in hits if f.rank == r))[:5]) for r in ranks]
-    parts = sorted({f.component or "compute" for f in hits})
-    return _verdict(ev, VerdictKind.STRAGGLER, suspects, 0.9,
+    parts = sorted({f.component or FindingComponent.COMPUTE.value for f in hits})
+    return _verdict(ev, rs.kind, suspects, rs.confidence,
                     reasoning + [f"confirmed {' and '.join(parts)} straggler(s): rank(s) {', '.join(map(str, ranks))}"],
                     now=now, first_at=min(f.at for f in hits))
 
 
 def localise(ev: JobEvidence, *, now: float) -> Verdict:
+    """The verdict for one run's evidence (the rules it follows: `RULES`, in their order)."""
+    return explain(ev, now=now)[0]
+
+
+def explain(ev: JobEvidence, *, now: float) -> tuple[Verdict, tuple[Rule, ...]]:
+    """The verdict and the rules of `RULES` that decided it, in the order they were consulted."""
+    rule = _Consulted()
+    verdict = _decide(ev, rule, now=now)
+    return verdict, tuple(rule)
+
+
+def _decide(ev: JobEvidence, rule: _Consulted, *, now: float) -> Verdict:
     reasoning = list(ev.problems[:20])
     # confirmed stragglers (timing votes): a slow rank does not fail a job, so they decide the verdict
     # only when nothing else went wrong (or when they were ended for it, policy "exit"); else they are
@@ -195,23 +343,24 @@ def localise(ev: JobEvidence, *, now: float) -> Verdict:
     stragglers = [f for f in ev.findings if f.kind == FindingKind.STRAGGLER and 0 <= f.rank < ev.world_size]
     reasoning += [f.summary for f in stragglers[:10]]
     # 1. numerical findings, written by the consensus checks as they happen
-    for kind, vkind in ((FindingKind.SDC, VerdictKind.SDC),):
-        hits = [f for f in ev.findings if f.kind == kind and 0 <= f.rank < ev.world_size]
-        if hits:
-            ranks = sorted({f.rank for f in hits})
-            suspects = [Suspect(r, ev.node_of(r), vkind, 0.9, tuple(f.summary for f in hits if f.rank == r)[:5])
-                        for r in ranks]
-            # the vote says since when the state may be wrong; else the suspect's own progress decides
-            onset = [f.since_step for f in hits if f.since_step >= 0]
-            return _verdict(ev, vkind, suspects, 0.9, reasoning + [f.summary for f in hits[:10]], now=now,
-                            first_at=min(f.at for f in hits), first_step=min(onset, default=-1))
+    hits = [f for f in ev.findings if f.kind == FindingKind.SDC and 0 <= f.rank < ev.world_size]
+    if hits:
+        r_sdc = rule(Rule.SDC_VOTE)
+        ranks = sorted({f.rank for f in hits})
+        suspects = [Suspect(r, ev.node_of(r), r_sdc.kind, r_sdc.confidence,
+                            tuple(f.summary for f in hits if f.rank == r)[:5]) for r in ranks]
+        # the vote says since when the state may be wrong; else the suspect's own progress decides
+        onset = [f.since_step for f in hits if f.since_step >= 0]
+        return _verdict(ev, r_sdc.kind, suspects, r_sdc.confidence, reasoning + [f.summary for f in hits[:10]],
+                        now=now, first_at=min(f.at for f in hits), first_step=min(onset, default=-1))
 
     # 2. a stall the watchdogs agreed on
     d = ev.decision
     if d is not None:
         culprits = list(dict.fromkeys(r for r in d.culprits if 0 <= r < ev.world_size))  # the file is the job's: no duplicates
         if not culprits:
-            return _verdict(ev, VerdictKind.INCONCLUSIVE, [], 0.0,
+            hit = rule(Rule.STALL_NO_CULPRIT)
+            return _verdict(ev, hit.kind, [], hit.confidence,
                             reasoning + ["the job stalled but no rank was behind the others:"] + list(d.reasoning),
                             now=now, first_at=d.at)
         suspects = []
@@ -222,23 +371,25 @@ def localise(ev: JobEvidence, *, now: float) -> Verdict:
             crash = crash_evidence(ev.exits.get(r), snap) if d.kind != FindingKind.DESYNC else []
             if crash:
                 crashed[r] = crash
-                suspects.append(Suspect(r, ev.node_of(r), VerdictKind.CRASH, 0.95, tuple(crash + list(d.reasoning))))
+                rc = rule(Rule.STALL_CRASHED)
+                suspects.append(Suspect(r, ev.node_of(r), rc.kind, rc.confidence, tuple(crash + list(d.reasoning))))
                 continue
-            conf = 0.9
             lines = list(d.reasoning)
             if snap is not None and snap.child_state in (ChildState.STOPPED, ChildState.DISK_SLEEP):
-                conf = 0.95
+                rh = rule(Rule.STALL_STOPPED)
                 lines.append(f"rank {r}'s process was {snap.child_state.value}")
+            else:
+                rh = rule(Rule.STALL_BEHIND)
             if d.kind == FindingKind.DESYNC:
                 lines.append("its sequence of collectives differs from the majority's (desync)")
-            suspects.append(Suspect(r, ev.node_of(r), VerdictKind.HANG, conf, tuple(lines)))
+            suspects.append(Suspect(r, ev.node_of(r), rh.kind, rh.confidence, tuple(lines)))
         share = len(culprits) / max(ev.world_size, 1)
-        conf = min(s.confidence for s in suspects) * (1.0 if share <= 0.25 else 0.8)
+        conf = min(s.confidence for s in suspects) * (1.0 if share <= 0.25 else rule(Rule.STALL_WIDE).confidence)
         what = "desync" if d.kind == FindingKind.DESYNC else "stopped making progress first"
         said = [f"rank(s) {', '.join(map(str, culprits))} {what}"]
         if crashed:   # the kind is crash only when every culprit crashed; a hung one keeps it a hang
             said += [f"{lines[0]} (crash, not a hang)" for lines in crashed.values()]
-        kind = VerdictKind.CRASH if len(crashed) == len(culprits) else VerdictKind.HANG
+        kind = RULES[Rule.STALL_CRASHED].kind if len(crashed) == len(culprits) else RULES[Rule.STALL_BEHIND].kind
         ended = [ev.exits[r].at for r in crashed if is_abnormal(ev.exits[r]) and not is_cascade(ev.exits[r])]
         return _verdict(ev, kind, suspects, conf, reasoning + said + list(d.reasoning),
                         now=now, first_at=min([d.at, *ended]))
@@ -249,11 +400,12 @@ def localise(ev: JobEvidence, *, now: float) -> Verdict:
     if len(rings) == ev.world_size:
         desync, why = find_desync(rings)
         if desync and len(desync) * 2 < ev.world_size:
-            suspects = [Suspect(r, ev.node_of(r), VerdictKind.HANG, 0.9,
+            rd = rule(Rule.DESYNC)
+            suspects = [Suspect(r, ev.node_of(r), rd.kind, rd.confidence,
                                 (why, "its sequence of collectives differs from the majority's (desync)"))
                         for r in desync]
             failed_at = [e.at for e in ev.exits.values() if is_abnormal(e)]
-            return _verdict(ev, VerdictKind.HANG, suspects, 0.9,
+            return _verdict(ev, rd.kind, suspects, rd.confidence,
                             reasoning + [f"desync: rank(s) {', '.join(map(str, desync))} ran a different collective "
                                          "than the others", why], now=now, first_at=min(failed_at, default=0.0))
 
@@ -263,51 +415,60 @@ def localise(ev: JobEvidence, *, now: float) -> Verdict:
     cascades = sorted(set(abnormal) - set(primaries))
     after = failed_after_finishing(ev, abnormal)
     if after and stragglers:
-        return _straggler_verdict(ev, stragglers, reasoning + after, now=now)
+        return _straggler_verdict(ev, stragglers, reasoning + after, rule, now=now)
     if after:
-        return _verdict(ev, VerdictKind.INCONCLUSIVE, [], 0.0, reasoning + after + [
+        hit = rule(Rule.FAILED_AT_EXIT)
+        return _verdict(ev, hit.kind, [], hit.confidence, reasoning + after + [
             "every rank finished the job's collectives and the others exited cleanly: a failure at exit "
             "(for example a communicator torn down at interpreter shutdown) says nothing about a node; "
             "nobody is drained and the job, whose training had finished, is not requeued"], now=now,
             first_at=min(e.at for e in abnormal.values()))
     if stragglers and (not abnormal or (primaries and all(e.exit_code == STRAGGLER_ENDED for e in primaries.values()))):
-        return _straggler_verdict(ev, stragglers, reasoning, now=now)
+        return _straggler_verdict(ev, stragglers, reasoning, rule, now=now)
     if not abnormal:
         missing = [r for r in range(ev.world_size) if r not in ev.exits]
         # replicas that disagreed with no strict majority (e.g. two HSDP replicas): nobody is named, but
         # the run is not clean either
-        unsure = [f for f in ev.findings if f.kind == FindingKind.INFO and f.component and "inconclusive" in f.summary]
+        unsure = [f for f in ev.findings if is_no_majority(f)]
         if ev.job_exit_code in (0, -1) and not missing and unsure:
-            return _verdict(ev, VerdictKind.INCONCLUSIVE, [], 0.0,
+            hit = rule(Rule.NO_MAJORITY)
+            return _verdict(ev, hit.kind, [], hit.confidence,
                             reasoning + [f.summary for f in unsure[:10]], now=now, first_at=min(f.at for f in unsure))
         if not ev.places and not ev.exits and not ev.snapshots:
             # nothing of scout's in this run: not a clean run, an unwatched one
             no_records = "no scout records for this run (not started under scout-srun?)"
             if ev.job_exit_code == 0:
-                return _verdict(ev, VerdictKind.UNCHECKED, [], 0.0, reasoning + [no_records], now=now)
-            return _verdict(ev, VerdictKind.INCONCLUSIVE, [], 0.0, reasoning + [
+                hit = rule(Rule.UNWATCHED_CLEAN)
+                return _verdict(ev, hit.kind, [], hit.confidence, reasoning + [no_records], now=now)
+            hit = rule(Rule.UNWATCHED_FAILED)
+            return _verdict(ev, hit.kind, [], hit.confidence, reasoning + [
                 no_records, f"the job failed (raw status {ev.job_exit_code}) and scout saw none of its ranks"], now=now)
         if ev.job_exit_code in (0, -1) and not missing:
-            return _clean_or_unchecked(ev, reasoning + ["every rank exited cleanly"], now=now)
+            return _clean_or_unchecked(ev, reasoning + ["every rank exited cleanly"], rule, now=now)
         if missing and len(missing) * 2 < ev.world_size:
-            suspects = [Suspect(r, ev.node_of(r), VerdictKind.INFRA, 0.7,
+            ri = rule(Rule.MISSING_EXIT)
+            suspects = [Suspect(r, ev.node_of(r), ri.kind, ri.confidence,
                                 ("no exit record: the task, its shim or its node vanished",)) for r in missing]
-            return _verdict(ev, VerdictKind.INFRA, suspects, 0.7,
+            return _verdict(ev, ri.kind, suspects, ri.confidence,
                             reasoning + [f"rank(s) {missing} left no exit record while the job failed"], now=now)
-        return _verdict(ev, VerdictKind.INCONCLUSIVE, [], 0.0,
+        hit = rule(Rule.FAILED_NO_RANK)
+        return _verdict(ev, hit.kind, [], hit.confidence,
                         reasoning + [f"the job failed (raw status {ev.job_exit_code}) with no rank failing"], now=now)
     if not primaries:
         missing = [r for r in range(ev.world_size) if r not in ev.exits]
         if missing and len(missing) * 2 < ev.world_size:
-            suspects = [Suspect(r, ev.node_of(r), VerdictKind.INFRA, 0.7,
+            ri = rule(Rule.CASCADE_MISSING)
+            suspects = [Suspect(r, ev.node_of(r), ri.kind, ri.confidence,
                                 ("no exit record while every other rank failed because of a peer",)) for r in missing]
-            return _verdict(ev, VerdictKind.INFRA, suspects, 0.7, reasoning + [
+            return _verdict(ev, ri.kind, suspects, ri.confidence, reasoning + [
                 f"ranks {cascades} failed because of a peer; rank(s) {missing} left no record"], now=now)
-        return _verdict(ev, VerdictKind.INCONCLUSIVE, [], 0.0, reasoning + [
+        hit = rule(Rule.ALL_CASCADE)
+        return _verdict(ev, hit.kind, [], hit.confidence, reasoning + [
             f"every failed rank ({cascades}) reports a peer failure; none failed on its own"], now=now)
     if len(primaries) * 2 > ev.world_size:
         kinds = Counter(describe_exit(e) for e in primaries.values())
-        return _verdict(ev, VerdictKind.INCONCLUSIVE, [], 0.0, reasoning + [
+        hit = rule(Rule.SHARED_FAILURE)
+        return _verdict(ev, hit.kind, [], hit.confidence, reasoning + [
             f"{len(primaries)} of {ev.world_size} ranks failed on their own ({dict(kinds)}): a failure shared "
             "by most replicas (code, data or configuration), not one rank's"], now=now)
 
@@ -325,7 +486,8 @@ def localise(ev: JobEvidence, *, now: float) -> Verdict:
         if node not in per_node or primaries[r].at < primaries[per_node[node]].at:
             per_node[node] = r
     first = sorted(per_node.values())
-    confidence = 0.95 if len(primaries) == 1 else (0.85 if len(first) == 1 else 0.6)
+    rc = rule(Rule.CRASH_SOLE if len(primaries) == 1 else Rule.CRASH_FIRST if len(first) == 1 else Rule.CRASH_TIED)
+    confidence = rc.confidence
     suspects = []
     for r in first:
         e = primaries[r]
@@ -336,7 +498,7 @@ def localise(ev: JobEvidence, *, now: float) -> Verdict:
         if p is not None:
             lines.append(f"at progress {position(p)} ({p.coll_completed} collectives done, optimizer step {p.opt_steps})")
         lines += [ln for ln in e.stderr_tail[-3:]]
-        suspects.append(Suspect(r, e.node, VerdictKind.CRASH, confidence, tuple(lines)))
+        suspects.append(Suspect(r, e.node, rc.kind, confidence, tuple(lines)))
     others = [r for r in ranked if r not in first]
     lines = [f"rank {r} on {primaries[r].node} {describe_exit(primaries[r])} on its own"
              + (f" ({primaries[r].exception})" if primaries[r].exception else "") for r in first]
@@ -344,5 +506,5 @@ def localise(ev: JobEvidence, *, now: float) -> Verdict:
         lines.append(f"also failed on their own, later in progress: ranks {others}")
     if cascades:
         lines.append(f"ranks {cascades} failed because a peer died (cascade; not blamed)")
-    return _verdict(ev, VerdictKind.CRASH, suspects, confidence, reasoning + lines, now=now,
+    return _verdict(ev, rc.kind, suspects, confidence, reasoning + lines, now=now,
                     first_at=min(primaries[r].at for r in first))

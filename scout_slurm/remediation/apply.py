@@ -14,10 +14,9 @@ from scout_slurm.errors import ScoutError, SlurmError, SlurmTimeout
 from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.store import write_record
 from scout_slurm.log import get_logger
-from scout_slurm.remediation.records import (ActionKind, ActionResult, ActionsRecord, PlanStatus, PlannedAction,
-                                             ResumeInstruction)
+from scout_slurm.remediation.records import (ActionResult, ActionsRecord, Drain, Exclude, PlanStatus, PlannedAction,
+                                             Requeue, ResumeFrom, ResumeInstruction)
 from scout_slurm.slurm import ops
-from scout_slurm.slurm.hostlist import expand_hostlist
 
 log = get_logger("scout.remediation")
 TRANSIENT = ("Unable to contact slurm controller", "Connection refused", "Socket timed out",
@@ -30,28 +29,27 @@ def _transient(exc: SlurmError) -> bool:
 
 def _act(action: PlannedAction, record: ActionsRecord, folder: JobFolder, *, timeout: float,
          env: Mapping[str, str] | None, bin_dir: str) -> str:
-    if action.kind == ActionKind.DRAIN:
-        ops.drain_node(action.target, action.detail, timeout=timeout, env=env, bin_dir=bin_dir)
+    p = action.payload
+    if isinstance(p, Drain):
+        ops.drain_node(p.node, p.reason, timeout=timeout, env=env, bin_dir=bin_dir)
         return "drained"
-    if action.kind == ActionKind.REQUEUE:
+    if isinstance(p, Requeue):
         # Asked before acting, not after a failure: an earlier run of this hook may have been killed
         # after Slurm requeued the job but before the result was recorded, and by now the rerun may
         # be running, where a second requeue would succeed and cost the job another restart.
-        job = ops.job_info(int(action.target), timeout=timeout, env=env, bin_dir=bin_dir)
+        job = ops.job_info(p.job_id, timeout=timeout, env=env, bin_dir=bin_dir)
         if job.restart_count > record.restart:
             return f"already requeued (restart {job.restart_count})"
-        ops.requeue_job(int(action.target), timeout=timeout, env=env, bin_dir=bin_dir)
+        ops.requeue_job(p.job_id, timeout=timeout, env=env, bin_dir=bin_dir)
         return "requeued"
-    if action.kind == ActionKind.EXCLUDE:
-        merged = ops.exclude_nodes(int(action.target), expand_hostlist(action.detail), timeout=timeout, env=env,
-                                   bin_dir=bin_dir)
+    if isinstance(p, Exclude):
+        merged = ops.exclude_nodes(p.job_id, list(p.nodes), timeout=timeout, env=env, bin_dir=bin_dir)
         return f"excluded nodes now {merged}"
-    if action.kind == ActionKind.RESUME_FROM:
-        step = int(action.detail.split()[1].rstrip(",")) if action.detail.startswith("step ") else -1
+    if isinstance(p, ResumeFrom):
         write_record(folder.resume_path(record.restart + 1),
-                     ResumeInstruction(job_id=record.job_id, restart=record.restart + 1, checkpoint=action.target,
-                                       step=step, reason=action.detail))
-        return f"run {record.restart + 1} will resume from {action.target}"
+                     ResumeInstruction(job_id=record.job_id, restart=record.restart + 1, checkpoint=p.checkpoint,
+                                       step=p.step, reason=p.describe()))
+        return f"run {record.restart + 1} will resume from {p.checkpoint}"
     raise ScoutError(f"unknown action {action.kind}")
 
 

@@ -11,18 +11,12 @@ before the first suspect step; failing that, the newest candidate, said so plain
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from scout_slurm.evidence.records import Verdict, VerdictKind
-from scout_slurm.remediation.records import CheckpointNote, VoteCoverage
-
-
-class CheckpointStatus(str, enum.Enum):
-    ELIGIBLE = "eligible"
-    CANDIDATE = "candidate"
-    REJECTED = "rejected"
+from scout_slurm.remediation.records import (Agreement, CheckpointNote, CheckpointStatus,  # noqa: F401 (re-exported)
+                                             VoteCoverage)
 
 
 @dataclass(frozen=True)
@@ -45,18 +39,18 @@ def assess(notes: Sequence[CheckpointNote], coverage: Mapping[int, VoteCoverage]
             out.append(Assessment(note, CheckpointStatus.REJECTED,
                                   f"saved at step {note.step}, at or after the first suspect step "
                                   f"{v.first_suspect_step} of run {note.restart} ({v.kind.value})"))
-        elif note.agreement.startswith("disagreed"):
+        elif note.agreement_kind is Agreement.DISAGREED:
             out.append(Assessment(note, CheckpointStatus.REJECTED,
                                   f"the replicas' state signatures {note.agreement} at the save (step {note.step})"))
         elif cov is not None and cov.last_clean_step >= note.step:
             out.append(Assessment(note, CheckpointStatus.ELIGIBLE,
                                   f"the replicas agreed at step {cov.last_clean_step} (>= {note.step})"))
-        elif note.agreement.startswith("agreed"):
+        elif note.agreement_kind is Agreement.AGREED:
             out.append(Assessment(note, CheckpointStatus.ELIGIBLE,
                                   f"the replicas' state signatures agreed at the save (step {note.step})"))
         else:
             seen = f"last clean vote at step {cov.last_clean_step}" if cov else "no state vote in this run"
-            if note.agreement.startswith("not exchanged"):
+            if note.agreement_kind is Agreement.NOT_EXCHANGED:
                 seen += f"; replicas' signatures {note.agreement}"
             out.append(Assessment(note, CheckpointStatus.CANDIDATE, f"not covered by a vote yet ({seen})"))
     return out

@@ -9,7 +9,8 @@ from typing import Sequence
 
 from scout_slurm.config import RemediationConfig
 from scout_slurm.evidence.records import Verdict, VerdictKind
-from scout_slurm.remediation.records import ActionKind, CheckpointNote, PlannedAction
+from scout_slurm.remediation.records import (CheckpointNote, CheckpointStatus, Drain, Exclude, PlannedAction, Requeue,
+                                             ResumeFrom)
 from scout_slurm.slurm.hostlist import compress_hostlist
 
 DRAINABLE = frozenset({VerdictKind.HANG, VerdictKind.CRASH, VerdictKind.SDC, VerdictKind.STRAGGLER,
@@ -52,9 +53,21 @@ class Plan:
     held_back: tuple[str, ...]
 
 
+# What every drain reason of scout's starts with: Slurm keeps only the text, and `scout undrain`,
+# the acceptance test and the benchmarks tell scout's drains from others' by it.
+DRAIN_REASON_PREFIX = "scout:"
+
+
+def is_scout_drain(reason: str, job_id: int | None = None) -> bool:
+    """Whether a node's Slurm reason is one `drain_reason` wrote (for `job_id`, when given)."""
+    if not reason.startswith(DRAIN_REASON_PREFIX):
+        return False
+    return job_id is None or f" job {int(job_id)} " in reason
+
+
 def drain_reason(verdict: Verdict, node: str, evidence_path: str) -> str:
     ranks = ",".join(str(s.rank) for s in verdict.suspects if s.node == node)
-    return (f"scout: {verdict.kind.value} rank {ranks} job {verdict.job_id} run {verdict.restart} "
+    return (f"{DRAIN_REASON_PREFIX} {verdict.kind.value} rank {ranks} job {verdict.job_id} run {verdict.restart} "
             f"conf {verdict.confidence:.2f} see {evidence_path}")
 
 
@@ -65,7 +78,10 @@ def choose_checkpoint(notes: Sequence[CheckpointNote], first_suspect_step: int) 
 
 
 def build_plan(verdict: Verdict, job: JobFacts, cfg: RemediationConfig, *, evidence_path: str,
-               checkpoint: CheckpointNote | None = None, checkpoint_reason: str = "") -> Plan:
+               checkpoint: CheckpointNote | None = None, checkpoint_reason: str = "",
+               checkpoint_status: CheckpointStatus | None = None) -> Plan:
+    """The actions for `verdict` and what the guards held back (pure). `checkpoint` is the one the
+    recovery rule chose (`checkpoint_status`: as eligible or as candidate; `checkpoint_reason`: why)."""
     held: list[str] = []
     actions: list[PlannedAction] = []
     if verdict.kind == VerdictKind.CLEAN:
@@ -106,7 +122,7 @@ def build_plan(verdict: Verdict, job: JobFacts, cfg: RemediationConfig, *, evide
                         f"({cfg.max_drain_fraction:.0%} of {len(job.allocation)}): nothing drained")
             drains = []
     for node in drains:
-        actions.append(PlannedAction(ActionKind.DRAIN, node, drain_reason(verdict, node, evidence_path)))
+        actions.append(PlannedAction.of(Drain(node, drain_reason(verdict, node, evidence_path))))
 
     requeue = cfg.requeue
     if not cfg.requeue:
@@ -132,14 +148,14 @@ def build_plan(verdict: Verdict, job: JobFacts, cfg: RemediationConfig, *, evide
                         "not requeued")
             requeue = False
         else:
-            actions.append(PlannedAction(ActionKind.REQUEUE, str(job.job_id), ""))
+            actions.append(PlannedAction.of(Requeue(job.job_id)))
             if drains:
-                actions.append(PlannedAction(ActionKind.EXCLUDE, str(job.job_id), compress_hostlist(excluded)))
+                compress_hostlist(excluded)   # raises, naming it, on a node name Slurm would not take
+                actions.append(PlannedAction.of(Exclude(job.job_id, tuple(excluded))))
             if checkpoint is not None:
-                actions.append(PlannedAction(ActionKind.RESUME_FROM, checkpoint.path,
-                                             f"step {checkpoint.step}, before first suspect step "
-                                             f"{verdict.first_suspect_step}" +
-                                             (f"; {checkpoint_reason}" if checkpoint_reason else "")))
+                actions.append(PlannedAction.of(ResumeFrom(checkpoint.path, checkpoint.step,
+                                                           verdict.first_suspect_step, checkpoint_reason,
+                                                           checkpoint_status)))
             else:
                 held.append(checkpoint_reason or "no recorded checkpoint before the first suspect step: the rerun "
                             "starts as the script decides")

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from scout_slurm.evidence.records import VerdictKind, VoteCoverage  # noqa: F401 (VoteCoverage lives there now)
+from scout_slurm.errors import SlurmError
+from scout_slurm.slurm.hostlist import compress_hostlist
 
 
 class ActionKind(str, enum.Enum):
@@ -14,6 +16,21 @@ class ActionKind(str, enum.Enum):
     REQUEUE = "requeue"
     EXCLUDE = "exclude"
     RESUME_FROM = "resume_from"
+
+
+class CheckpointStatus(str, enum.Enum):
+    """A checkpoint as the recovery rule sees it (remediation/eligibility.py decides which)."""
+    ELIGIBLE = "eligible"
+    CANDIDATE = "candidate"
+    REJECTED = "rejected"
+
+
+class Agreement(str, enum.Enum):
+    """What `CheckpointNote.agreement` says of the replicas' state signatures at the save."""
+    AGREED = "agreed"
+    DISAGREED = "disagreed"
+    NOT_EXCHANGED = "not exchanged"
+    UNKNOWN = ""                   # a version 1 record, or a text this scout does not know
 
 
 class PlanStatus(str, enum.Enum):
@@ -26,16 +43,87 @@ class PlanStatus(str, enum.Enum):
 
 
 @dataclass(frozen=True)
-class PlannedAction:
-    kind: ActionKind
-    target: str                   # node name, job id or checkpoint path
-    detail: str                   # the drain reason, the merged exclusion list, the step
+class Drain:
+    """Drain one node (one action a node: the reason names the ranks that ran there, and a hook
+    killed between two drains resumes with the next node)."""
+    node: str
+    reason: str                   # the `scout:` reason Slurm shows, pointing at the evidence
+
+
+@dataclass(frozen=True)
+class Requeue:
+    job_id: int
+
+
+@dataclass(frozen=True)
+class Exclude:
+    """Set the job's excluded nodes to `nodes`: what it excluded before plus the drained ones."""
+    job_id: int
+    nodes: tuple[str, ...]
+
+    @property
+    def hostlist(self) -> str:
+        """Slurm's short form (`n[1,3,7]`); a list that is not valid host names (a record from
+        elsewhere: the plan checks the names it writes) is shown as it is, for people."""
+        try:
+            return compress_hostlist(list(self.nodes))
+        except SlurmError:
+            return ",".join(self.nodes)
+
+
+@dataclass(frozen=True)
+class ResumeFrom:
+    """The checkpoint the rerun loads: the newest eligible one before the first suspect step."""
+    checkpoint: str
+    step: int
+    first_suspect_step: int       # -1: unknown (any recorded step was eligible)
+    rule: str                     # what the recovery rule said of the choice ("" when nothing more)
+    chosen_as: CheckpointStatus | None = None   # the newest eligible or, failing that, candidate; None: not assessed
 
     def describe(self) -> str:
-        return {ActionKind.DRAIN: f"drain node {self.target}: {self.detail}",
-                ActionKind.REQUEUE: f"requeue job {self.target}",
-                ActionKind.EXCLUDE: f"set job {self.target} excluded nodes to {self.detail}",
-                ActionKind.RESUME_FROM: f"resume from checkpoint {self.target} ({self.detail})"}[self.kind]
+        return (f"step {self.step}, before first suspect step {self.first_suspect_step}"
+                + (f"; {self.rule}" if self.rule else ""))
+
+
+ActionPayload = Drain | Requeue | Exclude | ResumeFrom
+KIND_OF: dict[type, ActionKind] = {Drain: ActionKind.DRAIN, Requeue: ActionKind.REQUEUE,
+                                   Exclude: ActionKind.EXCLUDE, ResumeFrom: ActionKind.RESUME_FROM}
+
+
+@dataclass(frozen=True)
+class PlannedAction:
+    """One action of a plan: a typed payload, its kind read from the payload's type (in the JSON
+    the payload's fields tell the four apart: each has a field set of its own). Build one with
+    `PlannedAction.of(payload)`."""
+    payload: ActionPayload
+
+    @classmethod
+    def of(cls, payload: ActionPayload) -> "PlannedAction":
+        return cls(payload)
+
+    @property
+    def kind(self) -> ActionKind:
+        return KIND_OF[type(self.payload)]
+
+    @property
+    def target(self) -> str:
+        """What the action is applied to, as its result records it: node, job id or checkpoint path."""
+        p = self.payload
+        if isinstance(p, Drain):
+            return p.node
+        if isinstance(p, (Requeue, Exclude)):
+            return str(p.job_id)
+        return p.checkpoint
+
+    def describe(self) -> str:
+        p = self.payload
+        if isinstance(p, Drain):
+            return f"drain node {p.node}: {p.reason}"
+        if isinstance(p, Requeue):
+            return f"requeue job {p.job_id}"
+        if isinstance(p, Exclude):
+            return f"set job {p.job_id} excluded nodes to {p.hostlist}"
+        return f"resume from checkpoint {p.checkpoint} ({p.describe()})"
 
 
 @dataclass(frozen=True)
@@ -60,7 +148,8 @@ class ActionsRecord:
     results: tuple[ActionResult, ...]
     created_at: float
     updated_at: float
-    schema_version: int = 1
+    # 2: typed action payloads (version 1 held each action as target and detail text)
+    schema_version: int = 2
 
     def done(self) -> set[tuple[ActionKind, str]]:
         return {(r.kind, r.target) for r in self.results if r.ok}
@@ -147,6 +236,14 @@ class CheckpointNote:
     coverage: CoverageSince | None = None
     saved_as: str = ""             # the name it was written under, when renamed since (the atomic save); "": not renamed
     schema_version: int = 2
+
+    @property
+    def agreement_kind(self) -> Agreement:
+        """The outcome `agreement` opens with (the rest of the text says where replicas differed)."""
+        for kind in (Agreement.DISAGREED, Agreement.AGREED, Agreement.NOT_EXCHANGED):
+            if self.agreement.startswith(kind.value):
+                return kind
+        return Agreement.UNKNOWN
 
 
 @dataclass(frozen=True)

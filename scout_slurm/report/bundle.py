@@ -9,12 +9,11 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from scout_slurm.evidence.history import ProgressSample
-from scout_slurm.evidence.records import ExitRecord, FindingKind, Verdict, VerdictKind
+from scout_slurm.evidence.records import ExitRecord, FindingKind, Verdict, VerdictKind, is_fault_injection
 from scout_slurm.localise.verdict import JobEvidence, is_abnormal, is_cascade
 from scout_slurm.remediation.records import ActionKind, ActionsRecord, ResumeInstruction
 from scout_slurm.report.rankmap import RankMapRow
 
-INJECTED_PREFIX = "fault injected"   # the summary of the finding the bootstrap writes when it injects
 
 
 @dataclass(frozen=True)
@@ -121,7 +120,7 @@ def primary_exits(ev: JobEvidence) -> list[ExitRecord]:
 
 def incident_moments(bundle: IncidentBundle) -> IncidentMoments:
     ev, v = bundle.evidence, bundle.verdict
-    injected = [f.at for f in ev.findings if f.kind == FindingKind.INFO and f.summary.startswith(INJECTED_PREFIX)]
+    injected = [f.at for f in ev.findings if is_fault_injection(f)]
     suspects = [s.rank for s in v.suspects]
     advances = [a for a in (rank_last_advance(bundle, r) for r in suspects) if a > 0]
     detected = 0.0

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from scout_slurm.localise.verdict import describe_exit, is_abnormal, is_cascade
-from scout_slurm.remediation.records import ActionKind
+from scout_slurm.remediation.records import ResumeFrom
 from scout_slurm.report.bundle import IncidentBundle, incident_moments, primary_exits
 from scout_slurm.report.svg import LatencyBar, esc, latency_chart_svg, phases_svg, timeline_svg
 
@@ -255,13 +255,14 @@ def _actions(bundle: IncidentBundle) -> str:
 
 def _checkpoint(bundle: IncidentBundle) -> str:
     a, res = bundle.actions, bundle.resume
-    plan = [p for p in (a.actions if a else ()) if p.kind == ActionKind.RESUME_FROM]
+    plan = [p.payload for p in (a.actions if a else ()) if isinstance(p.payload, ResumeFrom)]
     out = ['<div class="checkpoint">']
     if res is not None:
         out.append(f"<p>run {res.restart} resumes from <code>{esc(res.checkpoint, 500)}</code> (step {res.step}): "
                    f"{esc(res.reason, 1000)}</p>")
     elif plan:
-        out.append(f"<p>planned: resume from <code>{esc(plan[0].target, 500)}</code> ({esc(plan[0].detail, 1000)})</p>")
+        out.append(f"<p>planned: resume from <code>{esc(plan[0].checkpoint, 500)}</code> "
+                   f"({esc(plan[0].describe(), 1000)})</p>")
     else:
         out.append("<p>no checkpoint chosen for a rerun (none noted, none eligible, or no requeue)</p>")
     if bundle.verdict.first_suspect_step >= 0:

@@ -67,7 +67,7 @@ def test_batch_host_mode_observe_only_with_planted_checkpoints_finishes_within_b
         acts = sj.actions(lab, job, 0)
         assert acts.status.value == "observe-only"
         for a in acts.actions:
-            assert not any(p in a.target or p in a.detail for p in planted), a
+            assert not any(p in a.target or p in a.describe() for p in planted), a
         hooks_log = (lab.paths.logs / "hooks.log").read_text()
         assert '"event": "epilog.checkpoint_checks"' in hooks_log and '"event": "controller.done"' in hooks_log
         reasons = {n.name: n.reason for n in ops.list_nodes(timeout=10, env=lab.client_env()) if n.is_drained}

@@ -26,7 +26,8 @@ from scout_slurm.evidence.records import VerdictKind
 from scout_slurm.evidence.store import create_record_exclusive, read_record
 from scout_slurm.lab.cluster import CLUSTER_NAME
 from scout_slurm.remediation.apply import apply_plan
-from scout_slurm.remediation.records import ActionKind, ActionsRecord, PlanStatus, PlannedAction
+from scout_slurm.remediation.records import (ActionKind, ActionsRecord, Drain, Exclude, PlanStatus, PlannedAction,
+                                             Requeue)
 from scout_slurm.slurm import ops
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -78,10 +79,10 @@ def running_job(lab) -> tuple[int, str]:
 
 def plan_for(job: int, node: str, root: Path, *, requeue_only: bool = False) -> tuple[ActionsRecord, str]:
     reason = f"scout: crash rank 0 job {job} run 0 conf 0.95 see {root}/{CLUSTER_NAME}/{job}"
-    actions = (PlannedAction(ActionKind.REQUEUE, str(job), ""),) if requeue_only else (
-        PlannedAction(ActionKind.DRAIN, node, reason),
-        PlannedAction(ActionKind.REQUEUE, str(job), ""),
-        PlannedAction(ActionKind.EXCLUDE, str(job), node),
+    actions = (PlannedAction.of(Requeue(job)),) if requeue_only else (
+        PlannedAction.of(Drain(node, reason)),
+        PlannedAction.of(Requeue(job)),
+        PlannedAction.of(Exclude(job, (node,))),
     )
     now = time.time()
     return ActionsRecord(job_id=job, restart=0, verdict_kind=VerdictKind.CRASH, status=PlanStatus.PLANNED,

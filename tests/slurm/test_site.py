@@ -242,7 +242,7 @@ def test_checkpoint_records_naming_what_root_could_open_are_checked_as_the_user_
     acts = sj.actions(lab, job, 0)
     assert acts is not None and acts.status.value == "applied", acts
     for a in acts.actions:
-        assert not any(p in a.target or p in a.detail for p in planted), a
+        assert not any(p in a.target or p in a.describe() for p in planted), a
     if f.resume_path(1).exists():
         assert not any(p in f.resume_path(1).read_text() for p in planted)
     report = f.report_path(0).read_text()

@@ -82,10 +82,12 @@ def test_crash_drains_the_suspect_node_requeues_excludes_and_resumes():
     assert kinds(plan) == [ActionKind.DRAIN, ActionKind.REQUEUE, ActionKind.EXCLUDE, ActionKind.RESUME_FROM]
     drain, requeue, exclude, resume = plan.actions
     assert drain.target == "n3"
-    assert drain.detail == drain_reason(verdict(VerdictKind.CRASH, (5, "n3")), "n3", EVIDENCE)
-    assert requeue.target == "77"
-    assert exclude.target == "77" and exclude.detail == "n3"
-    assert resume.target == "/ckpt/step-100.pt" and "step 100" in resume.detail and "120" in resume.detail
+    assert drain.payload.reason == drain_reason(verdict(VerdictKind.CRASH, (5, "n3")), "n3", EVIDENCE)
+    assert requeue.target == "77" and requeue.payload.job_id == 77
+    assert exclude.target == "77" and exclude.payload.hostlist == "n3"
+    assert resume.target == "/ckpt/step-100.pt" and resume.payload.step == 100
+    assert resume.payload.first_suspect_step == 120
+    assert "step 100" in resume.describe() and "120" in resume.describe()
     assert plan.held_back == ()
 
 
@@ -111,7 +113,7 @@ def test_node_outside_the_allocation_is_held_back_and_never_in_actions():
     plan = build_plan(verdict(VerdictKind.HANG, (2, "n9"), (5, "n3")), facts(), CFG, evidence_path=EVIDENCE)
     assert drained(plan) == ["n3"]
     assert "node 'n9' named by the evidence is outside the job's allocation (n[1-4])" in held(plan)
-    assert all("n9" not in a.target and "n9" not in a.detail for a in plan.actions)
+    assert all("n9" not in a.target and "n9" not in a.describe() for a in plan.actions)
 
 
 def test_only_nodes_outside_the_allocation_drain_nothing():
@@ -195,7 +197,7 @@ def test_requeue_merges_exclusions():
                       evidence_path=EVIDENCE)
     exclude = [a for a in plan.actions if a.kind == ActionKind.EXCLUDE]
     assert len(exclude) == 1
-    assert exclude[0].detail == "n[1,3,7]"
+    assert exclude[0].payload.hostlist == "n[1,3,7]"
     assert exclude[0].describe() == "set job 77 excluded nodes to n[1,3,7]"
 
 
@@ -282,10 +284,10 @@ def test_drains_stay_in_the_allocation_and_respect_the_fraction(inputs):
         assert plan.actions == ()
     if targets:
         assert v.confidence >= cfg.min_confidence
-        assert all(a.detail.startswith("scout:") for a in plan.actions if a.kind == ActionKind.DRAIN)
+        assert all(a.payload.reason.startswith("scout:") for a in plan.actions if a.kind == ActionKind.DRAIN)
     for a in plan.actions:
         if a.kind == ActionKind.EXCLUDE:
-            assert set(expand_hostlist(a.detail)) == set(job.excluded) | set(targets)
+            assert set(a.payload.nodes) == set(expand_hostlist(a.payload.hostlist)) == set(job.excluded) | set(targets)
 
 
 # --- stragglers ---------------------------------------------------------------------------
@@ -301,7 +303,7 @@ def test_straggler_drained_under_the_site_setting_but_never_requeued():
     cfg = RemediationConfig(drain_stragglers=True)
     plan = build_plan(verdict(VerdictKind.STRAGGLER, (2, "n2"), (3, "n2")), facts(), cfg, evidence_path=EVIDENCE)
     assert kinds(plan) == [ActionKind.DRAIN] and drained(plan) == ["n2"]
-    assert plan.actions[0].detail.startswith("scout: straggler rank 2,3 job 77")
+    assert plan.actions[0].payload.reason.startswith("scout: straggler rank 2,3 job 77")
     assert "not requeued" in held(plan)
 
 
@@ -335,3 +337,11 @@ def test_how_the_job_ended_decides_whether_scout_acts(state, acts, words, kind):
         assert plan.actions == (), plan
         assert any(words in h and kind.value in h and "nothing is drained and the job is not requeued" in h
                    for h in plan.held_back), plan.held_back
+
+
+def test_scout_s_drain_reasons_are_told_from_others():
+    from scout_slurm.remediation.plan import is_scout_drain
+    reason = drain_reason(verdict(VerdictKind.CRASH, (5, "n3")), "n3", EVIDENCE)
+    assert is_scout_drain(reason) and is_scout_drain(reason, 77)
+    assert not is_scout_drain(reason, 7) and not is_scout_drain(reason, 777)
+    assert not is_scout_drain("bad DIMM (admin)") and not is_scout_drain("bad DIMM, scout: job 77 ", 77)

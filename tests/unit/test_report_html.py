@@ -14,8 +14,8 @@ from scout_slurm.evidence.history import (ProgressSample, decode_history, encode
 from scout_slurm.evidence.records import (ChildState, ExitRecord, Finding, FindingKind, ProgressSnapshot, RankPlace,
                                           StallDecision, Suspect, Verdict, VerdictKind)
 from scout_slurm.localise.verdict import JobEvidence
-from scout_slurm.remediation.records import (ActionKind, ActionResult, ActionsRecord, PlannedAction, PlanStatus,
-                                             ResumeInstruction)
+from scout_slurm.remediation.records import (ActionKind, ActionResult, ActionsRecord, Drain, PlannedAction, PlanStatus,
+                                             Requeue, ResumeFrom, ResumeInstruction)
 from scout_slurm.report.bundle import IncidentBundle, IncidentMoments, incident_moments, last_advance
 from scout_slurm.report.html import (AcceptanceCheck, AcceptanceReport, LatencyCase, render_acceptance_html,
                                      render_incident_html)
@@ -82,9 +82,9 @@ def hang_bundle(world: int = 4, *, evil: bool = False, with_history: bool = True
                       first_failure_at=T0 + 11, first_suspect_step=13, world_size=world, created_at=T0 + 12)
     drain_target = nodes[suspect]
     actions = ActionsRecord(job_id=77, restart=0, verdict_kind=VerdictKind.HANG, status=PlanStatus.APPLIED,
-                            actions=(PlannedAction(ActionKind.DRAIN, drain_target, "scout: hang rank 1"),
-                                     PlannedAction(ActionKind.REQUEUE, "77", ""),
-                                     PlannedAction(ActionKind.RESUME_FROM, "/ck/step-10.pt", "step 10, before 13")),
+                            actions=(PlannedAction.of(Drain(drain_target, "scout: hang rank 1")),
+                                     PlannedAction.of(Requeue(77)),
+                                     PlannedAction.of(ResumeFrom("/ck/step-10.pt", 10, 13, ""))),
                             held_back=(EVIL,) if evil else (),
                             results=(ActionResult(ActionKind.DRAIN, drain_target, True, "drained", 1, T0 + 12.5),
                                      ActionResult(ActionKind.REQUEUE, "77", True, "requeued", 1, T0 + 13.0)),

@@ -8,7 +8,8 @@ import re
 from scout_slurm.evidence.records import ChildState, ExitRecord, ProgressSnapshot, RankPlace, VerdictKind
 from scout_slurm.evidence.records import VoteCoverage
 from scout_slurm.localise.verdict import JobEvidence, localise
-from scout_slurm.remediation.records import ActionKind, ActionResult, ActionsRecord, PlannedAction, PlanStatus
+from scout_slurm.remediation.records import (ActionKind, ActionResult, ActionsRecord, Drain, Exclude, PlannedAction,
+                                             PlanStatus, Requeue, ResumeFrom)
 from scout_slurm.report.incident import render_actions, render_incident_markdown
 from scout_slurm.report.show import render_show, render_timeline, render_verdict
 
@@ -109,10 +110,10 @@ def test_clean_verdict_names_nobody():
 
 
 def actions_record(results: tuple[ActionResult, ...], status=PlanStatus.PARTIAL) -> ActionsRecord:
-    actions = (PlannedAction(ActionKind.DRAIN, "node02", "scout: crash rank 3 job 4711 run 0 conf 0.95 see /e"),
-               PlannedAction(ActionKind.REQUEUE, "4711", ""),
-               PlannedAction(ActionKind.EXCLUDE, "4711", "node02"),
-               PlannedAction(ActionKind.RESUME_FROM, "/ckpt/step-8.pt", "step 8, before first suspect step 11"))
+    actions = (PlannedAction.of(Drain("node02", "scout: crash rank 3 job 4711 run 0 conf 0.95 see /e")),
+               PlannedAction.of(Requeue(4711)),
+               PlannedAction.of(Exclude(4711, ("node02",))),
+               PlannedAction.of(ResumeFrom("/ckpt/step-8.pt", 8, 11, "")))
     return ActionsRecord(job_id=4711, restart=0, verdict_kind=VerdictKind.CRASH, status=status, actions=actions,
                          held_back=("restart limit reached (3 of 3): not requeued",), results=results,
                          created_at=NOW, updated_at=NOW)
