@@ -140,70 +140,23 @@ _config_opt = click.option("--config", "config_path", default=None, help="Site c
 def show(job_id: int, restart: int | None, cluster: str | None, as_json: bool, as_html: bool, output: Path | None,
          config_path: str | None) -> None:
     """The verdict, a per-rank timeline and the actions taken for JOB_ID."""
-    import time as _time
-    from scout_slurm.evidence.records import Verdict
-    from scout_slurm.evidence.store import read_record, record_to_obj
-    from scout_slurm.evidence.gather import gather_evidence, with_full_records
-    from scout_slurm.localise.verdict import localise
-    from scout_slurm.remediation.records import ActionsRecord
-    from scout_slurm.report.incident import render_actions
-    from scout_slurm.report.show import render_show
-
-    cfg = _site(config_path)
-    folder = _find_job_folder(Path(cfg.evidence.root), job_id, cluster)
-    runs = folder.restarts()
-    if not runs:
-        raise ScoutError(f"job {job_id}: no run folders in {folder.path}")
-    run = runs[-1] if restart is None else restart
-    ev = gather_evidence(folder, run)
-    if not ev.places and not ev.exits and not ev.snapshots and not ev.findings:
-        raise ScoutError(f"job {job_id} run {run}: no scout records in {folder.run_dir(run)} (no rank wrote its "
-                         "place, progress or exit): the job did not run under scout-srun, or its SCOUT_CONFIG "
-                         "sent its evidence elsewhere; there is no verdict to show")
-    vpath = folder.verdict_path(run)
-    computed = not vpath.exists()
-    verdict = localise(ev, now=_time.time()) if computed else read_record(vpath, Verdict, root=folder.root)
-    ev = with_full_records(ev, folder, [s.rank for s in verdict.suspects])
-    apath = folder.actions_path(run)
-    actions = read_record(apath, ActionsRecord, root=folder.root) if apath.exists() else None
-    if as_html:
-        from scout_slurm.report.bundleread import load_incident_bundle
-        from scout_slurm.report.html import render_incident_html
-        page = render_incident_html(load_incident_bundle(folder, run, evidence=ev, verdict=verdict, actions=actions,
-                                                         verdict_computed=computed))
-        if output is None:
-            click.echo(page, nl=False)
-        else:
-            try:
-                output.write_text(page, encoding="utf-8")
-            except OSError as exc:
-                raise ScoutError(f"scout show: cannot write {output}: {exc.strerror or exc}; choose another -o path")
-            click.echo(f"wrote {output} (job {job_id}, run {run})", err=True)
-        return
-    if output is not None:
+    from scout_slurm.report.views import load_show, show_html, show_json, show_text
+    if output is not None and not as_html:
         raise ScoutError("scout show: -o/--output goes with --html")
-    resume = sorted((f for f in ev.findings if f.component == "resume"), key=lambda f: f.rank)
+    folder = _find_job_folder(Path(_site(config_path).evidence.root), job_id, cluster)
+    view = load_show(folder, restart)
     if as_json:
-        obj = record_to_obj(verdict)
-        obj["actions"] = record_to_obj(actions) if actions else None
-        obj["runs"] = runs
-        obj["computed"] = computed
-        from scout_slurm.report.show import timing_findings
-        obj["timing"] = [record_to_obj(f) for f in timing_findings(ev)]
-        obj["resume"] = [record_to_obj(f) for f in resume]
-        click.echo(json.dumps(obj, indent=2, sort_keys=True))
-        return
-    click.echo(render_show(job_id, folder.cluster, run, verdict, ev, render_actions(actions) if actions else None,
-                           computed=computed), nl=False)
-    if resume:  # the resumed run's restored state against its checkpoint record
-        click.echo("\nresume check:")
-        for f in resume:
-            click.echo(f"  {f.summary}")
-            if "MISMATCH" in f.summary:
-                for d in f.details:
-                    click.echo(f"      {d}")
-    if len(runs) > 1:
-        click.echo(f"\nruns of this job: {runs} (see --restart N)")
+        click.echo(json.dumps(show_json(view), indent=2, sort_keys=True))
+    elif not as_html:
+        click.echo(show_text(view), nl=False)
+    elif output is None:
+        click.echo(show_html(view, folder), nl=False)
+    else:
+        try:
+            output.write_text(show_html(view, folder), encoding="utf-8")
+        except OSError as exc:
+            raise ScoutError(f"scout show: cannot write {output}: {exc.strerror or exc}; choose another -o path")
+        click.echo(f"wrote {output} (job {job_id}, run {view.run})", err=True)
 
 
 @main.command("incidents")
@@ -265,7 +218,8 @@ def undrain(node: str, dry_run: bool, config_path: str | None) -> None:
     if not info.is_drained:
         click.echo(f"{node} is not drained (state {info.state_text}): nothing to do")
         return
-    if not info.reason.startswith("scout:"):
+    from scout_slurm.remediation.plan import is_scout_drain
+    if not is_scout_drain(info.reason):
         raise ScoutError(f"{node} was drained by someone else (reason: {info.reason!r}); scout leaves it alone. "
                          f"Use scontrol update nodename={node} state=resume if you mean it.")
     if dry_run:
@@ -388,62 +342,15 @@ def map_cmd(job_id: int | None, rank: int | None, restart: int | None, node_name
 def checkpoints(job_id: int, cluster: str | None, as_json: bool, config_path: str | None) -> None:
     """The checkpoints JOB_ID wrote: eligible, candidate or rejected, and why; and the one a
     rerun would resume from after the last run's verdict."""
-    import dataclasses
-    from scout_slurm.evidence.records import Verdict
-    from scout_slurm.evidence.store import read_record
-    from scout_slurm.evidence.checkfiles import assess_job
-    from scout_slurm.remediation.eligibility import recovery_point
+    from scout_slurm.report.views import checkpoints_json, checkpoints_text, load_checkpoints
     cfg = _site(config_path)
     folder = _find_job_folder(Path(cfg.evidence.root), job_id, cluster)
-    runs = folder.restarts()
-    # the files as they are now, read as the job's user (never as root: this command may run as root)
-    from scout_slurm.hooks.ckptcheck import checks_now
-    checks = checks_now(folder, runs[-1] if runs else 0, time_budget_s=cfg.epilog.checkpoint_check_s,
-                        byte_budget=cfg.epilog.checkpoint_check_bytes)
-    rows = assess_job(folder, checks=checks)
-    fss = -1
-    if runs and folder.verdict_path(runs[-1]).exists():
-        fss = read_record(folder.verdict_path(runs[-1]), Verdict, root=folder.root).first_suspect_step
-    chosen, why = recovery_point(rows, fss)
+    view = load_checkpoints(folder, time_budget_s=cfg.epilog.checkpoint_check_s,
+                            byte_budget=cfg.epilog.checkpoint_check_bytes)
     if as_json:
-        click.echo(json.dumps({"job_id": job_id, "checkpoints": [
-            {"path": a.note.path, "step": a.note.step, "run": a.note.restart, "status": a.status.value,
-             "reason": a.reason, "sha256": a.note.sha256, "versions": a.note.versions,
-             "schema_version": a.note.schema_version, "saver": a.note.saver, "files": len(a.note.files),
-             "world": a.note.world, "ranks_saved": list(a.note.ranks_saved), "agreement": a.note.agreement,
-             "signatures": {s.component: {"value": s.saved or s.majority, "agreed": s.agreed}
-                            for s in a.note.signatures},
-             "software": dataclasses.asdict(a.note.software) if a.note.software else None,
-             "coverage": dataclasses.asdict(a.note.coverage) if a.note.coverage else None} for a in rows],
-            "recovery_point": chosen.note.path if chosen else None, "rule": why}, indent=2))
-        return
-    if not rows:
-        click.echo(f"job {job_id}: no checkpoints noted")
-        return
-    from scout_slurm.remediation.signatures import short
-    click.echo(f"{'step':>6} {'run':>3}  {'status':<9} path / why / evidence")
-    for a in rows:
-        n = a.note
-        click.echo(f"{n.step:>6} {n.restart:>3}  {a.status.value:<9} {n.path}\n{'':>22}why: {a.reason}")
-        if n.schema_version >= 2:
-            pad = " " * 22
-            sv = n.software
-            click.echo(f"{pad}saved by {n.saver or '?'} on rank{'s' if len(n.ranks_saved) != 1 else ''} "
-                       f"{','.join(map(str, n.ranks_saved)) or '?'} of {n.world}; {len(n.files)} file(s); "
-                       f"replicas: {n.agreement or '?'}")
-            if n.signatures:
-                click.echo(f"{pad}signatures: {short(n.signatures)}")
-            if sv:
-                click.echo(f"{pad}versions: python {sv.python}, torch {sv.torch}, cuda {sv.cuda or '-'}, "
-                           f"nccl {sv.nccl or '-'}, scout {sv.scout}")
-            if n.coverage:
-                c = n.coverage
-                click.echo(f"{pad}coverage since the previous record: {c.votes} vote(s), {c.replay_rounds} replay "
-                           f"round(s): {c.verdicts}")
-        else:
-            click.echo(f"{'':>22}(schema version {n.schema_version} record: no signatures or replicas' agreement)")
-    click.echo(f"recovery rule: {why}")
-
+        click.echo(json.dumps(checkpoints_json(view), indent=2))
+    else:
+        click.echo(checkpoints_text(view), nl=False)
 
 if __name__ == "__main__":
     main()
