@@ -6,7 +6,6 @@ torch and (if present) xxhash."""
 
 from __future__ import annotations
 
-import os
 import struct
 import sys
 import time

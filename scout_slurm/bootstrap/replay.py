@@ -14,7 +14,6 @@ Imports torch; runs only in the job's Python.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -23,10 +22,11 @@ from typing import Any, Callable
 from scout_slurm.bootstrap.consensus import state_signature, tensor_signature
 from scout_slurm.bootstrap.exitpolicy import Ending, end, ends
 from scout_slurm.bootstrap.replicas import GroupVote, replay_plan, replica_groups, shard_group, vote_group
+from scout_slurm.jobconfig import REPLAY_MAX_BYTES
 
 _DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
 _MAX_DIMS = 8
-DEFAULT_MAX_BYTES = 64 << 20
+DEFAULT_MAX_BYTES = REPLAY_MAX_BYTES  # SCOUT_REPLAY_MAX_BYTES (scout_slurm.jobconfig)
 
 
 def say(msg: str) -> None:

@@ -6,7 +6,6 @@ group, the findings folder). Imports only the standard library and torch."""
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path

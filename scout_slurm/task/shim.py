@@ -259,6 +259,9 @@ def settings_allow_start(ctx: TaskContext, cfg: SiteConfig, environ: Mapping[str
     site's `[watchdog] on_bad_setting = "fail"`: the command must not start. Said loudly once (rank 0)
     in the job's output, and in every rank's own log."""
     _, problems = read_settings(environ, site_defaults(cfg))
+    # which settings the job itself gave (the rest: the site's defaults, then scout's)
+    log.info("shim.job_settings", set_by_job=sorted(n for n in environ if n.startswith("SCOUT_")),
+             site_defaults=site_defaults(cfg))
     if not problems:
         return True
     fail = cfg.watchdog.on_bad_setting == "fail"

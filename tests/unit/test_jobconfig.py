@@ -157,11 +157,18 @@ def test_the_shim_says_bad_settings_once_and_applies_the_site_policy(tmp_path, c
     assert ("the job is not started" in err) == (policy == "fail")
 
 
-def test_valid_settings_start_quietly(capsys):
+def test_valid_settings_start_quietly(tmp_path, capsys):
+    from scout_slurm.log import TaskLog, configure
     from scout_slurm.task.shim import settings_allow_start
     env = dict(ENV, SCOUT_CONSENSUS_EVERY="10", SCOUT_CONFIG="/x.toml", SCOUT_WATCHDOG_STALL_FLOOR_S="5")
-    assert settings_allow_start(task_context(ENV), parse_config({}), env) is True
+    configure(TaskLog(tmp_path / "log-0.jsonl"), json=True)  # as the shim's run() has it by then
+    try:
+        assert settings_allow_start(task_context(ENV), parse_config({}), env) is True
+    finally:
+        configure()
     assert capsys.readouterr().err == ""
+    own = (tmp_path / "log-0.jsonl").read_text()
+    assert '"event": "shim.job_settings"' in own and "SCOUT_CONSENSUS_EVERY" in own, own
 
 
 def test_exit_policy_decides_and_codes_come_from_exitcodes():
