@@ -56,6 +56,10 @@ class WatchdogConfig:
     # code 89 once it has lasted evidence_loss_grace_s; "warn" only says so, loudly, every minute
     on_evidence_loss: str = "fail"
     evidence_loss_grace_s: float = 60.0
+    # a job whose SCOUT_* settings are not valid (a misspelt name, a bad value): "disable" starts
+    # it with scout's in-job checks off (the watchdog still runs) and says so; "fail" does not
+    # start it (scout-task exits 85)
+    on_bad_setting: str = "disable"
 
 
 @dataclass(frozen=True)
@@ -201,9 +205,17 @@ def _check_ranges(cfg: SiteConfig, source: str) -> None:
     if cfg.remediation.on_resume_mismatch not in ("warn", "fatal"):
         raise ConfigError(f"{source}: [remediation] on_resume_mismatch must be 'warn' or 'fatal', "
                           f"got {cfg.remediation.on_resume_mismatch!r}")
+    if cfg.watchdog.on_bad_setting not in ("disable", "fail"):
+        raise ConfigError(f"{source}: [watchdog] on_bad_setting must be 'disable' or 'fail', "
+                          f"got {cfg.watchdog.on_bad_setting!r}")
     if cfg.watchdog.on_evidence_loss not in ("fail", "warn"):
         raise ConfigError(f"{source}: [watchdog] on_evidence_loss must be 'fail' or 'warn', "
                           f"got {cfg.watchdog.on_evidence_loss!r}")
+
+
+def site_override_names() -> list[str]:
+    """Every `SCOUT_<SECTION>_<KEY>` name the site config reads from the environment (pure)."""
+    return [f"SCOUT_{section.upper()}_{f.name.upper()}" for section, cls in _SECTION_TYPES.items() for f in fields(cls)]
 
 
 def env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:

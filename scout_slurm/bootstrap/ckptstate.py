@@ -32,6 +32,7 @@ last given to a DistributedSampler. The data loader's own position is not visibl
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import sys
 import threading
@@ -42,7 +43,11 @@ from typing import Any, Callable
 
 from scout_slurm.remediation.signatures import COMPONENTS
 
-RESUME_MISMATCH_EXIT = 90  # scout_slurm.task.exitcodes.RESUME_MISMATCH (literal: runs in the job's Python)
+from scout_slurm.bootstrap.exitpolicy import Ending, end, ends
+
+# what the bootstrap swallows to keep the job running, for a debugging session (stdlib logging: the
+# job's Python may lack structlog, and configuring it here would change the job's own logging)
+_log = logging.getLogger("scout.bootstrap")
 _MASK = 0x7FFFFFFFFFFFFFFF
 DATA_POSITION = "scout's global optimizer step; the DistributedSampler epoch when the script sets one"
 FOLLOWED_MAX = 4096  # recorded checkpoints whose renames are followed (the newest); older ones keep their names
@@ -103,7 +108,8 @@ def software_versions():
         if torch.cuda.is_available():
             v = torch.cuda.nccl.version()
             nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
-    except Exception:  # noqa: BLE001 - a build without NCCL
+    except Exception as exc:  # noqa: BLE001 - a build without NCCL
+        _log.debug("no NCCL version (a build without NCCL?): %r", exc)
         nccl = None
     return SoftwareVersions(python=platform.python_version(), torch=torch.__version__, cuda=torch.version.cuda,
                             nccl=nccl, scout=getattr(scout_slurm, "__version__", "?"))
@@ -170,7 +176,8 @@ def combined_sha(files) -> str:
 class CheckpointWatch:
     def __init__(self, *, rank: int, world: int, side: Any, notes_dir: Path | None, run_dir: Path | None,
                  restart: int, offset: int, all_gather: Callable, all_reduce: Callable, groups: Callable[[], Any],
-                 completed_steps: Callable[[], int]) -> None:
+                 completed_steps: Callable[[], int], resume: str = "", resume_mismatch: str = "warn",
+                 node: str = "") -> None:
         self.rank, self.world, self.side = rank, world, side
         self.notes_dir, self.run_dir, self.restart, self.offset = notes_dir, run_dir, restart, offset
         self.all_gather, self.all_reduce = all_gather, all_reduce
@@ -181,7 +188,9 @@ class CheckpointWatch:
         self.pending: list[tuple[Path, Any]] = []
         self.prev_votes = 0
         self.prev_replay = 0
-        self.resume = os.environ.get("SCOUT_RESUME_CHECKPOINT", "")
+        self.resume = resume                    # SCOUT_RESUME_CHECKPOINT
+        self.resume_mismatch = resume_mismatch  # SCOUT_RESUME_MISMATCH: "fatal" ends the rank (bootstrap.exitpolicy)
+        self.node = node
         self.resume_loaded = False
         self.resume_done = not self.resume
         self.exchanges = 0
@@ -318,7 +327,9 @@ class CheckpointWatch:
                 from scout_slurm.evidence.store import read_record
                 from scout_slurm.remediation.records import VoteCoverage
                 cov = read_record(self.run_dir / "votes.json", VoteCoverage)
-            except Exception:  # noqa: BLE001 - coverage is evidence, never a reason to fail the save
+            except Exception as exc:  # noqa: BLE001 - coverage is evidence, never a reason to fail the save
+                sys.stderr.write(f"scout: the run's coverage record {self.run_dir / 'votes.json'} is unreadable "
+                                 f"({exc!r}); the checkpoint record says no coverage\n")
                 cov = None
         if cov is None:
             return CoverageSince(votes=0, replay_rounds=0, last_clean_step=-1, last_vote_step=-1,
@@ -532,17 +543,19 @@ class CheckpointWatch:
         target = os.path.realpath(path)
         try:
             notes, _ = list_records(self.notes_dir, "*.json", CheckpointNote)
-        except Exception:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - an unreadable folder: the resume is not checked, and says so
+            sys.stderr.write(f"scout: the checkpoint records in {self.notes_dir} are unreadable ({exc!r}); "
+                             f"the resume from {path} is not checked against its record\n")
             return None
         mine = [n for n in notes if os.path.realpath(n.path) == target]
         return max(mine, key=lambda n: n.saved_at) if mine else None
 
     def _finding(self, ok: bool, summary: str, details: tuple[str, ...], *, info: bool = False) -> None:
-        fatal = not ok and not info and os.environ.get("SCOUT_RESUME_MISMATCH", "warn") == "fatal"
+        fatal = not ok and not info and ends(Ending.RESUME_MISMATCH, self.resume_mismatch)
         if not ok and not info:
             bar = "!" * 78
             sys.stderr.write(f"{bar}\nscout: {summary}\n" + "".join(f"scout:   {d}\n" for d in details) +
-                             (f"scout: SCOUT_RESUME_MISMATCH=fatal: ending this rank (exit {RESUME_MISMATCH_EXIT})\n"
+                             (f"scout: SCOUT_RESUME_MISMATCH=fatal: ending this rank (exit {Ending.RESUME_MISMATCH.code})\n"
                               if fatal else "scout: the job continues (SCOUT_RESUME_MISMATCH=fatal would end it)\n")
                              + f"{bar}\n")
         elif not ok:
@@ -554,19 +567,20 @@ class CheckpointWatch:
                 from scout_slurm.evidence.store import write_record
                 name = "resume-verified" if ok else ("resume-unchecked" if info else "resume-mismatch")
                 write_record(self.run_dir / "findings" / f"{name}-rank-{self.rank}.json",
-                             Finding(rank=self.rank, node=os.environ.get("SLURMD_NODENAME", ""), kind=FindingKind.INFO,
+                             Finding(rank=self.rank, node=self.node, kind=FindingKind.INFO,
                                      at=time.time(), summary=summary, details=details, step=self.global_step(),
                                      component="resume"))
             except Exception as exc:  # noqa: BLE001
                 sys.stderr.write(f"scout: resume finding not written: {exc!r}\n")
         if fatal:
-            os._exit(RESUME_MISMATCH_EXIT)
+            end(Ending.RESUME_MISMATCH)
 
 
 def _state_init_step(optimizer: Any) -> bool:
     try:
         return not optimizer.state and all(float(g["lr"]) == 0.0 for g in optimizer.param_groups if "lr" in g)
-    except Exception:  # noqa: BLE001 - an optimizer of unusual shape: treat the step as real
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:  # an optimizer of unusual shape
+        _log.debug("optimizer %s: the step is taken as real (%r)", type(optimizer).__name__, exc)
         return False
 
 
@@ -604,18 +618,19 @@ def install(handle: Any, state: Any) -> None:
     if state.checkpoints_dir is None or WATCH is not None:
         return
     side = None
-    if state.world >= 2 and os.environ.get("SCOUT_CHECKPOINT_AGREEMENT", "1") != "0":
+    cfg = state.config
+    if state.world >= 2 and cfg.checkpoint_agreement:
         # the votes' side group when there is one; else scout's own (never the training communicators)
         side = state.consensus.side if state.consensus is not None else dist.new_group(backend="gloo")
-    run_dir = os.environ.get("SCOUT_RUN_DIR")
+    run_dir = cfg.run_dir
 
     def groups():
         c = state.consensus
         return getattr(c, "groups", None) if c is not None else None
 
     watch = CheckpointWatch(rank=state.rank, world=state.world, side=side, notes_dir=state.checkpoints_dir,
-                            run_dir=Path(run_dir) if run_dir else None, restart=state.restart,
-                            offset=int(os.environ.get("SCOUT_STEP_OFFSET", "0") or 0),
+                            run_dir=run_dir, restart=state.restart, offset=cfg.step_offset,
+                            resume=cfg.resume_checkpoint, resume_mismatch=cfg.resume_mismatch.value, node=cfg.node,
                             all_gather=state.originals["all_gather"], all_reduce=state.originals["all_reduce"],
                             groups=groups,
                             completed_steps=lambda: state.writer.steps if state.writer is not None else 0)

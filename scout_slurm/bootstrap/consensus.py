@@ -6,14 +6,13 @@ torch and (if present) xxhash."""
 
 from __future__ import annotations
 
-import os
 import struct
 import sys
 import time
 from pathlib import Path
 from typing import Any, Iterable
 
-SDC_EXIT = 88  # scout_slurm.task.exitcodes.SDC_CULPRIT (kept literal: this module runs in the job's Python)
+from scout_slurm.bootstrap.exitpolicy import Ending, end, ends
 
 
 def _hasher():
@@ -75,7 +74,8 @@ def vote(values: list[int]) -> tuple[int | None, list[int]]:
 
 
 class Consensus:
-    def __init__(self, *, every: int, rank: int, world: int, run_dir: Path | None, node: str) -> None:
+    def __init__(self, *, every: int, rank: int, world: int, run_dir: Path | None, node: str,
+                 offset: int = 0, restart: int = 0, sdc_policy: str = "exit") -> None:
         import torch.distributed as dist
         self.every = every
         self.rank, self.world = rank, world
@@ -83,8 +83,8 @@ class Consensus:
         self.side = dist.new_group(backend="gloo")  # scout's votes never use the training communicators
         self.modules: list[Any] = []
         self.votes = 0
-        self.offset = int(os.environ.get("SCOUT_STEP_OFFSET", "0") or 0)
-        self.restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+        self.offset, self.restart = offset, restart
+        self.sdc_policy = sdc_policy  # SCOUT_SDC_POLICY: "exit" ends an outvoted rank (bootstrap.exitpolicy)
         self.last_clean = -1
         self.groups: list[tuple[int, ...]] | None = None  # replica groups, found at the first vote
         self.first_nonfinite: Any = None  # a callable giving this rank's first non-finite step (bootstrap.finite)
@@ -187,13 +187,11 @@ class Consensus:
                 self._write_nonfinite(nonfinite, [int(g[2]) for g in gathered])
         # the finding is on disk before the outlier leaves: the Epilogs act on it
         original_barrier(group=self.side)
-        if self.rank in confirmed and os.environ.get("SCOUT_SDC_POLICY", "exit") == "exit":
+        if self.rank in confirmed and ends(Ending.SDC, self.sdc_policy):
             why = (f"rank {self.rank}'s loss became non-finite first, at step {nonfinite.step}"
                    if nonfinite is not None and self.rank in nonfinite.ranks and nonfinite.outcome == "named" else
                    f"rank {self.rank}'s state differs from the replicas' majority at step {step}")
-            sys.stderr.write(f"scout: {why}; ending this rank (exit {SDC_EXIT})\n")
-            sys.stderr.flush()
-            os._exit(SDC_EXIT)
+            end(Ending.SDC, f"{why}; ending this rank (exit {Ending.SDC.code})")
 
     def _write_nonfinite(self, v: Any, first_steps: list[int]) -> None:
         if self.run_dir is None:

@@ -10,16 +10,28 @@ import faulthandler
 import functools
 import importlib.abc
 import importlib.machinery
+import logging
 import os
 import signal
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable
 
-from scout_slurm.inject.spec import NUMERIC_FAULTS, TIMING_FAULTS, FaultSpec, parse_fault
+from scout_slurm.inject.spec import NUMERIC_FAULTS, TIMING_FAULTS, FaultSpec
+from scout_slurm.jobconfig import JobConfig
 from scout_slurm.task import progress as progress_mod
+
+if TYPE_CHECKING:
+    from scout_slurm.bootstrap.consensus import Consensus
+    from scout_slurm.bootstrap.finite import FiniteWatch
+    from scout_slurm.bootstrap.replay import Replay, RootTracker
+    from scout_slurm.bootstrap.timing import Timing
+
+# what the bootstrap swallows to keep the job running, for a debugging session (stdlib logging: the
+# job's Python may lack structlog, and configuring it here would change the job's own logging)
+_log = logging.getLogger("scout.bootstrap")
 
 STACK_SIGNAL = signal.SIGRTMIN + 5
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
@@ -29,6 +41,7 @@ COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor"
 
 class _State:
     def __init__(self) -> None:
+        self.config = JobConfig()         # the job's settings, read once (scout_slurm.jobconfig)
         self.progress_dir: Path | None = None
         self.checkpoints_dir: Path | None = None
         self.writer: progress_mod.ProgressWriter | None = None
@@ -37,15 +50,15 @@ class _State:
         self.rank = -1
         self.world = 0
         self.skip_next_all_reduce = False
-        self.default_pg = None
-        self.installed: "InstalledHooks | None" = None
-        self.consensus: Any = None
-        self.replay: Any = None          # bootstrap.replay.Replay, when replay is on
-        self.root_tracker: Any = None    # sees the script's models at their first forward
+        self.default_pg: Any = None       # torch.distributed's default ProcessGroup (torch is imported lazily)
+        self.installed: InstalledHooks | None = None
+        self.consensus: Consensus | None = None
+        self.replay: Replay | None = None            # when replay is on
+        self.root_tracker: RootTracker | None = None  # sees the script's models at their first forward
         self.compute_fired = 0           # how often a compute fault corrupted a layer (training and replay)
-        self.timing: Any = None          # bootstrap.timing.Timing, when timing votes are on
+        self.timing: Timing | None = None  # when timing votes are on
         self.timing_fault_fired = False  # delay/input_stall said and recorded once, then quiet
-        self.finite: Any = None          # bootstrap.finite.FiniteWatch: where NaN/Inf began
+        self.finite: FiniteWatch | None = None  # where NaN/Inf began
         self.originals: dict[str, Any] = {}
         self.lock = threading.Lock()
         self.coverage_written: tuple | None = None  # what the run's coverage record last said
@@ -88,7 +101,8 @@ def _nbytes(obj: Any) -> int:
             return int(obj.numel()) * int(obj.element_size())
         if isinstance(obj, (list, tuple)):
             return sum(_nbytes(o) for o in obj[:64])
-    except Exception:  # noqa: BLE001 - size is informative only
+    except (AttributeError, TypeError, ValueError, RuntimeError) as exc:  # size is informative only
+        _log.debug("size of a %s unknown: %r", type(obj).__name__, exc)
         return 0
     return 0
 
@@ -97,8 +111,8 @@ def _group_size(group: Any) -> int:
     try:
         if group is not None and hasattr(group, "size"):
             return int(group.size())
-    except Exception:  # noqa: BLE001
-        pass
+    except (AttributeError, TypeError, ValueError, RuntimeError) as exc:  # a group torch no longer knows
+        _log.debug("size of group %r unknown: %r", group, exc)
     return STATE.world
 
 
@@ -108,7 +122,8 @@ def _pg_seq() -> int:
         return -1
     try:
         return int(pg._get_sequence_number_for_group())
-    except Exception:  # noqa: BLE001 - private API; progress works without it
+    except (AttributeError, TypeError, ValueError, RuntimeError) as exc:  # private API; progress works without it
+        _log.debug("no sequence number from the default group: %r", exc)
         return -1
 
 
@@ -354,7 +369,8 @@ def _versions() -> str:
     try:
         import torch
         tv = torch.__version__
-    except Exception:  # noqa: BLE001
+    except ImportError as exc:
+        _log.debug("torch not importable for the versions line: %r", exc)
         tv = "?"
     import scout_slurm
     return f"python {platform.python_version()}, torch {tv}, scout {getattr(scout_slurm, '__version__', '?')}"
@@ -379,8 +395,7 @@ def note_checkpoint(path: str | os.PathLike, *, step: int | None = None, saver: 
         return
     if step is None:
         # steps of this run, counted from the checkpoint it resumed from
-        offset = int(os.environ.get("SCOUT_STEP_OFFSET", "0") or 0)
-        step = (STATE.writer.steps + offset) if STATE.writer is not None else -1
+        step = (STATE.writer.steps + STATE.config.step_offset) if STATE.writer is not None else -1
     note = CheckpointNote(path=target, step=int(step), rank=STATE.rank, restart=STATE.restart,
                           saved_at=time.time(), size_bytes=size, sha256=_digest_from_storage(target),
                           versions=_versions())
@@ -455,39 +470,37 @@ def _following_renames(fn: Callable, ckptstate: Any, *, returns_dest: bool) -> C
 
 def _record_injection(fault: FaultSpec) -> None:
     """An INFO finding with the moment of injection, so detection latency can be measured."""
-    run_dir = os.environ.get("SCOUT_RUN_DIR")
+    run_dir = STATE.config.run_dir
     if not run_dir:
         return
     try:
         from scout_slurm.evidence.records import Finding, FindingKind
         from scout_slurm.evidence.store import write_record
         now = time.time()
-        write_record(Path(run_dir) / "findings" / f"injected-rank-{STATE.rank}-{int(now * 1000)}.json",
-                     Finding(rank=STATE.rank, node=os.environ.get("SLURMD_NODENAME", ""), kind=FindingKind.INFO,
+        write_record(run_dir / "findings" / f"injected-rank-{STATE.rank}-{int(now * 1000)}.json",
+                     Finding(rank=STATE.rank, node=STATE.config.node, kind=FindingKind.INFO,
                              at=now, summary=f"fault injected: {fault.kind}", step=fault.step))
     except Exception as exc:  # noqa: BLE001
         sys.stderr.write(f"scout: injection not recorded: {exc!r}\n")
 
 
 def _start_consensus() -> None:
-    every = int(os.environ.get("SCOUT_CONSENSUS_EVERY", "50") or 0)
-    if every <= 0 or STATE.world < 2 or STATE.consensus is not None:
+    cfg = STATE.config
+    if cfg.consensus_every <= 0 or STATE.world < 2 or STATE.consensus is not None:
         return
     from scout_slurm.bootstrap.consensus import Consensus
-    run_dir = os.environ.get("SCOUT_RUN_DIR")
-    STATE.consensus = Consensus(every=every, rank=STATE.rank, world=STATE.world,
-                                run_dir=Path(run_dir) if run_dir else None,
-                                node=os.environ.get("SLURMD_NODENAME", ""))
+    STATE.consensus = Consensus(every=cfg.consensus_every, rank=STATE.rank, world=STATE.world,
+                                run_dir=cfg.run_dir, node=cfg.node, offset=cfg.step_offset,
+                                restart=cfg.restart, sdc_policy=cfg.sdc_policy.value)
     STATE.consensus.on_vote = _write_coverage
-    replay_every = int(os.environ.get("SCOUT_REPLAY_EVERY", str(every)) or 0)
-    if replay_every > 0:
-        from scout_slurm.bootstrap.replay import DEFAULT_MAX_BYTES, Replay
-        STATE.replay = Replay(every=replay_every, rank=STATE.rank, world=STATE.world, side=STATE.consensus.side,
-                              run_dir=Path(run_dir) if run_dir else None, node=os.environ.get("SLURMD_NODENAME", ""),
+    if cfg.replay_every > 0:
+        from scout_slurm.bootstrap.replay import Replay
+        STATE.replay = Replay(every=cfg.replay_every, rank=STATE.rank, world=STATE.world, side=STATE.consensus.side,
+                              run_dir=cfg.run_dir, node=cfg.node,
                               originals=STATE.originals, current_step=_current_step,
-                              max_bytes=int(os.environ.get("SCOUT_REPLAY_MAX_BYTES", "") or DEFAULT_MAX_BYTES),
-                              offset=STATE.consensus.offset)
-    if os.environ.get("SCOUT_FINITE_CHECK", "1") != "0" and STATE.installed is not None:
+                              max_bytes=cfg.replay_max_bytes, offset=cfg.step_offset,
+                              sdc_policy=cfg.sdc_policy.value)
+    if cfg.finite_check and STATE.installed is not None:
         from scout_slurm.bootstrap.finite import FiniteWatch
         STATE.finite = FiniteWatch(offset=STATE.consensus.offset, on_first=_note_first_nonfinite)
         STATE.finite.install(STATE.installed)
@@ -497,13 +510,13 @@ def _start_consensus() -> None:
 def _note_first_nonfinite(gstep: int) -> None:
     """This rank's own note (evidence, not a verdict): the vote decides who was first."""
     sys.stderr.write(f"scout: rank {STATE.rank}'s loss is non-finite (NaN/Inf) since step {gstep}\n")
-    run_dir = os.environ.get("SCOUT_RUN_DIR")
+    run_dir = STATE.config.run_dir
     if not run_dir:
         return
     from scout_slurm.evidence.records import Finding, FindingKind
     from scout_slurm.evidence.store import write_record
-    write_record(Path(run_dir) / "findings" / f"nonfinite-rank-{STATE.rank}.json",
-                 Finding(rank=STATE.rank, node=os.environ.get("SLURMD_NODENAME", ""), kind=FindingKind.INFO,
+    write_record(run_dir / "findings" / f"nonfinite-rank-{STATE.rank}.json",
+                 Finding(rank=STATE.rank, node=STATE.config.node, kind=FindingKind.INFO,
                          at=time.time(), summary=f"rank {STATE.rank}'s loss is non-finite since step {gstep}",
                          step=gstep))
 
@@ -512,15 +525,11 @@ def _start_timing() -> None:
     if STATE.timing is not None or STATE.world < 2:
         return
     from scout_slurm.bootstrap.timing import start_timing
-    run_dir = os.environ.get("SCOUT_RUN_DIR")
+    cfg = STATE.config
     STATE.timing = start_timing(rank=STATE.rank, world=STATE.world,
                                 side=STATE.consensus.side if STATE.consensus is not None else None,
-                                writer=STATE.writer, run_dir=Path(run_dir) if run_dir else None,
-                                node=os.environ.get("SLURMD_NODENAME", ""), environ=os.environ,
-                                offset=int(os.environ.get("SCOUT_STEP_OFFSET", "0") or 0))
-
-
-FINAL_VOTE_TIMEOUT_S = 120.0  # every rank must reach destroy_process_group within this for the last vote
+                                writer=STATE.writer, run_dir=cfg.run_dir, node=cfg.node, rules=cfg.timing,
+                                offset=cfg.step_offset)
 
 
 def _end_of_training() -> None:
@@ -533,10 +542,7 @@ def _end_of_training() -> None:
     elif c is None:
         STATE.final_vote = "not made: state votes are off" if STATE.world >= 2 else "not made: one rank"
     else:
-        try:
-            timeout = float(os.environ.get("SCOUT_FINAL_VOTE_TIMEOUT_S", "") or FINAL_VOTE_TIMEOUT_S)
-        except ValueError:
-            timeout = FINAL_VOTE_TIMEOUT_S
+        timeout = STATE.config.final_vote_timeout_s  # every rank must reach destroy_process_group within it
         if STATE.timing is not None:
             STATE.timing.pause()
         try:
@@ -571,13 +577,6 @@ def _at_exit() -> None:
         _write_coverage(force=True)
 
 
-def _every_from_env(name: str, default: int) -> int:
-    try:
-        return int(os.environ.get(name, "") or default)
-    except ValueError:
-        return 0
-
-
 def _write_coverage(*, force: bool = False) -> None:
     """The lowest rank's record of which checks ran in this run (runs/N/votes.json), written when
     a count changed: after a vote, a replay or a timing round, and at the end of training."""
@@ -589,15 +588,15 @@ def _write_coverage(*, force: bool = False) -> None:
     if key == STATE.coverage_written and not force:
         return
     STATE.coverage_written = key
-    run_dir = os.environ.get("SCOUT_RUN_DIR")
+    run_dir = STATE.config.run_dir
     if not run_dir:
         return
-    offset = _every_from_env("SCOUT_STEP_OFFSET", 0)
-    votes_every = c.every if c else _every_from_env("SCOUT_CONSENSUS_EVERY", 50)
+    offset = STATE.config.step_offset
+    votes_every = c.every if c else STATE.config.consensus_every
     try:
         from scout_slurm.evidence.records import VoteCoverage
         from scout_slurm.evidence.store import write_record
-        write_record(Path(run_dir) / "votes.json", VoteCoverage(
+        write_record(run_dir / "votes.json", VoteCoverage(
             restart=STATE.restart, votes=key[0], last_clean_step=c.last_clean if c else -1,
             last_vote_step=c.last_vote_step if c else -1, replay_rounds=key[1], replay_failed_rounds=key[2],
             timing_rounds=key[3], votes_every=votes_every if c else 0, replay_every=r.every if r else 0,
@@ -715,12 +714,13 @@ class _PatchAfterImport(importlib.abc.MetaPathFinder):
 
 
 def install(progress_dir: Path | None, *, fault: FaultSpec | None = None, restart: int = 0,
-            checkpoints_dir: Path | None = None) -> InstalledHooks:
+            checkpoints_dir: Path | None = None, config: JobConfig | None = None) -> InstalledHooks:
     """Install the hooks (idempotent). torch.distributed is patched now if already imported,
-    else right after it is imported."""
+    else right after it is imported. `config`: the job's settings (default: scout's defaults)."""
     with STATE.lock:
         if STATE.installed is not None:
             return STATE.installed
+        STATE.config = config if config is not None else JobConfig()
         STATE.progress_dir = progress_dir
         STATE.checkpoints_dir = checkpoints_dir
         STATE.fault = fault
@@ -747,13 +747,11 @@ def install(progress_dir: Path | None, *, fault: FaultSpec | None = None, restar
     return handle
 
 
-def install_from_environment(environ: Mapping[str, str]) -> InstalledHooks | None:
-    stacks = environ.get("SCOUT_STACKS_FILE")
-    if stacks:
-        fh = open(stacks, "a", buffering=1)  # kept open for faulthandler for the process's life
+def install_from_config(config: JobConfig) -> InstalledHooks:
+    """The bootstrap's entry (site/sitecustomize.py): the job's settings, read once by
+    `scout_slurm.jobconfig.load()`, passed down from here."""
+    if config.stacks_file is not None:
+        fh = open(config.stacks_file, "a", buffering=1)  # kept open for faulthandler for the process's life
         faulthandler.register(STACK_SIGNAL, file=fh, all_threads=True, chain=False)
-    fault = parse_fault(environ["SCOUT_INJECT"]) if environ.get("SCOUT_INJECT") else None
-    restart = int(environ.get("SLURM_RESTART_COUNT", "0") or 0)
-    ckpt = environ.get("SCOUT_CHECKPOINTS_DIR")
-    return install(Path(environ["SCOUT_PROGRESS_DIR"]), fault=fault, restart=restart,
-                   checkpoints_dir=Path(ckpt) if ckpt else None)
+    return install(config.progress_dir, fault=config.inject, restart=config.restart,
+                   checkpoints_dir=config.checkpoints_dir, config=config)

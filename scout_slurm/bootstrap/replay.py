@@ -14,18 +14,19 @@ Imports torch; runs only in the job's Python.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from scout_slurm.bootstrap.consensus import SDC_EXIT, state_signature, tensor_signature
+from scout_slurm.bootstrap.consensus import state_signature, tensor_signature
+from scout_slurm.bootstrap.exitpolicy import Ending, end, ends
 from scout_slurm.bootstrap.replicas import GroupVote, replay_plan, replica_groups, shard_group, vote_group
+from scout_slurm.jobconfig import REPLAY_MAX_BYTES
 
 _DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
 _MAX_DIMS = 8
-DEFAULT_MAX_BYTES = 64 << 20
+DEFAULT_MAX_BYTES = REPLAY_MAX_BYTES  # SCOUT_REPLAY_MAX_BYTES (scout_slurm.jobconfig)
 
 
 def say(msg: str) -> None:
@@ -144,8 +145,9 @@ def attach_compute_fault(root: Any, fault: Any, rank: int, restart: int, current
 class Replay:
     def __init__(self, *, every: int, rank: int, world: int, side: Any, run_dir: Path | None, node: str,
                  originals: dict[str, Any], current_step: Callable[[], int], max_bytes: int = DEFAULT_MAX_BYTES,
-                 offset: int = 0) -> None:
+                 offset: int = 0, sdc_policy: str = "exit") -> None:
         self.every, self.rank, self.world, self.side = every, rank, world, side
+        self.sdc_policy = sdc_policy  # SCOUT_SDC_POLICY: "exit" ends an outvoted rank (bootstrap.exitpolicy)
         self.run_dir, self.node = run_dir, node
         self.broadcast, self.all_gather = originals["broadcast"], originals["all_gather"]
         self.barrier = originals["barrier"]
@@ -384,10 +386,10 @@ class Replay:
             self._write(votes, confirmed, unsure, plan, name, gstep, sigs, dt)
         # the finding is on disk before the outlier leaves: the Epilogs act on it
         self.barrier(group=self.side)
-        if self.rank in confirmed and os.environ.get("SCOUT_SDC_POLICY", "exit") == "exit":
+        if self.rank in confirmed and ends(Ending.SDC, self.sdc_policy):
             say(f"rank {self.rank}'s recomputation of layer {name!r} differs from the replicas' majority at step "
-                f"{step}; ending this rank (exit {SDC_EXIT})")
-            os._exit(SDC_EXIT)
+                f"{step}; ending this rank (exit {Ending.SDC.code})")
+            end(Ending.SDC)
 
     def _write(self, votes, confirmed, unsure, plan, name, step, sigs, dt) -> None:
         if self.run_dir is None:

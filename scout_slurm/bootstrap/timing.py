@@ -6,7 +6,6 @@ group, the findings folder). Imports only the standard library and torch."""
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any, Callable
 from scout_slurm.localise.straggler import (Confirmation, LinkProbe, RankTiming, RoundDecision, TimingRules, confirm,
                                             decide_round, median, pairing_rounds)
 
-STRAGGLER_EXIT = 91   # scout_slurm.task.exitcodes.STRAGGLER_ENDED (literal: this module runs in the job's Python)
+from scout_slurm.bootstrap.exitpolicy import Ending, end, ends
 _NODE_BYTES = 64
 _SMALL_REPS = 3
 _MEDIUM_REPS = 2
@@ -184,8 +183,8 @@ class Timing:
             sys.stderr.write(f"scout: rank {self.rank} is a confirmed straggler at step {gstep} "
                              f"({decision.outcome}); policy {self.rules.policy}\n")
             sys.stderr.flush()
-            if self.rules.policy == "exit":
-                os._exit(STRAGGLER_EXIT)
+            if ends(Ending.STRAGGLER, self.rules.policy):
+                end(Ending.STRAGGLER)
 
     def _ranks_of(self, key: str, d: RoundDecision) -> list[int]:
         if key.startswith("compute:rank:"):
@@ -248,16 +247,8 @@ class Timing:
 
 
 def start_timing(*, rank: int, world: int, side: Any, writer: Any, run_dir: Path | None, node: str,
-                 environ: Any, offset: int = 0) -> "Timing | None":
-    """Timing votes per SCOUT_TIMING_* (None when off or alone). A bad setting is said once and
-    turns the votes off: never break the job."""
-    from scout_slurm.errors import ConfigError
-    from scout_slurm.localise.straggler import rules_from_environment
-    try:
-        rules = rules_from_environment(environ)
-    except ConfigError as exc:
-        sys.stderr.write(f"scout: timing votes off: {exc}\n")
-        return None
+                 rules: TimingRules, offset: int = 0) -> "Timing | None":
+    """Timing votes per SCOUT_TIMING_* (the job's JobConfig.timing; None when off or alone)."""
     if rules.every <= 0 or world < 2 or writer is None:
         return None
     if side is None:

@@ -1,7 +1,8 @@
 """Exit codes of `scout-task`, chosen outside the range commonly used by training scripts and
 below 128 (which means "killed by a signal"). The Epilogs read them from the job's exit code."""
 
-WATCHDOG_FAILED = 85   # scout-task could not start the command (bad environment, no evidence folder)
+WATCHDOG_FAILED = 85   # scout-task could not start the command (bad environment, no evidence folder, or
+                       # SCOUT_* settings not valid under [watchdog] on_bad_setting = "fail")
 STALL_CULPRIT = 86     # the watchdogs agreed this rank stopped first; scout ended it
 STALL_PEER = 87        # a peer stopped; scout ended this healthy rank so the step ends
 SDC_CULPRIT = 88       # the replicas' majority says this rank's numbers are wrong

@@ -26,6 +26,7 @@ from scout_slurm.evidence.digest import MAX_TASKS_PER_NODE
 from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.records import NodeTasks, RankPlace
 from scout_slurm.evidence.store import read_record, write_record
+from scout_slurm.jobconfig import Problem, problems_message, read_settings, site_defaults
 from scout_slurm.jobenv import TaskContext, task_context
 from scout_slurm.log import TaskLog, configure, get_logger, level_from_env
 from scout_slurm.slurm.hostlist import expand_hostlist
@@ -145,21 +146,20 @@ def _warn_unprepared(why: str, ctx: TaskContext, environ: Mapping[str, str], roo
           file=sys.stderr, flush=True)
 
 
-def _every(environ: Mapping[str, str], name: str, default: str) -> str:
-    text = (environ.get(name) or default).strip()
-    try:
-        k = int(text)
-    except ValueError:
-        return f"unreadable ({name}={text!r})"
+def _every(k: int, name: str, problems: Sequence[Problem]) -> str:
+    bad = [p for p in problems if p.name == name]
+    if bad:
+        return f"unreadable ({name}={bad[0].value!r})"
     return f"every {k} steps" if k > 0 else "off"
 
 
 def banner(ctx: TaskContext, cfg: SiteConfig, environ: Mapping[str, str], folder: JobFolder) -> str:
     """The one line scout prints in the job's output at start (rank 0): what is on, and where the
-    evidence goes (pure)."""
-    votes = _every(environ, "SCOUT_CONSENSUS_EVERY", "50")
-    replay = _every(environ, "SCOUT_REPLAY_EVERY", environ.get("SCOUT_CONSENSUS_EVERY") or "50")
-    timing = _every(environ, "SCOUT_TIMING_EVERY", "25")
+    evidence goes (pure). The cadences are the job's JobConfig's (scout_slurm.jobconfig)."""
+    job, problems = read_settings(environ, site_defaults(cfg), check_names=False)
+    votes = _every(job.consensus_every, "SCOUT_CONSENSUS_EVERY", problems)
+    replay = _every(job.replay_every, "SCOUT_REPLAY_EVERY", problems)
+    timing = _every(job.timing.every, "SCOUT_TIMING_EVERY", problems)
     w = cfg.watchdog
     return (f"scout: watching job {ctx.job_id} (run {ctx.restart}, {ctx.world_size} ranks): a rank is called "
             f"stalled after max({w.stall_floor_s:g} s, {w.stall_factor:g} x its step time) without progress; "
@@ -178,13 +178,19 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     prepare_dirs(folder, ctx.restart)
     # from here on, scout's own log goes to the evidence folder: the job's output is the user's
     configure(TaskLog(folder.task_log_path(ctx.restart, ctx.rank)), json=True, level=level_from_env())
-    if ctx.rank == 0 and not why:
+    checks_on = settings_allow_start(ctx, cfg, environ)
+    if checks_on is None:
+        return exitcodes.WATCHDOG_FAILED
+    if ctx.rank == 0 and not why and checks_on:
         print(banner(ctx, cfg, environ, folder), file=sys.stderr, flush=True)
     shm = Path("/dev/shm") / f"scout-{ctx.cluster}-{ctx.job_id}-{ctx.restart}-{ctx.step_id}-{ctx.rank}"
     shutil.rmtree(shm, ignore_errors=True)
     shm.mkdir(mode=0o700, parents=True)
     launcher = is_torchrun(command)
-    if not launcher:
+    # without the bootstrap nothing would advance a progress record, and an idle record reads as a
+    # stall after startup_grace_s: with in-job checks off the watchdog watches the child's exit only
+    watch_progress = not launcher and checks_on
+    if watch_progress:
         # one task, one rank: watch it from the start (a hang before init_process_group too)
         progress_mod.create(shm / f"rank-{ctx.rank}.bin")
 
@@ -206,7 +212,9 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     env["SCOUT_RUN_DIR"] = str(folder.run_dir(ctx.restart))
     env["SCOUT_CHECKPOINTS_DIR"] = str(folder.checkpoints_dir)
     env.setdefault("SCOUT_RESUME_MISMATCH", cfg.remediation.on_resume_mismatch)  # the job's own setting wins
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOTSTRAP_DIR), environ.get("PYTHONPATH", "")) if p)
+    # in-job checks off (settings not valid, on_bad_setting = "disable"): no bootstrap; the watchdog still runs
+    bootstrap = str(BOOTSTRAP_DIR) if checks_on else ""
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (bootstrap, environ.get("PYTHONPATH", "")) if p)
     resume, offset = _resume_checkpoint(folder, ctx.restart)
     if resume and not environ.get("SCOUT_RESUME_CHECKPOINT"):
         env["SCOUT_RESUME_CHECKPOINT"] = resume
@@ -228,7 +236,7 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         child = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
     except OSError as exc:
         raise ScoutError(f"scout-task: cannot start {command[0]!r}: {exc}") from exc
-    own_record = None if launcher else shm / f"rank-{ctx.rank}.bin"
+    own_record = shm / f"rank-{ctx.rank}.bin" if watch_progress else None
     tail = StderrTail(40, position=lambda: _position(own_record))
     pump = threading.Thread(target=_pump_stderr, args=(child, tail), daemon=True)
     pump.start()
@@ -243,6 +251,24 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         pump.join(timeout=2)
         shutil.rmtree(shm, ignore_errors=True)
     return code
+
+
+def settings_allow_start(ctx: TaskContext, cfg: SiteConfig, environ: Mapping[str, str]) -> bool | None:
+    """Validate the job's SCOUT_* settings (jobconfig's table) before the command starts. True: all
+    valid; False: not valid, the job starts with scout's in-job checks off; None: not valid and the
+    site's `[watchdog] on_bad_setting = "fail"`: the command must not start. Said loudly once (rank 0)
+    in the job's output, and in every rank's own log."""
+    _, problems = read_settings(environ, site_defaults(cfg))
+    # which settings the job itself gave (the rest: the site's defaults, then scout's)
+    log.info("shim.job_settings", set_by_job=sorted(n for n in environ if n.startswith("SCOUT_")),
+             site_defaults=site_defaults(cfg))
+    if not problems:
+        return True
+    fail = cfg.watchdog.on_bad_setting == "fail"
+    log.warning("shim.bad_settings", problems=[str(p) for p in problems], on_bad_setting=cfg.watchdog.on_bad_setting)
+    if ctx.rank == 0:
+        print(problems_message(problems, disabled=not fail), file=sys.stderr, flush=True)
+    return None if fail else False
 
 
 def node_tasks(ctx: TaskContext, environ: Mapping[str, str]) -> NodeTasks | None:

@@ -6,6 +6,8 @@ import sys
 
 
 def _scout_install():
+    # the two variables read here are read before scout_slurm can be imported (to find it); every
+    # other setting is read once, by scout_slurm.jobconfig.load()
     if not os.environ.get("SCOUT_PROGRESS_DIR"):
         return
     try:
@@ -33,7 +35,8 @@ def _scout_install():
                 for name in [n for n in sys.modules if n == "scout_slurm" or n.startswith("scout_slurm.")]:
                     del sys.modules[name]
                 raise
-        hooks.install_from_environment(os.environ)
+        from scout_slurm import jobconfig
+        hooks.install_from_config(jobconfig.load())  # the one read of the job's settings
     except Exception as exc:  # the training job must run even if scout cannot watch it
         sys.stderr.write(f"scout: bootstrap not installed in pid {os.getpid()}: {exc!r}\n")
 
