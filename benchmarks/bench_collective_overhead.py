@@ -57,12 +57,12 @@ def _enter_leave_us(progress_mod, folder: Path, n: int = 200_000) -> tuple[float
     return statistics.median(per_call), min(per_call)
 
 
-def _wrapper_alone_us(hooks, tensor, n: int = 100_000) -> float:
+def _wrapper_alone_us(patches, tensor, n: int = 100_000) -> float:
     """The whole wrapper (sizes, sequence number, enter, leave) around a function that does
     nothing, minus that function called bare: the Python cost scout adds to each call."""
     def nothing(t, group=None, async_op=False):
         return None
-    wrapped = hooks._wrap_collective("all_reduce", nothing)
+    wrapped = patches._wrap_collective("all_reduce", nothing)
     clock = time.perf_counter_ns
     best = {}
     for name, fn in (("bare", nothing), ("wrapped", wrapped)) * 3:
@@ -77,20 +77,20 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from scout_slurm.bootstrap import hooks
+    from scout_slurm.bootstrap import patches
     from scout_slurm.task import progress as progress_mod
 
     torch.set_num_threads(1)
     folder = Path(args.progress_dir)
-    handle = hooks.install(folder)  # torch.distributed is imported: patched now, record opened at init
+    handle = patches.install(folder)  # torch.distributed is imported: patched now, record opened at init
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     wrapped = dist.all_reduce
     bare = wrapped.__scout_original__
-    assert hooks.STATE.writer is not None, "the progress record was not opened"
+    assert patches.STATE.writer is not None, "the progress record was not opened"
     # A control: the bare call after a busy wait as long as the wrapper's own Python cost, to tell
     # the wrapper's work from what any few microseconds more per call cost on this machine.
-    wrapper_alone = _wrapper_alone_us(hooks, torch.ones(256))
+    wrapper_alone = _wrapper_alone_us(patches, torch.ones(256))
     spin_ns = int(wrapper_alone * 1000)
 
     def control(t):

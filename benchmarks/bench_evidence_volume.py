@@ -31,7 +31,7 @@ from scout_slurm.hooks.nodeevidence import KernelLine, NodeEvidence
 from scout_slurm.hwmap.records import Affinity, GpuInfo, GpuNic, HardwareMap, IbPort, NicInfo, NicKind
 from scout_slurm.localise.verdict import JobEvidence, localise
 from scout_slurm.remediation.records import ActionsRecord, Drain, PlannedAction, PlanStatus, Requeue
-from scout_slurm.report.incident import render_incident_markdown
+from scout_slurm.report.markdown import render_incident_markdown
 
 GPUS_PER_NODE = 8
 RING = 16                      # entries of the ring a snapshot carries (watchdog: recent[-16:])

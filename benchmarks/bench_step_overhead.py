@@ -13,7 +13,7 @@ vote every K steps is a spike that a median would hide), over the same repeat's 
 wall-clock mean is printed beside. Two noisy runs compared: it cannot resolve 1 % here.
 The direct measure: inside the same scout runs, every piece of scout's per-step work is wrapped
 with a timer from outside scout before the first step (`account_scout`: the objects reachable from
-`hooks.STATE`, the global optimizer hooks, closure cells of scout's DDP hook), and its seconds
+`patches.STATE`, the global optimizer hooks, closure cells of scout's DDP hook), and its seconds
 per step are divided by the step's, per component. Runs with votes are whole periods of K and
 of the timing votes (every 25 steps), so each periodic piece counts at its steady rate. Scout
 runs get SCOUT_CHECKPOINTS_DIR as under scout-srun (the checkpoint agreement flag is exchanged
@@ -129,14 +129,14 @@ def _cell(fn, name: str):
 
 def account_scout(acct: Account) -> list[str]:
     """Wrap everything scout runs per step in this process with `acct`'s timers, from outside scout
-    (bound methods on the objects reachable from hooks.STATE, the global optimizer hooks, closure
+    (bound methods on the objects reachable from patches.STATE, the global optimizer hooks, closure
     cells), before the first forward. Returns what could not be reached, to be said."""
     import torch.distributed.distributed_c10d as c10d
     import torch.optim.optimizer as optim_mod
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from scout_slurm.bootstrap import ckptstate, hooks
-    state = hooks.STATE
+    from scout_slurm.bootstrap import ckptstate, patches
+    state = patches.STATE
     missing: list[str] = []
 
     def methods(obj, names, component, what):
@@ -207,7 +207,7 @@ def account_scout(acct: Account) -> list[str]:
                     t.__dict__.pop("mul_", None)
         hook_cell.cell_contents = acct.wrap("wrappers", timed_hook)
     # torch.distributed's collectives as the job calls them: the wrapper's own time only
-    for name in hooks.COLLECTIVES:
+    for name in patches.COLLECTIVES:
         fn = getattr(c10d, name, None)
         inner_cell = _cell(fn, "fn") if getattr(fn, "__scout_original__", None) is not None else None
         if inner_cell is None:
@@ -243,7 +243,7 @@ def rank_job(args: argparse.Namespace) -> int:
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-4)
     gen = torch.Generator().manual_seed(1000 + rank)
     acct, missing = None, []
-    if "scout_slurm.bootstrap.hooks" in sys.modules:  # under scout's bootstrap: the direct measure too
+    if "scout_slurm.bootstrap.patches" in sys.modules:  # under scout's bootstrap: the direct measure too
         acct = Account()
         missing = account_scout(acct)
     times, cpu = [], []

@@ -168,7 +168,7 @@ def show(job_id: int, restart: int | None, cluster: str | None, as_json: bool, a
 @_config_opt
 def incidents(node: str | None, limit: int, as_json: bool, only_pending: bool, config_path: str | None) -> None:
     """Recent incidents: job, run, verdict, suspects, nodes drained; then any still pending."""
-    from scout_slurm.report.incidents import list_incidents, list_pending
+    from scout_slurm.report.incident_history import list_incidents, list_pending
     cfg = _site(config_path)
     root = Path(cfg.evidence.root)
     pending = list_pending(root)
@@ -293,8 +293,8 @@ def map_cmd(job_id: int | None, rank: int | None, restart: int | None, node_name
             cluster: str | None, as_json: bool, config_path: str | None) -> None:
     """Rank to node, hostname, GPU UUID and serial, NIC for JOB_ID; or history by --node / --gpu."""
     import dataclasses
-    from scout_slurm.report.mapread import all_places, read_maps, read_places
-    from scout_slurm.report.rankmap import history_rows, rank_map_rows, render_rank_map_table
+    from scout_slurm.report.map_loader import all_places, read_maps, read_places
+    from scout_slurm.report.map_table import history_rows, rank_map_rows, render_rank_map_table
     cfg = _site(config_path)
     root = Path(cfg.evidence.root)
     if job_id is None:

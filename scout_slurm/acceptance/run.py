@@ -244,7 +244,7 @@ scout-srun {scout} {py} {TRAIN} {train}
     def _keep_bundle(self, folder: JobFolder) -> None:
         """The incident of the faulty run, for the HTML page (read now: the lab's folder goes)."""
         try:
-            from scout_slurm.report.bundleread import load_incident_bundle
+            from scout_slurm.report.bundle_loader import load_incident_bundle
             self.bundles.append(load_incident_bundle(folder, 0))
         except Exception as exc:  # noqa: BLE001 - the page is a view; the steps do not depend on it
             self.echo(f"  note: incident of job {folder.job_id} not drawn: {exc!r}")

@@ -687,7 +687,7 @@ def install(handle: Any, state: Any) -> None:
     if "torch.distributed.checkpoint" in sys.modules:
         _patch_dcp(handle, sys.modules["torch.distributed.checkpoint"])
     else:
-        from scout_slurm.bootstrap.hooks import _PatchAfterImport
+        from scout_slurm.bootstrap.patches import _PatchAfterImport
         finder = _PatchAfterImport({"torch.distributed.checkpoint": lambda m: _patch_dcp(handle, m)})
         sys.meta_path.insert(0, finder)
         handle.on_remove(lambda: finder in sys.meta_path and sys.meta_path.remove(finder))

@@ -6,13 +6,13 @@ torch and (if present) xxhash."""
 
 from __future__ import annotations
 
-import struct
 import sys
 import time
 from pathlib import Path
 from typing import Any, Iterable
 
 from scout_slurm.bootstrap.exitpolicy import Ending, end, ends
+from scout_slurm.evidence.records import VoteOutcome
 
 
 def _hasher():
@@ -92,7 +92,7 @@ class Consensus:
         self.last_vote_step = -1
         self.steps = 0                    # the last optimizer step seen (this run's count)
         self.optimizer: Any = None        # the optimizer last seen (held until destroy_process_group)
-        self.on_vote: Any = None          # called after every vote (bootstrap.hooks writes the coverage)
+        self.on_vote: Any = None          # called after every vote (bootstrap.patches writes the coverage)
 
     def track(self, module: Any) -> None:
         if all(m is not module for m in self.modules):
@@ -157,14 +157,14 @@ class Consensus:
         findings = []
         for what, values in (("weights", weights), ("optimizer state", opt)):
             for gv in vote_groups(what, self.groups, values):  # a group of one has nobody to compare with
-                if gv.outcome == "inconclusive":
+                if gv.outcome is VoteOutcome.INCONCLUSIVE:
                     findings.append(("inconclusive", what, [], values, gv.group))
-                elif gv.outcome == "sdc":
+                elif gv.outcome is VoteOutcome.SDC:
                     findings.append(("sdc", what, list(gv.outliers), values, gv.group))
         nonfinite = None
         if not self.nonfinite_said:
             nonfinite = first_nonfinite([int(g[2]) for g in gathered])
-            if nonfinite.outcome == "none":
+            if nonfinite.outcome is VoteOutcome.NONE:
                 nonfinite = None
             else:
                 self.nonfinite_said = True
@@ -178,7 +178,7 @@ class Consensus:
         if not findings and nonfinite is None:
             return
         confirmed = sorted({r for kind, _, rs, _, _ in findings if kind == "sdc" for r in rs}
-                           | set(nonfinite.ranks if nonfinite and nonfinite.outcome == "named" else ()))
+                           | set(nonfinite.ranks if nonfinite and nonfinite.outcome is VoteOutcome.NAMED else ()))
         majority_writer = min((r for r in range(self.world) if r not in confirmed), default=0)
         if self.rank == majority_writer:
             for kind, what, outliers, values, group in findings:
@@ -189,7 +189,7 @@ class Consensus:
         original_barrier(group=self.side)
         if self.rank in confirmed and ends(Ending.SDC, self.sdc_policy):
             why = (f"rank {self.rank}'s loss became non-finite first, at step {nonfinite.step}"
-                   if nonfinite is not None and self.rank in nonfinite.ranks and nonfinite.outcome == "named" else
+                   if nonfinite is not None and self.rank in nonfinite.ranks and nonfinite.outcome is VoteOutcome.NAMED else
                    f"rank {self.rank}'s state differs from the replicas' majority at step {step}")
             end(Ending.SDC, f"{why}; ending this rank (exit {Ending.SDC.code})")
 
@@ -201,7 +201,7 @@ class Consensus:
         now = time.time()
         per_rank = ", ".join(f"rank {r}: {'finite' if s < 0 else f'step {s}'}" for r, s in enumerate(first_steps))
         details = (v.explanation, f"first non-finite loss per rank: {per_rank}")
-        if v.outcome == "named":
+        if v.outcome is VoteOutcome.NAMED:
             records = [(f"sdc-nonfinite-rank-{r}-step-{v.step}.json", Finding(
                 rank=r, node=self.node if r == self.rank else "", kind=FindingKind.SDC, at=now,
                 summary=(f"rank {r}'s loss became non-finite at step {v.step}, before any other rank's: the NaN/Inf "
@@ -209,7 +209,7 @@ class Consensus:
                 details=details, step=v.step, since_step=v.step, component="compute")) for r in v.ranks]
         else:
             records = [(f"inconclusive-nonfinite-step-{v.step}.json", Finding(
-                rank=0, node="", kind=FindingKind.INFO, at=now,
+                rank=0, node="", kind=FindingKind.NO_MAJORITY, at=now,
                 summary=f"non-finite loss at step {v.step}: inconclusive: {v.explanation}",
                 details=details, step=v.step, since_step=v.step, component="compute"))]
         for name, finding in records:
@@ -234,7 +234,7 @@ class Consensus:
                        f"{what} at step {step}: inconclusive")
             since = (self.last_clean + 1) if self.last_clean >= 0 else self.offset + 1
             finding = Finding(rank=r if r >= 0 else 0, node=self.node if r == self.rank else "",
-                              kind=FindingKind.SDC if kind == "sdc" else FindingKind.INFO, at=now,
+                              kind=FindingKind.SDC if kind == "sdc" else FindingKind.NO_MAJORITY, at=now,
                               summary=summary, details=(per_rank, f"vote took {dt * 1000:.1f} ms",
                                                         f"last clean vote at step {self.last_clean}"),
                               step=step, since_step=since, component=what.split()[0])

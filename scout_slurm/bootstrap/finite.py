@@ -22,13 +22,15 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from scout_slurm.evidence.records import VoteOutcome
+
 NONE = -1            # "this rank has seen no non-finite loss" in the exchanged vector
 _MAX_CHECKED = 4096  # backward roots larger than this (not a loss) are not checked: cost
 
 
 @dataclass(frozen=True)
 class NonfiniteVote:
-    outcome: str                  # "none", "named" or "inconclusive"
+    outcome: VoteOutcome          # NONE, NAMED or INCONCLUSIVE
     step: int = NONE              # the earliest step at which any rank's loss was non-finite
     ranks: tuple[int, ...] = ()   # the ranks non-finite at that step
     explanation: str = ""
@@ -38,12 +40,12 @@ def first_nonfinite(first_steps: list[int]) -> NonfiniteVote:
     """Each rank's first non-finite step (NONE: none yet), in rank order (pure)."""
     bad = [s for s in first_steps if s != NONE]
     if not bad:
-        return NonfiniteVote("none")
+        return NonfiniteVote(VoteOutcome.NONE)
     step = min(bad)
     ranks = tuple(r for r, s in enumerate(first_steps) if s == step)
     world = len(first_steps)
     if 2 * len(ranks) < world:
-        return NonfiniteVote("named", step, ranks,
+        return NonfiniteVote(VoteOutcome.NAMED, step, ranks,
                              f"at step {step} the loss was non-finite on rank(s) {list(ranks)} only; the other "
                              f"{world - len(ranks)} rank(s) were finite then")
     if len(ranks) == world:
@@ -52,7 +54,7 @@ def first_nonfinite(first_steps: list[int]) -> NonfiniteVote:
     else:
         why = (f"{len(ranks)} of {world} ranks went non-finite at the same step {step} (not a strict minority): "
                f"ranks {list(ranks)}; no rank is named")
-    return NonfiniteVote("inconclusive", step, ranks, why)
+    return NonfiniteVote(VoteOutcome.INCONCLUSIVE, step, ranks, why)
 
 
 class FiniteWatch:

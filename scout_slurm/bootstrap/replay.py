@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from scout_slurm.bootstrap.consensus import state_signature, tensor_signature
 from scout_slurm.bootstrap.exitpolicy import Ending, end, ends
+from scout_slurm.evidence.records import VoteOutcome
 from scout_slurm.bootstrap.replicas import GroupVote, replay_plan, replica_groups, shard_group, vote_group
 from scout_slurm.jobconfig import REPLAY_MAX_BYTES
 
@@ -375,8 +376,8 @@ class Replay:
     def _conclude(self, votes: list[GroupVote], plan: Any, name: str, step: int, sigs: list[tuple[int, ...]],
                   dt: float) -> None:
         gstep = step + self.offset
-        confirmed = sorted({r for v in votes if v.outcome == "sdc" for r in v.outliers})
-        unsure = [v for v in votes if v.outcome == "inconclusive"]
+        confirmed = sorted({r for v in votes if v.outcome is VoteOutcome.SDC for r in v.outliers})
+        unsure = [v for v in votes if v.outcome is VoteOutcome.INCONCLUSIVE]
         if not confirmed and not unsure:
             self.last_clean = gstep
             self.layer_clean[plan.layer_index] = gstep
@@ -419,7 +420,7 @@ class Replay:
                 details=common, step=step, since_step=since, component="compute")))
         for v in unsure:
             records.append((f"inconclusive-compute-{v.what.replace(' ', '-')}-step-{step}.json", Finding(
-                rank=0, node="", kind=FindingKind.INFO, at=now,
+                rank=0, node="", kind=FindingKind.NO_MAJORITY, at=now,
                 summary=f"replay of layer {name!r} at step {step}: inconclusive: {v.explanation}",
                 details=common, step=step, since_step=since, component="compute")))
         for fname, finding in records:

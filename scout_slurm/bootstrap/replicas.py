@@ -12,6 +12,8 @@ import itertools
 from dataclasses import dataclass
 from typing import Sequence
 
+from scout_slurm.evidence.records import VoteOutcome
+
 
 def _coords(mesh: Sequence) -> list[tuple[tuple[int, ...], int]]:
     """(coordinate, rank) for every cell of a nested-list mesh."""
@@ -62,7 +64,7 @@ class GroupVote:
     """The outcome of one vote among one replica group."""
     what: str                    # e.g. "weights", "optimizer state", "replay output"
     group: tuple[int, ...]       # the ranks that must agree
-    outcome: str                 # "agree", "sdc" (a strict minority differs) or "inconclusive"
+    outcome: VoteOutcome         # AGREE, SDC (a strict minority differs) or INCONCLUSIVE
     outliers: tuple[int, ...] = ()
     explanation: str = ""
     schema_version: int = 1
@@ -77,7 +79,7 @@ def vote_group(what: str, group: Sequence[int], values: Sequence[int]) -> GroupV
     for v in mine:
         counts[v] = counts.get(v, 0) + 1
     if len(counts) == 1:
-        return GroupVote(what, group, "agree")
+        return GroupVote(what, group, VoteOutcome.AGREE)
     best, n = max(counts.items(), key=lambda kv: kv[1])
     if n * 2 <= len(group):
         if len(group) == 2:
@@ -85,9 +87,9 @@ def vote_group(what: str, group: Sequence[int], values: Sequence[int]) -> GroupV
                    "one of them is wrong, the vote cannot say which")
         else:
             why = f"no strict majority for {what} among ranks {', '.join(map(str, group))}"
-        return GroupVote(what, group, "inconclusive", (), why)
+        return GroupVote(what, group, VoteOutcome.INCONCLUSIVE, (), why)
     outliers = tuple(r for r in group if values[r] != best)
-    return GroupVote(what, group, "sdc", outliers,
+    return GroupVote(what, group, VoteOutcome.SDC, outliers,
                      f"rank(s) {', '.join(map(str, outliers))} differ from {n} of {len(group)} replicas on {what}")
 
 

@@ -27,8 +27,8 @@ class FindingKind(str, enum.Enum):
     SDC = "sdc"                       # numbers differ from the replicas' majority
     STRAGGLER = "straggler"
     INFO = "info"
-    # Kinds for what an INFO finding said in words. Readers accept both (`is_fault_injection`,
-    # `is_no_majority`); the writers in bootstrap/ still write INFO with the words today.
+    # Kinds for what an INFO finding said in words (the bootstrap writes these; readers also accept
+    # the words of older records: `is_fault_injection`, `is_no_majority`).
     NO_MAJORITY = "no_majority"       # replicas disagreed with no strict majority: nobody is named
     FAULT_INJECTED = "fault_injected"  # the bootstrap injected a test fault (lab, acceptance, benchmarks)
 
@@ -51,7 +51,7 @@ class ResumeOutcome(str, enum.Enum):
 
 
 # The words older writers put in INFO findings, read in this one place only.
-INJECTED_SUMMARY = "fault injected"          # bootstrap/hooks.py: f"fault injected: {fault.kind}"
+INJECTED_SUMMARY = "fault injected"          # bootstrap/patches.py: f"fault injected: {fault.kind}"
 NO_MAJORITY_WORD = "inconclusive"            # bootstrap/consensus.py, replay.py: "...: inconclusive: ..."
 RESUME_MISMATCH_WORD = "MISMATCH"            # bootstrap/ckptstate.py: "RESUME MISMATCH: rank ..."
 RESUME_VERIFIED_WORDS = "resume verified"    # bootstrap/ckptstate.py: "resume verified: rank ..."
@@ -64,6 +64,16 @@ def resume_outcome(summary: str) -> ResumeOutcome:
     if RESUME_VERIFIED_WORDS in summary:
         return ResumeOutcome.VERIFIED
     return ResumeOutcome.OTHER
+
+
+class VoteOutcome(str, enum.Enum):
+    """What one vote among ranks decided (state and replay votes, the non-finite vote, timing spreads)."""
+    AGREE = "agree"                   # every replica gave the same value
+    SDC = "sdc"                       # a strict minority of replicas differs: named
+    NAMED = "named"                   # a strict minority stands out (non-finite onset, timing spread): named
+    NONE = "none"                     # nothing to decide (no rank non-finite)
+    CLEAN = "clean"                   # no rank stands out (timing)
+    INCONCLUSIVE = "inconclusive"     # a difference with no strict majority: nobody is named
 
 
 class VerdictKind(str, enum.Enum):

@@ -30,7 +30,7 @@ from scout_slurm.evidence.checkfiles import assess_job, find_checkpoint_checks
 from scout_slurm.remediation.eligibility import recovery_point
 from scout_slurm.remediation.plan import JobFacts, build_plan
 from scout_slurm.remediation.records import ActionsRecord, PlanStatus
-from scout_slurm.report.incident import render_incident_markdown
+from scout_slurm.report.markdown import render_incident_markdown
 from scout_slurm.slurm import ops
 from scout_slurm.slurm.hostlist import expand_hostlist
 
@@ -296,7 +296,7 @@ def _write_report(folder: JobFolder, restart: int, verdict: Verdict, evidence, r
     # them must never cost the Markdown report, the plan or the Epilog
     bundle = None
     try:
-        from scout_slurm.report.bundleread import load_incident_bundle
+        from scout_slurm.report.bundle_loader import load_incident_bundle
         bundle = load_incident_bundle(folder, restart, evidence=evidence, verdict=verdict, actions=record)
     except Exception as exc:  # noqa: BLE001
         log.warning("controller.report_bundle_failed", job=folder.job_id, error=repr(exc))

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from typing import Mapping, Sequence
 
 from scout_slurm.errors import ConfigError
+from scout_slurm.evidence.records import VoteOutcome
 
 ENV_PREFIX = "SCOUT_TIMING_"
 POLICIES = ("report", "exit")
@@ -97,7 +98,7 @@ def median(values: Sequence[float]) -> float:
 @dataclass(frozen=True)
 class Spread:
     """One robust comparison of values (one per rank or node)."""
-    outcome: str                 # "clean", "named" (a strict minority stands out) or "inconclusive"
+    outcome: VoteOutcome         # CLEAN, NAMED (a strict minority stands out) or INCONCLUSIVE
     high: tuple[int, ...]        # indexes above the threshold (named only when outcome == "named")
     median: float
     mad: float
@@ -111,16 +112,16 @@ def robust_outliers(values: Sequence[float], *, rel_floor: float, abs_floor: flo
     inconclusive; otherwise clean."""
     n = len(values)
     if n == 0:
-        return Spread("clean", (), 0.0, 0.0, 0.0, "no values")
+        return Spread(VoteOutcome.CLEAN, (), 0.0, 0.0, 0.0, "no values")
     med = median(values)
     mad = median([abs(v - med) for v in values])
     threshold = max(rel_floor * abs(med), abs_floor, mad_factor * 1.4826 * mad)
     high = tuple(i for i, v in enumerate(values) if v - med > threshold)
     if high and len(high) * 2 < n:
-        return Spread("named", high, med, mad, threshold,
+        return Spread(VoteOutcome.NAMED, high, med, mad, threshold,
                       f"{len(high)} of {n} above the median {med:.4f} by more than {threshold:.4f}")
     if high:
-        return Spread("inconclusive", high, med, mad, threshold,
+        return Spread(VoteOutcome.INCONCLUSIVE, high, med, mad, threshold,
                       f"{len(high)} of {n} above the median {med:.4f}: no majority of typical ones")
     # nobody far above the median, but the values may be two camps (e.g. two of four slow): the
     # median then sits with the slow camp and hides it. A camp split is the widest jump between
@@ -133,10 +134,10 @@ def robust_outliers(values: Sequence[float], *, rel_floor: float, abs_floor: flo
         inside = max(s[cut] - s[0], s[-1] - s[cut + 1])
         slow = tuple(sorted(order[cut + 1:]))
         if jump > max(rel_floor * abs(s[cut]), abs_floor, inside) and len(slow) * 2 >= n:
-            return Spread("inconclusive", slow, med, mad, jump,
+            return Spread(VoteOutcome.INCONCLUSIVE, slow, med, mad, jump,
                           f"{len(slow)} of {n} slower than the rest by {jump:.4f} or more: "
                           "no majority of typical ones")
-    return Spread("clean", (), med, mad, threshold, f"all within {threshold:.4f} of the median {med:.4f}")
+    return Spread(VoteOutcome.CLEAN, (), med, mad, threshold, f"all within {threshold:.4f} of the median {med:.4f}")
 
 
 @dataclass(frozen=True)
@@ -221,11 +222,11 @@ def decide_round(timings: Sequence[RankTiming], nodes: Sequence[str], probe: Lin
                              mad_factor=rules.mad_factor)
     figures = "compute s/step " + ", ".join(f"r{t.rank}={t.compute_s:.4f}" for t in timings) + \
               "; collectives s/step " + ", ".join(f"r{t.rank}={t.comm_s:.4f}" for t in timings)
-    if spread.outcome == "named":
+    if spread.outcome is VoteOutcome.NAMED:
         ranks = tuple(timings[i].rank for i in spread.high)
         return RoundDecision("compute", ranks, tuple(dict.fromkeys(nodes[r] for r in ranks)),
                              (f"compute: {spread.reason}", figures))
-    if spread.outcome == "inconclusive":
+    if spread.outcome is VoteOutcome.INCONCLUSIVE:
         return RoundDecision("inconclusive", reasons=(f"compute: {spread.reason}", figures))
     reasons = [figures]
     if probe is not None:
@@ -235,13 +236,13 @@ def decide_round(timings: Sequence[RankTiming], nodes: Sequence[str], probe: Lin
             link = robust_outliers([scores[k] for k in names], rel_floor=rules.probe_rel_floor,
                                    abs_floor=rules.probe_abs_floor_s, mad_factor=rules.mad_factor)
             probe_text = "link probe s per node " + ", ".join(f"{k}={scores[k]:.4f}" for k in names)
-            if link.outcome == "named":
+            if link.outcome is VoteOutcome.NAMED:
                 slow = tuple(names[i] for i in link.high)
                 ranks = tuple(r for r in range(len(nodes)) if nodes[r] in slow)
                 return RoundDecision("communication", ranks, slow,
                                      (f"every link of node(s) {', '.join(slow)} is slow: {link.reason}",
                                       probe_text, figures))
-            if link.outcome == "inconclusive":
+            if link.outcome is VoteOutcome.INCONCLUSIVE:
                 return RoundDecision("inconclusive", reasons=(f"link probe: {link.reason}", probe_text, figures))
         elif len(names) == 2:
             a, b = names

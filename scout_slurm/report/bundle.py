@@ -1,6 +1,6 @@
 """The incident bundle: everything the incident page shows about one run, as typed records, and
 the moments of the incident (fault, last advance, detection, verdict, actions) derived from them
-(pure). `report/bundleread.py` fills a bundle from the evidence folder; `report/html.py` draws it.
+(pure). `report/bundle_loader.py` fills a bundle from the evidence folder; `report/html.py` draws it.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from scout_slurm.evidence.history import ProgressSample
 from scout_slurm.evidence.records import ExitRecord, FindingKind, Verdict, VerdictKind, is_fault_injection
 from scout_slurm.localise.verdict import JobEvidence, is_abnormal, is_cascade
 from scout_slurm.remediation.records import ActionKind, ActionsRecord, ResumeInstruction
-from scout_slurm.report.rankmap import RankMapRow
+from scout_slurm.report.map_table import RankMapRow
 
 
 
@@ -22,7 +22,7 @@ class IncidentBundle:
 
     verdict/evidence: what the localiser saw and said; actions: the remediation record (None when
     none was planned); history: per rank, the bounded progress samples (evidence/history.py),
-    oldest first, empty where the run kept none; hardware: one row per rank (report/rankmap.py);
+    oldest first, empty where the run kept none; hardware: one row per rank (report/map_table.py);
     drained: nodes scout drained for this run (from the actions' results); resume: the checkpoint
     the rerun was told to load; verdict_computed: the verdict was computed now, not recorded by
     the Epilog; problems: what could not be read, said on the page."""

@@ -7,7 +7,7 @@ API (for `scout show --html`, the controller's incident bundle and `scout accept
 
     render_incident_html(bundle: IncidentBundle) -> str
         bundle: report/bundle.py; fill it from the evidence with
-        report/bundleread.load_incident_bundle(folder, restart).
+        report/bundle_loader.load_incident_bundle(folder, restart).
     render_acceptance_html(report: AcceptanceReport) -> str
         report: the records below (AcceptanceCheck per judged step, LatencyCase per injected
         fault, optionally the IncidentBundle of each case, drawn in full below the summary).

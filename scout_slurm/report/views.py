@@ -71,7 +71,7 @@ def show_json(view: ShowView) -> dict:
 
 
 def show_text(view: ShowView) -> str:
-    from scout_slurm.report.incident import render_actions
+    from scout_slurm.report.markdown import render_actions
     from scout_slurm.report.show import render_show
     out = render_show(view.job_id, view.cluster, view.run, view.verdict, view.evidence,
                       render_actions(view.actions) if view.actions else None, computed=view.computed)
@@ -88,7 +88,7 @@ def show_text(view: ShowView) -> str:
 
 
 def show_html(view: ShowView, folder: JobFolder) -> str:
-    from scout_slurm.report.bundleread import load_incident_bundle
+    from scout_slurm.report.bundle_loader import load_incident_bundle
     from scout_slurm.report.html import render_incident_html
     return render_incident_html(load_incident_bundle(folder, view.run, evidence=view.evidence, verdict=view.verdict,
                                                      actions=view.actions, verdict_computed=view.computed))

@@ -86,7 +86,7 @@ def test_hsdp_weight_fault_with_two_replicas_is_inconclusive_and_names_the_pair(
     shown = sj.show_json(lab, job, restart=0)
     assert shown["kind"] == "inconclusive" and shown["suspects"] == [], (shown, sj.output(lab, job)[-3000:])
     unsure = [f for f in _findings(lab, job) if f.component == "weights"]
-    assert unsure and all(f.kind == FindingKind.INFO and f.step >= 4 for f in unsure)
+    assert unsure and all(f.kind == FindingKind.NO_MAJORITY and f.step >= 4 for f in unsure)
     assert "no strict majority among 2 replicas (ranks 0, 2) for weights at step 4: inconclusive" in \
         {f.summary for f in unsure}
     assert "rank 0: " in unsure[0].details[0] and "rank 2: " in unsure[0].details[0]

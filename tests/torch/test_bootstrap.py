@@ -261,7 +261,7 @@ _REVERSIBLE_AFTER_IMPORT = textwrap.dedent("""
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from scout_slurm.bootstrap import hooks
+    from scout_slurm.bootstrap import patches
     from scout_slurm.task import progress
 
     progress_dir, port = Path(sys.argv[1]), int(sys.argv[2])
@@ -272,8 +272,8 @@ _REVERSIBLE_AFTER_IMPORT = textwrap.dedent("""
                 "DDP.register_comm_hook": DDP.register_comm_hook, "DDP.forward": DDP.forward,
                 "torch.save": torch.save}
     originals = current()
-    handle = hooks.install(progress_dir)
-    assert hooks.install(progress_dir) is handle, "installing twice must be a no-op"
+    handle = patches.install(progress_dir)
+    assert patches.install(progress_dir) is handle, "installing twice must be a no-op"
     assert dist.all_reduce is c10d.all_reduce is not originals["dist.all_reduce"]
     assert dist.all_reduce.__scout_original__ is originals["dist.all_reduce"]
     assert dist.init_process_group is not originals["dist.init_process_group"]
@@ -298,7 +298,7 @@ _REVERSIBLE_AFTER_IMPORT = textwrap.dedent("""
     dist.all_reduce(torch.ones(1))
     view = progress.read(progress_dir / "rank-0.bin")
     assert (view.opt_steps, view.coll_entered) == (1, 2), ("still counting after remove()", view)
-    again = hooks.install(progress_dir)
+    again = patches.install(progress_dir)
     assert again is not handle and dist.all_reduce is not originals["dist.all_reduce"]
     again.remove()
     assert all(current()[k] is originals[k] for k in originals)
@@ -311,17 +311,17 @@ _REVERSIBLE_AFTER_IMPORT = textwrap.dedent("""
 _REVERSIBLE_BEFORE_IMPORT = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from scout_slurm.bootstrap import hooks
+    from scout_slurm.bootstrap import patches
     assert "torch" not in sys.modules, "the hooks module must not import torch"
 
     def finders():
-        return [f for f in sys.meta_path if isinstance(f, hooks._PatchAfterImport)]
-    first = hooks.install(Path(sys.argv[1]))
-    assert len(finders()) == 1 and hooks.install(Path(sys.argv[1])) is first
+        return [f for f in sys.meta_path if isinstance(f, patches._PatchAfterImport)]
+    first = patches.install(Path(sys.argv[1]))
+    assert len(finders()) == 1 and patches.install(Path(sys.argv[1])) is first
     first.remove()
     assert not finders(), "remove() left the import hook behind"
 
-    handle = hooks.install(Path(sys.argv[1]))
+    handle = patches.install(Path(sys.argv[1]))
     import torch.distributed as dist  # patched by the import hook, before this line sees the module
     from torch.distributed import distributed_c10d as c10d
     assert dist.all_reduce is c10d.all_reduce

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from scout_slurm.bootstrap import ckptstate, hooks
+from scout_slurm.bootstrap import ckptstate, patches
 from scout_slurm.bootstrap.ckptstate import CheckpointWatch, files_of
 from scout_slurm.evidence.store import read_record
 from scout_slurm.evidence.checkfiles import file_problem
@@ -36,8 +36,8 @@ def make_watch(notes: Path, *, world: int = 1, exchange=None) -> CheckpointWatch
 @pytest.fixture()
 def watch(tmp_path):
     """The hooks' rename patches installed, a watch of one rank recording into tmp_path/notes."""
-    handle = hooks.InstalledHooks()
-    hooks._patch_renames(handle)
+    handle = patches.InstalledHooks()
+    patches._patch_renames(handle)
     w = make_watch(tmp_path / "notes")
     ckptstate.WATCH = w
     try:
@@ -200,8 +200,8 @@ def test_the_pending_exchange_writes_the_final_name(tmp_path):
     def all_gather(got, vec, group):
         for g in got:
             g.copy_(vec)
-    handle = hooks.InstalledHooks()
-    hooks._patch_renames(handle)
+    handle = patches.InstalledHooks()
+    patches._patch_renames(handle)
     w = make_watch(tmp_path / "notes", world=2, exchange=(all_reduce, all_gather))
     ckptstate.WATCH = w
     try:
@@ -271,16 +271,16 @@ def test_installed_only_with_a_checkpoints_folder(tmp_path):
     script = textwrap.dedent("""
         import os, shutil, sys
         from pathlib import Path
-        from scout_slurm.bootstrap import hooks
+        from scout_slurm.bootstrap import patches
         originals = (os.rename, os.replace, shutil.move)
-        handle = hooks.install(Path(sys.argv[1]) / "progress", checkpoints_dir=None)
+        handle = patches.install(Path(sys.argv[1]) / "progress", checkpoints_dir=None)
         assert (os.rename, os.replace, shutil.move) == originals
         handle.remove()
-        handle = hooks.install(Path(sys.argv[1]) / "progress", checkpoints_dir=Path(sys.argv[1]) / "notes")
+        handle = patches.install(Path(sys.argv[1]) / "progress", checkpoints_dir=Path(sys.argv[1]) / "notes")
         assert [f.__scout_original__ for f in (os.rename, os.replace, shutil.move)] == list(originals)
         from os import replace
         assert replace is os.replace
-        assert hooks.install(Path(sys.argv[1]) / "progress") is handle
+        assert patches.install(Path(sys.argv[1]) / "progress") is handle
         assert os.replace.__scout_original__ is originals[1]
         handle.remove()
         assert (os.rename, os.replace, shutil.move) == originals
@@ -309,8 +309,8 @@ def test_a_dcp_folder_renamed_by_a_rank_other_than_the_one_that_recorded_it(tmp_
         ranks.append(w)
     [(name, before)] = notes(tmp_path).items()
     assert (name, before.path, before.agreement) == ("run-0-step-7-rank-0.json", str(tmp), "agreed")
-    handle = hooks.InstalledHooks()
-    hooks._patch_renames(handle)
+    handle = patches.InstalledHooks()
+    patches._patch_renames(handle)
     ckptstate.WATCH = ranks[1]
     try:
         os.rename(tmp, final)

@@ -31,7 +31,7 @@ from scout_slurm.hooks import prolog
 from scout_slurm.hwmap import collect, join, nvml, sysfs
 from scout_slurm.hwmap.records import (Affinity, GpuInfo, GpuNic, HardwareMap, IbPort, NicInfo,
                                        NicKind)
-from scout_slurm.report.rankmap import RankMapRow, rank_map_rows, render_rank_map_table
+from scout_slurm.report.map_table import RankMapRow, rank_map_rows, render_rank_map_table
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs"
 VM = FIXTURES / "vm-ethernet"

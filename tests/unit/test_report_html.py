@@ -19,7 +19,7 @@ from scout_slurm.remediation.records import (ActionKind, ActionResult, ActionsRe
 from scout_slurm.report.bundle import IncidentBundle, IncidentMoments, incident_moments, last_advance
 from scout_slurm.report.html import (AcceptanceCheck, AcceptanceReport, LatencyCase, render_acceptance_html,
                                      render_incident_html)
-from scout_slurm.report.rankmap import RankMapRow
+from scout_slurm.report.map_table import RankMapRow
 from scout_slurm.report.svg import MAX_ROWS, esc, pick_rows, segments
 
 T0 = 1_700_000_000.0
@@ -278,7 +278,7 @@ def write_tree(root, *, world: int = 4, forged_node: bool = False):
 
 def test_bundle_from_the_folder_reads_histories_and_refuses_planted_ones(tmp_path):
     import os
-    from scout_slurm.report.bundleread import load_incident_bundle
+    from scout_slurm.report.bundle_loader import load_incident_bundle
     folder = write_tree(tmp_path, forged_node=True)
     folder.history_path(0, 2).unlink()
     folder.history_path(0, 2).symlink_to("/etc/passwd")
@@ -371,7 +371,7 @@ def test_the_acceptance_page_renders_in_headless_chromium(tmp_path):
 
 
 def test_markdown_report_keeps_hostile_text_inside_its_cells():
-    from scout_slurm.report.incident import render_incident_markdown
+    from scout_slurm.report.markdown import render_incident_markdown
     b = hang_bundle(evil=True)
     b = IncidentBundle(**{**b.__dict__, "hardware": tuple(
         RankMapRow(rank=r.rank, local_rank=r.local_rank, node=r.node, hostname="a|b\nc", gpu_uuids=r.gpu_uuids,

@@ -10,7 +10,7 @@ from scout_slurm.evidence.records import VoteCoverage
 from scout_slurm.localise.verdict import JobEvidence, localise
 from scout_slurm.remediation.records import (ActionKind, ActionResult, ActionsRecord, Drain, Exclude, PlannedAction,
                                              PlanStatus, Requeue, ResumeFrom)
-from scout_slurm.report.incident import render_actions, render_incident_markdown
+from scout_slurm.report.markdown import render_actions, render_incident_markdown
 from scout_slurm.report.show import render_show, render_timeline, render_verdict
 
 NOW = 1_700_000_000.0      # 2023-11-14 22:13:20 UTC

@@ -12,7 +12,7 @@ def _scout_install():
         return
     try:
         try:
-            from scout_slurm.bootstrap import hooks
+            from scout_slurm.bootstrap import patches
         except ImportError:
             import importlib.util
             pkg = os.environ.get("SCOUT_PACKAGE_DIR", "")
@@ -29,14 +29,14 @@ def _scout_install():
             sys.modules["scout_slurm"] = module
             try:
                 spec.loader.exec_module(module)
-                from scout_slurm.bootstrap import hooks
+                from scout_slurm.bootstrap import patches
             except BaseException:
                 # leave no half-imported package behind for the job's own imports
                 for name in [n for n in sys.modules if n == "scout_slurm" or n.startswith("scout_slurm.")]:
                     del sys.modules[name]
                 raise
         from scout_slurm import jobconfig
-        hooks.install_from_config(jobconfig.load())  # the one read of the job's settings
+        patches.install_from_config(jobconfig.load())  # the one read of the job's settings
     except Exception as exc:  # the training job must run even if scout cannot watch it
         sys.stderr.write(f"scout: bootstrap not installed in pid {os.getpid()}: {exc!r}\n")
 

@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from scout_slurm.inject.spec import NUMERIC_FAULTS, TIMING_FAULTS, FaultSpec
 from scout_slurm.jobconfig import JobConfig
 from scout_slurm.task import progress as progress_mod
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the injection code is imported only when a job asks for a fault
+    from scout_slurm.inject.spec import FaultSpec
     from scout_slurm.bootstrap.consensus import Consensus
     from scout_slurm.bootstrap.finite import FiniteWatch
     from scout_slurm.bootstrap.replay import Replay, RootTracker
@@ -478,7 +478,7 @@ def _record_injection(fault: FaultSpec) -> None:
         from scout_slurm.evidence.store import write_record
         now = time.time()
         write_record(run_dir / "findings" / f"injected-rank-{STATE.rank}-{int(now * 1000)}.json",
-                     Finding(rank=STATE.rank, node=STATE.config.node, kind=FindingKind.INFO,
+                     Finding(rank=STATE.rank, node=STATE.config.node, kind=FindingKind.FAULT_INJECTED,
                              at=now, summary=f"fault injected: {fault.kind}", step=fault.step))
     except Exception as exc:  # noqa: BLE001
         sys.stderr.write(f"scout: injection not recorded: {exc!r}\n")
@@ -654,6 +654,7 @@ def _corrupt(fault: FaultSpec, optimizer: Any) -> str:
 
 
 def _fire(fault: FaultSpec, optimizer: Any = None) -> None:
+    from scout_slurm.inject.spec import NUMERIC_FAULTS, TIMING_FAULTS
     if fault.kind in TIMING_FAULTS and STATE.timing_fault_fired:
         time.sleep(fault.seconds)  # a recurring delay: said and recorded at its first firing only
         return

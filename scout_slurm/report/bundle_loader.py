@@ -17,8 +17,8 @@ from scout_slurm.localise.verdict import JobEvidence, localise
 from scout_slurm.remediation.records import ActionsRecord, ResumeInstruction
 from scout_slurm.report.bundle import IncidentBundle
 from scout_slurm.report.html import MAX_TABLE_ROWS
-from scout_slurm.report.mapread import read_maps
-from scout_slurm.report.rankmap import rank_map_rows
+from scout_slurm.report.map_loader import read_maps
+from scout_slurm.report.map_table import rank_map_rows
 from scout_slurm.report.svg import pick_rows
 
 MAX_HISTORY_RANKS = 4096   # histories read at most for one page
