@@ -16,7 +16,7 @@ from typing import Mapping
 from scout_slurm.evidence.records import (ChildState, ExitRecord, Finding, FindingComponent, FindingKind, ProgressSnapshot,
                                           RankPlace, StallDecision, Suspect, Verdict, VerdictKind, VoteCoverage,
                                           is_no_majority)
-from scout_slurm.localise.cascade import CASCADE_PATTERNS, mentions_peer_failure  # noqa: F401 (re-exported)
+from scout_slurm.evidence.cascade import CASCADE_PATTERNS, mentions_peer_failure  # noqa: F401 (re-exported)
 from scout_slurm.localise.stall import find_desync, position
 from scout_slurm.task import exitcodes
 
@@ -336,80 +336,99 @@ def explain(ev: JobEvidence, *, now: float) -> tuple[Verdict, tuple[Rule, ...]]:
 
 
 def _decide(ev: JobEvidence, rule: _Consulted, *, now: float) -> Verdict:
+    """The evidence in order of strength: numerical findings, an agreed stall, a desync, then exits."""
     reasoning = list(ev.problems[:20])
     # confirmed stragglers (timing votes): a slow rank does not fail a job, so they decide the verdict
     # only when nothing else went wrong (or when they were ended for it, policy "exit"); else they are
     # said in the reasoning of whatever did go wrong
     stragglers = [f for f in ev.findings if f.kind == FindingKind.STRAGGLER and 0 <= f.rank < ev.world_size]
     reasoning += [f.summary for f in stragglers[:10]]
-    # 1. numerical findings, written by the consensus checks as they happen
+    return (_from_sdc_findings(ev, reasoning, rule, now=now)
+            or _from_stall_decision(ev, reasoning, rule, now=now)
+            or _from_desync(ev, reasoning, rule, now=now)
+            or _from_exits(ev, stragglers, reasoning, rule, now=now))
+
+
+def _from_sdc_findings(ev: JobEvidence, reasoning: list[str], rule: _Consulted, *, now: float) -> Verdict | None:
+    """1. numerical findings, written by the consensus checks as they happen."""
     hits = [f for f in ev.findings if f.kind == FindingKind.SDC and 0 <= f.rank < ev.world_size]
-    if hits:
-        r_sdc = rule(Rule.SDC_VOTE)
-        ranks = sorted({f.rank for f in hits})
-        suspects = [Suspect(r, ev.node_of(r), r_sdc.kind, r_sdc.confidence,
-                            tuple(f.summary for f in hits if f.rank == r)[:5]) for r in ranks]
-        # the vote says since when the state may be wrong; else the suspect's own progress decides
-        onset = [f.since_step for f in hits if f.since_step >= 0]
-        return _verdict(ev, r_sdc.kind, suspects, r_sdc.confidence, reasoning + [f.summary for f in hits[:10]],
-                        now=now, first_at=min(f.at for f in hits), first_step=min(onset, default=-1))
+    if not hits:
+        return None
+    r_sdc = rule(Rule.SDC_VOTE)
+    ranks = sorted({f.rank for f in hits})
+    suspects = [Suspect(r, ev.node_of(r), r_sdc.kind, r_sdc.confidence,
+                        tuple(f.summary for f in hits if f.rank == r)[:5]) for r in ranks]
+    # the vote says since when the state may be wrong; else the suspect's own progress decides
+    onset = [f.since_step for f in hits if f.since_step >= 0]
+    return _verdict(ev, r_sdc.kind, suspects, r_sdc.confidence, reasoning + [f.summary for f in hits[:10]],
+                    now=now, first_at=min(f.at for f in hits), first_step=min(onset, default=-1))
 
-    # 2. a stall the watchdogs agreed on
+
+def _from_stall_decision(ev: JobEvidence, reasoning: list[str], rule: _Consulted, *, now: float) -> Verdict | None:
+    """2. a stall the watchdogs agreed on."""
     d = ev.decision
-    if d is not None:
-        culprits = list(dict.fromkeys(r for r in d.culprits if 0 <= r < ev.world_size))  # the file is the job's: no duplicates
-        if not culprits:
-            hit = rule(Rule.STALL_NO_CULPRIT)
-            return _verdict(ev, hit.kind, [], hit.confidence,
-                            reasoning + ["the job stalled but no rank was behind the others:"] + list(d.reasoning),
-                            now=now, first_at=d.at)
-        suspects = []
-        crashed: dict[int, list[str]] = {}
-        for r in culprits:
-            snap = ev.last_progress(r)
-            # a culprit whose exit or stderr says it crashed is a crash, however its peers waited
-            crash = crash_evidence(ev.exits.get(r), snap) if d.kind != FindingKind.DESYNC else []
-            if crash:
-                crashed[r] = crash
-                rc = rule(Rule.STALL_CRASHED)
-                suspects.append(Suspect(r, ev.node_of(r), rc.kind, rc.confidence, tuple(crash + list(d.reasoning))))
-                continue
-            lines = list(d.reasoning)
-            if snap is not None and snap.child_state in (ChildState.STOPPED, ChildState.DISK_SLEEP):
-                rh = rule(Rule.STALL_STOPPED)
-                lines.append(f"rank {r}'s process was {snap.child_state.value}")
-            else:
-                rh = rule(Rule.STALL_BEHIND)
-            if d.kind == FindingKind.DESYNC:
-                lines.append("its sequence of collectives differs from the majority's (desync)")
-            suspects.append(Suspect(r, ev.node_of(r), rh.kind, rh.confidence, tuple(lines)))
-        share = len(culprits) / max(ev.world_size, 1)
-        conf = min(s.confidence for s in suspects) * (1.0 if share <= 0.25 else rule(Rule.STALL_WIDE).confidence)
-        what = "desync" if d.kind == FindingKind.DESYNC else "stopped making progress first"
-        said = [f"rank(s) {', '.join(map(str, culprits))} {what}"]
-        if crashed:   # the kind is crash only when every culprit crashed; a hung one keeps it a hang
-            said += [f"{lines[0]} (crash, not a hang)" for lines in crashed.values()]
-        kind = RULES[Rule.STALL_CRASHED].kind if len(crashed) == len(culprits) else RULES[Rule.STALL_BEHIND].kind
-        ended = [ev.exits[r].at for r in crashed if is_abnormal(ev.exits[r]) and not is_cascade(ev.exits[r])]
-        return _verdict(ev, kind, suspects, conf, reasoning + said + list(d.reasoning),
-                        now=now, first_at=min([d.at, *ended]))
+    if d is None:
+        return None
+    culprits = list(dict.fromkeys(r for r in d.culprits if 0 <= r < ev.world_size))  # the file is the job's: no duplicates
+    if not culprits:
+        hit = rule(Rule.STALL_NO_CULPRIT)
+        return _verdict(ev, hit.kind, [], hit.confidence,
+                        reasoning + ["the job stalled but no rank was behind the others:"] + list(d.reasoning),
+                        now=now, first_at=d.at)
+    suspects = []
+    crashed: dict[int, list[str]] = {}
+    for r in culprits:
+        snap = ev.last_progress(r)
+        # a culprit whose exit or stderr says it crashed is a crash, however its peers waited
+        crash = crash_evidence(ev.exits.get(r), snap) if d.kind != FindingKind.DESYNC else []
+        if crash:
+            crashed[r] = crash
+            rc = rule(Rule.STALL_CRASHED)
+            suspects.append(Suspect(r, ev.node_of(r), rc.kind, rc.confidence, tuple(crash + list(d.reasoning))))
+            continue
+        lines = list(d.reasoning)
+        if snap is not None and snap.child_state in (ChildState.STOPPED, ChildState.DISK_SLEEP):
+            rh = rule(Rule.STALL_STOPPED)
+            lines.append(f"rank {r}'s process was {snap.child_state.value}")
+        else:
+            rh = rule(Rule.STALL_BEHIND)
+        if d.kind == FindingKind.DESYNC:
+            lines.append("its sequence of collectives differs from the majority's (desync)")
+        suspects.append(Suspect(r, ev.node_of(r), rh.kind, rh.confidence, tuple(lines)))
+    share = len(culprits) / max(ev.world_size, 1)
+    conf = min(s.confidence for s in suspects) * (1.0 if share <= 0.25 else rule(Rule.STALL_WIDE).confidence)
+    what = "desync" if d.kind == FindingKind.DESYNC else "stopped making progress first"
+    said = [f"rank(s) {', '.join(map(str, culprits))} {what}"]
+    if crashed:   # the kind is crash only when every culprit crashed; a hung one keeps it a hang
+        said += [f"{lines[0]} (crash, not a hang)" for lines in crashed.values()]
+    kind = RULES[Rule.STALL_CRASHED].kind if len(crashed) == len(culprits) else RULES[Rule.STALL_BEHIND].kind
+    ended = [ev.exits[r].at for r in crashed if is_abnormal(ev.exits[r]) and not is_cascade(ev.exits[r])]
+    return _verdict(ev, kind, suspects, conf, reasoning + said + list(d.reasoning),
+                    now=now, first_at=min([d.at, *ended]))
 
-    # 3. a desync: one rank's sequence of collectives left the majority's (gloo may then abort a
-    #    peer, so this comes before blaming whoever died first)
+
+def _from_desync(ev: JobEvidence, reasoning: list[str], rule: _Consulted, *, now: float) -> Verdict | None:
+    """3. a desync: one rank's sequence of collectives left the majority's (gloo may then abort a
+    peer, so this comes before blaming whoever died first)."""
     rings = {r: p.recent for r in range(ev.world_size) if (p := ev.last_progress(r)) is not None}
-    if len(rings) == ev.world_size:
-        desync, why = find_desync(rings)
-        if desync and len(desync) * 2 < ev.world_size:
-            rd = rule(Rule.DESYNC)
-            suspects = [Suspect(r, ev.node_of(r), rd.kind, rd.confidence,
-                                (why, "its sequence of collectives differs from the majority's (desync)"))
-                        for r in desync]
-            failed_at = [e.at for e in ev.exits.values() if is_abnormal(e)]
-            return _verdict(ev, rd.kind, suspects, rd.confidence,
-                            reasoning + [f"desync: rank(s) {', '.join(map(str, desync))} ran a different collective "
-                                         "than the others", why], now=now, first_at=min(failed_at, default=0.0))
+    if len(rings) != ev.world_size:
+        return None
+    desync, why = find_desync(rings)
+    if not desync or len(desync) * 2 >= ev.world_size:
+        return None
+    rd = rule(Rule.DESYNC)
+    suspects = [Suspect(r, ev.node_of(r), rd.kind, rd.confidence,
+                        (why, "its sequence of collectives differs from the majority's (desync)"))
+                for r in desync]
+    failed_at = [e.at for e in ev.exits.values() if is_abnormal(e)]
+    return _verdict(ev, rd.kind, suspects, rd.confidence,
+                    reasoning + [f"desync: rank(s) {', '.join(map(str, desync))} ran a different collective "
+                                 "than the others", why], now=now, first_at=min(failed_at, default=0.0))
 
-    # 4. exits
+
+def _from_exits(ev: JobEvidence, stragglers: list[Finding], reasoning: list[str], rule: _Consulted, *,
+                now: float) -> Verdict:
+    """4. exits: who failed on their own (not as a cascade of a peer's failure), and who first."""
     abnormal = {r: e for r, e in ev.exits.items() if 0 <= r < ev.world_size and is_abnormal(e)}
     primaries = {r: e for r, e in abnormal.items() if not is_cascade(e)}
     cascades = sorted(set(abnormal) - set(primaries))
@@ -426,34 +445,7 @@ def _decide(ev: JobEvidence, rule: _Consulted, *, now: float) -> Verdict:
     if stragglers and (not abnormal or (primaries and all(e.exit_code == STRAGGLER_ENDED for e in primaries.values()))):
         return _straggler_verdict(ev, stragglers, reasoning, rule, now=now)
     if not abnormal:
-        missing = [r for r in range(ev.world_size) if r not in ev.exits]
-        # replicas that disagreed with no strict majority (e.g. two HSDP replicas): nobody is named, but
-        # the run is not clean either
-        unsure = [f for f in ev.findings if is_no_majority(f)]
-        if ev.job_exit_code in (0, -1) and not missing and unsure:
-            hit = rule(Rule.NO_MAJORITY)
-            return _verdict(ev, hit.kind, [], hit.confidence,
-                            reasoning + [f.summary for f in unsure[:10]], now=now, first_at=min(f.at for f in unsure))
-        if not ev.places and not ev.exits and not ev.snapshots:
-            # nothing of scout's in this run: not a clean run, an unwatched one
-            no_records = "no scout records for this run (not started under scout-srun?)"
-            if ev.job_exit_code == 0:
-                hit = rule(Rule.UNWATCHED_CLEAN)
-                return _verdict(ev, hit.kind, [], hit.confidence, reasoning + [no_records], now=now)
-            hit = rule(Rule.UNWATCHED_FAILED)
-            return _verdict(ev, hit.kind, [], hit.confidence, reasoning + [
-                no_records, f"the job failed (raw status {ev.job_exit_code}) and scout saw none of its ranks"], now=now)
-        if ev.job_exit_code in (0, -1) and not missing:
-            return _clean_or_unchecked(ev, reasoning + ["every rank exited cleanly"], rule, now=now)
-        if missing and len(missing) * 2 < ev.world_size:
-            ri = rule(Rule.MISSING_EXIT)
-            suspects = [Suspect(r, ev.node_of(r), ri.kind, ri.confidence,
-                                ("no exit record: the task, its shim or its node vanished",)) for r in missing]
-            return _verdict(ev, ri.kind, suspects, ri.confidence,
-                            reasoning + [f"rank(s) {missing} left no exit record while the job failed"], now=now)
-        hit = rule(Rule.FAILED_NO_RANK)
-        return _verdict(ev, hit.kind, [], hit.confidence,
-                        reasoning + [f"the job failed (raw status {ev.job_exit_code}) with no rank failing"], now=now)
+        return _no_rank_failed(ev, reasoning, rule, now=now)
     if not primaries:
         missing = [r for r in range(ev.world_size) if r not in ev.exits]
         if missing and len(missing) * 2 < ev.world_size:
@@ -471,7 +463,45 @@ def _decide(ev: JobEvidence, rule: _Consulted, *, now: float) -> Verdict:
         return _verdict(ev, hit.kind, [], hit.confidence, reasoning + [
             f"{len(primaries)} of {ev.world_size} ranks failed on their own ({dict(kinds)}): a failure shared "
             "by most replicas (code, data or configuration), not one rank's"], now=now)
+    return _first_crash(ev, primaries, cascades, reasoning, rule, now=now)
 
+
+def _no_rank_failed(ev: JobEvidence, reasoning: list[str], rule: _Consulted, *, now: float) -> Verdict:
+    """No rank exited abnormally: clean (or unchecked), no majority, unwatched, or ranks that vanished."""
+    missing = [r for r in range(ev.world_size) if r not in ev.exits]
+    # replicas that disagreed with no strict majority (e.g. two HSDP replicas): nobody is named, but
+    # the run is not clean either
+    unsure = [f for f in ev.findings if is_no_majority(f)]
+    if ev.job_exit_code in (0, -1) and not missing and unsure:
+        hit = rule(Rule.NO_MAJORITY)
+        return _verdict(ev, hit.kind, [], hit.confidence,
+                        reasoning + [f.summary for f in unsure[:10]], now=now, first_at=min(f.at for f in unsure))
+    if not ev.places and not ev.exits and not ev.snapshots:
+        # nothing of scout's in this run: not a clean run, an unwatched one
+        no_records = "no scout records for this run (not started under scout-srun?)"
+        if ev.job_exit_code == 0:
+            hit = rule(Rule.UNWATCHED_CLEAN)
+            return _verdict(ev, hit.kind, [], hit.confidence, reasoning + [no_records], now=now)
+        hit = rule(Rule.UNWATCHED_FAILED)
+        return _verdict(ev, hit.kind, [], hit.confidence, reasoning + [
+            no_records, f"the job failed (raw status {ev.job_exit_code}) and scout saw none of its ranks"], now=now)
+    if ev.job_exit_code in (0, -1) and not missing:
+        return _clean_or_unchecked(ev, reasoning + ["every rank exited cleanly"], rule, now=now)
+    if missing and len(missing) * 2 < ev.world_size:
+        ri = rule(Rule.MISSING_EXIT)
+        suspects = [Suspect(r, ev.node_of(r), ri.kind, ri.confidence,
+                            ("no exit record: the task, its shim or its node vanished",)) for r in missing]
+        return _verdict(ev, ri.kind, suspects, ri.confidence,
+                        reasoning + [f"rank(s) {missing} left no exit record while the job failed"], now=now)
+    hit = rule(Rule.FAILED_NO_RANK)
+    return _verdict(ev, hit.kind, [], hit.confidence,
+                    reasoning + [f"the job failed (raw status {ev.job_exit_code}) with no rank failing"], now=now)
+
+
+def _first_crash(ev: JobEvidence, primaries: dict[int, ExitRecord], cascades: list[int], reasoning: list[str],
+                 rule: _Consulted, *, now: float) -> Verdict:
+    """A minority of ranks failed on their own: the one(s) least advanced, wall clocks deciding
+    only among ranks of one node."""
     def order(r: int) -> tuple[int, str, float]:
         p = ev.last_progress(r)
         return (position(p) if p is not None else 0, primaries[r].node, primaries[r].at)
