@@ -143,6 +143,10 @@ def _check_version(cls: type, obj: dict, where: str) -> None:
     if version > known:
         raise _Invalid(f"{at}{cls.__name__} schema_version {version} is newer than this scout "
                        f"understands ({known})", "upgrade scout on this node to read it")
+    oldest = getattr(cls, "OLDEST_SCHEMA_VERSION", 1)
+    if version < oldest:
+        raise _Invalid(f"{at}{cls.__name__} schema_version {version} was written by an older scout; this one "
+                       f"reads versions {oldest} to {known}", "read it with the scout that wrote it")
 
 
 def _is_int(value: Any) -> bool:
@@ -251,6 +255,7 @@ def _fast_builder(cls: type, top: bool) -> Any:
     names = {f.name for f in fields}
     allowed = frozenset(names | ({KIND_KEY} if top and getattr(cls, "KIND", None) is not None else set()))
     known = next((f.default for f in fields if f.name == "schema_version"), None)
+    oldest = getattr(cls, "OLDEST_SCHEMA_VERSION", 1)
     specs = tuple((f.name, _fast_converter(hints[f.name]),
                    f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
                   for f in fields)
@@ -258,7 +263,7 @@ def _fast_builder(cls: type, top: bool) -> Any:
     def build(obj: dict) -> Any:
         if known is not None:
             version = obj.get("schema_version")
-            if type(version) is not int or not 1 <= version <= known:
+            if type(version) is not int or not oldest <= version <= known:
                 raise _Slow
         if not allowed.issuperset(obj):
             raise _Slow

@@ -148,7 +148,9 @@ class ActionsRecord:
     results: tuple[ActionResult, ...]
     created_at: float
     updated_at: float
-    # 2: typed action payloads (version 1 held each action as target and detail text)
+    # 2: typed action payloads (version 1 held each action as target and detail text, which this
+    # scout does not parse: such a file is refused by name and version, not called corrupt)
+    OLDEST_SCHEMA_VERSION: ClassVar[int] = 2
     schema_version: int = 2
 
     def done(self) -> set[tuple[ActionKind, str]]:

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from scout_slurm.errors import ScoutError
+from scout_slurm.errors import EvidenceError, ScoutError
 from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.records import (Finding, FindingComponent, ResumeOutcome, Verdict, resume_outcome)
 from scout_slurm.localise.verdict import JobEvidence
@@ -29,6 +29,7 @@ class ShowView:
     actions: ActionsRecord | None
     computed: bool                     # no verdict on record: computed now from the evidence
     resume: tuple[Finding, ...]        # the resumed run's restored state against its checkpoint record
+    actions_problem: str = ""          # why the actions file could not be read ("" when it was, or is absent)
 
 
 def load_show(folder: JobFolder, restart: int | None = None) -> ShowView:
@@ -51,11 +52,16 @@ def load_show(folder: JobFolder, restart: int | None = None) -> ShowView:
     verdict = localise(ev, now=time.time()) if computed else read_record(vpath, Verdict, root=folder.root)
     ev = with_full_records(ev, folder, [s.rank for s in verdict.suspects])
     apath = folder.actions_path(run)
-    actions = read_record(apath, ActionsRecord, root=folder.root) if apath.exists() else None
+    actions, actions_problem = None, ""
+    if apath.exists():
+        try:
+            actions = read_record(apath, ActionsRecord, root=folder.root)
+        except EvidenceError as exc:  # the verdict and timeline are still worth showing; say why there are no actions
+            actions_problem = str(exc)
     resume = tuple(sorted((f for f in ev.findings if f.component == FindingComponent.RESUME.value),
                           key=lambda f: f.rank))
     return ShowView(job_id=folder.job_id, cluster=folder.cluster, run=run, runs=tuple(runs), verdict=verdict,
-                    evidence=ev, actions=actions, computed=computed, resume=resume)
+                    evidence=ev, actions=actions, computed=computed, resume=resume, actions_problem=actions_problem)
 
 
 def show_json(view: ShowView) -> dict:
@@ -63,6 +69,7 @@ def show_json(view: ShowView) -> dict:
     from scout_slurm.report.show import timing_findings
     obj = record_to_obj(view.verdict)
     obj["actions"] = record_to_obj(view.actions) if view.actions else None
+    obj["actions_problem"] = view.actions_problem or None
     obj["runs"] = list(view.runs)
     obj["computed"] = view.computed
     obj["timing"] = [record_to_obj(f) for f in timing_findings(view.evidence)]
@@ -75,7 +82,7 @@ def show_text(view: ShowView) -> str:
     from scout_slurm.report.show import render_show
     out = render_show(view.job_id, view.cluster, view.run, view.verdict, view.evidence,
                       render_actions(view.actions) if view.actions else None, computed=view.computed)
-    lines = []
+    lines = [f"\nactions: not readable: {view.actions_problem}"] if view.actions_problem else []
     if view.resume:
         lines.append("\nresume check:")
         for f in view.resume:

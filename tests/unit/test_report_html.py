@@ -404,3 +404,26 @@ def test_moments_of_a_crash_without_injection_count_from_the_last_progress():
     page = render_incident_html(dataclasses.replace(b, evidence=ev, verdict=v))
     exits_drawn = re.findall(r'<path class="exit"[^>]*stroke="(#[0-9a-f]+)"', page)
     assert exits_drawn.count("#b71c1c") == 1 and exits_drawn.count("#ef6c00") == 3   # the crash red, cascades orange
+
+
+def test_scout_show_says_why_an_actions_file_cannot_be_read(tmp_path):
+    """An actions file an older scout wrote (schema 1, prose actions) or a damaged one: the verdict
+    and timeline are still shown, with one line saying why there are no actions (issue 20)."""
+    import json
+    from click.testing import CliRunner
+    from scout_slurm.cli import main
+    folder = write_tree(tmp_path / "evidence")
+    folder.actions_path(0).write_text(json.dumps({
+        "record_kind": "actions", "schema_version": 1, "job_id": 77, "restart": 0, "verdict_kind": "hang",
+        "status": "done", "held_back": [], "results": [], "created_at": 1.0, "updated_at": 1.0,
+        "actions": [{"kind": "requeue", "target": "77", "detail": ""}]}))
+    cfg = tmp_path / "scout.toml"
+    cfg.write_text(f'[evidence]\nroot = "{tmp_path / "evidence"}"\n')
+    res = CliRunner().invoke(main, ["show", "77", "--config", str(cfg)])
+    assert res.exit_code == 0, res.output
+    assert "verdict: hang" in res.output
+    assert "actions: not readable:" in res.output and "schema_version 1 was written by an older scout" in res.output
+    res = CliRunner().invoke(main, ["show", "77", "--json", "--config", str(cfg)])
+    assert res.exit_code == 0, res.output
+    shown = json.loads(res.output)
+    assert shown["actions"] is None and "older scout" in shown["actions_problem"]
