@@ -29,7 +29,8 @@ _TYPE_NAMES = (
 )
 
 
-def _type_name(mode: int) -> str:
+def file_type_words(mode: int) -> str:
+    """What kind of file `mode` is, in words ("is a FIFO (named pipe)"), for refusals."""
     for test, words in _TYPE_NAMES:
         if test(mode):
             return words
@@ -64,7 +65,7 @@ def file_problem(path: str, st: os.stat_result, trusted_uids: Collection[int], *
     if not stat.S_ISREG(st.st_mode):
         what = ("name the file itself: a link is not followed" if stat.S_ISLNK(st.st_mode)
                 else "put the file itself there")
-        return f"{path} {_type_name(st.st_mode)} ({_found(st)}), not a regular file; {what}"
+        return f"{path} {file_type_words(st.st_mode)} ({_found(st)}), not a regular file; {what}"
     if problem := _mode_problem(path, st, trusted_uids, fix_mode="644"):
         return problem
     if st.st_size > max_bytes:
@@ -75,7 +76,7 @@ def file_problem(path: str, st: os.stat_result, trusted_uids: Collection[int], *
 def command_problem(path: str, st: os.stat_result, trusted_uids: Collection[int]) -> str | None:
     """Why root must not run the program at `path` that has this stat, or None (pure)."""
     if not stat.S_ISREG(st.st_mode):
-        return f"{path} {_type_name(st.st_mode)} ({_found(st)}), not a regular file; reinstall it"
+        return f"{path} {file_type_words(st.st_mode)} ({_found(st)}), not a regular file; reinstall it"
     return _mode_problem(path, st, trusted_uids, fix_mode="755")
 
 
@@ -87,7 +88,7 @@ def directory_problem(path: str, st: os.stat_result, trusted_uids: Collection[in
     (they cannot replace root's entries); not for a directory where a missing name matters.
     """
     if not stat.S_ISDIR(st.st_mode):
-        return f"{path} {_type_name(st.st_mode)} ({_found(st)}), not a directory"
+        return f"{path} {file_type_words(st.st_mode)} ({_found(st)}), not a directory"
     return _mode_problem(path, st, trusted_uids, fix_mode="go-w", sticky_ok=sticky_ok)
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from scout_slurm.errors import EvidenceError
 from scout_slurm.evidence.codec import CORRUPT_ADVICE as _CORRUPT
+from scout_slurm.trust import file_type_words
 
 MAX_RECORD_BYTES = 4 * 1024 * 1024
 
@@ -214,23 +215,6 @@ DIR_PATH = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
 DIR_LIST = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 FILE_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 
-_TYPE_NAMES = (
-    (stat.S_ISLNK, "is a symbolic link"),
-    (stat.S_ISFIFO, "is a FIFO (named pipe)"),
-    (stat.S_ISSOCK, "is a socket"),
-    (stat.S_ISCHR, "is a character device"),
-    (stat.S_ISBLK, "is a block device"),
-    (stat.S_ISDIR, "is a directory"),
-)
-
-
-def _type_name(mode: int) -> str:
-    for test, words in _TYPE_NAMES:
-        if test(mode):
-            return words
-    return "is not a regular file"
-
-
 def split_under(path: str, root: str | os.PathLike | None, shown: str) -> tuple[str, list[str]]:
     """(trusted base directory, components below it) for `path`. With a root, every component
     below the root is untrusted; without, only the last."""
@@ -289,7 +273,7 @@ def _refusal(e: OSError, dir_fd: int, name: str, shown: str, where: str,
 
 def _check_file(st: os.stat_result, shown: str, max_bytes: int) -> None:
     if not stat.S_ISREG(st.st_mode):
-        raise EvidenceError(f"{shown}: {_type_name(st.st_mode)}, not a regular file; {_PLANTED}")
+        raise EvidenceError(f"{shown}: {file_type_words(st.st_mode)}, not a regular file; {_PLANTED}")
     if st.st_nlink != 1:
         # A job could hard-link a file it may not read into its own folder for root to read.
         raise EvidenceError(f"{shown}: has {st.st_nlink} hard links; {_PLANTED}")
