@@ -165,12 +165,20 @@ def show(job_id: int, restart: int | None, cluster: str | None, as_json: bool, a
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--pending", "only_pending", is_flag=True,
               help="Only incidents whose handling began and has not ended (a hook killed half-way).")
+@click.option("--gpu", "gpu_serial", default=None, metavar="SERIAL",
+              help="Only the incidents that named the GPU with this board serial, on whichever node it was.")
 @_config_opt
-def incidents(node: str | None, limit: int, as_json: bool, only_pending: bool, config_path: str | None) -> None:
+def incidents(node: str | None, limit: int, as_json: bool, only_pending: bool, gpu_serial: str | None,
+              config_path: str | None) -> None:
     """Recent incidents: job, run, verdict, suspects, nodes drained; then any still pending."""
-    from scout_slurm.report.incident_history import list_incidents, list_pending
+    from scout_slurm.report.incident_history import list_incidents, list_pending, list_suspects, render_suspects
     cfg = _site(config_path)
     root = Path(cfg.evidence.root)
+    if gpu_serial is not None:
+        rows = list_suspects(root, gpu=gpu_serial)
+        click.echo(json.dumps([r.as_dict() for r in rows], indent=2) if as_json
+                   else render_suspects(rows) or f"no incident named GPU serial {gpu_serial}")
+        return
     pending = list_pending(root)
     if only_pending:
         if as_json:
@@ -192,6 +200,17 @@ def incidents(node: str | None, limit: int, as_json: bool, only_pending: bool, c
                        f"{', '.join(r.drained) or '-'}")
     if pending:
         _echo_pending(pending)
+
+
+@main.command("suspects")
+@click.option("--json", "as_json", is_flag=True)
+@_config_opt
+def suspects(as_json: bool, config_path: str | None) -> None:
+    """Every node and GPU serial an incident named: status (drained, watch), users, kinds, root
+    checks and each incident's outcome. The watch list is the nodes in status "watch"."""
+    from scout_slurm.report.incident_history import list_suspects, render_suspects
+    rows = list_suspects(Path(_site(config_path).evidence.root))
+    click.echo(json.dumps([r.as_dict() for r in rows], indent=2) if as_json else render_suspects(rows) or "no suspects")
 
 
 def _echo_pending(pending) -> None:

@@ -106,6 +106,29 @@ class RemediationConfig:
 
 
 @dataclass(frozen=True)
+class DrainConfig:
+    """When a suspect node is drained (taken from everyone) rather than only excluded from the
+    failed job's own rerun (remediation/plan.py, `drain_decision`). Everything a job writes is the
+    job's word, so by default a drain needs evidence the job cannot forge."""
+    # "corroborated": a root-run check on the node corroborates the verdict's kind, or incidents of
+    # at least min_users different users named the node (or a GPU serial on it) within window_s;
+    # otherwise the node is excluded from the rerun and put on the watch list.
+    # "job-evidence": the job's own evidence drains, as before (any job can then drain the nodes it
+    # holds, shared or exclusive)
+    drain_on: str = "corroborated"
+    window_s: float = 30 * 86400.0
+    min_users: int = 2
+    # the named node's Epilog waits this long for the verdict, then runs its root checks within
+    # root_check_s; the controller waits for them up to wait_for_root_checks_s
+    verdict_wait_s: float = 20.0
+    root_check_s: float = 15.0
+    wait_for_root_checks_s: float = 25.0
+    # TEST DOUBLE of a hardware source, for the lab only: a root-owned file of /dev/kmsg records
+    # read instead of /dev/kmsg ("{node}" is replaced by the node's name); empty on a real site
+    test_kernel_log: str = ""
+
+
+@dataclass(frozen=True)
 class SiteConfig:
     evidence: EvidenceConfig = field(default_factory=EvidenceConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
@@ -113,11 +136,13 @@ class SiteConfig:
     prolog: PrologConfig = field(default_factory=PrologConfig)
     epilog: EpilogConfig = field(default_factory=EpilogConfig)
     remediation: RemediationConfig = field(default_factory=RemediationConfig)
+    drain: DrainConfig = field(default_factory=DrainConfig)
 
 
 _SECTION_TYPES = {
     "evidence": EvidenceConfig, "slurm": SlurmConfig, "watchdog": WatchdogConfig,
     "prolog": PrologConfig, "epilog": EpilogConfig, "remediation": RemediationConfig,
+    "drain": DrainConfig,
 }
 
 
@@ -208,6 +233,12 @@ def _check_ranges(cfg: SiteConfig, source: str) -> None:
     if cfg.watchdog.on_bad_setting not in ("disable", "fail"):
         raise ConfigError(f"{source}: [watchdog] on_bad_setting must be 'disable' or 'fail', "
                           f"got {cfg.watchdog.on_bad_setting!r}")
+    if cfg.drain.drain_on not in ("corroborated", "job-evidence"):
+        raise ConfigError(f"{source}: [drain] drain_on must be 'corroborated' or 'job-evidence', "
+                          f"got {cfg.drain.drain_on!r}")
+    if cfg.drain.min_users < 2:
+        raise ConfigError(f"{source}: [drain] min_users must be at least 2 (one user's jobs are one word), "
+                          f"got {cfg.drain.min_users}")
     if cfg.watchdog.on_evidence_loss not in ("fail", "warn"):
         raise ConfigError(f"{source}: [watchdog] on_evidence_loss must be 'fail' or 'warn', "
                           f"got {cfg.watchdog.on_evidence_loss!r}")

@@ -28,7 +28,8 @@ from scout_slurm.log import configure, get_logger
 from scout_slurm.remediation.apply import apply_plan
 from scout_slurm.evidence.checkfiles import assess_job, find_checkpoint_checks
 from scout_slurm.remediation.eligibility import recovery_point
-from scout_slurm.remediation.plan import JobFacts, build_plan
+from scout_slurm.remediation.plan import (DRAINABLE, DrainDecision, DrainDecisions, JobFacts, NodeOutcome,
+                                          NodeSuspicion, build_plan, drain_decision)
 from scout_slurm.remediation.records import ActionsRecord, PlanStatus
 from scout_slurm.report.markdown import render_incident_markdown
 from scout_slurm.slurm import ops
@@ -93,9 +94,12 @@ def _wait_for_node_evidence(folder: JobFolder, nodes: tuple[str, ...], wait_s: f
 def handle_job_end(ctx: HookContext, cfg: SiteConfig, *, env: Mapping[str, str] | None = None,
                    clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
                    sleep: Callable[[float], None] = time.sleep, started: float | None = None,
-                   holder: str = "controller") -> ActionsRecord | None:
+                   holder: str = "controller",
+                   root_check_here: Callable[[Verdict], None] | None = None) -> ActionsRecord | None:
     """Run `ctx.restart`'s incident, under its lock; None when there was none (or another hook has
-    it). `started`: when the hook began, on `clock` (its budget counts from there); now if not given."""
+    it). `started`: when the hook began, on `clock` (its budget counts from there); now if not given.
+    `root_check_here`: the batch host's own root checks, run once the verdict is written (the
+    other nodes' Epilogs wait for that verdict themselves)."""
     started = clock() if started is None else started
     deadline = started + cfg.epilog.time_budget_s
     folder = JobFolder(Path(cfg.evidence.root), ctx.cluster, ctx.job_id)
@@ -117,7 +121,8 @@ def handle_job_end(ctx: HookContext, cfg: SiteConfig, *, env: Mapping[str, str] 
     try:
         with held_lock(folder, restart):
             record = _handle_locked(ctx, cfg, folder, env=env, clock=clock, wall=wall, sleep=sleep,
-                                    started=started, deadline=deadline, holder=holder)
+                                    started=started, deadline=deadline, holder=holder,
+                                    root_check_here=root_check_here)
     except Busy:
         log.info("controller.busy", job=ctx.job_id, restart=restart,
                  why="another live hook holds this incident's lock; it completes it")
@@ -165,7 +170,8 @@ def _results_dir_ready(folder: JobFolder) -> bool:
 
 def _handle_locked(ctx: HookContext, cfg: SiteConfig, folder: JobFolder, *, env: Mapping[str, str] | None,
                    clock: Callable[[], float], wall: Callable[[], float], sleep: Callable[[float], None],
-                   started: float, deadline: float, holder: str) -> ActionsRecord | None:
+                   started: float, deadline: float, holder: str,
+                   root_check_here: Callable[[Verdict], None] | None = None) -> ActionsRecord | None:
     restart = ctx.restart
     actions_path = folder.actions_path(restart)
     if actions_path.exists():
@@ -228,9 +234,14 @@ def _handle_locked(ctx: HookContext, cfg: SiteConfig, folder: JobFolder, *, env:
     checks = find_checkpoint_checks(folder, restart)
     assessments = [a for a in assess_job(folder, current_verdict=verdict, checks=checks) if a.note.restart <= restart]
     chosen, why = recovery_point(assessments, verdict.first_suspect_step)
+    if root_check_here is not None:
+        root_check_here(verdict)
+    suspicions = _suspicions(folder, verdict, evidence, facts, cfg, deadline=deadline, clock=clock, sleep=sleep)
+    decisions = _decide(ctx, cfg, folder, verdict, suspicions, at=wall())
     plan = build_plan(verdict, facts, cfg.remediation, evidence_path=str(folder.path),
                       checkpoint=chosen.note if chosen else None, checkpoint_reason=why,
-                      checkpoint_status=chosen.status if chosen else None)
+                      checkpoint_status=chosen.status if chosen else None, decisions=decisions)
+    _record_decisions(ctx, cfg, folder, verdict, suspicions, decisions, plan, at=wall())
     status = (PlanStatus.NOTHING_TO_DO if not plan.actions else
               PlanStatus.OBSERVE_ONLY if cfg.remediation.observe_only else PlanStatus.PLANNED)
     record = ActionsRecord(job_id=ctx.job_id, restart=restart, verdict_kind=verdict.kind, status=status,
@@ -248,6 +259,112 @@ def _handle_locked(ctx: HookContext, cfg: SiteConfig, folder: JobFolder, *, env:
     log.info("controller.done", job=ctx.job_id, verdict=verdict.kind.value, status=record.status.value,
              suspects=[(s.rank, s.node) for s in verdict.suspects], seconds=round(clock() - started, 3))
     return record
+
+
+def _suspicions(folder: JobFolder, verdict: Verdict, evidence, facts: JobFacts, cfg: SiteConfig, *,
+                deadline: float, clock: Callable[[], float], sleep: Callable[[float], None]) -> dict[str, NodeSuspicion]:
+    """What is known of each named node of the allocation beyond the job's word: the GPU serials
+    of its suspect ranks (the Prolog's map) and, on a site that asks for corroboration, the root
+    checks its Epilog ran (waited for within the budget). Empty for a verdict that never drains."""
+    from scout_slurm.hooks.rootcheck import RootChecks, corroborating, rootcheck_path
+    if verdict.kind not in DRAINABLE:
+        return {}
+    nodes = [n for n in verdict.suspect_nodes if n in set(facts.allocation)]
+    checks: dict[str, RootChecks] = {}
+    if cfg.drain.drain_on == "corroborated" and nodes:
+        wait_s = min(cfg.drain.wait_for_root_checks_s, max(0.0, deadline - clock() - 10.0))
+        missing = _wait_for_files([rootcheck_path(folder.node_dir(n), verdict.restart) for n in nodes], wait_s,
+                                  clock, sleep)
+        for n in nodes:
+            path = rootcheck_path(folder.node_dir(n), verdict.restart)
+            if path in missing:
+                log.warning("controller.no_root_checks", node=n, waited_s=round(wait_s, 1),
+                            consequence="no corroboration from this node: excluded, not drained")
+                continue
+            try:   # the node's root Epilog wrote it in its root-owned folder
+                checks[n] = read_record(path, RootChecks, root=folder.root)
+            except EvidenceError as exc:
+                log.warning("controller.root_checks_unreadable", node=n, error=str(exc))
+    out = {}
+    for n in nodes:
+        found = corroborating(checks.get(n), verdict.kind)
+        out[n] = NodeSuspicion(node=n, gpu_serials=_gpu_serials(folder, verdict, evidence, n),
+                               corroborated_by=tuple(f"{f.category}: {f.detail}"[:120] for f in found),
+                               root_checked=n in checks)
+    return out
+
+
+def _wait_for_files(paths: list[Path], wait_s: float, clock: Callable[[], float],
+                    sleep: Callable[[float], None]) -> set[Path]:
+    deadline = clock() + wait_s
+    while True:
+        missing = {p for p in paths if not p.exists()}
+        if not missing or clock() >= deadline:
+            return missing
+        sleep(0.2)
+
+
+def _gpu_serials(folder: JobFolder, verdict: Verdict, evidence, node: str) -> tuple[str, ...]:
+    """The board serials of the GPUs the node's suspect ranks used ("" serials left out)."""
+    from scout_slurm.hwmap.join import read_node_map
+    try:
+        hwmap = read_node_map(folder, node)
+    except ScoutError:
+        return ()
+    by_uuid = {g.uuid: g.serial for g in hwmap.gpus}
+    uuids = [u for s in verdict.suspects if s.node == node and s.rank in evidence.places
+             for u in evidence.places[s.rank].gpu_uuids]
+    return tuple(dict.fromkeys(by_uuid[u] for u in uuids if by_uuid.get(u)))
+
+
+def _decide(ctx: HookContext, cfg: SiteConfig, folder: JobFolder, verdict: Verdict,
+            suspicions: dict[str, NodeSuspicion], *, at: float) -> dict[str, DrainDecision]:
+    from scout_slurm.report.incident_history import past_incidents
+    if not suspicions:
+        return {}
+    past = past_incidents(folder.root, folder.cluster, since=at - cfg.drain.window_s) \
+        if cfg.drain.drain_on == "corroborated" else []
+    decisions = {n: drain_decision(s, job_id=ctx.job_id, user=_user(ctx), at=at, past=past, cfg=cfg.drain)
+                 for n, s in suspicions.items()}
+    log.info("controller.drain_rule", job=ctx.job_id, drain_on=cfg.drain.drain_on, past_incidents=len(past),
+             decisions={n: (d.drain, d.why) for n, d in decisions.items()})
+    return decisions
+
+
+def _user(ctx: HookContext) -> str:
+    return ctx.job_user or f"uid {ctx.job_uid}"
+
+
+def _record_decisions(ctx: HookContext, cfg: SiteConfig, folder: JobFolder, verdict: Verdict,
+                      suspicions: dict[str, NodeSuspicion], decisions: dict[str, DrainDecision], plan,
+                      *, at: float) -> None:
+    """The incident's word on each named node, for the watch list and the next incident's rule."""
+    from scout_slurm.hooks.rootcheck import RootChecks, rootcheck_path
+    from scout_slurm.remediation.records import Drain
+    if not suspicions:
+        return
+    drained = {a.payload.node for a in plan.actions if isinstance(a.payload, Drain)}
+    rows = []
+    for n, s in suspicions.items():
+        d = decisions[n]
+        outcome = "drain" if n in drained else "watch" if n in plan.watched else "held"
+        why = d.why if outcome != "held" else "; ".join(plan.held_back)[:300]
+        checks, findings = (), ()
+        if s.root_checked:
+            try:
+                rc = read_record(rootcheck_path(folder.node_dir(n), verdict.restart), RootChecks, root=folder.root)
+                checks = tuple(f"{o.name}: {o.status}" for o in rc.outcomes)
+                findings = tuple(f"{f.category}: {f.detail}"[:200] for f in rc.findings)
+            except EvidenceError:
+                pass
+        rows.append(NodeOutcome(n, s.gpu_serials, outcome, why, checks, findings))
+    record = DrainDecisions(job_id=ctx.job_id, restart=verdict.restart, user=_user(ctx), uid=ctx.job_uid,
+                            kind=verdict.kind, at=at, drain_on=cfg.drain.drain_on, nodes=tuple(rows))
+    try:
+        write_record(folder.results_dir / f"drain-decisions-{verdict.restart}.json", record)
+    except (ScoutError, OSError) as exc:
+        log.warning("controller.decisions_not_written", error=str(exc),
+                    consequence="this incident will not count towards the drain rule's history")
 
 
 def complete_pending(ctx: HookContext, cfg: SiteConfig, *, started: float, env: Mapping[str, str] | None = None,

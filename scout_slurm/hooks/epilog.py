@@ -1,7 +1,13 @@
 """`scout-epilog`, the node Epilog (root, every node): node-local evidence into the job's
 `nodes/<node>/epilog.json`. Exits 0 (a failing Epilog drains the node) unless the site asks to
 drain on local hardware errors. On sites whose controller cannot read the evidence, the batch
-host's Epilog also runs the controller's job-end handling."""
+host's Epilog also runs the controller's job-end handling.
+
+Root-side confirmation on suspicion ([drain] drain_on = "corroborated"): after epilog.json, the
+Epilog of a failed job waits for the controller's verdict; if it names this node, it runs the
+bounded root checks of hooks/rootcheck.py into `nodes/<node>/rootcheck-<run>.json`, which the
+controller waits for before it decides whether to drain. A node the verdict does not name is
+never checked."""
 
 from __future__ import annotations
 
@@ -10,10 +16,10 @@ import sys
 from pathlib import Path
 from typing import Callable, Mapping
 
-from scout_slurm.config import EpilogConfig, load_hook_config
+from scout_slurm.config import EpilogConfig, SiteConfig, load_hook_config
 from scout_slurm.errors import ScoutError
 from scout_slurm.evidence.layout import JobFolder
-from scout_slurm.evidence.store import write_record
+from scout_slurm.evidence.store import read_record, write_record
 from scout_slurm.jobenv import hook_context
 from scout_slurm.log import configure, get_logger
 from scout_slurm.slurm.hostlist import expand_hostlist
@@ -113,6 +119,74 @@ def _check_checkpoints(folder: JobFolder, ctx, cfg: EpilogConfig) -> None:
         log.exception("epilog.checkpoint_checks_bug", node=ctx.node, error=repr(exc))
 
 
+def root_check_if_named(folder: JobFolder, node: str, verdict, cfg: SiteConfig, *, deadline: float) -> None:
+    """The root checks on this node when `verdict` names it, within what is left until `deadline`
+    (time.monotonic) and the site's [drain] root_check_s; recorded whatever their outcome."""
+    import time
+    from scout_slurm.hooks.rootcheck import (CORROBORATES, IbBaseline, ib_baseline_path, rootcheck_path,
+                                             run_checks)
+    if node not in verdict.suspect_nodes:
+        log.info("epilog.root_checks_not_named", node=node, verdict=verdict.kind.value,
+                 why="the verdict does not name this node: no root checks")
+        return
+    if verdict.kind not in CORROBORATES:
+        log.info("epilog.root_checks_not_needed", node=node, verdict=verdict.kind.value)
+        return
+    budget = min(cfg.drain.root_check_s, deadline - time.monotonic() - 1.0)
+    if budget <= 0:
+        log.warning("epilog.root_checks_no_time", node=node, budget_s=cfg.epilog.time_budget_s)
+        return
+    started_wall = _job_started(folder, node)
+    since_boot = max(0.0, _uptime() - (time.time() - started_wall)) if started_wall else 0.0
+    node_dir = folder.node_dir(node)
+    baseline = None
+    if ib_baseline_path(node_dir, verdict.restart).exists():
+        try:
+            read = read_record(ib_baseline_path(node_dir, verdict.restart), IbBaseline, root=folder.root)
+            baseline = {c.key: c.value for c in read.counters}
+        except ScoutError as exc:
+            log.warning("epilog.ib_baseline_unreadable", error=str(exc))
+    source = cfg.drain.test_kernel_log.replace("{node}", node) if cfg.drain.test_kernel_log else "/dev/kmsg"
+    checks = run_checks(node, verdict, budget_s=budget, kernel_source=source, since_boot_s=since_boot,
+                        ib_baseline=baseline)
+    write_record(rootcheck_path(node_dir, verdict.restart), checks)
+    log.info("epilog.root_checks", node=node, job=verdict.job_id, restart=verdict.restart, seconds=checks.seconds,
+             outcomes=[(o.name, o.status) for o in checks.outcomes], findings=[f.category for f in checks.findings])
+
+
+def _uptime() -> float:
+    from scout_slurm.hooks.nodeevidence import _uptime as uptime
+    return uptime()
+
+
+def _root_check_on_suspicion(folder: JobFolder, ctx, cfg: SiteConfig, *, started: float) -> None:
+    """Wait for the controller's verdict of a failed run, then check this node if it is named.
+    Failing here costs only the corroboration: the node is then excluded, not drained."""
+    import time
+    from scout_slurm.hooks.rootcheck import wait_for_verdict
+    deadline = started + cfg.epilog.time_budget_s
+    wait = min(cfg.drain.verdict_wait_s, deadline - time.monotonic() - cfg.drain.root_check_s - 2.0)
+
+    def check() -> None:
+        verdict = wait_for_verdict(folder.verdict_path(ctx.restart), folder.root, max(0.0, wait))
+        if verdict is None:
+            log.info("epilog.no_verdict", node=ctx.node, waited_s=round(max(0.0, wait), 1),
+                     consequence="no root checks on this node for this run")
+            return
+        root_check_if_named(folder, ctx.node, verdict, cfg, deadline=deadline)
+    _guarded(ctx.node, check)
+
+
+def _guarded(node: str, fn: Callable[[], None]) -> None:
+    try:
+        fn()
+    except (ScoutError, OSError) as exc:
+        log.warning("epilog.root_checks_failed", node=node, error=str(exc),
+                    consequence="no root corroboration from this node: it is excluded, not drained")
+    except Exception as exc:  # noqa: BLE001 - never at the cost of the node
+        log.exception("epilog.root_checks_bug", node=node, error=repr(exc))
+
+
 def exit_status(hardware_error: bool, cfg: EpilogConfig) -> int:
     """Slurm drains a node whose Epilog exits non-zero: only a local hardware error, on a site that
     asked for it, does that (pure)."""
@@ -149,10 +223,17 @@ def run(environ: Mapping[str, str], *, collect: Callable | None = None) -> int:
             if nodes and nodes[0] == ctx.node:
                 from scout_slurm.hooks.controller import complete_pending, handle_job_end
                 holder = f"batch-host {ctx.node}"
+                here = None
+                if cfg.drain.drain_on == "corroborated":
+                    def here(verdict) -> None:   # this host's own checks, between the verdict and the plan
+                        _guarded(ctx.node, lambda: root_check_if_named(
+                            folder, ctx.node, verdict, cfg, deadline=started + cfg.epilog.time_budget_s))
                 try:
-                    handle_job_end(ctx, cfg, started=started, holder=holder)
+                    handle_job_end(ctx, cfg, started=started, holder=holder, root_check_here=here)
                 finally:
                     complete_pending(ctx, cfg, started=started, holder=holder)
+            elif cfg.drain.drain_on == "corroborated" and (ctx.job_failed or _has_findings(folder, ctx.restart)):
+                _root_check_on_suspicion(folder, ctx, cfg, started=started)
     except ScoutError as exc:
         log.error("epilog.failed", error=str(exc))
     except Exception as exc:  # noqa: BLE001 - a failing Epilog would drain this node

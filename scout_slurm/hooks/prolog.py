@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping
 
 from scout_slurm import log as scout_log
 from scout_slurm.config import load_hook_config
-from scout_slurm.errors import ConfigError, EvidenceError
+from scout_slurm.errors import ConfigError, EvidenceError, ScoutError
 from scout_slurm.evidence import store
 from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.safeio import Owner, UnsafeFolder, ensure_dir
@@ -185,10 +185,25 @@ def _run(ctx: HookContext, environ: Mapping[str, str], log: Any, *, sysfs_root: 
             log.info("prolog.map_written", path=str(path), gpus=len(hwmap.gpus), nics=len(hwmap.nics),
                      ib_ports=len(hwmap.ib_ports), nvml_status=hwmap.nvml_status,
                      problems=len(hwmap.problems), duration_s=round(time.monotonic() - start, 3))
+        _write_ib_baseline(node_dir, ctx, log)
     for problem in hwmap.problems[:20]:
         log.warning("prolog.map_problem", problem=problem)
 
     return _exit_code(hwmap, cfg.prolog.fail_on_broken_gpu, log)
+
+
+def _write_ib_baseline(node_dir: Path, ctx: HookContext, log: Any) -> None:
+    """The InfiniBand error counters at the job's start, for the root checks' deltas (hooks/rootcheck.py);
+    nothing on a node without InfiniBand."""
+    from scout_slurm.hooks.rootcheck import IbBaseline, IbCounter, ib_baseline_path, ib_counters
+    counters = ib_counters()
+    if not counters:
+        return
+    try:
+        store.write_record(ib_baseline_path(node_dir, ctx.restart), IbBaseline(
+            ctx.node, time.time(), tuple(IbCounter(k, v) for k, v in counters.items())), mode=0o644)
+    except (ScoutError, OSError) as exc:
+        log.warning("prolog.ib_counters_failed", reason=str(exc), consequence="no InfiniBand deltas for this job")
 
 
 def _exit_code(hwmap: HardwareMap, fail_on_broken_gpu: bool, log: Any) -> int:

@@ -32,7 +32,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from scout_slurm.config import EpilogConfig, EvidenceConfig, RemediationConfig, SiteConfig, SlurmConfig, WatchdogConfig, render_toml
+from scout_slurm.config import (DrainConfig, EpilogConfig, EvidenceConfig, RemediationConfig, SiteConfig, SlurmConfig,
+                                WatchdogConfig, render_toml)
 from scout_slurm.errors import LabError, SlurmError
 from scout_slurm.lab import DEFAULT_PORT_BASE, default_state_dir
 from scout_slurm.log import get_logger
@@ -172,6 +173,10 @@ def lab_site_config(spec: LabSpec) -> SiteConfig:
                                 startup_grace_s=300.0),
         epilog=EpilogConfig(time_budget_s=60.0, wait_for_nodes_s=5.0),
         remediation=RemediationConfig(min_confidence=0.8, max_drain_fraction=0.5, restart_limit=2),
+        # the lab's injected faults are software (no root check can honestly corroborate them), and
+        # its demo and loop tests show drain, requeue and resume: the old rule here, stated in the
+        # README; tests/slurm/test_drain_rule.py switches the lab to the site default
+        drain=DrainConfig(drain_on="job-evidence"),
     )
 
 

@@ -1,13 +1,22 @@
 """Build the remediation plan from a verdict (pure). Every guard of the site config is applied
-here, and what it held back is written into the plan with the reason."""
+here, and what it held back is written into the plan with the reason.
+
+The drain rule (`drain_decision`): a job's own evidence is always enough to *exclude* a node from
+that job's rerun (it harms nobody else), but a *drain* takes the node from everyone, so it needs
+evidence the job cannot forge: a root-run check on the node that corroborates the verdict's kind
+(hooks/rootcheck.py), or incidents of at least `min_users` different users naming the node (or a
+GPU serial on it, wherever that GPU moved) within the site's window. Otherwise the node is
+excluded and put on the watch list with its evidence. `[drain] drain_on = "job-evidence"` keeps
+the old rule. Exclusive allocations are treated as shared ones: a job that had a node to itself
+could still forge a finding that takes the node from everyone after it."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import ClassVar, Mapping, Sequence
 
-from scout_slurm.config import RemediationConfig
+from scout_slurm.config import DrainConfig, RemediationConfig
 from scout_slurm.evidence.records import Verdict, VerdictKind
 from scout_slurm.remediation.records import (CheckpointNote, CheckpointStatus, Drain, Exclude, PlannedAction, Requeue,
                                              ResumeFrom)
@@ -51,6 +60,7 @@ def ended_by_slurm(state: str) -> str:
 class Plan:
     actions: tuple[PlannedAction, ...]
     held_back: tuple[str, ...]
+    watched: tuple[str, ...] = ()     # named nodes the drain rule did not drain: excluded, watched
 
 
 # What every drain reason of scout's starts with: Slurm keeps only the text, and `scout undrain`,
@@ -65,10 +75,83 @@ def is_scout_drain(reason: str, job_id: int | None = None) -> bool:
     return job_id is None or f" job {int(job_id)} " in reason
 
 
-def drain_reason(verdict: Verdict, node: str, evidence_path: str) -> str:
+def drain_reason(verdict: Verdict, node: str, evidence_path: str, why: str = "") -> str:
     ranks = ",".join(str(s.rank) for s in verdict.suspects if s.node == node)
+    because = f" {why};" if why else ""
     return (f"{DRAIN_REASON_PREFIX} {verdict.kind.value} rank {ranks} job {verdict.job_id} run {verdict.restart} "
-            f"conf {verdict.confidence:.2f} see {evidence_path}")
+            f"conf {verdict.confidence:.2f}{because} see {evidence_path}")
+
+
+@dataclass(frozen=True)
+class PastIncident:
+    """An earlier incident's decision on one node (the controller reads them from the evidence root)."""
+    job_id: int
+    user: str
+    node: str
+    gpu_serials: tuple[str, ...]
+    kind: str
+    at: float
+
+
+@dataclass(frozen=True)
+class NodeSuspicion:
+    """What the controller knows of one node the verdict names, beyond the job's word."""
+    node: str
+    gpu_serials: tuple[str, ...]          # of the suspect ranks' GPUs, from the Prolog's map
+    corroborated_by: tuple[str, ...]      # root-found facts that corroborate the verdict's kind
+    root_checked: bool                    # whether the node's root checks are on record at all
+
+
+@dataclass(frozen=True)
+class DrainDecision:
+    drain: bool
+    why: str
+
+
+def drain_decision(suspicion: NodeSuspicion, *, job_id: int, user: str, at: float,
+                   past: Sequence[PastIncident], cfg: DrainConfig) -> DrainDecision:
+    """Drain `suspicion.node`, or only exclude it and watch it (pure; see the module's docstring)."""
+    if cfg.drain_on == "job-evidence":
+        return DrainDecision(True, "on the job's evidence (site setting drain_on = job-evidence)")
+    if suspicion.corroborated_by:
+        return DrainDecision(True, f"corroborated by root check: {'; '.join(suspicion.corroborated_by[:3])}"[:200])
+    serials = {s for s in suspicion.gpu_serials if s}
+    others = [p for p in past if p.job_id != job_id and 0 <= at - p.at <= cfg.window_s
+              and (p.node == suspicion.node or serials & set(p.gpu_serials))]
+    users = {user, *(p.user for p in others)}
+    if len(users) >= cfg.min_users:
+        named = ", ".join(f"{p.user} job {p.job_id}" for p in sorted(others, key=lambda p: p.at)[-4:])
+        return DrainDecision(True, f"{len(others) + 1} incidents from {len(users)} users ({named}, {user} job {job_id})")
+    checked = "root checks found nothing that corroborates it" if suspicion.root_checked else "no root check on record"
+    seen = f"; {len(others)} earlier incident(s) here, all from {user}" if others else ""
+    return DrainDecision(False, f"only the job's own evidence ({checked}{seen}): excluded from the rerun, "
+                                f"not drained; on the watch list")
+
+
+@dataclass(frozen=True)
+class NodeOutcome:
+    """One suspect node's outcome in one incident, as the watch list and `scout suspects` show it."""
+    node: str
+    gpu_serials: tuple[str, ...]
+    outcome: str                          # "drain", "watch", or "held" (a guard kept it from both)
+    why: str
+    root_checks: tuple[str, ...]          # "name: status" of each root check run on the node
+    root_findings: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DrainDecisions:
+    """results/drain-decisions-<run>.json: who the job's user was and what became of each named node."""
+    KIND: ClassVar[str] = "drain-decisions"
+    job_id: int
+    restart: int
+    user: str
+    uid: int
+    kind: VerdictKind
+    at: float
+    drain_on: str
+    nodes: tuple[NodeOutcome, ...]
+    schema_version: int = 1
 
 
 def choose_checkpoint(notes: Sequence[CheckpointNote], first_suspect_step: int) -> CheckpointNote | None:
@@ -79,9 +162,12 @@ def choose_checkpoint(notes: Sequence[CheckpointNote], first_suspect_step: int) 
 
 def build_plan(verdict: Verdict, job: JobFacts, cfg: RemediationConfig, *, evidence_path: str,
                checkpoint: CheckpointNote | None = None, checkpoint_reason: str = "",
-               checkpoint_status: CheckpointStatus | None = None) -> Plan:
+               checkpoint_status: CheckpointStatus | None = None,
+               decisions: Mapping[str, DrainDecision] | None = None) -> Plan:
     """The actions for `verdict` and what the guards held back (pure). `checkpoint` is the one the
-    recovery rule chose (`checkpoint_status`: as eligible or as candidate; `checkpoint_reason`: why)."""
+    recovery rule chose (`checkpoint_status`: as eligible or as candidate; `checkpoint_reason`: why).
+    `decisions`: the drain rule's word on each suspect node (a node without one is drained, as
+    before the rule); a node it does not drain is excluded from the rerun all the same."""
     held: list[str] = []
     actions: list[PlannedAction] = []
     if verdict.kind == VerdictKind.CLEAN:
@@ -121,8 +207,14 @@ def build_plan(verdict: Verdict, job: JobFacts, cfg: RemediationConfig, *, evide
             held.append(f"{len(drains)} suspect nodes exceed the limit of {limit} "
                         f"({cfg.max_drain_fraction:.0%} of {len(job.allocation)}): nothing drained")
             drains = []
+    decisions = decisions or {}
+    watched = [n for n in drains if n in decisions and not decisions[n].drain]
+    drains = [n for n in drains if n not in watched]
     for node in drains:
-        actions.append(PlannedAction.of(Drain(node, drain_reason(verdict, node, evidence_path))))
+        why = decisions[node].why if node in decisions else ""
+        actions.append(PlannedAction.of(Drain(node, drain_reason(verdict, node, evidence_path, why))))
+    for node in watched:
+        held.append(f"node {node}: {decisions[node].why}")
 
     requeue = cfg.requeue
     if not cfg.requeue:
@@ -137,11 +229,12 @@ def build_plan(verdict: Verdict, job: JobFacts, cfg: RemediationConfig, *, evide
         held.append("a straggler slows a job but does not fail it: not requeued (resubmit it to run without "
                     "a drained node)")
         requeue = False
-    elif not drains and verdict.kind != VerdictKind.INFRA:
-        held.append("no node drained: a rerun on the same nodes would likely fail the same way; not requeued")
+    elif not drains and not watched and verdict.kind != VerdictKind.INFRA:
+        held.append("no node drained or excluded: a rerun on the same nodes would likely fail the same way; "
+                    "not requeued")
         requeue = False
     if requeue:
-        excluded = list(dict.fromkeys([*job.excluded, *drains]))
+        excluded = list(dict.fromkeys([*job.excluded, *drains, *watched]))
         remaining = [n for n in job.usable_nodes if n not in excluded]
         if len(remaining) < len(job.allocation):
             held.append(f"only {len(remaining)} usable nodes would remain for a job of {len(job.allocation)}: "
@@ -149,7 +242,7 @@ def build_plan(verdict: Verdict, job: JobFacts, cfg: RemediationConfig, *, evide
             requeue = False
         else:
             actions.append(PlannedAction.of(Requeue(job.job_id)))
-            if drains:
+            if drains or watched:
                 compress_hostlist(excluded)   # raises, naming it, on a node name Slurm would not take
                 actions.append(PlannedAction.of(Exclude(job.job_id, tuple(excluded))))
             if checkpoint is not None:
@@ -159,4 +252,4 @@ def build_plan(verdict: Verdict, job: JobFacts, cfg: RemediationConfig, *, evide
             else:
                 held.append(checkpoint_reason or "no recorded checkpoint before the first suspect step: the rerun "
                             "starts as the script decides")
-    return Plan(tuple(actions), tuple(held))
+    return Plan(tuple(actions), tuple(held), tuple(watched))
