@@ -72,7 +72,7 @@ def test_unknown_section_lists_valid_ones(tmp_path):
         load_config({}, path=path)
     msg = str(err.value)
     assert str(path) in msg and "slurmm" in msg
-    assert "valid sections: epilog, evidence, prolog, remediation, slurm, watchdog" in msg
+    assert "valid sections: drain, epilog, evidence, prolog, remediation, slurm, watchdog" in msg
 
 
 def test_unknown_key_lists_valid_ones(tmp_path):
@@ -90,7 +90,7 @@ def test_env_overrides_reads_only_the_table():
 
 
 def test_unknown_flag_section_and_key():
-    with pytest.raises(ConfigError, match="unknown section nope; valid: epilog, evidence"):
+    with pytest.raises(ConfigError, match="unknown section nope; valid: drain, epilog, evidence"):
         load_config({}, flags={"nope": {"x": 1}})
     with pytest.raises(ConfigError, match="command-line flags: unknown key.* zap in \\[slurm\\]; valid keys"):
         load_config({}, flags={"slurm": {"zap": 1}})

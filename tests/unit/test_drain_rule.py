@@ -3,6 +3,8 @@ with its word: a node the rule does not drain is excluded from the job's rerun a
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from scout_slurm.config import DrainConfig, RemediationConfig
@@ -98,3 +100,15 @@ def test_guards_still_hold_a_watched_node_back():
     plan = build_plan(low, FACTS, RemediationConfig(), evidence_path="/e",
                       decisions={"n2": DrainDecision(False, "only the job's own evidence")})
     assert plan.actions == () and plan.watched == ()
+
+
+@pytest.mark.parametrize("raw,words", [
+    ({"drain_on": "always"}, "[drain] drain_on must be 'corroborated' or 'job-evidence'"),
+    ({"min_users": 1}, "[drain] min_users must be at least 2"),
+])
+def test_drain_settings_are_checked(raw, words):
+    from scout_slurm.config import parse_config
+    from scout_slurm.errors import ConfigError
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        parse_config({"drain": raw}, source="t.toml")
+    assert parse_config({"drain": {"drain_on": "job-evidence"}}).drain == OLD_RULE

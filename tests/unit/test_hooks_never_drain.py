@@ -382,9 +382,11 @@ def test_a_garbage_job_id_is_logged_and_exits_0(site, hook, case):
 @pytest.mark.parametrize("hook", ("controller", "epilog"))
 def test_without_slurm_commands_the_plan_is_kept_pending(site, hook):
     """No scontrol on PATH and an empty [slurm] bin_dir: nothing may reach any Slurm (not even
-    /usr/bin's), the drain stays pending in the actions file for a later retry."""
+    /usr/bin's), the drain stays pending in the actions file for a later retry. (The old drain
+    rule, so that the job's own evidence plans a drain: tests/unit/test_drain_rule.py has the new.)"""
     write_job_tree(site.job_dir)
-    site.write_config(localise_on="batch-host" if hook == "epilog" else "controller")
+    site.write_config('[drain]\ndrain_on = "job-evidence"\n',
+                      localise_on="batch-host" if hook == "epilog" else "controller")
     run = run_hook(hook, site.env(hook))
     run.logged("scontrol", "was not found", str(site.nobin), events=("controller.job_info_failed",))
     assert not run.events("slurm.call"), run.events("slurm.call")

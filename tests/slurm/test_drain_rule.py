@@ -1,0 +1,184 @@
+"""Issue 25: drains a tenant cannot forge, on the real lab cluster with the site's default rule
+(`[drain] drain_on = "corroborated"`; the lab itself keeps the old rule for its demo and loop tests).
+
+A job's own evidence excludes a node from that job's rerun; a drain needs a root check on the node
+that corroborates the verdict, or incidents of two different users on the node. The jobs run as
+the lab's unprivileged users (scout-u1, scout-u2). The hardware error of the third test is planted
+in a TEST DOUBLE of the kernel's log (`[drain] test_kernel_log`, a root-owned file per node), the
+one hardware source the lab's nodes can be given per node: they all share this machine's kernel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import scoutjobs as sj
+from scout_slurm.config import DrainConfig, parse_config, render_toml
+from scout_slurm.slurm import ops
+
+pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]
+
+
+class Site:
+    """The lab's site config switched to the default drain rule for one test, restored after. The
+    window counts only this test's incidents (the lab is shared by the whole session)."""
+
+    def __init__(self, lab) -> None:
+        self.lab, self.started = lab, time.time()
+        self.conf = lab.paths.scout_conf
+        self.saved = self.conf.read_bytes()
+        self.kmsg = lab.paths.etc / "test-kmsg"     # root's, like the site config beside it
+        self.kmsg.mkdir(mode=0o755, exist_ok=True)
+
+    def arm(self) -> None:
+        import tomllib
+        cfg = parse_config(tomllib.loads(self.saved.decode()))
+        drain = DrainConfig(drain_on="corroborated", window_s=time.time() - self.started + 600,
+                            verdict_wait_s=20, root_check_s=10, wait_for_root_checks_s=25,
+                            test_kernel_log=str(self.kmsg / "{node}.kmsg"))
+        self.conf.write_text(render_toml(dataclasses.replace(cfg, drain=drain)))
+
+    def plant_xid(self, node: str) -> str:
+        """A GPU Xid in `node`'s test kernel log, stamped now (after the job began)."""
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        line = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, GPU has fallen off the bus."
+        (self.kmsg / f"{node}.kmsg").write_text(f"3,9001,{int(uptime * 1e6)},-;{line}\n")
+        return line
+
+    def restore(self) -> None:
+        self.conf.write_bytes(self.saved)
+        for f in self.kmsg.glob("*.kmsg"):
+            f.unlink()
+
+
+@pytest.fixture()
+def site(lab, clean_drains):
+    s = Site(lab)
+    s.arm()
+    try:
+        yield s
+    finally:
+        s.restore()
+
+
+def _drained(lab) -> dict[str, str]:
+    return {n.name: n.reason for n in ops.list_nodes(timeout=10, env=lab.client_env()) if n.is_drained}
+
+
+def _scout(lab, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "scout_slurm.cli", *args], capture_output=True, text=True,
+                          env=lab.client_env(), timeout=60)
+
+
+def _suspects(lab) -> dict[str, dict]:
+    res = _scout(lab, "suspects", "--json")
+    assert res.returncode == 0, res.stderr
+    return {r["name"]: r for r in json.loads(res.stdout) if r["what"] == "node"}
+
+
+def _wait_running(lab, job: int, timeout: float = 90) -> ops.JobInfo:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = ops.job_info(job, timeout=10, env=lab.client_env())
+        if info.state == "RUNNING" and info.nodes:
+            return info
+        time.sleep(0.3)
+    raise AssertionError(f"job {job} did not start: {info}")
+
+
+def _sleeper(lab, user: str, node: str) -> int:
+    """A plain job of `user` holding one CPU of `node` (shared: not exclusive)."""
+    script = "#!/bin/bash\nsleep 900\n"
+    job = ops.submit_batch(script, ["-N1", "-n1", f"-w{node}", "--job-name=bystander",
+                                    f"--output={lab.paths.work}/bystander-%j.out", f"--chdir={lab.paths.work}"],
+                           timeout=20, env=lab.client_env(), user=user)
+    _wait_running(lab, job)
+    return job
+
+
+def _training(lab, user: str, nodes: str, inject: str) -> int:
+    script = sj.batch_script(lab, train_args="--steps 30", scout_args=f"--scout-stall-floor=4 --scout-inject={inject}")
+    return sj.submit(lab, script, nodes=2, tasks_per_node=2, extra=(f"-w{nodes}",), user=user)
+
+
+def _watched_run(lab, job: int, node: str, rank: int) -> None:
+    """Run 0 named `node`; it was excluded from the rerun, not drained, and the rerun completed elsewhere."""
+    sj.wait_finished(lab, job, restart=0)
+    v0 = sj.show_json(lab, job, restart=0)
+    assert v0["kind"] == "crash" and [(s["rank"], s["node"]) for s in v0["suspects"]] == [(rank, node)], v0
+    acts = sj.actions(lab, job, 0)
+    assert [a.kind.value for a in acts.actions] == ["requeue", "exclude"], acts
+    assert any(h.startswith(f"node {node}: only the job's own evidence") and "watch list" in h
+               for h in acts.held_back), acts.held_back
+    assert node not in _drained(lab)
+    info = sj.wait_completed(lab, job)
+    assert info.state == "COMPLETED" and info.restart_count == 1, (info, sj.output(lab, job)[-3000:])
+    assert node in info.excluded_nodes
+    assert node not in {p.node for p in sj.places(lab, job, 1).values()}
+
+
+@pytest.mark.timeout(600)
+def test_one_users_crash_on_a_shared_node_excludes_it_a_second_users_drains_it(lab, site):
+    users = lab.users.get("job_users") or []
+    if len(users) < 2:
+        pytest.skip(f"the lab runs jobs as {users or 'root'}: two unprivileged users are needed ({lab.users})")
+    u1, u2 = users[:2]
+    bystander = _sleeper(lab, u2, "n2")
+    # user 1's job makes its rank on the shared node exit: the job's own word, the node is sound
+    job_a = _training(lab, u1, "n1,n2", "exit,rank=2,step=5,code=3")
+    _watched_run(lab, job_a, "n2", 2)
+    assert ops.job_info(bystander, timeout=10, env=lab.client_env()).state == "RUNNING"   # untouched
+    watch = _suspects(lab)["n2"]
+    assert watch["status"] == "watch" and watch["users"] == [u1], watch
+    rootchecks = [i["root_checks"] for i in watch["incidents"] if i["job_id"] == job_a][0]
+    assert "kernel-log: clean" in rootchecks and "compute-signature: clean" in rootchecks, rootchecks
+    ops.cancel_job(bystander, timeout=10, env=lab.client_env())
+
+    # a second incident on n2, from another user's job: independent evidence, so n2 is drained
+    job_b = _training(lab, u2, "n2,n3", "exit,rank=0,step=5,code=3")
+    sj.wait_finished(lab, job_b, restart=0)
+    assert sj.show_json(lab, job_b, restart=0)["suspects"][0]["node"] == "n2"
+    reason = _drained(lab).get("n2", "")
+    assert f"2 incidents from 2 users ({u1} job {job_a}, {u2} job {job_b})" in reason, reason
+    assert reason.startswith(f"scout: crash rank 0 job {job_b} run 0"), reason
+    assert list(_drained(lab)) == ["n2"]
+    assert sj.wait_completed(lab, job_b).state == "COMPLETED"
+    assert _suspects(lab)["n2"]["status"] == "drained"
+    text = _scout(lab, "suspects").stdout
+    assert f"node n2: drained; 2 incident(s) from 2 user(s) ({', '.join(sorted([u1, u2]))})" in text, text
+
+
+@pytest.mark.timeout(420)
+def test_a_root_visible_hardware_error_drains_on_the_first_incident(lab, site):
+    job = _training(lab, lab.job_user, "n3,n4", "exit,rank=2,step=12,code=3")
+    _wait_running(lab, job)
+    line = site.plant_xid("n4")        # the TEST DOUBLE of n4's kernel log says its GPU fell off the bus
+    sj.wait_finished(lab, job, restart=0)
+    assert [s["node"] for s in sj.show_json(lab, job, restart=0)["suspects"]] == ["n4"]
+    reason = _drained(lab).get("n4", "")
+    assert "corroborated by root check: nvidia-xid: NVRM: Xid (PCI:0000:3b:00): 79" in reason, reason
+    assert list(_drained(lab)) == ["n4"]
+    assert [a.kind.value for a in sj.actions(lab, job, 0).actions] == ["drain", "requeue", "exclude"]
+    nodes = sj.folder(lab, job).nodes_dir
+    assert (nodes / "n4" / "rootcheck-0.json").exists()
+    assert not (nodes / "n3" / "rootcheck-0.json").exists()   # never on a node the verdict did not name
+    row = _suspects(lab)["n4"]
+    assert row["status"] == "drained" and any(line in f for i in row["incidents"] for f in i["root_findings"]), row
+    assert sj.wait_completed(lab, job).state == "COMPLETED"
+
+
+@pytest.mark.timeout(420)
+def test_a_real_crash_without_root_evidence_is_excluded_not_drained(lab, site):
+    job = _training(lab, lab.job_user, "n3,n4", "sigkill,rank=1,step=5")
+    _watched_run(lab, job, "n3", 1)
+    assert _drained(lab) == {}
+    mine = [i for i in _suspects(lab)["n3"]["incidents"] if i["job_id"] == job]
+    assert [(i["outcome"], i["kind"]) for i in mine] == [("watch", "crash")], mine
