@@ -187,6 +187,22 @@ def _guarded(node: str, fn: Callable[[], None]) -> None:
         log.exception("epilog.root_checks_bug", node=node, error=repr(exc))
 
 
+def _localise_here(folder: JobFolder, ctx, cfg: SiteConfig, *, started: float) -> None:
+    """The controller's job-end handling on the batch host ([epilog] localise_on = "batch-host"),
+    with this host's own root checks between the verdict and the plan."""
+    from scout_slurm.hooks.controller import complete_pending, handle_job_end
+    holder = f"batch-host {ctx.node}"
+    here = None
+    if cfg.drain.drain_on == "corroborated":
+        def here(verdict) -> None:
+            _guarded(ctx.node, lambda: root_check_if_named(folder, ctx.node, verdict, cfg,
+                                                           deadline=started + cfg.epilog.time_budget_s))
+    try:
+        handle_job_end(ctx, cfg, started=started, holder=holder, root_check_here=here)
+    finally:
+        complete_pending(ctx, cfg, started=started, holder=holder)
+
+
 def exit_status(hardware_error: bool, cfg: EpilogConfig) -> int:
     """Slurm drains a node whose Epilog exits non-zero: only a local hardware error, on a site that
     asked for it, does that (pure)."""
@@ -218,22 +234,10 @@ def run(environ: Mapping[str, str], *, collect: Callable | None = None) -> int:
             _check_checkpoints(folder, ctx, cfg.epilog)
         # epilog.json last: the controller waits for it, and then finds the digest there too
         write_record(node_dir / "epilog.json", evidence)
-        if cfg.epilog.localise_on == "batch-host":
-            nodes = expand_hostlist(ctx.job_nodelist)
-            if nodes and nodes[0] == ctx.node:
-                from scout_slurm.hooks.controller import complete_pending, handle_job_end
-                holder = f"batch-host {ctx.node}"
-                here = None
-                if cfg.drain.drain_on == "corroborated":
-                    def here(verdict) -> None:   # this host's own checks, between the verdict and the plan
-                        _guarded(ctx.node, lambda: root_check_if_named(
-                            folder, ctx.node, verdict, cfg, deadline=started + cfg.epilog.time_budget_s))
-                try:
-                    handle_job_end(ctx, cfg, started=started, holder=holder, root_check_here=here)
-                finally:
-                    complete_pending(ctx, cfg, started=started, holder=holder)
-            elif cfg.drain.drain_on == "corroborated" and (ctx.job_failed or _has_findings(folder, ctx.restart)):
-                _root_check_on_suspicion(folder, ctx, cfg, started=started)
+        if cfg.epilog.localise_on == "batch-host" and _is_batch_host(ctx):
+            _localise_here(folder, ctx, cfg, started=started)
+        elif cfg.drain.drain_on == "corroborated" and (ctx.job_failed or _has_findings(folder, ctx.restart)):
+            _root_check_on_suspicion(folder, ctx, cfg, started=started)
     except ScoutError as exc:
         log.error("epilog.failed", error=str(exc))
     except Exception as exc:  # noqa: BLE001 - a failing Epilog would drain this node
