@@ -37,6 +37,8 @@ class Site:
         self.saved = self.conf.read_bytes()
         self.kmsg = lab.paths.etc / "test-kmsg"     # root's, like the site config beside it
         self.kmsg.mkdir(mode=0o755, exist_ok=True)
+        for node in lab.spec.node_names():     # each node's kernel log, empty: nothing logged yet
+            (self.kmsg / f"{node}.kmsg").write_text("")
 
     def arm(self) -> None:
         import tomllib
@@ -50,7 +52,8 @@ class Site:
         """A GPU Xid in `node`'s test kernel log, stamped now (after the job began)."""
         uptime = float(Path("/proc/uptime").read_text().split()[0])
         line = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, GPU has fallen off the bus."
-        (self.kmsg / f"{node}.kmsg").write_text(f"3,9001,{int(uptime * 1e6)},-;{line}\n")
+        with open(self.kmsg / f"{node}.kmsg", "a") as fh:
+            fh.write(f"3,9001,{int(uptime * 1e6)},-;{line}\n")
         return line
 
     def restore(self) -> None:

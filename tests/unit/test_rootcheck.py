@@ -152,3 +152,28 @@ def test_wait_for_verdict_returns_none_when_none_appears(tmp_path):
     assert got is None and t[0] >= 1.0
     write_record(tmp_path / "verdict-0.json", _verdict())
     assert rc.wait_for_verdict(tmp_path / "verdict-0.json", tmp_path, 0.0) == _verdict()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the test kernel log must be root's (the check trusts only root's)")
+def test_the_epilog_checks_only_a_node_the_verdict_names(tmp_path):
+    """hooks/epilog.py's step after epilog.json: n1 named, its checks recorded (with what the test
+    double of its kernel log says); n2 not named, nothing run or written there."""
+    from scout_slurm.config import DrainConfig, SiteConfig
+    from scout_slurm.evidence.layout import JobFolder
+    from scout_slurm.hooks.epilog import root_check_if_named
+    os.chmod(tmp_path, 0o755)
+    folder = JobFolder(tmp_path / "evidence", "c", 5)
+    for n in ("n1", "n2"):
+        folder.node_dir(n).mkdir(parents=True)
+    kmsg = tmp_path / "kmsg"
+    kmsg.mkdir(mode=0o755)
+    _root_owned_file(kmsg / "n1.kmsg", "3,1,5000000,-;EDAC MC0: 1 UE memory read error on CPU_SrcID#0\n")
+    cfg = SiteConfig(drain=DrainConfig(root_check_s=6.0, test_kernel_log=str(kmsg / "{node}.kmsg")))
+    for node in ("n1", "n2"):
+        root_check_if_named(folder, node, _verdict(), cfg, deadline=time.monotonic() + 30)
+    assert not rc.rootcheck_path(folder.node_dir("n2"), 0).exists()
+    got = read_record(rc.rootcheck_path(folder.node_dir("n1"), 0), rc.RootChecks)
+    assert got.node == "n1" and got.verdict_kind == VerdictKind.CRASH
+    assert [(f.category, f.detail) for f in got.findings] == [("edac", "EDAC MC0: 1 UE memory read error on CPU_SrcID#0")]
+    assert {o.name: o.status for o in got.outcomes}["compute-signature"] == "clean"
+    assert [f.category for f in rc.corroborating(got, VerdictKind.CRASH)] == ["edac"]
