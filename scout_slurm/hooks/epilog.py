@@ -104,6 +104,15 @@ def _has_findings(folder: JobFolder, restart: int) -> bool:
         return False
 
 
+def _ran_under_scout(folder: JobFolder, restart: int) -> bool:
+    """Whether the run left scout's rank records (the controller writes a verdict only then): a
+    failed job that never ran under scout-srun must not hold its nodes waiting for one."""
+    try:
+        return any(n.endswith(".json") for n in os.listdir(folder.ranks_dir(restart)))
+    except OSError:
+        return False
+
+
 def _check_checkpoints(folder: JobFolder, ctx, cfg: EpilogConfig) -> None:
     """The job's checkpoints, checked as the job's own user within the budget, into a root-owned
     record the controller decides from (hooks/ckptcheck.py): no privileged code opens a path a job
@@ -236,7 +245,8 @@ def run(environ: Mapping[str, str], *, collect: Callable | None = None) -> int:
         write_record(node_dir / "epilog.json", evidence)
         if cfg.epilog.localise_on == "batch-host" and _is_batch_host(ctx):
             _localise_here(folder, ctx, cfg, started=started)
-        elif cfg.drain.drain_on == "corroborated" and (ctx.job_failed or _has_findings(folder, ctx.restart)):
+        elif (cfg.drain.drain_on == "corroborated" and _ran_under_scout(folder, ctx.restart)
+              and (ctx.job_failed or _has_findings(folder, ctx.restart))):
             _root_check_on_suspicion(folder, ctx, cfg, started=started)
     except ScoutError as exc:
         log.error("epilog.failed", error=str(exc))

@@ -107,9 +107,30 @@ def _sleeper(lab, user: str, node: str) -> int:
     return job
 
 
-def _training(lab, user: str, nodes: str, inject: str) -> int:
+def _filler(lab, node: str) -> int:
+    """A job (root's) holding all of `node`, so that the job under test lands on the other nodes
+    without naming them (a job that names its nodes with -w could not be requeued without one)."""
+    return ops.submit_batch("#!/bin/bash\nsleep 900\n", ["-N1", "--exclusive", f"-w{node}", "--job-name=filler",
+                                                          f"--output={lab.paths.work}/filler-%j.out"],
+                            timeout=20, env=lab.client_env())
+
+
+def _training(lab, user: str, nodes: tuple[str, str], inject: str, while_running=lambda: None) -> int:
+    """A 2-node training job of `user` on `nodes` (the others held by fillers until its first run
+    ended, then freed for its rerun)."""
+    fillers = [_filler(lab, n) for n in lab.spec.node_names() if n not in nodes]
+    for f in fillers:
+        _wait_running(lab, f)
     script = sj.batch_script(lab, train_args="--steps 30", scout_args=f"--scout-stall-floor=4 --scout-inject={inject}")
-    return sj.submit(lab, script, nodes=2, tasks_per_node=2, extra=(f"-w{nodes}",), user=user)
+    job = sj.submit(lab, script, nodes=2, tasks_per_node=2, user=user)
+    try:
+        assert sorted(_wait_running(lab, job).nodes) == sorted(nodes)
+        while_running()
+        sj.wait_finished(lab, job, restart=0)
+    finally:
+        for f in fillers:
+            ops.cancel_job(f, timeout=10, env=lab.client_env())
+    return job
 
 
 def _watched_run(lab, job: int, node: str, rank: int) -> None:
@@ -136,7 +157,7 @@ def test_one_users_crash_on_a_shared_node_excludes_it_a_second_users_drains_it(l
     u1, u2 = users[:2]
     bystander = _sleeper(lab, u2, "n2")
     # user 1's job makes its rank on the shared node exit: the job's own word, the node is sound
-    job_a = _training(lab, u1, "n1,n2", "exit,rank=2,step=5,code=3")
+    job_a = _training(lab, u1, ("n1", "n2"), "exit,rank=2,step=5,code=3")
     _watched_run(lab, job_a, "n2", 2)
     assert ops.job_info(bystander, timeout=10, env=lab.client_env()).state == "RUNNING"   # untouched
     watch = _suspects(lab)["n2"]
@@ -146,7 +167,7 @@ def test_one_users_crash_on_a_shared_node_excludes_it_a_second_users_drains_it(l
     ops.cancel_job(bystander, timeout=10, env=lab.client_env())
 
     # a second incident on n2, from another user's job: independent evidence, so n2 is drained
-    job_b = _training(lab, u2, "n2,n3", "exit,rank=0,step=5,code=3")
+    job_b = _training(lab, u2, ("n2", "n3"), "exit,rank=0,step=5,code=3")
     sj.wait_finished(lab, job_b, restart=0)
     assert sj.show_json(lab, job_b, restart=0)["suspects"][0]["node"] == "n2"
     reason = _drained(lab).get("n2", "")
@@ -161,10 +182,10 @@ def test_one_users_crash_on_a_shared_node_excludes_it_a_second_users_drains_it(l
 
 @pytest.mark.timeout(420)
 def test_a_root_visible_hardware_error_drains_on_the_first_incident(lab, site):
-    job = _training(lab, lab.job_user, "n3,n4", "exit,rank=2,step=12,code=3")
-    _wait_running(lab, job)
-    line = site.plant_xid("n4")        # the TEST DOUBLE of n4's kernel log says its GPU fell off the bus
-    sj.wait_finished(lab, job, restart=0)
+    # while the job runs, the TEST DOUBLE of n4's kernel log says n4's GPU fell off the bus
+    job = _training(lab, lab.job_user, ("n3", "n4"), "exit,rank=2,step=12,code=3",
+                    while_running=lambda: site.plant_xid("n4"))
+    line = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, GPU has fallen off the bus."
     assert [s["node"] for s in sj.show_json(lab, job, restart=0)["suspects"]] == ["n4"]
     reason = _drained(lab).get("n4", "")
     assert "corroborated by root check: nvidia-xid: NVRM: Xid (PCI:0000:3b:00): 79" in reason, reason
@@ -180,7 +201,7 @@ def test_a_root_visible_hardware_error_drains_on_the_first_incident(lab, site):
 
 @pytest.mark.timeout(420)
 def test_a_real_crash_without_root_evidence_is_excluded_not_drained(lab, site):
-    job = _training(lab, lab.job_user, "n3,n4", "sigkill,rank=1,step=5")
+    job = _training(lab, lab.job_user, ("n3", "n4"), "sigkill,rank=1,step=5")
     _watched_run(lab, job, "n3", 1)
     assert _drained(lab) == {}
     mine = [i for i in _suspects(lab)["n3"]["incidents"] if i["job_id"] == job]
