@@ -25,6 +25,7 @@ from scout_slurm.config import DrainConfig, parse_config, render_toml
 from scout_slurm.slurm import ops
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]
+XID = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, GPU has fallen off the bus."
 
 
 class Site:
@@ -48,13 +49,11 @@ class Site:
                             test_kernel_log=str(self.kmsg / "{node}.kmsg"))
         self.conf.write_text(render_toml(dataclasses.replace(cfg, drain=drain)))
 
-    def plant_xid(self, node: str) -> str:
-        """A GPU Xid in `node`'s test kernel log, stamped now (after the job began)."""
+    def plant_xid(self, node: str, line: str) -> None:
+        """`line` in `node`'s test kernel log, stamped now (after the job began)."""
         uptime = float(Path("/proc/uptime").read_text().split()[0])
-        line = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, GPU has fallen off the bus."
         with open(self.kmsg / f"{node}.kmsg", "a") as fh:
             fh.write(f"3,9001,{int(uptime * 1e6)},-;{line}\n")
-        return line
 
     def restore(self) -> None:
         self.conf.write_bytes(self.saved)
@@ -107,6 +106,28 @@ def _sleeper(lab, user: str, node: str) -> int:
     return job
 
 
+def _wait_applied(lab, job: int, timeout: float = 90) -> None:
+    """Until run 0's plan is applied: the verdict comes first, the plan after the root checks."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        acts = sj.actions(lab, job, 0)
+        if acts is not None and acts.status.value == "applied":
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"job {job} run 0: plan not applied within {timeout} s: {sj.actions(lab, job, 0)}")
+
+
+def _wait_tasks(lab, job: int, timeout: float = 90) -> None:
+    """Until the job's tasks have started (after the Prologs: the job's start, for its Epilogs)."""
+    ranks = sj.folder(lab, job).ranks_dir(0)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ranks.is_dir() and any(ranks.glob("rank-*.json")):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"job {job}: no task started within {timeout} s:\n{sj.output(lab, job)[-2000:]}")
+
+
 def _filler(lab, node: str) -> int:
     """A job (root's) holding all of `node`, so that the job under test lands on the other nodes
     without naming them (a job that names its nodes with -w could not be requeued without one)."""
@@ -125,8 +146,10 @@ def _training(lab, user: str, nodes: tuple[str, str], inject: str, while_running
     job = sj.submit(lab, script, nodes=2, tasks_per_node=2, user=user)
     try:
         assert sorted(_wait_running(lab, job).nodes) == sorted(nodes)
+        _wait_tasks(lab, job)
         while_running()
         sj.wait_finished(lab, job, restart=0)
+        _wait_applied(lab, job)
     finally:
         for f in fillers:
             ops.cancel_job(f, timeout=10, env=lab.client_env())
@@ -184,8 +207,7 @@ def test_one_users_crash_on_a_shared_node_excludes_it_a_second_users_drains_it(l
 def test_a_root_visible_hardware_error_drains_on_the_first_incident(lab, site):
     # while the job runs, the TEST DOUBLE of n4's kernel log says n4's GPU fell off the bus
     job = _training(lab, lab.job_user, ("n3", "n4"), "exit,rank=2,step=12,code=3",
-                    while_running=lambda: site.plant_xid("n4"))
-    line = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, GPU has fallen off the bus."
+                    while_running=lambda: site.plant_xid("n4", XID))
     assert [s["node"] for s in sj.show_json(lab, job, restart=0)["suspects"]] == ["n4"]
     reason = _drained(lab).get("n4", "")
     assert "corroborated by root check: nvidia-xid: NVRM: Xid (PCI:0000:3b:00): 79" in reason, reason
@@ -195,7 +217,7 @@ def test_a_root_visible_hardware_error_drains_on_the_first_incident(lab, site):
     assert (nodes / "n4" / "rootcheck-0.json").exists()
     assert not (nodes / "n3" / "rootcheck-0.json").exists()   # never on a node the verdict did not name
     row = _suspects(lab)["n4"]
-    assert row["status"] == "drained" and any(line in f for i in row["incidents"] for f in i["root_findings"]), row
+    assert row["status"] == "drained" and any(XID in f for i in row["incidents"] for f in i["root_findings"]), row
     assert sj.wait_completed(lab, job).state == "COMPLETED"
 
 
