@@ -136,14 +136,15 @@ def _filler(lab, node: str) -> int:
                             timeout=20, env=lab.client_env())
 
 
-def _training(lab, user: str, nodes: tuple[str, str], inject: str, while_running=lambda: None) -> int:
+def _training(lab, user: str, nodes: tuple[str, str], inject: str, while_running=lambda: None,
+              extra: tuple[str, ...] = ()) -> int:
     """A 2-node training job of `user` on `nodes` (the others held by fillers until its first run
     ended, then freed for its rerun)."""
     fillers = [_filler(lab, n) for n in lab.spec.node_names() if n not in nodes]
     for f in fillers:
         _wait_running(lab, f)
     script = sj.batch_script(lab, train_args="--steps 30", scout_args=f"--scout-stall-floor=4 --scout-inject={inject}")
-    job = sj.submit(lab, script, nodes=2, tasks_per_node=2, user=user)
+    job = sj.submit(lab, script, nodes=2, tasks_per_node=2, user=user, extra=extra)
     try:
         assert sorted(_wait_running(lab, job).nodes) == sorted(nodes)
         _wait_tasks(lab, job)
@@ -222,8 +223,10 @@ def test_a_root_visible_hardware_error_drains_on_the_first_incident(lab, site):
 
 
 @pytest.mark.timeout(420)
-def test_a_real_crash_without_root_evidence_is_excluded_not_drained(lab, site):
-    job = _training(lab, lab.job_user, ("n3", "n4"), "sigkill,rank=1,step=5")
+def test_a_real_crash_without_root_evidence_is_excluded_not_drained_exclusive_or_not(lab, site):
+    """A killed rank, in an exclusive allocation: having had the nodes to itself earns the job's
+    word no drain (a drain takes the node from every later job too); the rerun completes elsewhere."""
+    job = _training(lab, lab.job_user, ("n3", "n4"), "sigkill,rank=1,step=5", extra=("--exclusive",))
     _watched_run(lab, job, "n3", 1)
     assert _drained(lab) == {}
     mine = [i for i in _suspects(lab)["n3"]["incidents"] if i["job_id"] == job]
