@@ -231,3 +231,44 @@ def test_a_real_crash_without_root_evidence_is_excluded_not_drained_exclusive_or
     assert _drained(lab) == {}
     mine = [i for i in _suspects(lab)["n3"]["incidents"] if i["job_id"] == job]
     assert [(i["outcome"], i["kind"]) for i in mine] == [("watch", "crash")], mine
+
+
+@pytest.mark.timeout(300)
+def test_batch_host_mode_the_batch_host_checks_itself_between_verdict_and_plan():
+    """[epilog] localise_on = "batch-host": the batch host's Epilog localises, so its own root
+    checks run inside that handling (the other nodes' Epilogs wait for the verdict as usual).
+    Rank 0, on the batch host, exits; the TEST DOUBLE of that host's kernel log has an Xid."""
+    import shutil
+
+    from conftest import _pick_port_base
+    from scout_slurm.lab.cluster import Lab, LabPaths, LabSpec, lab_site_config
+    state = Path(f"/tmp/scout-lab-drain-batchhost-{os.getpid()}")
+    kmsg = LabPaths(state).etc / "test-kmsg"
+    base = LabSpec(state_dir=state, nodes=3, port_base=_pick_port_base(5), python=sys.executable)
+    cfg = lab_site_config(base)
+    cfg = dataclasses.replace(cfg, epilog=dataclasses.replace(cfg.epilog, localise_on="batch-host"),
+                              drain=DrainConfig(drain_on="corroborated", verdict_wait_s=20, root_check_s=10,
+                                                test_kernel_log=str(kmsg / "{node}.kmsg")))
+    lab = Lab(dataclasses.replace(base, site=cfg))
+    try:
+        lab.up()
+        kmsg.mkdir(mode=0o755)
+        for node in base.node_names():
+            (kmsg / f"{node}.kmsg").write_text("")
+        script = sj.batch_script(lab, train_args="--steps 30", scout_args="--scout-inject=exit,rank=0,step=12,code=3")
+        job = sj.submit(lab, script, extra=("--no-requeue",))
+        _wait_tasks(lab, job)
+        batch_host = sorted(_wait_running(lab, job).nodes)[0]
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        (kmsg / f"{batch_host}.kmsg").write_text(f"3,9001,{int(uptime * 1e6)},-;{XID}\n")
+        sj.wait_finished(lab, job)
+        _wait_applied(lab, job)
+        assert [s["node"] for s in sj.show_json(lab, job, restart=0)["suspects"]] == [batch_host]
+        assert sj.places(lab, job)[0].node == batch_host
+        drained = _drained(lab)
+        assert list(drained) == [batch_host], drained
+        assert "corroborated by root check: nvidia-xid: NVRM: Xid" in drained[batch_host], drained
+        assert '"event": "controller.done"' in (lab.paths.logs / "hooks.log").read_text()   # the batch host's
+    finally:
+        lab.down()
+        shutil.rmtree(state, ignore_errors=True)
