@@ -285,6 +285,21 @@ def _patch_ddp(handle: InstalledHooks, original_all_reduce: Callable) -> None:
         self._scout_hooked = True
         return original_register(self, state, composed)
 
+    original_init = DDP.__init__
+
+    @functools.wraps(original_init)
+    def scout_ddp_init(self, module, *args, **kwargs):
+        # DDP reduces through a recording wrapper of its group: its own C++ path stays (no comm hook, no
+        # extra pass over the gradients) and each bucket still lands in the progress record (pgwrap)
+        if STATE.writer is not None and kwargs.get("device_mesh") is None and len(args) < 6:
+            try:
+                from scout_slurm.bootstrap import pgwrap
+                group = kwargs.get("process_group") or STATE.default_pg
+                kwargs["process_group"] = pgwrap.wrap(group, lambda: STATE.writer, _in_user_comm_hook)
+            except Exception as exc:  # noqa: BLE001 - then the comm hook at first forward records the buckets
+                sys.stderr.write(f"scout: DDP's group not wrapped, its comm hook records the buckets: {exc!r}\n")
+        original_init(self, module, *args, **kwargs)
+
     original_forward = DDP.forward
 
     @functools.wraps(original_forward)
@@ -293,7 +308,7 @@ def _patch_ddp(handle: InstalledHooks, original_all_reduce: Callable) -> None:
             STATE.consensus.track(self)
         if not getattr(self, "_scout_hooked", False):
             self._scout_hooked = True
-            if STATE.writer is not None:
+            if STATE.writer is not None and type(self.process_group).__name__ != "RecordingGroup":
                 try:
                     original_register(self, self.process_group, scout_default_hook)
                 except Exception as exc:  # noqa: BLE001
@@ -302,6 +317,11 @@ def _patch_ddp(handle: InstalledHooks, original_all_reduce: Callable) -> None:
 
     handle.patch(DDP, "register_comm_hook", scout_register_comm_hook)
     handle.patch(DDP, "forward", scout_forward)
+    handle.patch(DDP, "__init__", scout_ddp_init)
+
+
+def _in_user_comm_hook() -> bool:
+    return getattr(_IN_USER_COMM_HOOK, "active", False)
 
 
 def _patch_optimizer(handle: InstalledHooks) -> None:
