@@ -690,6 +690,9 @@ def install(handle: Any, state: Any) -> None:
 
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+    from scout_slurm.bootstrap.selfcost import timed
+
+    @timed
     def pre_step(optimizer, args, kwargs):
         watch.before_step(optimizer)
     h = register_optimizer_step_pre_hook(pre_step)

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from scout_slurm.bootstrap import selfcost
+from scout_slurm.bootstrap.selfcost import COST
 from scout_slurm.jobconfig import JobConfig
 from scout_slurm.task import progress as progress_mod
 
@@ -34,6 +36,7 @@ if TYPE_CHECKING:  # the injection code is imported only when a job asks for a f
 _log = logging.getLogger("scout.bootstrap")
 
 STACK_SIGNAL = signal.SIGRTMIN + 5
+_clock = time.perf_counter_ns
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
                "reduce_scatter_tensor", "barrier", "all_to_all", "all_to_all_single", "reduce", "gather",
                "scatter", "send", "recv", "all_gather_object", "broadcast_object_list")
@@ -136,11 +139,16 @@ def _wrap_collective(name: str, fn: Callable) -> Callable:
         if name == "all_reduce" and STATE.skip_next_all_reduce:
             STATE.skip_next_all_reduce = False
             return None  # injected desync: this rank silently skips one all_reduce
+        t0 = _clock()
         seq = w.enter(name, _nbytes(args[0]) if args else 0, _group_size(kwargs.get("group")), _pg_seq())
+        t1 = _clock()
         try:
             return fn(*args, **kwargs)
         finally:
+            t2 = _clock()
             w.leave(seq)
+            COST.wrapper_ns += t1 - t0 + _clock() - t2
+            COST.wrapper_calls += 1
     scout_collective.__scout_original__ = fn
     return scout_collective
 
@@ -329,6 +337,7 @@ def _patch_optimizer(handle: InstalledHooks) -> None:
 
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+    @selfcost.timed
     def scout_pre_step_hook(optimizer, args, kwargs):
         # replay before the step: the weights are still those this step's forward used
         if STATE.replay is not None and STATE.writer is not None:
@@ -338,11 +347,15 @@ def _patch_optimizer(handle: InstalledHooks) -> None:
             if STATE.timing is not None:
                 STATE.timing.resume()
 
+    @selfcost.timed
     def scout_step_hook(optimizer, args, kwargs):
         w = STATE.writer
         if w is None:
             return
         step = w.step()
+        COST.stepped()
+        if step % selfcost.COST_EVERY == 0:
+            selfcost.write(STATE.config.run_dir, STATE.rank, STATE.restart)
         if STATE.root_tracker is not None:  # the models have run their first forward by now
             STATE.root_tracker.remove()
             STATE.root_tracker = None
@@ -580,6 +593,7 @@ def _end_of_training() -> None:
             except Exception as exc:  # noqa: BLE001
                 STATE.final_vote += f"; the last timing round failed: {exc!r}"[:200]
     _write_coverage(force=True)
+    selfcost.write(STATE.config.run_dir, STATE.rank, STATE.restart)
     # the models and optimizer scout held for this vote: freed before the groups go (a DDP object
     # alive during destroy_process_group can deadlock gloo's teardown: TORCH-FACTS)
     if c is not None:
@@ -595,6 +609,7 @@ def _at_exit() -> None:
     if not STATE.final_vote and STATE.writer is not None:
         STATE.final_vote = "not made: the process ended without reaching destroy_process_group"
         _write_coverage(force=True)
+        selfcost.write(STATE.config.run_dir, STATE.rank, STATE.restart)
 
 
 def _write_coverage(*, force: bool = False) -> None:

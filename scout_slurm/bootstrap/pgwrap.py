@@ -17,22 +17,11 @@ from typing import Any, Callable
 import torch
 from torch._C._distributed_c10d import ProcessGroup
 
+from scout_slurm.bootstrap.selfcost import COST
 from scout_slurm.task.progress import ProgressWriter
 
 # why DDP may not get a wrapper: then scout falls back to its comm hook (patches._patch_ddp)
 _BACKENDS = {"gloo": ProcessGroup.BackendType.GLOO, "nccl": ProcessGroup.BackendType.NCCL}
-
-
-class ScoutCost:
-    """Nanoseconds of scout's own work on this rank, by kind (read by selfcost at each record)."""
-
-    def __init__(self) -> None:
-        self.wrapper_ns = 0      # inside the recording wrappers (progress record included), not the collective
-        self.wrapper_calls = 0
-        self.hooks_ns = 0        # thread CPU in the optimizer hooks: votes, replay, timing, checkpoint records
-
-
-COST = ScoutCost()
 
 
 class RecordingGroup(ProcessGroup):

@@ -306,6 +306,34 @@ class VoteCoverage:
 
 
 @dataclass(frozen=True)
+class ScoutCost:
+    """What scout's own work inside the training process cost one rank (runs/N/ranks/cost-R.json),
+    measured there and rewritten every COST_EVERY steps and at the end: CPU of the optimizer hooks
+    (votes, replay, timing, checkpoint records, the coverage record; gloo's threads on scout's own
+    collectives included) and the time inside scout's collective wrappers and progress record."""
+    KIND: ClassVar[str] = "scout-cost"
+    rank: int
+    restart: int
+    steps: int                 # optimizer steps measured over
+    hooks_cpu_ns: int          # process CPU inside scout's optimizer hooks
+    wrapper_ns: int            # inside scout's collective wrappers (the collectives themselves excluded)
+    wrapper_calls: int         # collectives recorded
+    step_wall_ns: int          # wall time from the first to the last of those steps (0: one step)
+    schema_version: int = 1
+
+    @property
+    def per_step_ms(self) -> float:
+        return (self.hooks_cpu_ns + self.wrapper_ns) / max(1, self.steps) / 1e6
+
+    @property
+    def share(self) -> float | None:
+        """Scout's time over the steps' wall time (None: not measurable yet)."""
+        if self.step_wall_ns <= 0 or self.steps < 2:
+            return None
+        return (self.hooks_cpu_ns + self.wrapper_ns) * (self.steps - 1) / self.steps / self.step_wall_ns
+
+
+@dataclass(frozen=True)
 class Verdict:
     KIND: ClassVar[str] = "verdict"
     job_id: int
