@@ -36,7 +36,6 @@ if TYPE_CHECKING:  # the injection code is imported only when a job asks for a f
 _log = logging.getLogger("scout.bootstrap")
 
 STACK_SIGNAL = signal.SIGRTMIN + 5
-_clock = time.perf_counter_ns
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
                "reduce_scatter_tensor", "barrier", "all_to_all", "all_to_all_single", "reduce", "gather",
                "scatter", "send", "recv", "all_gather_object", "broadcast_object_list")
@@ -139,16 +138,17 @@ def _wrap_collective(name: str, fn: Callable) -> Callable:
         if name == "all_reduce" and STATE.skip_next_all_reduce:
             STATE.skip_next_all_reduce = False
             return None  # injected desync: this rank silently skips one all_reduce
-        t0 = _clock()
+        timed = COST.sample()
+        t0 = selfcost.clock() if timed else 0
         seq = w.enter(name, _nbytes(args[0]) if args else 0, _group_size(kwargs.get("group")), _pg_seq())
-        t1 = _clock()
+        t1 = selfcost.clock() if timed else 0
         try:
             return fn(*args, **kwargs)
         finally:
-            t2 = _clock()
+            t2 = selfcost.clock() if timed else 0
             w.leave(seq)
-            COST.wrapper_ns += t1 - t0 + _clock() - t2
-            COST.wrapper_calls += 1
+            if timed:
+                COST.sampled_ns += t1 - t0 + selfcost.clock() - t2
     scout_collective.__scout_original__ = fn
     return scout_collective
 

@@ -11,13 +11,13 @@ Imported only after torch.distributed (patches._patch_ddp)."""
 
 from __future__ import annotations
 
-import time
+import weakref
 from typing import Any, Callable
 
 import torch
 from torch._C._distributed_c10d import ProcessGroup
 
-from scout_slurm.bootstrap.selfcost import COST
+from scout_slurm.bootstrap.selfcost import COST, clock
 from scout_slurm.task.progress import ProgressWriter
 
 # why DDP may not get a wrapper: then scout falls back to its comm hook (patches._patch_ddp)
@@ -52,38 +52,46 @@ class RecordingGroup(ProcessGroup):
 
     def allreduce(self, tensors, opts=None):  # noqa: ANN001 - the reducer's call, passed on unchanged
         inner = self._pg.allreduce(tensors, opts) if opts is not None else self._pg.allreduce(tensors)
-        t0 = time.perf_counter_ns()  # from here on scout's own time: the launch above is the job's
-        w = self._writer()
+        w = self._writer()  # from here on scout's own work: the launch above is the job's
         if w is None or self._passing():
             return inner
+        timed = COST.sample()
+        t0 = clock() if timed else 0
         t = tensors[0]
         seq = w.enter("ddp_bucket_all_reduce", t.numel() * t.element_size(), self._size,
                       self._pg._get_sequence_number_for_group())
-        inner.get_future().add_done_callback(lambda _f, w=w, seq=seq: _left(w, seq))
-        COST.wrapper_ns += time.perf_counter_ns() - t0
-        COST.wrapper_calls += 1
+        inner.get_future().add_done_callback(lambda _f, w=w, seq=seq, timed=timed: _left(w, seq, timed))
+        if timed:
+            COST.sampled_ns += clock() - t0
         return inner
 
 
-def _left(w: ProgressWriter, seq: int) -> None:
-    t0 = time.perf_counter_ns()
+def _left(w: ProgressWriter, seq: int, timed: bool) -> None:
+    if not timed:
+        w.leave(seq)
+        return
+    t0 = clock()
     w.leave(seq)
-    COST.wrapper_ns += time.perf_counter_ns() - t0
+    COST.sampled_ns += clock() - t0
+
+
+_RECORDING: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # id of a wrapped group -> its wrapper
+
+
+def recording(pg: Any) -> RecordingGroup | None:
+    """The wrapper made for `pg`, while it lives."""
+    return _RECORDING.get(id(pg))
 
 
 def wrap(pg: Any, writer: Callable[[], ProgressWriter | None], passing: Callable[[], bool]) -> Any:
-    """The recording wrapper around `pg` (one per group), or `pg` itself when it cannot be wrapped."""
+    """The recording wrapper around `pg`: one per group, shared by every DDP built on it."""
     if isinstance(pg, RecordingGroup):
         return pg
-    known = getattr(pg, "_scout_recording", None)
-    if known is not None:
-        return known
-    group = RecordingGroup(pg, writer, passing)
-    _register_like(group, pg)
-    try:
-        pg._scout_recording = group
-    except AttributeError:  # a group object without a __dict__: one wrapper per DDP then
-        pass
+    group = recording(pg)
+    if group is None or group.wrapped is not pg:  # (an id outlives its group only when the wrapper did not)
+        group = RecordingGroup(pg, writer, passing)
+        _register_like(group, pg)
+        _RECORDING[id(pg)] = group
     return group
 
 

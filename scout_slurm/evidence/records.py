@@ -308,17 +308,17 @@ class VoteCoverage:
 @dataclass(frozen=True)
 class ScoutCost:
     """What scout's own work inside the training process cost one rank (runs/N/ranks/cost-R.json),
-    measured there and rewritten every COST_EVERY steps and at the end: CPU of the optimizer hooks
-    (votes, replay, timing, checkpoint records, the coverage record; gloo's threads on scout's own
-    collectives included) and the time inside scout's collective wrappers and progress record."""
+    measured there (bootstrap/selfcost.py) and rewritten every 100 steps and at the end: CPU of the
+    optimizer hooks (votes, replay, timing, checkpoint records, the coverage record) and of scout's
+    collective wrappers and progress record."""
     KIND: ClassVar[str] = "scout-cost"
     rank: int
     restart: int
-    steps: int                 # optimizer steps measured over
-    hooks_cpu_ns: int          # process CPU inside scout's optimizer hooks
-    wrapper_ns: int            # inside scout's collective wrappers (the collectives themselves excluded)
-    wrapper_calls: int         # collectives recorded
-    step_wall_ns: int          # wall time from the first to the last of those steps (0: one step)
+    steps: int                 # optimizer steps measured: those after the first (its set-up is not a step's cost)
+    hooks_cpu_ns: int          # CPU of the calling thread inside scout's optimizer hooks over those steps
+    wrapper_ns: int            # the same inside scout's collective wrappers (sampled; the collectives excluded)
+    wrapper_calls: int         # collectives recorded over those steps
+    step_wall_ns: int          # wall time of those steps (from the end of the first to the end of the last)
     schema_version: int = 1
 
     @property
@@ -327,10 +327,10 @@ class ScoutCost:
 
     @property
     def share(self) -> float | None:
-        """Scout's time over the steps' wall time (None: not measurable yet)."""
-        if self.step_wall_ns <= 0 or self.steps < 2:
+        """Scout's time over the steps' wall time (None: no step measured yet)."""
+        if self.step_wall_ns <= 0 or self.steps < 1:
             return None
-        return (self.hooks_cpu_ns + self.wrapper_ns) * (self.steps - 1) / self.steps / self.step_wall_ns
+        return (self.hooks_cpu_ns + self.wrapper_ns) / self.step_wall_ns
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,9 @@ def test_cost_record_round_trips_and_states_per_step_and_share(tmp_path: Path):
     back = read_record(tmp_path / "cost-3.json", ScoutCost)
     assert back == c
     assert back.per_step_ms == 2.0
-    # 100 steps span 99 intervals of the 20 s measured (202 ms a step): 2 ms of 202
-    assert abs(back.share - 0.0099) < 1e-12
-    assert _cost(0, 1.0, 1.0, steps=1, wall_s=0).share is None
+    # 100 steps in the 20 s measured (200 ms a step): 2 ms of 200
+    assert abs(back.share - 0.01) < 1e-12
+    assert _cost(0, 1.0, 1.0, steps=0, wall_s=0).share is None
 
 
 def test_show_prints_every_rank_or_the_spread_and_costliest():
