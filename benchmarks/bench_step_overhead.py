@@ -213,15 +213,21 @@ def rank_job(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+    dist.init_process_group(args.backend, timeout=datetime.timedelta(seconds=300))
     rank = dist.get_rank()
+    # "cuda": each rank its own GPU (LOCAL_RANK); "cuda:N": every rank on GPU N
+    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if args.device == "cuda" else args.device)
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.set_device(device)
     width = args.width
     model = torch.nn.Sequential(torch.nn.Linear(width, 2 * width), torch.nn.GELU(),
                                 torch.nn.Linear(2 * width, 2 * width), torch.nn.GELU(),
                                 torch.nn.Linear(2 * width, 2 * width), torch.nn.GELU(),
                                 torch.nn.Linear(2 * width, width))
     params = sum(p.numel() for p in model.parameters())
-    ddp = DDP(model)
+    model = model.to(device)
+    ddp = DDP(model, device_ids=[device.index or 0] if cuda else None)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-4)
     gen = torch.Generator().manual_seed(1000 + rank)
     acct, missing = None, []
@@ -233,16 +239,18 @@ def rank_job(args: argparse.Namespace) -> int:
     for step in range(WARMUP + args.steps):
         if acct is not None and step == WARMUP:
             acct.on = True   # the measured steps only, as the step times
-        x = torch.randn(args.batch, width, generator=gen)
+        x = torch.randn(args.batch, width, generator=gen).to(device)
         t0, c0 = time.perf_counter(), time.process_time()
         loss = ddp(x).pow(2).mean()
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if cuda:  # a step's time is its GPU work's too
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
         if step + 1 == WARMUP + args.digest_at:   # runs of different lengths compare at the same step
-            digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
+            digest = hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters())).hexdigest()
     timer_s = 0.0
     if acct is not None:
         acct.on = False
@@ -317,7 +325,7 @@ def run(condition: str, k: int | None, args: argparse.Namespace, work: Path, *, 
     port = free_port()
     procs = []
     argv = [sys.executable, str(HERE), "--rank-job", "--steps", str(steps_for(k, args)), "--width", str(args.width),
-            "--batch", str(args.batch),
+            "--batch", str(args.batch), "--backend", args.backend, "--device", args.device,
             "--digest-at", str(min(args.steps, args.vote_steps_min))]
     try:
         for rank in range(args.world):
@@ -430,6 +438,8 @@ def main() -> int:
     ap.add_argument("--ks", default="50", help="vote intervals K to measure")
     ap.add_argument("--width", type=int, default=1024, help="model width (1024: 12.6M parameters)")
     ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--backend", default="gloo", help="gloo, or nccl with --device cuda (scripts/device_check_overhead.sh)")
+    ap.add_argument("--device", default="cpu", help="cpu; cuda:0 (every rank on that GPU); cuda (a GPU per rank)")
     ap.add_argument("--timeout", type=float, default=900.0)
     ap.add_argument("--seed", type=int, default=0, help="order of the interleaved runs")
     ap.add_argument("--rank-job", action="store_true", help=argparse.SUPPRESS)
