@@ -354,7 +354,9 @@ def run(condition: str, k: int | None, args: argparse.Namespace, work: Path, *, 
         own = read_record(run_dir / "ranks" / "cost-0.json", ScoutCost)
     return dict(result, condition=condition, wall=statistics.fmean(result["times"]),
                 mean=statistics.fmean(result["cpu"]), direct=direct(ranks) if k is not None else None,
-                own_ms=own.per_step_ms if own else None, own_share=own.share if own else None)
+                own_ms=own.per_step_ms if own else None, own_share=own.share if own else None,
+                own_split=(own.hooks_cpu_ns / own.steps / 1e6, own.wrapper_ns / own.steps / 1e6,
+                           own.wrapper_calls / own.steps) if own and own.steps else None)
 
 
 def _spread(values: list[float], scale: float = 100.0, fmt: str = ".2f") -> str:
@@ -417,8 +419,12 @@ def print_direct(conditions, results: dict[str, list[dict]], args: argparse.Name
         if k is None:
             continue
         rs = results[name]
+        split = [r["own_split"] for r in rs if r["own_split"]]
         print(f"{name:<22} {_spread([r['own_ms'] for r in rs], 1.0, '.3f')} ms   "
-              f"{_spread([r['own_share'] or 0.0 for r in rs])} %")
+              f"{_spread([r['own_share'] or 0.0 for r in rs])} %"
+              + (f"   hooks {statistics.median(x[0] for x in split):.3f} ms, wrappers "
+                 f"{statistics.median(x[1] for x in split):.3f} ms for {statistics.median(x[2] for x in split):.1f} "
+                 f"collectives" if split else ""))
     print("direct: every piece of scout's per-step work in the job's processes wrapped with a timer from outside "
           "(state vote, in-situ replay and its capture hooks, timing votes, the checkpoint agreement exchanged at "
           "the vote steps, the non-finite check, the recording wrapper DDP reduces through (its own C++ path: no "

@@ -138,6 +138,9 @@ def _wrap_collective(name: str, fn: Callable) -> Callable:
         if name == "all_reduce" and STATE.skip_next_all_reduce:
             STATE.skip_next_all_reduce = False
             return None  # injected desync: this rank silently skips one all_reduce
+        group = kwargs.get("group")
+        if group is not None and type(group).__name__ == "RecordingGroup":
+            kwargs["group"] = group.wrapped  # `ddp.process_group` passed by the job: recorded here, once
         timed = COST.sample()
         t0 = selfcost.clock() if timed else 0
         seq = w.enter(name, _nbytes(args[0]) if args else 0, _group_size(kwargs.get("group")), _pg_seq())
