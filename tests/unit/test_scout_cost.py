@@ -53,3 +53,18 @@ def test_an_exchange_after_the_save_keeps_the_eligibility_rule_meaning():
     # a later disagreement may have begun after the save: not the save's (the vote's verdict decides)
     differ = _at_step("disagreed: model differs on rank 1", 5, 9)
     assert _kind(differ) is Agreement.NOT_EXCHANGED and "model differs on rank 1" in differ
+
+
+def test_the_read_model_loads_every_ranks_cost_and_names_an_unreadable_one(tmp_path: Path):
+    from scout_slurm.evidence.layout import JobFolder
+    from scout_slurm.report.views import load_cost
+    folder = JobFolder(tmp_path / "evidence", "lab", 7)
+    assert load_cost(folder, 0) == ((), ())  # no ranks folder yet: nothing, no error
+    folder.ranks_dir(0).mkdir(parents=True)
+    for r in (0, 1):
+        write_record(folder.rank_cost_path(0, r), _cost(r, 10.0, 5.0))
+    folder.rank_cost_path(0, 2).write_text("{not json")
+    costs, problems = load_cost(folder, 0)
+    assert [c.rank for c in costs] == [0, 1] and len(problems) == 1 and "cost-2.json" in problems[0]
+    text = render_cost(list(costs), list(problems))
+    assert text[1].startswith("  rank 0: 0.150 ms a step") and text[-1].startswith("  unreadable: ")
