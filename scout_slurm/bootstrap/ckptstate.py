@@ -6,12 +6,13 @@ writing only into scout's evidence folder).
   at that moment, the software versions, and the vote/replay coverage since the previous record.
 - The replicas' agreement: every rank signs its state and the signatures are exchanged on scout's
   gloo side group. A DCP save is collective, so this happens inside it. A torch.save is usually
-  made by one rank that the others do not wait for, so the exchange is made at the next step at
-  which the state votes run (before that step's optimizer step; every EXCHANGE_EVERY steps when
-  votes are off), not every step: there every rank contributes one int64 ("did I save since the
-  last exchange?"); only when one did is the full exchange made. The replicas' signatures are then
-  those of that step: when it is the save's own step (the save right before a vote step) the
-  record says "agreed"/"disagreed" at the save as before; when the training moved on since, an
+  made by one rank that the others do not wait for, so the exchange is made once every K steps
+  (K: the state votes' interval; EXCHANGE_EVERY when votes are off), at the optimizer step after
+  each vote step (before it changes anything), not every step: there every rank contributes one
+  int64 ("did I save since the last exchange?"); only when one did is the full exchange made. The
+  replicas' signatures are those of that moment: for a save made right after a vote step (the usual
+  checkpoint interval, a multiple of K) that is the saved state, and the record says
+  "agreed"/"disagreed" at the save as before; for a save the training has moved on from since, an
   agreement is "agreed at step N, after the save" (the replicas agreed at a step >= the save's:
   eligible, as a clean vote there would make it) and a disagreement is not blamed on the save
   ("not exchanged at the save": the vote's verdict and first suspect step decide). A save after the
@@ -253,7 +254,7 @@ class CheckpointWatch:
         note = CheckpointNote(path=target, step=step, rank=self.rank, restart=self.restart, saved_at=time.time(),
                               size_bytes=size, sha256=sha, versions=_versions_text(), saver=saver, files=files,
                               world=self.world, ranks_saved=ranks_saved or (self.rank,),
-                              agreement="not exchanged: the replicas' signatures follow at the next state-vote step",
+                              agreement="not exchanged: the replicas' signatures follow at the step after the next state vote",
                               data_position=DATA_POSITION, software=software_versions(),
                               coverage=self._coverage(), saved_as=saved_as)
         if per_rank is not None:
@@ -507,7 +508,8 @@ class CheckpointWatch:
                 raise
             except Exception as exc:  # noqa: BLE001 - verification is evidence; never break the job
                 sys.stderr.write(f"scout: resume not verified: {exc!r}\n")
-        if (self.completed_steps() + 1) % self.exchange_every == 0:  # the same step on every rank
+        done = self.completed_steps()
+        if done > 0 and done % self.exchange_every == 0:  # the step after a vote step, the same on every rank
             self.exchange()
 
     def _verify(self) -> None:
