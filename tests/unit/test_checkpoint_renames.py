@@ -217,8 +217,10 @@ def test_the_pending_exchange_writes_the_final_name(tmp_path):
         ckptstate.WATCH = None
         handle.remove()
     done = read_record(dest, CheckpointNote)
+    # the exchange at step 7 (the watch's step), after the save at step 5: the replicas agreed there
     assert (done.path, done.saved_as, done.ranks_saved, done.agreement) == (
-        str(tmp_path / "step-5.pt"), str(tmp_path / "step-5.pt.tmp"), (0, 1), "agreed")
+        str(tmp_path / "step-5.pt"), str(tmp_path / "step-5.pt.tmp"), (0, 1),
+        "agreed at step 7, the first exchange after the save at step 5")
     assert file_problem(done) is None and eligible(done)
 
 
