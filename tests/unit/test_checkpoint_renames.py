@@ -20,7 +20,7 @@ from scout_slurm.bootstrap.ckptstate import CheckpointWatch, files_of
 from scout_slurm.evidence.store import read_record
 from scout_slurm.evidence.checkfiles import file_problem
 from scout_slurm.remediation.eligibility import CheckpointStatus, assess
-from scout_slurm.remediation.records import CheckpointNote
+from scout_slurm.remediation.records import Agreement, CheckpointNote
 
 ORIGINALS = (os.rename, os.replace, shutil.move)
 
@@ -60,7 +60,7 @@ def save_file(path: Path, watch: CheckpointWatch, step: int, data: bytes = b"wei
 def eligible(note: CheckpointNote) -> bool:
     """Not rejected: one rank has no replica to agree with, so its record is a candidate at best."""
     status = assess([note], {}, {}, file_problem)[0].status
-    return status == (CheckpointStatus.ELIGIBLE if note.agreement == "agreed" else CheckpointStatus.CANDIDATE)
+    return status == (CheckpointStatus.ELIGIBLE if note.agreement_kind is Agreement.AGREED else CheckpointStatus.CANDIDATE)
 
 
 @pytest.mark.parametrize("how", ["os.replace", "os.rename", "Path.rename", "Path.replace"])
