@@ -116,10 +116,15 @@ def main() -> int:
     print(f"per-collective CPU of scout's recording, thread CPU per call, median of {BLOCKS} alternating blocks; "
           f"load average {os.getloadavg()[0]:.1f}")
     print(f"progress record enter+leave: before ({args.before}) {rec['before']:.2f} us, now {rec['now']:.2f} us")
+    added = []
     for size, got in bucket_paths(args.calls, [int(k) for k in args.kb.split(",")]).items():
+        before, now = got["before"] - got["bare"], got["now"] - got["bare"]
+        added.append(f"{size}: {before:.0f} -> {now:.0f} us")
         print(f"one DDP bucket of {size} on a 1-rank gloo group: bare launch+wait {got['bare']:.1f} us; scout's added "
-              f"CPU: before (comm hook: scale, record, launch from Python) {got['before'] - got['bare']:.1f} us, now "
-              f"(recording wrapper) {got['now'] - got['bare']:.1f} us")
+              f"CPU: before (comm hook: scale, record, launch from Python) {before:.1f} us, now "
+              f"(recording wrapper) {now:.1f} us")
+    print(f"SUMMARY\tCPU to record one DDP bucket, before ({args.before}) -> now\t{'; '.join(added)}; progress record "
+          f"{rec['before']:.2f} -> {rec['now']:.2f} us\tcut")
     return 0
 
 
