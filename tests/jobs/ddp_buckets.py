@@ -3,7 +3,6 @@ rank writes the sha256 of its final parameters' bytes, how many comm hooks DDP h
 of the group DDP reduces through, to OUT-rank-N.txt."""
 import argparse
 import hashlib
-import os
 
 import torch
 import torch.distributed as dist
