@@ -1,11 +1,12 @@
 """What everything scout runs inside the training process costs per optimizer step: the same
-DDP job (gloo, CPU, a 12.6M-parameter MLP with AdamW) run bare and under scout's bootstrap
-(collective wrappers, progress record, optimizer hook; state votes and in-situ replay every K
-steps), with K = 1, 10, 50 and votes off. Runs are interleaved in a shuffled order per repeat
-so that the machine's load falls on every condition alike; each repeat's figure is divided by
-the same repeat's bare run.
+DDP job (gloo, CPU, an MLP with AdamW: 12.6M parameters at --width 1024, 3.1M at 512) run bare and
+under scout's bootstrap (DDP reducing through scout's recording wrapper of its group, collective
+wrappers, progress record, optimizer hooks; state votes and in-situ replay every K steps), with
+K = 50 and votes off by default. Runs are interleaved in a shuffled order per repeat so that the
+machine's load falls on every condition alike; each repeat's figure is divided by the same
+repeat's bare run.
 
-    python benchmarks/bench_step_overhead.py [--repeats 3] [--steps 25] [--world 2] [--ks 1,10,50]
+    python benchmarks/bench_step_overhead.py [--repeats 5] [--steps 50] [--world 2] [--ks 50] [--width 1024]
 
 Two measures. The ratio: rank 0's mean CPU time per step over its steps after 5 warm-up steps
 (CPU time: on a shared machine the wall clock moves with other work; a mean, not a median: a
@@ -13,12 +14,13 @@ vote every K steps is a spike that a median would hide), over the same repeat's 
 wall-clock mean is printed beside. Two noisy runs compared: it cannot resolve 1 % here.
 The direct measure: inside the same scout runs, every piece of scout's per-step work is wrapped
 with a timer from outside scout before the first step (`account_scout`: the objects reachable from
-`patches.STATE`, the global optimizer hooks, closure cells of scout's DDP hook), and its seconds
-per step are divided by the step's, per component. Runs with votes are whole periods of K and
-of the timing votes (every 25 steps), so each periodic piece counts at its steady rate. Scout
-runs get SCOUT_CHECKPOINTS_DIR as under scout-srun (the checkpoint agreement flag is exchanged
-every step). Every run's final parameters after the same number of steps are checked to be the
-bare run's, bit for bit: scout changes no numbers.
+`patches.STATE`, the global optimizer hooks, DDP's recording group), and its seconds per step are
+divided by the step's, per component. Runs with votes are whole periods of K and of the timing
+votes (every 25 steps), so each periodic piece counts at its steady rate. Scout runs get
+SCOUT_CHECKPOINTS_DIR as under scout-srun (the checkpoint agreement is exchanged at the vote
+steps). Beside them, scout's own measure of itself (ranks/cost-R.json, what `scout show` prints).
+Every run's final parameters after the same number of steps are checked to be the bare run's,
+bit for bit: scout changes no numbers.
 """
 
 from __future__ import annotations
@@ -40,27 +42,24 @@ HERE = Path(__file__).resolve()
 WARMUP = 5
 TIMING_EVERY = 25   # the timing votes' default interval (SCOUT_TIMING_EVERY): not K, but per-step work too
 
-# The direct measure's components, in print order. "wrappers" is the DDP comm hook scout puts in place
-# of DDP's built-in C++ one (its Python, the extra pass of mul_ over the bucket, the progress record)
-# plus the torch.distributed wrappers; "scaling pass" is the hook's gradient / world (a bare DDP scales
-# while copying gradients into the bucket, with a comm hook it only copies: an extra pass over every
-# gradient); "launch" is the all_reduce the hook starts from Python, which a bare job starts from C++
-# (counted as scout's: an upper bound).
-COMPONENTS = ("vote", "replay", "timing", "checkpoint flag", "finite check", "wrappers", "scaling pass", "launch",
-              "progress record", "hook glue")
-# run inside a comm hook (during backward, while gloo reduces earlier buckets on its own threads):
+# The direct measure's components, in print order. "wrappers" is the recording wrapper DDP reduces its
+# buckets through (its Python and the progress record; the all_reduce launch inside it is the job's, as a
+# bare DDP launches it too) plus the torch.distributed wrappers.
+COMPONENTS = ("vote", "replay", "timing", "checkpoint flag", "finite check", "wrappers", "progress record",
+              "hook glue")
+# run from DDP's reducer (during backward, while gloo reduces earlier buckets on its own threads):
 # CPU is the calling thread's; every other component runs when no training work is in flight, so its
 # CPU is the process's (gloo's threads working on scout's own collectives included)
-THREAD_CPU = ("wrappers", "scaling pass", "launch")
+THREAD_CPU = ("wrappers",)
 JOB = "job"  # the job's own work inside a scout wrapper (a wrapped collective itself): not scout's
 
 
 class Account:
     """Exclusive wall, process-CPU and thread-CPU seconds per component, for functions wrapped in the
     worker from outside scout. Nested wrapped calls are taken out of the enclosing call's figure (so
-    a vote's gather is the vote's, a comm hook's all_reduce launch is "launch"); `inherit` wrappers
+    a vote's gather is the vote's, the wrapper's all_reduce launch is the job's); `inherit` wrappers
     (the progress record's enter/leave) count as whatever encloses them, or as their own component
-    when nothing does (the comm hook's completion callback on gloo's thread)."""
+    when nothing does."""
 
     def __init__(self) -> None:
         import threading
@@ -170,42 +169,25 @@ def account_scout(acct: Account) -> list[str]:
         for name in ("enter", "leave"):
             setattr(writer, name, acct.wrap("wrappers", getattr(writer, name), inherit=True))
         writer.step = acct.wrap("progress record", writer.step)
-    # DDP's comm hook: registered at the first forward from a closure of scout's DDP.forward
-    hook_cell = _cell(DDP.forward, "scout_default_hook")
-    if hook_cell is None:
-        missing.append("DDP comm hook")
+    # DDP's buckets: through scout's recording wrapper of its group (pgwrap), DDP's own C++ path otherwise;
+    # the wrapper's lines are "wrappers", the launch of the group's all_reduce inside it is the job's
+    from scout_slurm.bootstrap import pgwrap
+    group = pgwrap.recording(state.default_pg)
+    if group is None:
+        missing.append("DDP's recording group (DDP reduced through scout's comm hook instead)")
     else:
-        launch_cell = _cell(hook_cell.cell_contents, "original_all_reduce")
-        if launch_cell is not None:
-            launch_cell.cell_contents = acct.wrap("launch", launch_cell.cell_contents)
-        hook = hook_cell.cell_contents
-        import functools
+        class TimedGroup:
+            """The wrapped group as the wrapper calls it: its all_reduce launch timed as the job's."""
 
-        import torch
-
-        class TimedBucket:
-            """The bucket as the hook sees it: its buffer's mul_ (the scaling pass) timed."""
-
-            def __init__(self, bucket) -> None:
-                self._bucket, self.tensors = bucket, []
-
-            def buffer(self):
-                t = self._bucket.buffer()
-                t.mul_ = acct.wrap("scaling pass", functools.partial(torch.Tensor.mul_, t))
-                self.tensors.append(t)
-                return t
+            def __init__(self, pg) -> None:
+                self._pg = pg
+                self.allreduce = acct.wrap(JOB, pg.allreduce)
 
             def __getattr__(self, name):
-                return getattr(self._bucket, name)
-
-        def timed_hook(state, bucket):  # named as DDP's check wants, no annotations
-            proxy = TimedBucket(bucket)
-            try:
-                return hook(state, proxy)
-            finally:
-                for t in proxy.tensors:  # the buffer is the job's again
-                    t.__dict__.pop("mul_", None)
-        hook_cell.cell_contents = acct.wrap("wrappers", timed_hook)
+                return getattr(self._pg, name)
+        group._pg = TimedGroup(group._pg)
+        pgwrap.RecordingGroup.allreduce = acct.wrap("wrappers", pgwrap.RecordingGroup.allreduce)
+        pgwrap._left = acct.wrap("wrappers", pgwrap._left)
     # torch.distributed's collectives as the job calls them: the wrapper's own time only
     for name in patches.COLLECTIVES:
         fn = getattr(c10d, name, None)
@@ -231,15 +213,21 @@ def rank_job(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+    dist.init_process_group(args.backend, timeout=datetime.timedelta(seconds=300))
     rank = dist.get_rank()
+    # "cuda": each rank its own GPU (LOCAL_RANK); "cuda:N": every rank on GPU N
+    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if args.device == "cuda" else args.device)
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.set_device(device)
     width = args.width
     model = torch.nn.Sequential(torch.nn.Linear(width, 2 * width), torch.nn.GELU(),
                                 torch.nn.Linear(2 * width, 2 * width), torch.nn.GELU(),
                                 torch.nn.Linear(2 * width, 2 * width), torch.nn.GELU(),
                                 torch.nn.Linear(2 * width, width))
     params = sum(p.numel() for p in model.parameters())
-    ddp = DDP(model)
+    model = model.to(device)
+    ddp = DDP(model, device_ids=[device.index or 0] if cuda else None)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-4)
     gen = torch.Generator().manual_seed(1000 + rank)
     acct, missing = None, []
@@ -251,16 +239,18 @@ def rank_job(args: argparse.Namespace) -> int:
     for step in range(WARMUP + args.steps):
         if acct is not None and step == WARMUP:
             acct.on = True   # the measured steps only, as the step times
-        x = torch.randn(args.batch, width, generator=gen)
+        x = torch.randn(args.batch, width, generator=gen).to(device)
         t0, c0 = time.perf_counter(), time.process_time()
         loss = ddp(x).pow(2).mean()
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if cuda:  # a step's time is its GPU work's too
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
         if step + 1 == WARMUP + args.digest_at:   # runs of different lengths compare at the same step
-            digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
+            digest = hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters())).hexdigest()
     timer_s = 0.0
     if acct is not None:
         acct.on = False
@@ -324,7 +314,7 @@ def run(condition: str, k: int | None, args: argparse.Namespace, work: Path, *, 
     env["OMP_NUM_THREADS"] = "1"
     run_dir = Path(tempfile.mkdtemp(prefix=f"{condition}-", dir=work))
     if k is not None:
-        for d in ("progress", "findings"):
+        for d in ("progress", "findings", "ranks"):
             (run_dir / d).mkdir()
         env.update(PYTHONPATH=str(bootstrap), SCOUT_PROGRESS_DIR=str(run_dir / "progress"),
                    SCOUT_RUN_DIR=str(run_dir), SCOUT_PACKAGE_DIR=str(bootstrap.parent.parent),
@@ -335,7 +325,7 @@ def run(condition: str, k: int | None, args: argparse.Namespace, work: Path, *, 
     port = free_port()
     procs = []
     argv = [sys.executable, str(HERE), "--rank-job", "--steps", str(steps_for(k, args)), "--width", str(args.width),
-            "--batch", str(args.batch),
+            "--batch", str(args.batch), "--backend", args.backend, "--device", args.device,
             "--digest-at", str(min(args.steps, args.vote_steps_min))]
     try:
         for rank in range(args.world):
@@ -357,8 +347,16 @@ def run(condition: str, k: int | None, args: argparse.Namespace, work: Path, *, 
     scout_lines = [ln for _, err in outs for ln in err.splitlines() if ln.startswith("scout:")]
     if k is not None and any("disagree" in ln or "outlier" in ln for ln in scout_lines):
         raise SystemExit(f"{condition}: scout reported a disagreement in a clean run: {scout_lines[:5]}")
+    own = None
+    if k is not None:
+        from scout_slurm.evidence.records import ScoutCost
+        from scout_slurm.evidence.store import read_record
+        own = read_record(run_dir / "ranks" / "cost-0.json", ScoutCost)
     return dict(result, condition=condition, wall=statistics.fmean(result["times"]),
-                mean=statistics.fmean(result["cpu"]), direct=direct(ranks) if k is not None else None)
+                mean=statistics.fmean(result["cpu"]), direct=direct(ranks) if k is not None else None,
+                own_ms=own.per_step_ms if own else None, own_share=own.share if own else None,
+                own_split=(own.hooks_cpu_ns / own.steps / 1e6, own.wrapper_ns / own.steps / 1e6,
+                           own.wrapper_calls / own.steps) if own and own.steps else None)
 
 
 def _spread(values: list[float], scale: float = 100.0, fmt: str = ".2f") -> str:
@@ -414,27 +412,40 @@ def print_direct(conditions, results: dict[str, list[dict]], args: argparse.Name
               f"{statistics.median(ratios):.3f} (repeats {min(ratios):.3f} to {max(ratios):.3f}); {params / 1e6:.1f}M "
               f"params, {statistics.median(r['mean'] for r in results['bare']) * 1e3:.0f} ms CPU steps"
               f"\tunder 1 % at K = 50")
+    print()
+    print("scout's own measure of itself (ranks/cost-0.json, what `scout show` prints), median of the repeats "
+          "(the repeats): ms per step, % of the step's wall time")
+    for name, k, _ in conditions:
+        if k is None:
+            continue
+        rs = results[name]
+        split = [r["own_split"] for r in rs if r["own_split"]]
+        print(f"{name:<22} {_spread([r['own_ms'] for r in rs], 1.0, '.3f')} ms   "
+              f"{_spread([r['own_share'] or 0.0 for r in rs])} %"
+              + (f"   hooks {statistics.median(x[0] for x in split):.3f} ms, wrappers "
+                 f"{statistics.median(x[1] for x in split):.3f} ms for {statistics.median(x[2] for x in split):.1f} "
+                 f"collectives" if split else ""))
     print("direct: every piece of scout's per-step work in the job's processes wrapped with a timer from outside "
-          "(state vote, in-situ replay and its capture hooks, timing votes, the checkpoint agreement flag exchanged "
-          "every step, the non-finite check, the DDP comm hook scout registers in place of DDP's C++ one and the "
-          "progress record, the hook's scaling of the bucket by 1/world (bare DDP scales while copying into the "
-          "bucket: an extra pass over the gradients), the all_reduce launch from Python, the optimizer hooks' own "
-          "lines); nested timed calls are counted once, in the innermost. CPU: process CPU time, but the comm "
-          "hook's (wrappers, scaling pass, launch) is "
-          "its thread's, as it runs while gloo reduces other buckets. Wall includes waiting for the peer in "
+          "(state vote, in-situ replay and its capture hooks, timing votes, the checkpoint agreement exchanged at "
+          "the vote steps, the non-finite check, the recording wrapper DDP reduces through (its own C++ path: no "
+          "comm hook) with the progress record, the optimizer hooks' own lines and scout's measure of its own cost); "
+          "nested timed calls are counted once, in the innermost. CPU: process CPU time, but the wrappers' is "
+          "their thread's, as they run while gloo reduces other buckets. Wall includes waiting for the peer in "
           "scout's collectives (and, on a loaded machine, time the process waited for a core).")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=25, help="measured steps of a bare or votes-off run (after 5 warm-up)")
-    ap.add_argument("--vote-steps-min", type=int, default=20,
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=50, help="measured steps of a bare or votes-off run (after 5 warm-up)")
+    ap.add_argument("--vote-steps-min", type=int, default=50,
                     help="measured steps of a run with votes every K: max(this, K)")
     ap.add_argument("--world", type=int, default=2)
-    ap.add_argument("--ks", default="1,10,50", help="vote intervals K to measure")
+    ap.add_argument("--ks", default="50", help="vote intervals K to measure")
     ap.add_argument("--width", type=int, default=1024, help="model width (1024: 12.6M parameters)")
     ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--backend", default="gloo", help="gloo, or nccl with --device cuda (scripts/device_check_overhead.sh)")
+    ap.add_argument("--device", default="cpu", help="cpu; cuda:0 (every rank on that GPU); cuda (a GPU per rank)")
     ap.add_argument("--timeout", type=float, default=900.0)
     ap.add_argument("--seed", type=int, default=0, help="order of the interleaved runs")
     ap.add_argument("--rank-job", action="store_true", help=argparse.SUPPRESS)

@@ -6,10 +6,17 @@ writing only into scout's evidence folder).
   at that moment, the software versions, and the vote/replay coverage since the previous record.
 - The replicas' agreement: every rank signs its state and the signatures are exchanged on scout's
   gloo side group. A DCP save is collective, so this happens inside it. A torch.save is usually
-  made by one rank that the others do not wait for, so the exchange is at the next optimizer step
-  (before it changes anything): each step every rank contributes one int64 ("did I save since the
-  last step?"); only when one did is the full exchange made. A save after the last step is
-  exchanged in destroy_process_group, else recorded "not exchanged".
+  made by one rank that the others do not wait for, so the exchange is made once every K steps
+  (K: the state votes' interval; EXCHANGE_EVERY when votes are off), at the optimizer step after
+  each vote step (before it changes anything), not every step: there every rank contributes one
+  int64 ("did I save since the last exchange?"); only when one did is the full exchange made. The
+  replicas' signatures are those of that moment: for a save made right after a vote step (the usual
+  checkpoint interval, a multiple of K) that is the saved state, and the record says
+  "agreed"/"disagreed" at the save as before; for a save the training has moved on from since, an
+  agreement is "agreed at step N, after the save" (the replicas agreed at a step >= the save's:
+  eligible, as a clean vote there would make it) and a disagreement is not blamed on the save
+  ("not exchanged at the save": the vote's verdict and first suspect step decide). A save after the
+  last step is exchanged in destroy_process_group, else recorded "not exchanged".
 - The resume: a run told SCOUT_RESUME_CHECKPOINT that loads it (torch.load / dcp.load of that
   path) has its restored state signed at its first optimizer step and compared with the record:
   a `resume verified` finding, or a loud mismatch finding (stderr and evidence; fatal when
@@ -50,6 +57,7 @@ from scout_slurm.bootstrap.exitpolicy import Ending, end, ends
 _log = logging.getLogger("scout.bootstrap")
 _MASK = 0x7FFFFFFFFFFFFFFF
 DATA_POSITION = "scout's global optimizer step; the DistributedSampler epoch when the script sets one"
+EXCHANGE_EVERY = 50  # steps between checkpoint exchanges when the state votes are off
 FOLLOWED_MAX = 4096  # recorded checkpoints whose renames are followed (the newest); older ones keep their names
 
 
@@ -177,11 +185,12 @@ class CheckpointWatch:
     def __init__(self, *, rank: int, world: int, side: Any, notes_dir: Path | None, run_dir: Path | None,
                  restart: int, offset: int, all_gather: Callable, all_reduce: Callable, groups: Callable[[], Any],
                  completed_steps: Callable[[], int], resume: str = "", resume_mismatch: str = "warn",
-                 node: str = "") -> None:
+                 node: str = "", exchange_every: int = EXCHANGE_EVERY) -> None:
         self.rank, self.world, self.side = rank, world, side
         self.notes_dir, self.run_dir, self.restart, self.offset = notes_dir, run_dir, restart, offset
         self.all_gather, self.all_reduce = all_gather, all_reduce
         self.groups, self.completed_steps = groups, completed_steps
+        self.exchange_every = max(1, exchange_every)  # the votes' K: the exchange rides on the vote steps
         self.optimizers: list[weakref.ref] = []
         self.schedulers: list[weakref.ref] = []  # creation order: the same on every rank
         self.sampler_epoch: int | None = None
@@ -245,7 +254,7 @@ class CheckpointWatch:
         note = CheckpointNote(path=target, step=step, rank=self.rank, restart=self.restart, saved_at=time.time(),
                               size_bytes=size, sha256=sha, versions=_versions_text(), saver=saver, files=files,
                               world=self.world, ranks_saved=ranks_saved or (self.rank,),
-                              agreement="not exchanged: the replicas' signatures follow at the next optimizer step",
+                              agreement="not exchanged: the replicas' signatures follow at the step after the next state vote",
                               data_position=DATA_POSITION, software=software_versions(),
                               coverage=self._coverage(), saved_as=saved_as)
         if per_rank is not None:
@@ -288,7 +297,9 @@ class CheckpointWatch:
                 self._follow(canonical(path), dest)
 
     def _with_exchange(self, note, mine: dict[str, str], per_rank: list[dict[str, str]] | None, *, at_save: bool,
-                       why: str = ""):
+                       why: str = "", later: int = -1):
+        """`later`: the step the signatures in `per_rank` are of, when training moved on since the save
+        (-1: they are the save's own state)."""
         import dataclasses
 
         from scout_slurm.remediation.records import StateSignature
@@ -316,7 +327,7 @@ class CheckpointWatch:
         elif why:
             agreement = f"not exchanged: {why}"
         else:
-            agreement = agreement_text(sigs, groups)
+            agreement = _at_step(agreement_text(sigs, groups), note.step, later)
         return dataclasses.replace(note, signatures=sigs, agreement=agreement, exchanged_at_save=at_save)
 
     def _coverage(self):
@@ -371,12 +382,13 @@ class CheckpointWatch:
         import dataclasses
 
         from scout_slurm.evidence.store import write_record
+        step = self.global_step()
         with self.lock:  # a rename meanwhile has updated the pending note: it is written with its new name
             for dest, note in self.pending:
                 saved_values = {s.component: s.saved for s in note.signatures}
                 done = self._with_exchange(dataclasses.replace(note, ranks_saved=savers),
                                            {c: saved_values.get(c, "") for c in COMPONENTS}, per_rank,
-                                           at_save=False)
+                                           at_save=False, later=step if step > note.step else -1)
                 try:
                     write_record(dest, done)
                 except Exception as exc:  # noqa: BLE001
@@ -496,7 +508,9 @@ class CheckpointWatch:
                 raise
             except Exception as exc:  # noqa: BLE001 - verification is evidence; never break the job
                 sys.stderr.write(f"scout: resume not verified: {exc!r}\n")
-        self.exchange()
+        done = self.completed_steps()
+        if done > 0 and done % self.exchange_every == 0:  # the step after a vote step, the same on every rank
+            self.exchange()
 
     def _verify(self) -> None:
         from scout_slurm.remediation.signatures import compare
@@ -576,6 +590,18 @@ class CheckpointWatch:
             end(Ending.RESUME_MISMATCH)
 
 
+def _at_step(text: str, saved_step: int, later: int) -> str:
+    """The agreement of signatures taken at step `later` (> the save's), in the eligibility rule's
+    words: replicas agreeing at a step >= the save's make it eligible; replicas differing there may
+    have diverged after the save, which is the vote's verdict's to say, not the save's to carry."""
+    if later < 0:
+        return text
+    if text.startswith("agreed"):
+        return f"agreed at step {later}, the first exchange after the save at step {saved_step}" + text[len("agreed"):]
+    return (f"not exchanged at the save: the replicas' signatures at step {later}, the first exchange after the "
+            f"save at step {saved_step}, {text}")
+
+
 def _state_init_step(optimizer: Any) -> bool:
     try:
         return not optimizer.state and all(float(g["lr"]) == 0.0 for g in optimizer.param_groups if "lr" in g)
@@ -633,7 +659,8 @@ def install(handle: Any, state: Any) -> None:
                             resume=cfg.resume_checkpoint, resume_mismatch=cfg.resume_mismatch.value, node=cfg.node,
                             all_gather=state.originals["all_gather"], all_reduce=state.originals["all_reduce"],
                             groups=groups,
-                            completed_steps=lambda: state.writer.steps if state.writer is not None else 0)
+                            completed_steps=lambda: state.writer.steps if state.writer is not None else 0,
+                            exchange_every=cfg.consensus_every if cfg.consensus_every > 0 else EXCHANGE_EVERY)
     WATCH = watch
     handle.on_remove(_forget)
 
@@ -665,6 +692,9 @@ def install(handle: Any, state: Any) -> None:
 
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+    from scout_slurm.bootstrap.selfcost import timed
+
+    @timed
     def pre_step(optimizer, args, kwargs):
         watch.before_step(optimizer)
     h = register_optimizer_step_pre_hook(pre_step)

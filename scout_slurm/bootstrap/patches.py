@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from scout_slurm.bootstrap import selfcost
+from scout_slurm.bootstrap.selfcost import COST
 from scout_slurm.jobconfig import JobConfig
 from scout_slurm.task import progress as progress_mod
 
@@ -136,11 +138,20 @@ def _wrap_collective(name: str, fn: Callable) -> Callable:
         if name == "all_reduce" and STATE.skip_next_all_reduce:
             STATE.skip_next_all_reduce = False
             return None  # injected desync: this rank silently skips one all_reduce
+        group = kwargs.get("group")
+        if group is not None and type(group).__name__ == "RecordingGroup":
+            kwargs["group"] = group.wrapped  # `ddp.process_group` passed by the job: recorded here, once
+        timed = COST.sample()
+        t0 = selfcost.clock() if timed else 0
         seq = w.enter(name, _nbytes(args[0]) if args else 0, _group_size(kwargs.get("group")), _pg_seq())
+        t1 = selfcost.clock() if timed else 0
         try:
             return fn(*args, **kwargs)
         finally:
+            t2 = selfcost.clock() if timed else 0
             w.leave(seq)
+            if timed:
+                COST.sampled_ns += t1 - t0 + selfcost.clock() - t2
     scout_collective.__scout_original__ = fn
     return scout_collective
 
@@ -285,6 +296,21 @@ def _patch_ddp(handle: InstalledHooks, original_all_reduce: Callable) -> None:
         self._scout_hooked = True
         return original_register(self, state, composed)
 
+    original_init = DDP.__init__
+
+    @functools.wraps(original_init)
+    def scout_ddp_init(self, module, *args, **kwargs):
+        # DDP reduces through a recording wrapper of its group: its own C++ path stays (no comm hook, no
+        # extra pass over the gradients) and each bucket still lands in the progress record (pgwrap)
+        if STATE.writer is not None and kwargs.get("device_mesh") is None and len(args) < 6:
+            try:
+                from scout_slurm.bootstrap import pgwrap
+                group = kwargs.get("process_group") or STATE.default_pg
+                kwargs["process_group"] = pgwrap.wrap(group, lambda: STATE.writer, _in_user_comm_hook)
+            except Exception as exc:  # noqa: BLE001 - then the comm hook at first forward records the buckets
+                sys.stderr.write(f"scout: DDP's group not wrapped, its comm hook records the buckets: {exc!r}\n")
+        original_init(self, module, *args, **kwargs)
+
     original_forward = DDP.forward
 
     @functools.wraps(original_forward)
@@ -293,7 +319,7 @@ def _patch_ddp(handle: InstalledHooks, original_all_reduce: Callable) -> None:
             STATE.consensus.track(self)
         if not getattr(self, "_scout_hooked", False):
             self._scout_hooked = True
-            if STATE.writer is not None:
+            if STATE.writer is not None and type(self.process_group).__name__ != "RecordingGroup":
                 try:
                     original_register(self, self.process_group, scout_default_hook)
                 except Exception as exc:  # noqa: BLE001
@@ -302,6 +328,11 @@ def _patch_ddp(handle: InstalledHooks, original_all_reduce: Callable) -> None:
 
     handle.patch(DDP, "register_comm_hook", scout_register_comm_hook)
     handle.patch(DDP, "forward", scout_forward)
+    handle.patch(DDP, "__init__", scout_ddp_init)
+
+
+def _in_user_comm_hook() -> bool:
+    return getattr(_IN_USER_COMM_HOOK, "active", False)
 
 
 def _patch_optimizer(handle: InstalledHooks) -> None:
@@ -309,6 +340,7 @@ def _patch_optimizer(handle: InstalledHooks) -> None:
 
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+    @selfcost.timed
     def scout_pre_step_hook(optimizer, args, kwargs):
         # replay before the step: the weights are still those this step's forward used
         if STATE.replay is not None and STATE.writer is not None:
@@ -318,11 +350,15 @@ def _patch_optimizer(handle: InstalledHooks) -> None:
             if STATE.timing is not None:
                 STATE.timing.resume()
 
+    @selfcost.timed
     def scout_step_hook(optimizer, args, kwargs):
         w = STATE.writer
         if w is None:
             return
         step = w.step()
+        COST.stepped()
+        if step % selfcost.COST_EVERY == 0:
+            selfcost.write(STATE.config.run_dir, STATE.rank, STATE.restart)
         if STATE.root_tracker is not None:  # the models have run their first forward by now
             STATE.root_tracker.remove()
             STATE.root_tracker = None
@@ -560,6 +596,7 @@ def _end_of_training() -> None:
             except Exception as exc:  # noqa: BLE001
                 STATE.final_vote += f"; the last timing round failed: {exc!r}"[:200]
     _write_coverage(force=True)
+    selfcost.write(STATE.config.run_dir, STATE.rank, STATE.restart)
     # the models and optimizer scout held for this vote: freed before the groups go (a DDP object
     # alive during destroy_process_group can deadlock gloo's teardown: TORCH-FACTS)
     if c is not None:
@@ -575,6 +612,7 @@ def _at_exit() -> None:
     if not STATE.final_vote and STATE.writer is not None:
         STATE.final_vote = "not made: the process ended without reaching destroy_process_group"
         _write_coverage(force=True)
+        selfcost.write(STATE.config.run_dir, STATE.rank, STATE.restart)
 
 
 def _write_coverage(*, force: bool = False) -> None:

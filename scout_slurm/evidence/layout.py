@@ -108,6 +108,10 @@ class JobFolder:
     def rank_place_path(self, restart: int, rank: int) -> Path:
         return self.ranks_dir(restart) / f"rank-{int(rank)}.json"
 
+    def rank_cost_path(self, restart: int, rank: int) -> Path:
+        """What scout's own work cost the rank (ScoutCost, written by the bootstrap)."""
+        return self.ranks_dir(restart) / f"cost-{int(rank)}.json"
+
     def rank_exit_path(self, restart: int, rank: int) -> Path:
         return self.ranks_dir(restart) / f"exit-{int(rank)}.json"
 

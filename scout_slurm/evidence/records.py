@@ -306,6 +306,34 @@ class VoteCoverage:
 
 
 @dataclass(frozen=True)
+class ScoutCost:
+    """What scout's own work inside the training process cost one rank (runs/N/ranks/cost-R.json),
+    measured there (bootstrap/selfcost.py) and rewritten every 100 steps and at the end: CPU of the
+    optimizer hooks (votes, replay, timing, checkpoint records, the coverage record) and of scout's
+    collective wrappers and progress record."""
+    KIND: ClassVar[str] = "scout-cost"
+    rank: int
+    restart: int
+    steps: int                 # optimizer steps measured: those after the first (its set-up is not a step's cost)
+    hooks_cpu_ns: int          # CPU of the calling thread inside scout's optimizer hooks over those steps
+    wrapper_ns: int            # the same inside scout's collective wrappers (sampled; the collectives excluded)
+    wrapper_calls: int         # collectives recorded over those steps
+    step_wall_ns: int          # wall time of those steps (from the end of the first to the end of the last)
+    schema_version: int = 1
+
+    @property
+    def per_step_ms(self) -> float:
+        return (self.hooks_cpu_ns + self.wrapper_ns) / max(1, self.steps) / 1e6
+
+    @property
+    def share(self) -> float | None:
+        """Scout's time over the steps' wall time (None: no step measured yet)."""
+        if self.step_wall_ns <= 0 or self.steps < 1:
+            return None
+        return (self.hooks_cpu_ns + self.wrapper_ns) / self.step_wall_ns
+
+
+@dataclass(frozen=True)
 class Verdict:
     KIND: ClassVar[str] = "verdict"
     job_id: int

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scout_slurm.evidence.records import Finding, FindingKind, Verdict
+from scout_slurm.evidence.records import Finding, FindingKind, ScoutCost, Verdict
 from scout_slurm.localise.stall import position
 from scout_slurm.localise.verdict import JobEvidence, describe_exit, is_abnormal, is_cascade
 
@@ -67,6 +67,30 @@ def render_timing(ev: JobEvidence) -> list[str]:
         lines.append(f"  step {f.step}: {what}: {f.summary}")
         lines += [f"      {d}" for d in f.details[:4]]
     return lines
+
+
+def render_cost(costs: list[ScoutCost], problems: list[str] = ()) -> list[str]:
+    """What scout's own work cost each rank, as the ranks measured it (every rank up to 8, else the
+    spread and the costliest ranks)."""
+    if not costs:
+        return ["scout's own cost: no record (the job ran no optimizer step under scout's bootstrap, or an "
+                "older scout)"] + [f"  unreadable: {p}" for p in problems[:4]]
+
+    def line(c: ScoutCost) -> str:
+        share = f" = {100 * c.share:.2f} % of its step time" if c.share is not None else ""
+        return (f"rank {c.rank}: {c.per_step_ms:.3f} ms a step{share} over {c.steps} steps (hooks "
+                f"{c.hooks_cpu_ns / 1e6:.1f} ms CPU, wrappers {c.wrapper_ns / 1e6:.1f} ms for {c.wrapper_calls} "
+                f"collectives)")
+    ordered = sorted(costs, key=lambda c: c.per_step_ms, reverse=True)
+    lines = ["scout's own cost (measured in each rank: CPU of scout's hooks and collective wrappers):"]
+    if len(costs) <= 8:
+        lines += [f"  {line(c)}" for c in sorted(costs, key=lambda c: c.rank)]
+    else:
+        per_step = sorted(c.per_step_ms for c in costs)
+        lines.append(f"  {len(costs)} ranks: {per_step[0]:.3f} to {per_step[-1]:.3f} ms a step, median "
+                     f"{per_step[len(per_step) // 2]:.3f}; the costliest:")
+        lines += [f"  {line(c)}" for c in ordered[:3]]
+    return lines + [f"  unreadable: {p}" for p in problems[:4]]
 
 
 def render_show(job_id: int, cluster: str, restart: int, verdict: Verdict, ev: JobEvidence,

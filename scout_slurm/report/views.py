@@ -11,7 +11,8 @@ from pathlib import Path
 
 from scout_slurm.errors import EvidenceError, ScoutError
 from scout_slurm.evidence.layout import JobFolder
-from scout_slurm.evidence.records import (Finding, FindingComponent, ResumeOutcome, Verdict, resume_outcome)
+from scout_slurm.evidence.records import (Finding, FindingComponent, ResumeOutcome, ScoutCost, Verdict,
+                                            resume_outcome)
 from scout_slurm.localise.verdict import JobEvidence
 from scout_slurm.remediation.eligibility import Assessment
 from scout_slurm.remediation.records import ActionsRecord
@@ -30,6 +31,8 @@ class ShowView:
     computed: bool                     # no verdict on record: computed now from the evidence
     resume: tuple[Finding, ...]        # the resumed run's restored state against its checkpoint record
     actions_problem: str = ""          # why the actions file could not be read ("" when it was, or is absent)
+    cost: tuple[ScoutCost, ...] = ()   # what scout's own work cost each rank (ranks/cost-R.json)
+    cost_problems: tuple[str, ...] = ()
 
 
 def load_show(folder: JobFolder, restart: int | None = None) -> ShowView:
@@ -60,8 +63,23 @@ def load_show(folder: JobFolder, restart: int | None = None) -> ShowView:
             actions_problem = str(exc)
     resume = tuple(sorted((f for f in ev.findings if f.component == FindingComponent.RESUME.value),
                           key=lambda f: f.rank))
+    cost, cost_problems = load_cost(folder, run)
     return ShowView(job_id=folder.job_id, cluster=folder.cluster, run=run, runs=tuple(runs), verdict=verdict,
-                    evidence=ev, actions=actions, computed=computed, resume=resume, actions_problem=actions_problem)
+                    evidence=ev, actions=actions, computed=computed, resume=resume, actions_problem=actions_problem,
+                    cost=cost, cost_problems=cost_problems)
+
+
+def load_cost(folder: JobFolder, run: int) -> tuple[tuple[ScoutCost, ...], tuple[str, ...]]:
+    """The ranks' records of scout's own cost, and one line per file that could not be read."""
+    from scout_slurm.evidence.store import list_records
+    ranks = folder.ranks_dir(run)
+    if not ranks.is_dir():
+        return (), ()
+    try:
+        found, problems = list_records(ranks, "cost-*.json", ScoutCost, root=folder.root)
+    except EvidenceError as exc:
+        return (), (str(exc),)
+    return tuple(found), tuple(problems)
 
 
 def show_json(view: ShowView) -> dict:
@@ -74,6 +92,7 @@ def show_json(view: ShowView) -> dict:
     obj["computed"] = view.computed
     obj["timing"] = [record_to_obj(f) for f in timing_findings(view.evidence)]
     obj["resume"] = [record_to_obj(f) for f in view.resume]
+    obj["cost"] = [dict(record_to_obj(c), per_step_ms=c.per_step_ms, share=c.share) for c in view.cost]
     return obj
 
 
@@ -89,6 +108,8 @@ def show_text(view: ShowView) -> str:
             lines.append(f"  {f.summary}")
             if resume_outcome(f.summary) is ResumeOutcome.MISMATCH:
                 lines += [f"      {d}" for d in f.details]
+    from scout_slurm.report.show import render_cost
+    lines += [""] + render_cost(list(view.cost), list(view.cost_problems))
     if len(view.runs) > 1:
         lines.append(f"\nruns of this job: {list(view.runs)} (see --restart N)")
     return out + "".join(line + "\n" for line in lines)

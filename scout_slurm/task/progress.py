@@ -27,6 +27,8 @@ RING = 64
 # cur_op, cur_nbytes, opt_steps, pg_seq, last_change_ns, last_step_ns
 _HEADER = struct.Struct("<IIQqiiIQQIIQQqQQ")
 _ENTRY = struct.Struct("<QIIQQQ")  # seq, op, group_size, nbytes, entered_ns, left_ns
+_GEN = struct.Struct("<Q")         # the seqlock generation (offset 8); also an entry's left_ns (its last field)
+_LEFT_AT = _ENTRY.size - 8
 SIZE = _HEADER.size + RING * _ENTRY.size
 
 OPS = ("none", "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
@@ -34,6 +36,7 @@ OPS = ("none", "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor"
        "scatter", "send", "recv", "all_gather_object", "broadcast_object_list", "ddp_bucket_all_reduce",
        "other", "scout_vote")  # scout_vote: scout's own collectives on its side group (votes, replay; peers wait there)
 OP_CODES = {name: i for i, name in enumerate(OPS)}
+_OTHER = OP_CODES["other"]
 FLAG_ACTIVE = 1
 
 
@@ -98,7 +101,6 @@ class ProgressWriter:
         self._rank = rank
         self._world = world_size
         self._flags = FLAG_ACTIVE
-        self._open: dict[int, tuple[int, int, int, int]] = {}
         # timing votes (bootstrap.timing): ns outside any collective (compute) and inside at least one
         # (collectives, overlapping ones counted once); outside time counts only while `_idle_since` is set
         self._idle_ns = 0
@@ -110,16 +112,19 @@ class ProgressWriter:
             self._write_header()
 
     def _write_header(self) -> None:
+        """Under the lock. The generation goes odd first (an entry written before this, in the same
+        change, is covered too), the header is written with the odd value, then it goes even."""
         self._gen += 1
-        struct.pack_into("<Q", self._buf, 8, self._gen * 2 - 1)
-        _HEADER.pack_into(self._buf, 0, MAGIC, VERSION, self._gen * 2 - 1, self._pid, self._rank, self._world,
+        odd = self._gen * 2 - 1
+        _GEN.pack_into(self._buf, 8, odd)
+        _HEADER.pack_into(self._buf, 0, MAGIC, VERSION, odd, self._pid, self._rank, self._world,
                           self._flags, self._entered, self._completed, self._in, self._op, self._nbytes,
                           self._steps, self._pg_seq, self._last_change, self._last_step)
-        struct.pack_into("<Q", self._buf, 8, self._gen * 2)
+        _GEN.pack_into(self._buf, 8, odd + 1)
 
     def enter(self, op: str, nbytes: int, group_size: int, pg_seq: int = -1) -> int:
         now = time.monotonic_ns()
-        code = OP_CODES.get(op, OP_CODES["other"])
+        code = OP_CODES.get(op, _OTHER)
         with self._lock:
             self._entered += 1
             seq = self._entered
@@ -134,24 +139,20 @@ class ProgressWriter:
             if pg_seq >= 0:
                 self._pg_seq = pg_seq
             self._last_change = now
-            struct.pack_into("<Q", self._buf, 8, self._gen * 2 + 1)  # odd before the ring entry changes too
+            _GEN.pack_into(self._buf, 8, self._gen * 2 + 1)  # odd before the ring entry changes too
             _ENTRY.pack_into(self._buf, _HEADER.size + (seq % RING) * _ENTRY.size, seq, code, group_size, nbytes, now, 0)
-            self._open[seq] = (code, group_size, nbytes, now)
             self._write_header()
         return seq
 
     def leave(self, seq: int) -> None:
         now = time.monotonic_ns()
         with self._lock:
-            info = self._open.pop(seq, None)
             self._completed += 1
             self._in = max(0, self._in - 1)
             self._last_change = now
-            if info is not None:
-                code, gsize, nbytes, entered = info
-                struct.pack_into("<Q", self._buf, 8, self._gen * 2 + 1)
-                _ENTRY.pack_into(self._buf, _HEADER.size + (seq % RING) * _ENTRY.size, seq, code, gsize, nbytes,
-                                 entered, now)
+            if seq > self._entered - RING:  # its ring entry is still its own: only its left_ns changes
+                _GEN.pack_into(self._buf, 8, self._gen * 2 + 1)
+                _GEN.pack_into(self._buf, _HEADER.size + (seq % RING) * _ENTRY.size + _LEFT_AT, now)
             if self._in == 0:
                 self._op = 0
                 self._nbytes = 0

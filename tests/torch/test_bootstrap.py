@@ -142,21 +142,21 @@ def test_progress_record_counts_every_collective_and_step(scout_run):
         assert (view.rank, view.world_size) == (rank, 2)
         assert view.opt_steps == 20
         # the job's: per step one DDP bucket and one logging all_reduce (40); scout's own on its side group,
-        # recorded as scout_vote: the checkpoint-agreement flag per step (20) and once more at
-        # destroy_process_group (the step-20 save), one signature exchange per save (2), and the
-        # end-of-training state vote at destroy_process_group (1: 20 steps, no periodic vote at K = 50)
-        assert view.coll_entered == view.coll_completed == 40 + 20 + 1 + 2 + 1
+        # recorded as scout_vote: none during the 20 steps (the checkpoint exchange rides on the vote steps,
+        # none at K = 50), then at destroy_process_group the checkpoint flag (1) and one signature exchange
+        # for both saves (1), and the end-of-training state vote (1)
+        assert view.coll_entered == view.coll_completed == 40 + 1 + 1 + 1
         assert view.recent[-1].op == "scout_vote"  # the last: the end-of-training vote
-        assert view.recent[-2].op == "scout_vote"  # before it: the step-20 save's exchange
+        assert view.recent[-2].op == "scout_vote"  # before it: the saves' exchange
         assert not view.in_collective and view.current_op == "none"
         assert not view.active  # atexit marked the record as finished
         ops = [e.op for e in view.recent]
-        assert [e.seq for e in view.recent] == list(range(1, 65))
+        assert [e.seq for e in view.recent] == list(range(1, 44))
         assert [op for op in ops if op != "scout_vote"] == ["ddp_bucket_all_reduce", "all_reduce"] * 20
-        assert ops.count("scout_vote") == 24
-        # the per-step flag is one int64 summed over the side group, not one per rank gathered
-        # (at 100k ranks: 800 KB and 100k output tensors a step); the two exchanges after a save gather
-        assert [e.nbytes for e in view.recent if e.op == "scout_vote"].count(8) == 21
+        assert ops.count("scout_vote") == 3
+        # the flag is one int64 summed over the side group, not one per rank gathered
+        # (at 100k ranks: 800 KB and 100k output tensors); the exchange after the saves gathers
+        assert [e.nbytes for e in view.recent if e.op == "scout_vote"].count(8) == 1
         assert {e.nbytes for e in view.recent if e.op == "all_reduce"} == {4}
         assert all(e.left_ns >= e.entered_ns > 0 for e in view.recent)
     assert [(e.seq, e.op, e.nbytes) for e in read_progress(run_dir, 0).recent] == \
@@ -207,9 +207,9 @@ def test_user_comm_hook_composes_and_dot_saves_write_no_note(tmp_path):
         view = read_progress(tmp_path, rank)
         assert view.opt_steps == 4
         # the user's hook calls dist.all_reduce itself: still one entry per bucket, not two
-        # (and scout's own: 4 checkpoint-agreement flags, then flag and signatures for final.pt at the end,
+        # (and scout's own: the checkpoint flag and signatures for final.pt at the end, no flag per step,
         # and the end-of-training vote)
-        assert view.coll_entered == view.coll_completed == 8 + 4 + 2 + 1
+        assert view.coll_entered == view.coll_completed == 8 + 2 + 1
         assert [e.op for e in view.recent if e.op != "scout_vote"] == ["ddp_bucket_all_reduce", "all_reduce"] * 4
     assert (tmp_path / ".scratch.pt").exists() and (tmp_path / "final.pt").exists()
     notes = checkpoint_notes(tmp_path / "notes")

@@ -15,7 +15,7 @@ import torch
 from scout_slurm.evidence.store import read_record
 from scout_slurm.remediation.eligibility import CheckpointStatus, assess
 from scout_slurm.evidence.checkfiles import file_problem
-from scout_slurm.remediation.records import CheckpointNote
+from scout_slurm.remediation.records import Agreement, CheckpointNote
 
 def _bootstrap_helpers():
     """The rank runner of test_bootstrap.py (one copy; tests/torch is not a package: `torch` is taken)."""
@@ -109,10 +109,14 @@ def test_torch_save_resume_is_verified_bit_for_bit_and_an_altered_file_is_a_loud
     notes = {n.step: n for n in _notes(tmp_path)}
     assert sorted(notes) == [5, 10]
     five = notes[5]
-    # one rank saved; the others signed their state at the next step and agreed with it
-    assert (five.saver, five.ranks_saved, five.exchanged_at_save, five.agreement) == ("torch.save", (0,), False, "agreed")
+    # one rank saved; every rank signed its state at the next exchange (no vote in 12 steps at K = 50: the
+    # one at destroy_process_group, after step 12) and the replicas agreed there, at a step >= the save's
+    assert (five.saver, five.ranks_saved, five.exchanged_at_save) == ("torch.save", (0,), False)
+    assert five.agreement == "agreed at step 12, the first exchange after the save at step 5"
+    assert five.agreement_kind is Agreement.AGREED
     assert {s.component for s in five.signatures} >= {"model", "optimizer", "scheduler", "rng_cpu", "data"}
-    assert all(s.saved == s.majority for s in five.signatures)
+    assert all(s.agreed and len(set(s.per_rank)) == 1 for s in five.signatures if not s.component.startswith("rng"))
+    assert assess([five], {}, {}, file_problem)[0].status == CheckpointStatus.ELIGIBLE
 
     resume = dict(SCOUT_RESUME_CHECKPOINT=str(ckpt / "step-5.pt"), SCOUT_STEP_OFFSET="5", SLURM_RESTART_COUNT="1")
     b = run_ranks([*train, "--out", str(tmp_path / "b.txt")], _env(tmp_path, "b", **resume), cwd=tmp_path / "b")
@@ -193,7 +197,8 @@ def test_an_atomic_torch_save_is_recorded_under_its_final_name_and_resumed_bit_f
     assert sorted(notes) == [5, 10]
     tmp_name = {"replace": "step-5.pt.tmp", "hidden": ".step-5.pt.tmp"}[atomic]
     five = notes[5]
-    assert (five.path, five.saved_as, five.agreement) == (str(ckpt / "step-5.pt"), str(ckpt / tmp_name), "agreed")
+    assert (five.path, five.saved_as, five.agreement_kind) == (str(ckpt / "step-5.pt"), str(ckpt / tmp_name),
+                                                               Agreement.AGREED)
     assert file_problem(five) is None
     assert assess([five], {}, {}, file_problem)[0].status == CheckpointStatus.ELIGIBLE
     resume = dict(SCOUT_RESUME_CHECKPOINT=five.path, SCOUT_STEP_OFFSET="5", SLURM_RESTART_COUNT="1")

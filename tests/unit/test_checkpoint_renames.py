@@ -20,7 +20,7 @@ from scout_slurm.bootstrap.ckptstate import CheckpointWatch, files_of
 from scout_slurm.evidence.store import read_record
 from scout_slurm.evidence.checkfiles import file_problem
 from scout_slurm.remediation.eligibility import CheckpointStatus, assess
-from scout_slurm.remediation.records import CheckpointNote
+from scout_slurm.remediation.records import Agreement, CheckpointNote
 
 ORIGINALS = (os.rename, os.replace, shutil.move)
 
@@ -60,7 +60,7 @@ def save_file(path: Path, watch: CheckpointWatch, step: int, data: bytes = b"wei
 def eligible(note: CheckpointNote) -> bool:
     """Not rejected: one rank has no replica to agree with, so its record is a candidate at best."""
     status = assess([note], {}, {}, file_problem)[0].status
-    return status == (CheckpointStatus.ELIGIBLE if note.agreement == "agreed" else CheckpointStatus.CANDIDATE)
+    return status == (CheckpointStatus.ELIGIBLE if note.agreement_kind is Agreement.AGREED else CheckpointStatus.CANDIDATE)
 
 
 @pytest.mark.parametrize("how", ["os.replace", "os.rename", "Path.rename", "Path.replace"])
@@ -217,8 +217,10 @@ def test_the_pending_exchange_writes_the_final_name(tmp_path):
         ckptstate.WATCH = None
         handle.remove()
     done = read_record(dest, CheckpointNote)
+    # the exchange at step 7 (the watch's step), after the save at step 5: the replicas agreed there
     assert (done.path, done.saved_as, done.ranks_saved, done.agreement) == (
-        str(tmp_path / "step-5.pt"), str(tmp_path / "step-5.pt.tmp"), (0, 1), "agreed")
+        str(tmp_path / "step-5.pt"), str(tmp_path / "step-5.pt.tmp"), (0, 1),
+        "agreed at step 7, the first exchange after the save at step 5")
     assert file_problem(done) is None and eligible(done)
 
 

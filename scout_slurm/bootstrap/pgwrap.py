@@ -1,0 +1,107 @@
+"""A recording ProcessGroup for DDP: DDP reduces its buckets through it with its own C++ path
+(gradients scaled while they are copied into the bucket, no comm hook), and every bucket's
+all-reduce lands in the progress record as `ddp_bucket_all_reduce`, entered at launch and left
+when gloo/NCCL completes it. A rank stuck inside backward is therefore still seen inside a
+collective, as with the comm hook this replaces, without the hook's extra pass over the gradients.
+
+Python subclasses of torch's ProcessGroup are accepted by DDP (torchft does the same): the
+reducer calls `allreduce` on the object it was given, which reaches the override below; every
+other call falls through to the wrapped group's backend, registered on the wrapper.
+Imported only after torch.distributed (patches._patch_ddp)."""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable
+
+import torch
+from torch._C._distributed_c10d import ProcessGroup
+
+from scout_slurm.bootstrap.selfcost import COST, clock
+from scout_slurm.task.progress import ProgressWriter
+
+# why DDP may not get a wrapper: then scout falls back to its comm hook (patches._patch_ddp)
+_BACKENDS = {"gloo": ProcessGroup.BackendType.GLOO, "nccl": ProcessGroup.BackendType.NCCL}
+
+
+class RecordingGroup(ProcessGroup):
+    """Wraps one of the job's groups for DDP; `writer()` gives the progress record (None: not yet),
+    `passing()` is true while a user's comm hook runs (its collectives are counted by that hook)."""
+
+    def __init__(self, pg: Any, writer: Callable[[], ProgressWriter | None], passing: Callable[[], bool]) -> None:
+        super().__init__(pg.rank(), pg.size())
+        self._pg = pg
+        self._writer = writer
+        self._passing = passing
+        self._size = pg.size()
+        for device in ("cpu", "cuda"):
+            dev = torch.device(device)
+            try:
+                backend = pg._get_backend(dev)
+            except RuntimeError:  # no backend for that device in this group
+                continue
+            self._register_backend(dev, _BACKENDS.get(backend.name(), ProcessGroup.BackendType.CUSTOM), backend)
+        self._set_default_backend(_BACKENDS.get(pg._get_backend_name(), ProcessGroup.BackendType.CUSTOM))
+
+    @property
+    def wrapped(self) -> Any:
+        return self._pg
+
+    def name(self) -> str:
+        return self._pg.name()
+
+    def allreduce(self, tensors, opts=None):  # noqa: ANN001 - the reducer's call, passed on unchanged
+        inner = self._pg.allreduce(tensors, opts) if opts is not None else self._pg.allreduce(tensors)
+        w = self._writer()  # from here on scout's own work: the launch above is the job's
+        if w is None or self._passing():
+            return inner
+        timed = COST.sample()
+        t0 = clock() if timed else 0
+        t = tensors[0]
+        seq = w.enter("ddp_bucket_all_reduce", t.numel() * t.element_size(), self._size,
+                      self._pg._get_sequence_number_for_group())
+        inner.get_future().add_done_callback(lambda _f, w=w, seq=seq, timed=timed: _left(w, seq, timed))
+        if timed:
+            COST.sampled_ns += clock() - t0
+        return inner
+
+
+def _left(w: ProgressWriter, seq: int, timed: bool) -> None:
+    if not timed:
+        w.leave(seq)
+        return
+    t0 = clock()
+    w.leave(seq)
+    COST.sampled_ns += clock() - t0
+
+
+_RECORDING: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # id of a wrapped group -> its wrapper
+
+
+def recording(pg: Any) -> RecordingGroup | None:
+    """The wrapper made for `pg`, while it lives."""
+    return _RECORDING.get(id(pg))
+
+
+def wrap(pg: Any, writer: Callable[[], ProgressWriter | None], passing: Callable[[], bool]) -> Any:
+    """The recording wrapper around `pg`: one per group, shared by every DDP built on it."""
+    if isinstance(pg, RecordingGroup):
+        return pg
+    group = recording(pg)
+    if group is None or group.wrapped is not pg:  # (an id outlives its group only when the wrapper did not)
+        group = RecordingGroup(pg, writer, passing)
+        _register_like(group, pg)
+        _RECORDING[id(pg)] = group
+    return group
+
+
+def _register_like(group: Any, pg: Any) -> None:
+    """torch.distributed's tables know the wrapper as the group it wraps, so a user's comm hook or
+    code calling dist.* with `ddp.process_group` works as with the group it passed."""
+    from torch.distributed import distributed_c10d as c10d
+    world = c10d._world
+    # not pg_names: destroy_process_group shuts down every group named there, and the wrapped one is
+    # shut down once, as itself
+    for table in (world.pg_map, world.pg_group_ranks, world.pg_backend_config):
+        if pg in table:
+            table[group] = table[pg]

@@ -1,0 +1,52 @@
+"""DDP under scout reduces through its own C++ path (a recording wrapper of its group, no comm hook)
+and gives plain DDP's bits at world sizes 2, 3 and 4, with several buckets in flight; each bucket
+is still in the progress record."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from scout_slurm.evidence.records import ScoutCost
+from scout_slurm.evidence.store import read_record
+
+from tests.torch.test_bootstrap import JOBS, bare_env, read_progress, run_ranks, scout_env
+
+pytestmark = [pytest.mark.torch]
+JOB = JOBS / "ddp_buckets.py"
+
+
+def _outputs(folder: Path, world: int) -> list[str]:
+    return [(folder / f"final-rank-{r}.txt").read_text().split() for r in range(world)]
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_ddp_under_scout_gives_plain_ddps_bits(tmp_path, world):
+    argv = [str(JOB), "--steps", "5", "--out", "final"]
+    plain = run_ranks(argv, bare_env(), cwd=tmp_path / "bare", world=world, deadline_s=100)
+    run_dir = tmp_path / "scout" / "run"
+    for d in ("findings", "ranks"):  # as scout-task prepares them
+        (run_dir / d).mkdir(parents=True)
+    scout = run_ranks(argv, scout_env(tmp_path / "scout", SCOUT_RUN_DIR=str(run_dir)), cwd=tmp_path / "scout",
+                      world=world, deadline_s=100)
+    for r in (*plain, *scout):
+        assert r.returncode == 0, f"rank {r.rank} exited {r.returncode}\n{r.stderr}"
+    bare, hooked = _outputs(tmp_path / "bare", world), _outputs(tmp_path / "scout", world)
+    assert len({b[0] for b in bare}) == 1  # DDP's replicas hold the same bytes
+    assert [h[0] for h in hooked] == [b[0] for b in bare]  # and scout's the same as plain DDP's
+    # DDP's own reduction path: no comm hook, the buckets through scout's recording wrapper
+    assert {tuple(h[1:]) for h in hooked} == {("hooks=0", "group=RecordingGroup")}
+    assert {tuple(b[1:]) for b in bare} == {("hooks=0", "group=ProcessGroup")}
+    for rank in range(world):
+        view = read_progress(tmp_path / "scout", rank)
+        buckets = [e for e in view.recent if e.op == "ddp_bucket_all_reduce"]
+        assert view.opt_steps == 5 and view.coll_entered == view.coll_completed
+        # DDP reduces step 1 in one bucket and rebuilds its buckets after it: several a step from step 2 on
+        assert len(buckets) >= 1 + 4 * 2, [e.nbytes for e in buckets]
+        assert all(e.left_ns >= e.entered_ns > 0 for e in buckets)
+        # each rank's measure of scout's own cost: the 4 steps after the first, its buckets among the collectives
+        cost = read_record(run_dir / "ranks" / f"cost-{rank}.json", ScoutCost)
+        assert (cost.rank, cost.steps) == (rank, 4) and cost.wrapper_calls >= 4 * 2
+        assert cost.hooks_cpu_ns > 0 and cost.step_wall_ns > 0 and cost.per_step_ms > 0
