@@ -1,9 +1,9 @@
 """Record what one Slurm release really prints, on a real lab of that release, into a fixtures folder
-(tests/fixtures/slurm-<release>/), plus what was measured about it (`measured.json`): hook
+(tests/fixtures/slurm-<release>/scenario/), plus what was measured about it (`measured.json`): hook
 environments, requeue and ExcNodeList behaviour, drain-reason limits, `scontrol --json`, `sacct`
 without slurmdbd, `sinfo --version`.
 
-    python -m scout_slurm.lab.record --slurm 24.11 tests/fixtures/slurm-24.11
+    python -m scout_slurm.lab.record --slurm 24.11 tests/fixtures/slurm-24.11/scenario
 """
 
 from __future__ import annotations
