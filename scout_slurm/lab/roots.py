@@ -238,3 +238,20 @@ def unmount_view(view: Path) -> list[str]:
             raise LabError(f"lab down: could not unmount {', '.join(still)}")
         log.warning("lab.lazy_unmount", targets=left)
     return done
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m scout_slurm.lab.roots 24.11 26.05`: build what is missing, print each root's record
+    (CI runs this before the tests so the build time shows on its own line)."""
+    for version in (argv if argv is not None else sys.argv[1:]):
+        check_version(version)
+        t0 = time.monotonic()
+        root = ensure_root(version, echo=print)
+        rec = root_record(version)
+        print(f"slurm root {version}: {root}, Slurm {rec.get('slurm')}, {rec.get('bytes', 0) / 1e6:.0f} MB, "
+              f"built in {rec.get('build_s')} s; ready after {time.monotonic() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -3,14 +3,11 @@ suspect node, requeue the job without it, and the rerun resumes from its checkpo
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 
 import pytest
 
 import scoutjobs as sj
-from scout_slurm.slurm import ops
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]
 
