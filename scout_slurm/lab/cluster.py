@@ -731,7 +731,8 @@ class Lab:
                 binds = roots._outermost([*binds, p.root])
             if self.spec.netns:
                 p.hosts.write_text(render_hosts(self.spec, controller_host=socket.gethostname().split(".")[0]))
-            roots.mount_view(root, p.rootfs, binds=binds, hosts=p.hosts if self.spec.netns else Path("/etc/hosts"))
+            roots.mount_view(root, p.rootfs, binds=binds, hosts=p.hosts if self.spec.netns else Path("/etc/hosts"),
+                             python=self.spec.python)
             bins = check_binaries(p.rootfs)
         os.chmod(p.root, 0o755)
         os.chmod(p.munge_dir, 0o711)  # munge clients must reach the socket: o+x

@@ -135,7 +135,14 @@ def python_paths(python: str) -> list[Path]:
     project = Path(scout_slurm.__file__).resolve().parents[1]
     stdlib = Path(os.__file__).resolve().parent
     real = Path(os.path.realpath(python))
-    return _outermost([Path(sys.prefix), project, stdlib, real])
+    return _outermost([venv_of(python), project, stdlib, real])
+
+
+def venv_of(python: str) -> Path:
+    """The environment `python` belongs to: its venv (the folder above bin/ holding pyvenv.cfg), else
+    its install prefix."""
+    above = Path(python).absolute().parent.parent
+    return above if (above / "pyvenv.cfg").exists() else Path(sys.prefix)
 
 
 def _outermost(paths: list[Path]) -> list[Path]:
@@ -164,7 +171,7 @@ def _mount_point(view: Path, outside: Path) -> Path:
     return inside
 
 
-def mount_view(root: Path, view: Path, *, binds: list[Path], hosts: Path) -> None:
+def mount_view(root: Path, view: Path, *, binds: list[Path], hosts: Path, python: str) -> None:
     """Bind `root` at `view`, private, then what the daemons, hooks and jobs need inside it."""
     if mounts_under(view):
         raise LabError(f"lab: {view} still has mounts; run `scout lab down` on its lab first")
@@ -175,7 +182,7 @@ def mount_view(root: Path, view: Path, *, binds: list[Path], hosts: Path) -> Non
     _mount("--bind", "/sys", str(view / "sys"))
     _mount("--rbind", "/dev", str(view / "dev"))
     _mount("--make-rslave", str(view / "dev"))
-    _link_interpreter(view, binds)
+    _link_interpreter(view, binds, python)
     for outside in [Path("/tmp"), *binds]:
         _mount("--bind", str(outside), str(_mount_point(view, outside)))
     for name, outside in (("passwd", Path("/etc/passwd")), ("group", Path("/etc/group")), ("hosts", hosts)):
@@ -185,10 +192,10 @@ def mount_view(root: Path, view: Path, *, binds: list[Path], hosts: Path) -> Non
         _mount("--bind", str(outside), str(inside))
 
 
-def _link_interpreter(view: Path, binds: list[Path]) -> None:
-    """The venv's `python3 -> /usr/bin/python3 -> python3.11` chain: the links the root lacks are
-    made in the root (the last target is bind-mounted there)."""
-    link = Path(sys.prefix) / "bin" / "python3"
+def _link_interpreter(view: Path, binds: list[Path], python: str) -> None:
+    """The venv's `python -> python3 -> /usr/bin/python3 -> python3.11` chain: the links the root
+    lacks are made in the root (the last target is bind-mounted there)."""
+    link = Path(python).absolute()
     for _ in range(8):
         if not link.is_symlink():
             return

@@ -99,3 +99,27 @@ def test_lab_down_leaves_no_process_mount_or_namespace(release_lab, tmp_path):
     assert mounts_under(cache_dir() / release_lab.spec.slurm) == []
     assert mounts_under(release_lab.paths.rootfs)
     assert ops.node_info("n1", timeout=20, env=release_lab.client_env()).name == "n1"
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(180)
+def test_netns_lab_of_the_release(release_lab, tmp_path):
+    """--netns on the release: each node's own hostname and address (gloo resolves them inside the
+    root through the lab's hosts file); down removes the namespaces, mounts and processes."""
+    from conftest import up_or_skip
+    small = Lab(LabSpec(state_dir=tmp_path / "netns", nodes=2, port_base=free_port_base(4), python=sys.executable,
+                        slurm=release_lab.spec.slurm, netns=True))
+    try:
+        up_or_skip(small)
+        env = small.client_env()
+        script = (f"#!/bin/bash\nsrun -l {sys.executable} -c "
+                  "'import socket, torch; print(socket.gethostname(), socket.gethostbyname(socket.gethostname()))'\n")
+        job = ops.submit_batch(script, ["-N2", "--ntasks-per-node=1", f"-o{small.paths.work}/out-%j",
+                                        f"--chdir={small.paths.work}"], timeout=20, env=env, user=small.job_user)
+        info = sj.wait_completed(small, job, timeout=150)
+        out = sorted((small.paths.work / f"out-{job}").read_text().split("\n"))
+        assert info.state == "COMPLETED", out
+        assert [line for line in out if line] == ["0: n1 10.213.0.11", "1: n2 10.213.0.12"]
+    finally:
+        small.down()
+    assert leftovers(small) == {"processes": [], "mounts": [], "namespaces": []}
