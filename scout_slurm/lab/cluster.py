@@ -710,8 +710,13 @@ class Lab:
                 raise LabError(f"lab --netns: at most {NETNS_MAX_NODES} nodes (got {self.spec.nodes})")
             if len(_bridge_alias(self.paths.root)) > 250:
                 raise LabError(f"lab --netns: state folder path too long: {self.paths.root}")
+        ran_before = self._read_lab_json()
         self.down()
         p = self.paths
+        if ran_before and ran_before.get("slurm", "") != version and p.spool.exists():
+            # an older slurmctld cannot read a newer one's state files (it exits at once): another
+            # release on this state folder starts from empty state
+            shutil.rmtree(p.spool)
         # a daemon that cannot bind dies after forking, and our clients would reach whatever
         # holds the port instead: refuse up front
         ports = range(self.spec.port_base, self.spec.port_base + self.spec.nodes + 1)

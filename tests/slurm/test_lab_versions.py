@@ -1,6 +1,6 @@
 """Issue 21: scout on the Slurm releases sites run. On each release of --slurm-releases (default
 24.11 and 26.05, one lab each, run from a cached Debian root): the crash and hang loops drain,
-requeue and resume; `scout map` after the job; a hostile drain reason read back exactly; every
+requeue and resume; `scout map` of both runs after the job; a hostile drain reason read back exactly; every
 Slurm call through the door runs the lab's own binaries; `scout lab down` leaves nothing."""
 
 from __future__ import annotations
@@ -48,8 +48,20 @@ def test_hostile_drain_reason_is_read_back_exactly(release_lab, clean_release_dr
 @pytest.mark.torch
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_crash_loop(release_lab, clean_release_drains):
-    sj.closed_loop(release_lab, "exit,rank=2,step=25,code=3", 2, "crash")
+def test_crash_loop_then_map(release_lab, clean_release_drains):
+    """The crash loop, then `scout map` of both runs after the job ended (one job for both: CI time)."""
+    job, _ = sj.closed_loop(release_lab, "exit,rank=2,step=25,code=3", 2, "crash")
+    maps = {}
+    for restart in (0, 1):
+        res = subprocess.run([sys.executable, "-m", "scout_slurm.cli", "map", str(job), "--restart", str(restart),
+                              "--json"], capture_output=True, text=True, env=release_lab.client_env(), timeout=60)
+        assert res.returncode == 0, res.stderr
+        ranks = {r["rank"]: (r["node"], r["local_rank"]) for r in json.loads(res.stdout)["ranks"]}
+        places = sj.places(release_lab, job, restart)
+        assert ranks == {rank: (p.node, rank % 2) for rank, p in places.items()} and sorted(ranks) == [0, 1, 2, 3]
+        maps[restart] = {node for node, _ in ranks.values()}
+    drained = sj.places(release_lab, job, 0)[2].node
+    assert drained in maps[0] and drained not in maps[1] and len(maps[1]) == 2
 
 
 @pytest.mark.torch
@@ -57,21 +69,6 @@ def test_crash_loop(release_lab, clean_release_drains):
 @pytest.mark.timeout(300)
 def test_hang_loop(release_lab, clean_release_drains):
     sj.closed_loop(release_lab, "sleep,rank=1,step=25", 1, "hang")
-
-
-@pytest.mark.torch
-@pytest.mark.timeout(180)
-def test_map_after_the_job(release_lab):
-    job = sj.submit(release_lab, sj.batch_script(release_lab, train_args="--steps 10"))
-    info = sj.wait_completed(release_lab, job)
-    assert info.state == "COMPLETED"
-    res = subprocess.run([sys.executable, "-m", "scout_slurm.cli", "map", str(job), "--json"], capture_output=True,
-                         text=True, env=release_lab.client_env(), timeout=60)
-    assert res.returncode == 0, res.stderr
-    ranks = {r["rank"]: r for r in json.loads(res.stdout)["ranks"]}
-    nodes = sorted(info.nodes, key=lambda n: int(n[1:]))
-    assert sorted(ranks) == [0, 1, 2, 3]
-    assert all(row["node"] == nodes[rank // 2] and row["local_rank"] == rank % 2 for rank, row in ranks.items())
 
 
 @pytest.mark.timeout(180)
