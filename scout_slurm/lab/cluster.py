@@ -185,7 +185,8 @@ def lab_site_config(spec: LabSpec) -> SiteConfig:
 def check_binaries(view: Path | None = None) -> dict[str, list[str]]:
     """argv prefix of each daemon and tool the lab starts: the host's, or `chroot VIEW /usr/sbin/X`."""
     if view is not None:
-        return {name: ["chroot", str(view), f"/usr/sbin/{name}" if (view / "usr/sbin" / name).exists()
+        chroot = shutil.which("chroot", path="/usr/sbin:/usr/bin:/sbin:/bin") or "/usr/sbin/chroot"
+        return {name: [chroot, str(view), f"/usr/sbin/{name}" if (view / "usr/sbin" / name).exists()
                        else f"/usr/bin/{name}"] for name in REQUIRED_BINARIES}
     found, missing = {}, []
     for name, pkg in REQUIRED_BINARIES.items():
@@ -733,7 +734,7 @@ class Lab:
             self._write_lab_json(None, started=None, slurm=version)  # down() unmounts even after a crash here
             binds = roots.python_paths(self.spec.python)
             if not p.root.is_relative_to("/tmp"):
-                binds = roots._outermost([*binds, p.root])
+                binds = roots.outermost([*binds, p.root])
             if self.spec.netns:
                 p.hosts.write_text(render_hosts(self.spec, controller_host=socket.gethostname().split(".")[0]))
             roots.mount_view(root, p.rootfs, binds=binds, hosts=p.hosts if self.spec.netns else Path("/etc/hosts"),

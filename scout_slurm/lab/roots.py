@@ -135,7 +135,7 @@ def python_paths(python: str) -> list[Path]:
     project = Path(scout_slurm.__file__).resolve().parents[1]
     stdlib = Path(os.__file__).resolve().parent
     real = Path(os.path.realpath(python))
-    return _outermost([venv_of(python), project, stdlib, real])
+    return outermost([venv_of(python), project, stdlib, real])
 
 
 def venv_of(python: str) -> Path:
@@ -145,7 +145,7 @@ def venv_of(python: str) -> Path:
     return above if (above / "pyvenv.cfg").exists() else Path(sys.prefix)
 
 
-def _outermost(paths: list[Path]) -> list[Path]:
+def outermost(paths: list[Path]) -> list[Path]:
     out: list[Path] = []
     for p in sorted({p.resolve() for p in paths}, key=lambda p: len(p.parts)):
         if not any(p.is_relative_to(q) for q in out):

@@ -122,3 +122,25 @@ def test_sacct_c_without_slurmdbd(release):
 
 def test_excnodelist_update_replaces_on_every_release(release):
     assert measured(release)["excnodelist_second_update_gives"] == ["n2"]
+
+
+@pytest.mark.parametrize("text, release, nodes_command", [
+    ("slurm-wlm 22.05.8", (22, 5), "sinfo"), ("slurm 23.02.7", (23, 2), "scontrol"),
+    ("slurm-wlm 24.11.5", (24, 11), "scontrol"), ("slurm 26.05.5\n", (26, 5), "scontrol")])
+def test_dialect_of_version_texts(text, release, nodes_command):
+    d = dialect_of(text)
+    assert (d.release, d.nodes_json[0]) == (release, nodes_command)
+
+
+def test_dialect_of_garbage_names_the_input():
+    with pytest.raises(SlurmError, match="cannot read a Slurm release from `sinfo --version`: 'slurm-wlm'"):
+        dialect_of("slurm-wlm")
+
+
+def test_door_refuses_a_root_without_slurm(tmp_path):
+    from scout_slurm.errors import SlurmNotInstalled
+    from scout_slurm.slurm.door import run_slurm
+    with pytest.raises(SlurmNotInstalled, match=f"SCOUT_SLURM_ROOT='{tmp_path}' is not a Slurm root"):
+        run_slurm("sinfo", ["--version"], timeout=5, env={"SCOUT_SLURM_ROOT": str(tmp_path)})
+    with pytest.raises(SlurmNotInstalled, match="is not a Slurm root"):
+        run_slurm("sinfo", ["--version"], timeout=5, env={"SCOUT_SLURM_ROOT": "relative/root"})
