@@ -57,8 +57,8 @@ def record(version: str, out: Path, state_dir: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     lab = Lab(LabSpec(state_dir=state_dir, nodes=3, port_base=free_port_base(5), python=sys.executable,
                       slurm=version, site_users=False))
-    lab.up()
     try:
+        lab.up()
         for name in ("prolog", "epilog", "epilog-slurmctld"):
             (lab.paths.hooks / name).write_text(_ENV_HOOK.format(work=lab.paths.work, name=name))
         return _scenario(Recorder(lab, out))
