@@ -47,6 +47,12 @@ _state_dir = click.option("--state-dir", type=click.Path(file_okay=False, path_t
                           help="Folder holding the lab's config, logs, pid files and spool.")
 
 
+_slurm_release = click.option(
+    "--slurm", default="", metavar="RELEASE",
+    help="Slurm release: 24.11 or 26.05 run from a Debian root built once into /var/cache/scout-slurm/roots "
+         "(mmdebstrap, about 180 MB each); default: this machine's own Slurm.")
+
+
 @lab.command("up")
 @click.option("--nodes", type=click.IntRange(1, 64), default=4, show_default=True)
 @click.option("--port-base", type=click.IntRange(1024, 65000), default=DEFAULT_PORT_BASE, show_default=True,
@@ -54,16 +60,19 @@ _state_dir = click.option("--state-dir", type=click.Path(file_okay=False, path_t
 @click.option("--netns", is_flag=True,
               help="One network namespace per node (own hostname n1.., address 10.213.0.10+i, bridge scoutbr0); "
                    "needs root with CAP_NET_ADMIN and CAP_SYS_ADMIN. Default: every node a `slurmd -N` on 127.0.0.1.")
+@_slurm_release
 @_state_dir
-def lab_up(nodes: int, port_base: int, netns: bool, state_dir: Path) -> None:
+def lab_up(nodes: int, port_base: int, netns: bool, slurm: str, state_dir: Path) -> None:
     """Start (or restart) the lab; prints the `export` lines a shell needs to use it."""
     from scout_slurm.lab.cluster import NETNS_CTL_ADDR, Lab, LabSpec
-    cluster = Lab(LabSpec(state_dir=state_dir, nodes=nodes, port_base=port_base, python=sys.executable, netns=netns))
+    cluster = Lab(LabSpec(state_dir=state_dir, nodes=nodes, port_base=port_base, python=sys.executable, netns=netns,
+                          slurm=slurm))
     cluster.up()
     where = f"{NETNS_CTL_ADDR}:{port_base} (netns mode, bridge scoutbr0)" if netns else f"127.0.0.1:{port_base}"
-    click.echo(f"lab up: {nodes} nodes in {cluster.paths.root}, slurmctld on {where}", err=True)
-    click.echo(f"export SCOUT_CONFIG={shlex.quote(str(cluster.paths.scout_conf))}")
-    click.echo(f"export SLURM_CONF={shlex.quote(str(cluster.paths.slurm_conf))}")
+    click.echo(f"lab up: {nodes} nodes in {cluster.paths.root}, slurmctld on {where}, {cluster.slurm_version()}",
+               err=True)
+    for key, value in cluster.exports().items():
+        click.echo(f"export {key}={shlex.quote(value)}")
 
 
 @lab.command("down")
@@ -254,11 +263,13 @@ def undrain(node: str, dry_run: bool, config_path: str | None) -> None:
 @click.option("--nodes", type=click.IntRange(3, 16), default=4, show_default=True)
 @click.option("--port-base", type=click.IntRange(1024, 65000), default=16800, show_default=True)
 @click.option("--keep", is_flag=True, help="Leave the lab cluster running afterwards.")
+@_slurm_release
 @_state_dir
-def demo(fault: str, nodes: int, port_base: int, keep: bool, state_dir: Path) -> None:
+def demo(fault: str, nodes: int, port_base: int, keep: bool, slurm: str, state_dir: Path) -> None:
     """The main job end to end on a local cluster: fault, verdict, drain, requeue, resumed run."""
     from scout_slurm.lab.demo import run_demo
-    code = run_demo(state_dir=state_dir, fault=fault, keep=keep, echo=click.echo, nodes=nodes, port_base=port_base)
+    code = run_demo(state_dir=state_dir, fault=fault, keep=keep, echo=click.echo, nodes=nodes, port_base=port_base,
+                    slurm=slurm)
     sys.exit(code)
 
 

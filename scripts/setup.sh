@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs what scout-slurm needs on a fresh Debian machine, idempotently: Slurm 22.05 and munge
-# from Debian (their daemons are not started: the lab starts its own), Chromium for the report
+# from Debian (their daemons are not started: the lab starts its own), mmdebstrap (the labs of
+# Slurm 24.11 and 26.05 run from Debian roots it builds on first use), Chromium for the report
 # test, and a virtual environment in .venv with the pinned CPU torch and this package.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 missing=0
-for bin in slurmctld slurmd sbatch scontrol munged mungekey chromium runuser; do
+for bin in slurmctld slurmd sbatch scontrol munged mungekey chromium runuser mmdebstrap; do
   command -v "$bin" >/dev/null 2>&1 || [ -x "/usr/sbin/$bin" ] || missing=1
 done
 if [ "$missing" = 1 ]; then
@@ -19,8 +20,9 @@ if [ "$missing" = 1 ]; then
   fi
   apt-get update -qq
   # iproute2: ip netns for the netns lab, tc for its slow-link test; chromium: the incident page's test renders it headless (fonts-dejavu-core: text needs one font)
+  # mmdebstrap: builds the Debian roots of the other Slurm releases (lab --slurm 24.11|26.05), once, into /var/cache/scout-slurm/roots
   apt-get install -y -qq --no-install-recommends slurm-wlm slurmctld slurmd slurm-client munge procps iproute2 python3-venv \
-    chromium chromium-driver fonts-dejavu-core >/dev/null
+    chromium chromium-driver fonts-dejavu-core mmdebstrap >/dev/null
   [ "$created_policy" = 1 ] && rm -f /usr/sbin/policy-rc.d
 fi
 

@@ -207,3 +207,51 @@ def hostile_checkpoints(lab: Lab, tag: str) -> tuple[str, tuple[str, ...]]:
            f"OTHER={other} OTHER_SIZE={other.stat().st_size} OTHER_SHA={hashlib.sha256(other.read_bytes()).hexdigest()}")
     paths = ("/proc/kmsg", str(plant_dir / "ckpt.fifo"), "/etc/shadow", str(other), str(plant_dir / "ckpt.sparse"))
     return pre, paths
+
+
+def drained_nodes(lab: Lab) -> dict[str, str]:
+    return {n.name: n.reason for n in ops.list_nodes(timeout=10, env=lab.client_env()) if n.is_drained}
+
+
+def closed_loop(lab: Lab, inject: str, rank: int, kind: str) -> tuple[int, Path]:
+    """The closed loop (tests/slurm/test_loop.py, and on each Slurm release in test_lab_versions.py):
+    a 2x2 job with `inject`, its verdict names `rank` on its node, the node is drained, the job
+    requeued without it and resumed from step 20; `scout show` tells it. Returns (job, final file)."""
+    ckpt = lab.paths.work / f"ckpt-{kind}-{time.time_ns()}"
+    final = lab.paths.work / f"final-{kind}-{time.time_ns()}.txt"
+    script = batch_script(lab, train_args=f"--steps 40 --ckpt-dir {ckpt} --ckpt-every 10 --momentum 0.9 --out {final}",
+                             scout_args=f"--scout-stall-floor=4 --scout-inject={inject}")
+    job = submit(lab, script)
+    wait_finished(lab, job, restart=0)
+    v0 = show_json(lab, job, restart=0)
+    node = places(lab, job, 0)[rank].node
+    assert v0["kind"] == kind and [(s["rank"], s["node"]) for s in v0["suspects"]] == [(rank, node)], v0
+    drained = drained_nodes(lab)
+    assert node in drained and drained[node].startswith(f"scout: {kind} rank {rank} job {job} run 0"), drained
+    assert list(drained) == [node]
+    info = wait_completed(lab, job)
+    # a message in full: pytest cuts the repr of a tuple to a line
+    if not (info.state == "COMPLETED" and info.restart_count == 1):
+        time.sleep(3)   # the controller Epilog's verdict on the rerun, if it wrote one, says why it failed
+        vpath = folder(lab, job).verdict_path(1)
+        why = show_json(lab, job, restart=1) if vpath.exists() else "no verdict for run 1"
+        raise AssertionError(f"{info}\nrun 1: {why}\n{output(lab, job)[-6000:]}")
+    assert node in info.excluded_nodes
+    run1 = places(lab, job, 1)
+    assert len(run1) == 4 and node not in {p.node for p in run1.values()}
+    out = output(lab, job)
+    assert out.count(f"resumed from {ckpt}/step-20.pt at step 20") == 4, out[-3000:]
+    assert "rank 0: done" in out
+    acts = actions(lab, job, 0)
+    assert acts.status.value == "applied"
+    assert [a.kind.value for a in acts.actions] == ["drain", "requeue", "exclude", "resume_from"]
+    # scout show tells the story of the failed run: verdict, suspects, actions
+    text = subprocess.run([sys.executable, "-m", "scout_slurm.cli", "show", str(job), "--restart", "0"],
+                          capture_output=True, text=True, env=lab.client_env(), timeout=60).stdout
+    assert f"rank {rank} on node {node}: {kind}" in text and f"[done] drain node {node}" in text
+    assert f"[done] requeue job {job}" in text and "step-20.pt" in text
+    assert show_json(lab, job, restart=1)["kind"] == "clean"
+    failed_at = verdict(lab, job, 0).first_failure_at
+    rerun_at = min(p.started_at for p in run1.values())
+    print(f"\nLOOP {kind}: failure -> rerun started on other nodes in {rerun_at - failed_at:.1f} s")
+    return job, final

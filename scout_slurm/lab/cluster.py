@@ -36,6 +36,8 @@ from scout_slurm.config import (DrainConfig, EpilogConfig, EvidenceConfig, Remed
                                 WatchdogConfig, render_toml)
 from scout_slurm.errors import LabError, SlurmError
 from scout_slurm.lab import DEFAULT_PORT_BASE, default_state_dir
+from scout_slurm.lab import roots
+from scout_slurm.slurm.door import SLURM_ROOT_ENV
 from scout_slurm.log import get_logger
 
 log = get_logger("scout.lab")
@@ -80,6 +82,9 @@ class LabSpec:
     site_users: bool = True
     slurm_user: str = "slurm"
     job_users: tuple[str, ...] = ("scout-u1", "scout-u2")
+    # a Slurm release other than the host's ("24.11", "26.05"): its daemons, clients and munge run
+    # from a Debian root of that release (lab.roots), chrooted; "" = the host's own Slurm
+    slurm: str = ""
 
     def node_names(self) -> list[str]:
         return [f"n{i}" for i in range(1, self.nodes + 1)]
@@ -159,6 +164,8 @@ class LabPaths:
     def work(self) -> Path: return self.root / "work"
     @property
     def hosts(self) -> Path: return self.etc / "hosts"
+    @property
+    def rootfs(self) -> Path: return self.root / "rootfs"
 
 
 def lab_site_config(spec: LabSpec) -> SiteConfig:
@@ -180,12 +187,17 @@ def lab_site_config(spec: LabSpec) -> SiteConfig:
     )
 
 
-def check_binaries() -> dict[str, str]:
+def check_binaries(view: Path | None = None) -> dict[str, list[str]]:
+    """argv prefix of each daemon and tool the lab starts: the host's, or `chroot VIEW /usr/sbin/X`."""
+    if view is not None:
+        chroot = shutil.which("chroot", path="/usr/sbin:/usr/bin:/sbin:/bin") or "/usr/sbin/chroot"
+        return {name: [chroot, str(view), f"/usr/sbin/{name}" if (view / "usr/sbin" / name).exists()
+                       else f"/usr/bin/{name}"] for name in REQUIRED_BINARIES}
     found, missing = {}, []
     for name, pkg in REQUIRED_BINARIES.items():
         p = shutil.which(name, path=os.environ.get("PATH", "") + ":/usr/sbin:/usr/bin:/sbin")
         if p:
-            found[name] = p
+            found[name] = [p]
         else:
             missing.append(f"{name} (Debian package {pkg})")
     if missing:
@@ -400,6 +412,20 @@ def _processes_using(root: Path) -> list[int]:
                 continue
         if hit:
             found.append(pid)
+    return found
+
+
+def _processes_in_root(view: Path) -> list[int]:
+    """Pids whose root directory is `view` (they were chrooted into this lab's root)."""
+    target = str(view.resolve())
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                if os.readlink(f"/proc/{entry}/root") == target:
+                    found.append(int(entry))
+            except OSError:
+                continue
     return found
 
 
@@ -655,15 +681,33 @@ class Lab:
 
     # -- environment for clients -------------------------------------------------------
     def client_env(self) -> dict[str, str]:
+        """What a Slurm client needs to reach this lab; with another release, SCOUT_SLURM_ROOT makes
+        the door run that root's clients."""
         env = dict(os.environ)
+        env.pop(SLURM_ROOT_ENV, None)
+        if self._read_lab_json().get("slurm"):
+            env[SLURM_ROOT_ENV] = str(self.paths.rootfs)
         env["SLURM_CONF"] = str(self.paths.slurm_conf)
         env["SCOUT_CONFIG"] = str(self.paths.scout_conf)
         env["PATH"] = os.path.dirname(self.spec.python) + ":" + env.get("PATH", "/usr/bin:/bin")
         return env
 
+    def exports(self) -> dict[str, str]:
+        """The variables a shell needs to use this lab (what `scout lab up` prints as exports)."""
+        env = self.client_env()
+        keys = ("SCOUT_CONFIG", "SLURM_CONF", SLURM_ROOT_ENV)
+        return {k: env[k] for k in keys if k in env}
+
+    def slurm_version(self) -> str:
+        """`sinfo --version` of the running lab ("slurm 24.11.5"), through the door."""
+        from scout_slurm.slurm.door import run_slurm
+        return run_slurm("sinfo", ["--version"], timeout=20, env=self.client_env()).stdout.strip()
+
     # -- lifecycle ----------------------------------------------------------------------
     def up(self, *, wait_s: float = 60.0) -> None:
-        bins = check_binaries()
+        version = roots.check_version(self.spec.slurm)
+        root = roots.ensure_root(version) if version else None
+        bins = check_binaries() if root is None else {}
         net_bins: dict[str, str] = {}
         if self.spec.netns:
             net_bins = check_netns_binaries()
@@ -672,8 +716,13 @@ class Lab:
                 raise LabError(f"lab --netns: at most {NETNS_MAX_NODES} nodes (got {self.spec.nodes})")
             if len(_bridge_alias(self.paths.root)) > 250:
                 raise LabError(f"lab --netns: state folder path too long: {self.paths.root}")
+        ran_before = self._read_lab_json()
         self.down()
         p = self.paths
+        if ran_before and ran_before.get("slurm", "") != version and p.spool.exists():
+            # an older slurmctld cannot read a newer one's state files (it exits at once): another
+            # release on this state folder starts from empty state
+            shutil.rmtree(p.spool)
         # a daemon that cannot bind dies after forking, and our clients would reach whatever
         # holds the port instead: refuse up front
         ports = range(self.spec.port_base, self.spec.port_base + self.spec.nodes + 1)
@@ -686,6 +735,16 @@ class Lab:
             d.mkdir(parents=True, exist_ok=True)
         for name in self.spec.node_names():
             (p.spool / "nodes" / name).mkdir(parents=True, exist_ok=True)
+        if root is not None:
+            self._write_lab_json(None, started=None, slurm=version)  # down() unmounts even after a crash here
+            binds = roots.python_paths(self.spec.python)
+            if not p.root.is_relative_to("/tmp"):
+                binds = roots.outermost([*binds, p.root])
+            if self.spec.netns:
+                p.hosts.write_text(render_hosts(self.spec, controller_host=socket.gethostname().split(".")[0]))
+            roots.mount_view(root, p.rootfs, binds=binds, hosts=p.hosts if self.spec.netns else Path("/etc/hosts"),
+                             python=self.spec.python)
+            bins = check_binaries(p.rootfs)
         os.chmod(p.root, 0o755)
         os.chmod(p.munge_dir, 0o711)  # munge clients must reach the socket: o+x
         os.chmod(p.evidence, 0o755)
@@ -722,33 +781,37 @@ class Lab:
             hook.chmod(0o755)
         key = p.munge_dir / "munge.key"
         if not key.exists():
-            subprocess.run([bins["mungekey"], "--create", f"--keyfile={key}", "--force"], check=True,
+            subprocess.run([*bins["mungekey"], "--create", f"--keyfile={key}", "--force"], check=True,
                            capture_output=True, timeout=30)
         os.chmod(key, 0o400)
-        self._spawn([bins["munged"], "--force", f"--socket={p.munge_socket}", f"--key-file={key}",
+        self._spawn([*bins["munged"], "--force", f"--socket={p.munge_socket}", f"--key-file={key}",
                      f"--pid-file={p.run / 'munged.pid'}", f"--log-file={p.logs / 'munged.log'}",
                      f"--seed-file={p.munge_dir / 'munged.seed'}"], "munged")
         self._wait_for(lambda: p.munge_socket.exists(), 10, "munged socket")
         os.chmod(p.munge_socket, 0o777)
         env = self.client_env()
-        self._spawn([bins["slurmctld"], "-c", "-f", str(p.slurm_conf)], "slurmctld", env=env)
+        env.pop(SLURM_ROOT_ENV, None)  # the daemons run inside the root already
+        self._spawn([*bins["slurmctld"], "-c", "-f", str(p.slurm_conf)], "slurmctld", env=env)
         self._wait_for(lambda: _read_pid(p.run / "slurmctld.pid") is not None, 15, "slurmctld pid file")
         for name in self.spec.node_names():
             if plan is not None:
                 argv = self._netns_slurmd_argv(name, plan, bins["slurmd"], net_bins)
             else:
-                argv = [bins["slurmd"], "-N", name, "-f", str(p.slurm_conf)]
+                argv = [*bins["slurmd"], "-N", name, "-f", str(p.slurm_conf)]
             self._spawn(argv, f"slurmd {name}", env=env)
         self._users = users
-        self._write_lab_json(plan, started=time.time())
+        self._write_lab_json(plan, started=time.time(), slurm=version)
         self._wait_for(self._all_idle, wait_s, "all nodes idle")
         log.info("lab.up", state_dir=str(p.root), nodes=self.spec.node_names(), mode=self.spec.mode,
                  slurm_user=users["slurm_user"], job_users=users["job_users"])
 
-    def _write_lab_json(self, plan: dict | None, *, started: float | None) -> None:
+    def _write_lab_json(self, plan: dict | None, *, started: float | None, slurm: str = "") -> None:
         p = self.paths
         data = {"nodes": self.spec.node_names(), "port_base": self.spec.port_base, "slurm_conf": str(p.slurm_conf),
                 "mode": self.spec.mode, "started": started}
+        if slurm:
+            data["slurm"] = slurm
+            data["rootfs"] = str(p.rootfs)
         if getattr(self, "_users", None):
             data["users"] = self._users
         if plan is not None:
@@ -790,7 +853,7 @@ class Lab:
             raise
         return plan
 
-    def _netns_slurmd_argv(self, name: str, plan: dict, slurmd: str, net_bins: dict[str, str]) -> list[str]:
+    def _netns_slurmd_argv(self, name: str, plan: dict, slurmd: list[str], net_bins: dict[str, str]) -> list[str]:
         """nsenter into the node's network namespace, then a private UTS and mount namespace where the
         hostname is set and the lab's hosts file is bind-mounted over /etc/hosts (the machine's own
         file is never modified: the mount exists only in that mount namespace, private propagation)."""
@@ -803,7 +866,7 @@ class Lab:
         q = shlex.quote
         script = (f"{q(net_bins['hostname'])} {q(name)} && "
                   f"{q(net_bins['mount'])} --bind {q(str(p.hosts))} /etc/hosts && "
-                  f"exec {q(slurmd)} -N {q(name)} -f {q(str(p.slurm_conf))}")
+                  f"exec {shlex.join(slurmd)} -N {q(name)} -f {q(str(p.slurm_conf))}")
         return [net_bins["nsenter"], f"--net=/run/netns/{plan['nodes'][name]['netns']}",
                 net_bins["unshare"], "--uts", "--mount", "--propagation", "private",
                 net_bins["sh"], "-c", script]
@@ -833,6 +896,12 @@ class Lab:
             if leftovers:
                 _kill_and_wait(leftovers)
                 stopped += leftovers
+        if p.rootfs.exists():
+            # whatever runs chrooted in this lab's root (job steps, their children) is the lab's
+            inside = _processes_in_root(p.rootfs)
+            if inside:
+                _kill_and_wait(inside)
+                stopped += inside
         info = self._read_lab_json()
         plan = info.get("netns")
         if isinstance(plan, dict) and not info.get("network_removed"):
@@ -845,6 +914,8 @@ class Lab:
             tmp = p.lab_json.with_suffix(".json.tmp")
             tmp.write_text(json.dumps(info, indent=1))
             tmp.replace(p.lab_json)
+        if roots.mounts_under(p.rootfs):
+            roots.unmount_view(p.rootfs)
         if p.run.exists():
             for pidfile in p.run.glob("*.pid"):
                 pidfile.unlink(missing_ok=True)

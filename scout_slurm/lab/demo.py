@@ -39,12 +39,13 @@ scout-srun --scout-stall-floor={stall_floor} --scout-inject={inject} {py} {TRAIN
 
 
 def run_demo(*, state_dir: Path, fault: str, keep: bool, echo: Callable[[str], None], nodes: int = 4,
-             port_base: int = 16800, stall_floor: float = 5.0) -> int:
+             port_base: int = 16800, stall_floor: float = 5.0, slurm: str = "") -> int:
     if fault not in FAULTS:
         raise ScoutError(f"unknown fault {fault!r}; choose one of {', '.join(FAULTS)}")
-    lab = Lab(LabSpec(state_dir=state_dir, nodes=nodes, port_base=port_base, python=sys.executable))
+    lab = Lab(LabSpec(state_dir=state_dir, nodes=nodes, port_base=port_base, python=sys.executable, slurm=slurm))
     echo(f"[1/6] starting a {nodes}-node Slurm cluster in {state_dir} (slurmctld, {nodes} slurmd, munge) ...")
     lab.up()
+    echo(f"      {lab.slurm_version()}" + (f", run from the root {lab.paths.rootfs}" if slurm else ""))
     users = lab.users
     echo(f"      slurmctld runs as {users['slurm_user']}, the job as {lab.job_user or 'root'}"
          + (f" ({users['why_root']})" if users["why_root"] else "; slurmd as root, as at a site"))
@@ -102,7 +103,7 @@ def run_demo(*, state_dir: Path, fault: str, keep: bool, echo: Callable[[str], N
         return 0 if ok else 1
     finally:
         if keep:
-            echo(f"lab left running: export SLURM_CONF={lab.paths.slurm_conf} SCOUT_CONFIG={lab.paths.scout_conf}")
+            echo("lab left running: export " + " ".join(f"{k}={v}" for k, v in lab.exports().items()))
         else:
             lab.down()
             echo("lab stopped")

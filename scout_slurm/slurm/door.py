@@ -2,6 +2,11 @@
 
 Binaries are resolved once to absolute paths; argv is a list (never a shell string); every call
 has a keyword-only timeout and is logged with its argv, exit code and duration.
+
+A lab running another Slurm release (`scout lab up --slurm 24.11`) puts its root in the callers'
+environment as SCOUT_SLURM_ROOT: the door then runs that root's binaries, `chroot ROOT /usr/bin/CMD`,
+and takes the variable out of the command's environment (a job sbatch submits runs inside that
+root already, and must not chroot again).
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from scout_slurm.log import get_logger
 
 SLURM_COMMANDS = frozenset({"scontrol", "squeue", "sinfo", "sacct", "srun", "sbatch", "scancel"})
 _FALLBACK_DIRS = ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin")
+SLURM_ROOT_ENV = "SCOUT_SLURM_ROOT"
+_ROOT_BIN_DIRS = ("/usr/bin", "/usr/sbin")
 _resolved: dict[tuple[str, str], str] = {}
 log = get_logger("scout.slurm")
 
@@ -54,13 +61,51 @@ def resolve_binary(name: str, *, bin_dir: str = "", path_env: str | None = None)
     return found
 
 
-def _as_user_prefix(user: str) -> tuple[str, ...]:
+def slurm_root(env: Mapping[str, str] | None) -> str:
+    """The lab root whose Slurm to run (SCOUT_SLURM_ROOT), "" for this machine's own. Must be an
+    absolute folder holding Slurm's clients."""
+    root = (env if env is not None else os.environ).get(SLURM_ROOT_ENV, "")
+    if not root:
+        return ""
+    if not os.path.isabs(root) or not os.path.isfile(os.path.join(root, "usr/bin/scontrol")):
+        raise SlurmNotInstalled(f"{SLURM_ROOT_ENV}={root!r} is not a Slurm root (no usr/bin/scontrol in it); "
+                                "unset it, or start the lab again (`scout lab up --slurm VERSION`)")
+    return root
+
+
+def _root_binary(name: str, root: str) -> str:
+    """The path, inside `root`, of a Slurm command (or runuser)."""
+    for d in _ROOT_BIN_DIRS:
+        if os.access(os.path.join(root, d.lstrip("/"), name), os.X_OK):
+            return os.path.join(d, name)
+    raise SlurmNotInstalled(f"the Slurm root {root} has no {name!r} in {' or '.join(_ROOT_BIN_DIRS)}")
+
+
+def _chroot_prefix(root: str) -> tuple[str, ...]:
+    if not root:
+        return ()
+    chroot = shutil.which("chroot", path="/usr/sbin:/sbin:/usr/bin:/bin")
+    if not chroot:
+        raise SlurmNotInstalled("chroot (Debian package coreutils) is needed to run a lab root's Slurm; install it")
+    return (chroot, root)
+
+
+def _without_root(env: Mapping[str, str] | None) -> dict[str, str]:
+    out = dict(env if env is not None else os.environ)
+    out.pop(SLURM_ROOT_ENV, None)
+    return out
+
+
+def _as_user_prefix(user: str, root: str = "") -> tuple[str, ...]:
     """`runuser -u USER --`: a command run with that user's own credentials (root only; the lab
-    submits its jobs this way, as a site's users do)."""
+    submits its jobs this way, as a site's users do). Inside `root` when given (runuser then runs
+    after chroot: a user cannot chroot)."""
     if not user:
         return ()
     if not user.replace("-", "").replace("_", "").isalnum():
         raise SlurmError(f"refusing user name {user!r}: letters, digits, '-' and '_' only")
+    if root:
+        return (_root_binary("runuser", root), "-u", user, "--")
     runuser = shutil.which("runuser", path="/usr/sbin:/sbin:/usr/bin:/bin")
     if not runuser:
         raise SlurmNotInstalled("runuser (Debian package util-linux) is needed to run a Slurm command as "
@@ -81,11 +126,20 @@ def run_slurm(command: str, args: Sequence[str], *, timeout: float, bin_dir: str
             raise TypeError(f"Slurm argument {a!r} must be a str")
         if "\x00" in a:
             raise SlurmError(f"refusing a Slurm argument with a NUL byte: {a!r}")
-    argv = (*_as_user_prefix(as_user), resolve_binary(command, bin_dir=bin_dir), *args)
+    root = slurm_root(env)
+    if root:
+        if command not in SLURM_COMMANDS:
+            raise SlurmError(f"{command!r} is not a Slurm command scout runs; known: {', '.join(sorted(SLURM_COMMANDS))}")
+        binary = _root_binary(command, root)
+        run_env: dict[str, str] | None = _without_root(env)
+    else:
+        binary = resolve_binary(command, bin_dir=bin_dir)
+        run_env = dict(env) if env is not None else None
+    argv = (*_chroot_prefix(root), *_as_user_prefix(as_user, root), binary, *args)
     t0 = time.monotonic()
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                              env=dict(env) if env is not None else None, input=input_text,
+                              env=run_env, input=input_text,
                               stdin=None if input_text is not None else subprocess.DEVNULL)
     except subprocess.TimeoutExpired as exc:
         dt = time.monotonic() - t0
@@ -108,6 +162,11 @@ def exec_slurm(command: str, args: Sequence[str], *, env: Mapping[str, str], bin
     for a in args:
         if "\x00" in a:
             raise SlurmError(f"refusing a Slurm argument with a NUL byte: {a!r}")
+    root = slurm_root(env)
+    if root:
+        argv = [*_chroot_prefix(root), _root_binary(command, root), *args]
+        log.info("slurm.exec", argv=argv)
+        os.execve(argv[0], argv, _without_root(env))
     path = resolve_binary(command, bin_dir=bin_dir, path_env=env.get("PATH"))
     log.info("slurm.exec", argv=[path, *args])
     os.execve(path, [path, *args], dict(env))

@@ -7,6 +7,7 @@ from typing import Mapping, Sequence
 from scout_slurm.errors import SlurmError
 from scout_slurm.slurm.door import run_slurm
 from scout_slurm.slurm.hostlist import compress_hostlist
+from scout_slurm.slurm.versions import dialect
 from scout_slurm.slurm.parse import (JobInfo, NodeInfo, format_reason, parse_sacct_state, parse_scontrol_job,
                                      parse_scontrol_node, parse_sinfo_json, parse_squeue_json)
 
@@ -55,8 +56,10 @@ def job_nodes(job_id: int, *, timeout: float, env: Env = None, bin_dir: str = ""
 
 
 def list_nodes(*, timeout: float, env: Env = None, bin_dir: str = "") -> list[NodeInfo]:
-    res = run_slurm("sinfo", ["--json"], timeout=timeout, env=env, bin_dir=bin_dir)
-    return parse_sinfo_json(res.stdout)
+    """Every node, from the JSON listing this release has (versions.Dialect.nodes_json)."""
+    command, args = dialect(env, bin_dir, timeout=timeout).nodes_json
+    res = run_slurm(command, list(args), timeout=timeout, env=env, bin_dir=bin_dir)
+    return parse_sinfo_json(res.stdout, " ".join((command, *args)))
 
 
 def node_info(name: str, *, timeout: float, env: Env = None, bin_dir: str = "") -> NodeInfo:

@@ -1,5 +1,7 @@
-"""Pure parsers for what Slurm 22.05 prints: `squeue --json`, `sinfo --json`,
-`scontrol show job -o` / `show node -o`. Text or JSON in, typed records out."""
+"""Pure parsers for what Slurm prints (22.05, 24.11, 26.05, recorded in tests/fixtures/slurm-*):
+`squeue --json`, the node listings `sinfo --json` (22.05) and `scontrol show node --json` (23.02+),
+`scontrol show job -o` / `show node -o`. Text or JSON in, typed records out. Where a field's shape
+changed between releases it is read by shape; which command a release needs is `versions.Dialect`."""
 
 from __future__ import annotations
 
@@ -95,6 +97,16 @@ def _int(v: Any, default: int = 0) -> int:
     return default
 
 
+def _wait_status(v: Any) -> int:
+    """The exit code as a raw wait status: 22.05 prints it so; 23.02+ print
+    {"status": [...], "return_code": N, "signal": {"id": N, "name": ...}} (N possibly wrapped)."""
+    if isinstance(v, Mapping) and ("return_code" in v or "signal" in v):
+        sig = v.get("signal")
+        signal = _int(sig.get("id")) if isinstance(sig, Mapping) else _int(sig)
+        return (_int(v.get("return_code")) & 0xFF) << 8 | (signal & 0x7F)
+    return _int(v)
+
+
 def _state(v: Any) -> tuple[str, tuple[str, ...]]:
     if isinstance(v, list):  # later versions: ["IDLE", "DRAIN"]
         parts = [_str(x).upper() for x in v]
@@ -121,7 +133,7 @@ def parse_squeue_json(text: str) -> list[JobInfo]:
             excluded_nodes=tuple(expand_hostlist(_str(j.get("excluded_nodes")))),
             restart_count=_int(j.get("restart_cnt")),
             requeue=bool(j.get("requeue", True)),
-            exit_code=_int(j.get("exit_code")),
+            exit_code=_wait_status(j.get("exit_code")),
             comment=_str(j.get("comment")),
             user_id=_int(j.get("user_id"), -1),
             reason=_str(j.get("state_reason")),
@@ -140,11 +152,14 @@ def parse_sacct_state(text: str, job_id: int) -> str:
     return state
 
 
-def parse_sinfo_json(text: str) -> list[NodeInfo]:
-    data = _load_json(text, "sinfo --json")
+def parse_sinfo_json(text: str, what: str = "sinfo --json") -> list[NodeInfo]:
+    """One record per node from a listing with a "nodes" list: 22.05's `sinfo --json`, and
+    `scontrol show node --json` of later releases (their `sinfo --json` groups nodes instead)."""
+    data = _load_json(text, what)
     nodes = data.get("nodes")
     if not isinstance(nodes, list):
-        raise SlurmError("sinfo --json: no 'nodes' list in the output")
+        hint = " (from 23.02 on the per-node listing is `scontrol show node --json`)" if "sinfo" in data else ""
+        raise SlurmError(f"{what}: no 'nodes' list in the output{hint}")
     out = []
     for n in nodes:
         if not isinstance(n, Mapping):

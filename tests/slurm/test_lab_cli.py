@@ -61,3 +61,28 @@ def test_scout_lab_up_status_down(state_dir):
 
     after = json.loads(scout("lab", "status", "--state-dir", str(state_dir), "--json").stdout)
     assert after["daemons"] == {} and after["nodes"] == []
+
+
+def test_scout_lab_up_slurm_release_and_down(state_dir, pytestconfig):
+    """`scout lab up --slurm R`: the exports name the root the door runs Slurm from; down leaves nothing."""
+    from conftest import leftovers
+    releases = [r for r in pytestconfig.getoption("--slurm-releases").split(",") if r.strip() not in ("", "none")]
+    if not releases:
+        pytest.skip("--slurm-releases none")
+    release = releases[0]
+    port = free_port_base(3, 17000, 20000)
+    up = scout("lab", "up", "--slurm", release, "--nodes", "2", "--state-dir", str(state_dir), "--port-base", str(port))
+    assert up.returncode == 0, up.stderr
+    assert f"export SCOUT_SLURM_ROOT={state_dir / 'rootfs'}" in up.stdout.splitlines()
+    assert f"slurm-wlm {release}." in up.stderr
+    status = json.loads(scout("lab", "status", "--state-dir", str(state_dir), "--json").stdout)
+    assert [(n["name"], n["state"]) for n in status["nodes"]] == [("n1", "IDLE"), ("n2", "IDLE")]
+    down = scout("lab", "down", "--state-dir", str(state_dir))
+    assert down.returncode == 0, down.stderr
+    assert leftovers(Lab(LabSpec(state_dir=state_dir))) == {"processes": [], "mounts": [], "namespaces": []}
+
+
+def test_scout_lab_up_refuses_an_unknown_release(state_dir):
+    up = scout("lab", "up", "--slurm", "23.02", "--state-dir", str(state_dir))
+    assert up.returncode != 0
+    assert "Slurm '23.02' is not one the lab can run" in up.stderr and "24.11, 26.05" in up.stderr

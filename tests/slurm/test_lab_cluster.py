@@ -112,7 +112,9 @@ def test_drain_with_a_hostile_reason_then_resume(cluster, tmp_path):
     while not (state := node("n3", env)).is_idle:  # `idle*` (NOT_RESPONDING) for about a second
         assert time.monotonic() < deadline, f"n3 not idle 5 s after resume: {state}"
         time.sleep(0.1)
-    assert state.reason == "" and state.flags == ()
+    # Slurm 24.11.5 keeps the reason after resume (22.05.8 and 26.05.5 clear it; measured): a node
+    # is drained by its DRAIN flag, never by a reason alone
+    assert state.flags == () and state.reason == (stored if cluster.spec.slurm == "24.11" else "")
 
 
 @pytest.mark.timeout(120)
