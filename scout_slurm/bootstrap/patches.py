@@ -481,8 +481,8 @@ def _model_banner() -> None:
     elif not any(len(g) >= 2 for g in groups):
         voted = "no state votes (no two ranks hold the same state)"
     else:
-        voted = (f"voted every {c.every} steps: weights" + (f"; {skipped}" if skipped else ", optimizer state")
-                 + " and where NaN/Inf began")
+        voted = (f"voted every {c.every} steps: weights, " + ("" if skipped else "optimizer state, ")
+                 + "where NaN/Inf began" + (f" ({skipped})" if skipped else ""))
     replayed = f"replayed every {r.every} steps (layers below)" if r is not None else "in-situ replay off"
     timed = (f"step timing voted every {t.rules.every} steps" if t is not None else "timing votes off")
     sys.stderr.write(
