@@ -719,8 +719,19 @@ def _corrupt(fault: FaultSpec, optimizer: Any) -> str:
             return "optimizer has no state tensors (e.g. SGD without momentum): nothing corrupted"
         name, t = tensors[0]
     else:
-        name, t = "param0", optimizer.param_groups[0]["params"][0]
+        name, t = "param0", _first_weight(optimizer)
     return f"{fault.target} {name}" + corrupt_(t, fault, seed=1_000_003 * STATE.rank + fault.step)
+
+
+def _first_weight(optimizer: Any) -> Any:
+    """The first parameter of the model this rank holds: under DeepSpeed ZeRO the optimizer's
+    parameters are this rank's flat partition (held by no other rank), so the model's own."""
+    from scout_slurm.bootstrap.replay import inner, is_deepspeed
+    roots = STATE.consensus.modules if STATE.consensus is not None else []
+    for root in roots:
+        if is_deepspeed(root):
+            return next(inner(root).parameters())
+    return optimizer.param_groups[0]["params"][0]
 
 
 def _fire(fault: FaultSpec, optimizer: Any = None) -> None:

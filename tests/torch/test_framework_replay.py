@@ -85,3 +85,19 @@ def test_deepspeed_zero_engine_is_found_and_votes_its_weights(tmp_path, zero):
     assert f"optimizer state not voted: DeepSpeed ZeRO-{zero} partitions it" in banner, banner
     cov = _coverage(run_dir)
     assert cov["votes"] >= 2 and cov["last_clean_step"] == 12 and cov["replay_failed_rounds"] == 0, cov
+
+
+@_needs("torchtitan")
+@pytest.mark.timeout(240)
+def test_torchtitan_debug_model_fsdp2_and_mesh_discovery_on_cpu(tmp_path):
+    """TorchTitan's debug Llama-3 built, its ParallelDims mesh (dp_replicate x dp_shard = 2 x 2),
+    FSDP2 over it, and scout's replica groups read from the mesh by dimension name."""
+    from test_bootstrap import bare_env
+    env = dict(bare_env(), PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    runs = run_ranks([str(JOBS / "titan_mesh.py")], env, cwd=tmp_path / "titan", world=4, deadline_s=200)
+    for r in runs:
+        assert r.returncode == 0, r.stderr[-3000:]
+        said = json.loads(next(line for line in r.stdout.splitlines() if line.startswith("TITAN "))[6:])
+        assert said["fsdp"] and said["mesh"] == ["dp_replicate", "dp_shard"], said
+        assert said["groups"] == [[0, 2], [1, 3]], said
+        assert "dimensions ('dp_replicate', 'dp_shard')" in said["how"], said
