@@ -1,7 +1,7 @@
 """In-situ replay and replica discovery in real multi-rank jobs of the frameworks users train with
 (CPU, gloo, no Slurm): layers that take keyword arguments and return tuples or dataclasses,
 Megatron-Core's parallel layers (`(output, bias)`), a DeepSpeed ZeRO engine. The frameworks are an
-optional extra (`pip install -e '.[frameworks]'`): without one, its tests skip, saying so."""
+optional extra (`.[frameworks]`, `.[titan]`): without one, its tests skip, saying so."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from test_bootstrap import JOBS, run_ranks, scout_env  # noqa: E402
 pytestmark = [pytest.mark.torch]
 
 
-def _needs(module: str) -> pytest.MarkDecorator:
-    return pytest.mark.skipif(importlib.util.find_spec(module) is None,
-                              reason=f"{module} is not installed (pip install -e '.[frameworks]')")
+def _needs(module: str, extra: str = "frameworks") -> pytest.MarkDecorator:
+    return pytest.mark.skipif(importlib.util.find_spec(module.split(".")[0]) is None,
+                              reason=f"{module} is not installed (pip install -e '.[{extra}]')")
 
 
 def _run(tmp_path: Path, job: str, world: int, *, steps: int = 12, extra: tuple[str, ...] = (), **scout: str):
@@ -87,7 +87,7 @@ def test_deepspeed_zero_engine_is_found_and_votes_its_weights(tmp_path, zero):
     assert cov["votes"] >= 2 and cov["last_clean_step"] == 12 and cov["replay_failed_rounds"] == 0, cov
 
 
-@_needs("torchtitan")
+@_needs("torchtitan", "titan")
 @pytest.mark.timeout(240)
 def test_torchtitan_debug_model_fsdp2_and_mesh_discovery_on_cpu(tmp_path):
     """TorchTitan's debug Llama-3 built, its ParallelDims mesh (dp_replicate x dp_shard = 2 x 2),
