@@ -84,3 +84,60 @@ def test_four_ranks_half_stopped_are_named_the_rest_waiting():
     for r in (2, 3):  # one node's two ranks SIGSTOPped
         snaps[r] = snap(r, entered=11, completed=10, state=ChildState.STOPPED)
     assert decide_stall(snaps, 4).culprits == (2, 3)
+
+
+# --- the watchdog's view of one rank --------------------------------------------------------
+
+from pathlib import Path  # noqa: E402
+
+from scout_slurm.config import WatchdogConfig  # noqa: E402
+from scout_slurm.task.progress import ProgressView  # noqa: E402
+from scout_slurm.task.watchdog import RankTracker  # noqa: E402
+
+CFG = WatchdogConfig(stall_floor_s=4.0, startup_grace_s=300.0, arm_after_collectives=1000)
+
+
+def view(*, steps: int = 0, completed: int = 0, busy: bool = False, changed_ns: int = 1) -> ProgressView:
+    return ProgressView(pid=10, rank=0, world_size=2, active=True, coll_entered=completed, coll_completed=completed,
+                        in_collective=False, current_op="none", current_nbytes=0, opt_steps=steps, pg_seq=-1,
+                        last_change_ns=changed_ns, last_step_ns=0, recent=(), busy=busy)
+
+
+def test_after_deepspeed_initialize_collectives_a_rank_still_has_the_startup_limit():
+    t = RankTracker(0, Path("/nonexistent"))
+    t.observe(view(completed=4), now=1.0)
+    assert t.phase(CFG) == stallclock.PHASE_STARTUP and t.threshold_s(CFG) == 300.0
+
+
+def test_first_step_arms_the_floor_and_a_save_gets_the_startup_limit():
+    t = RankTracker(0, Path("/nonexistent"))
+    t.observe(view(steps=1, completed=6), now=1.0)
+    assert t.threshold_s(CFG) == 4.0
+    t.observe(view(steps=1, completed=6, busy=True, changed_ns=2), now=2.0)
+    assert t.phase(CFG) == stallclock.PHASE_CHECKPOINT and t.threshold_s(CFG) == 300.0
+
+
+def test_a_forward_without_collectives_restarts_the_idle_clock():
+    t = RankTracker(0, Path("/nonexistent"))
+    t.observe(view(steps=3, completed=9, changed_ns=100), now=1.0)
+    t.observe(view(steps=3, completed=9, changed_ns=100), now=5.0)
+    assert t.last_change == 1.0                      # nothing moved
+    t.observe(view(steps=3, completed=9, changed_ns=200), now=6.0)
+    assert t.last_change == 6.0                      # a beat (an evaluation forward) moved the record
+
+
+def test_progress_record_carries_busy_and_beats(tmp_path):
+    from scout_slurm.task import progress
+    path = tmp_path / "rank-0.bin"
+    progress.create(path)
+    w = progress.ProgressWriter(path, rank=0, world_size=2)
+    before = progress.read(path)
+    assert before is not None and not before.busy
+    w.set_busy(True)
+    busy = progress.read(path)
+    assert busy.busy and busy.position == before.position and busy.last_change_ns >= before.last_change_ns
+    w.set_busy(False)
+    w.beat()
+    after = progress.read(path)
+    assert not after.busy and after.active and after.position == before.position
+    assert after.last_change_ns > busy.last_change_ns
