@@ -683,7 +683,8 @@ def _on_root(module: Any) -> None:
     """A model (DDP or FSDP2 root) ran its first forward: votes, replay and compute faults attach."""
     w = STATE.writer
     if w is not None:  # a forward is progress: an evaluation loop without collectives is not idle
-        module.register_forward_pre_hook(lambda _m, _a: w.beat())
+        from scout_slurm.bootstrap.replay import inner  # the user's model: also when called past its wrapper
+        inner(module).register_forward_pre_hook(lambda _m, _a: w.beat())
     if STATE.consensus is not None:
         STATE.consensus.track(module)
     if STATE.replay is not None:

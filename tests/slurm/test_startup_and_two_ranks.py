@@ -113,3 +113,21 @@ def test_two_ranks_a_rank_that_only_sleeps_is_inconclusive(lab, clean_drains):
     shown = sj.show_json(lab, job, restart=0)
     assert shown["kind"] == "inconclusive" and shown["suspects"] == [], shown
     _no_drains(lab)
+
+
+@pytest.mark.timeout(300)
+def test_a_long_save_and_a_long_evaluation_are_busy_not_hung(lab, clean_drains):
+    """Rank 0 spends 15 s in torch.save while the others wait in the next all-reduce, then every
+    rank evaluates for 15 s without a collective: with a 4 s floor neither is a stall (the save
+    marks the record busy; every forward restarts the idle clock)."""
+    script = sj.batch_script(lab, train=SLOW_START,
+                             train_args="--startup-sleep 0 --steps 20 --slow-save 15 --eval-seconds 15",
+                             scout_args=f"--scout-stall-floor={STALL_FLOOR}")
+    job = sj.submit(lab, script, extra=("--no-requeue",))
+    sj.wait_finished(lab, job, timeout=240)
+    out = sj.output(lab, job)
+    assert all(f"rank {r}: done" in out for r in range(4)), out[-3000:]
+    assert sj.decision(lab, job) is None
+    shown = sj.show_json(lab, job, restart=0)
+    assert shown["kind"] == "clean" and shown["suspects"] == [], shown
+    _no_drains(lab)
