@@ -379,6 +379,8 @@ class Watchdog:
         if not stallclock.may_decide(now=now, window_since=self.suspect_since, confirm_s=confirm_s,
                                      any_stalled=bool(stalled)):
             return None
+        if any(t.phase(self.cfg) == stallclock.PHASE_CHECKPOINT and i <= th for t, i, th in idle):
+            return None  # a rank of this node is in a checkpoint save or load, within its limit: busy
         peers = {s.rank: s for s in self._peer_snapshots()}
         # a peer whose last word was a steady heartbeat gets a steady interval more to speak
         silent = frozenset(r for r, s in peers.items()
@@ -390,6 +392,8 @@ class Watchdog:
         for r, s in peers.items():
             if r in silent or s.child_state == ChildState.EXITED or r in self.trackers:
                 continue
+            if s.opt_steps > 0 and s.threshold_s >= self.cfg.startup_grace_s and s.idle_s <= s.threshold_s:
+                return None  # a peer in a checkpoint save or load (its limit is the start-up one): busy
             if s.idle_s < s.threshold_s / 2:
                 return None  # a peer is still advancing: not a job-wide stall (yet)
         for t in self.trackers.values():
