@@ -354,7 +354,9 @@ class Replay:
             outs = output_tensors(output)
             cap["gy"] = [None] * len(outs)   # one per tensor output; None where no gradient arrives
             for i, o in enumerate(outs):
-                if getattr(o, "requires_grad", False):
+                # not a leaf: a layer may return one of its own parameters (Megatron's bias with
+                # skip_bias_add), and a hook on a parameter would stay on it for good
+                if getattr(o, "requires_grad", False) and o.grad_fn is not None:
                     def keep(g, i=i):
                         if cap["gy"][i] is None:
                             cap["gy"][i] = g.detach().clone()
