@@ -440,6 +440,7 @@ def _patch_busy(handle: InstalledHooks) -> None:
     reading a large checkpoint is busy, not hung (the watchdog gives it the start-up limit,
     task/stallclock.py). Outermost, so scout's own re-read of a saved file counts too."""
     import torch
+    lock = threading.Lock()  # saves may run in several threads (asynchronous checkpointing)
 
     def busy(fn: Callable) -> Callable:
         @functools.wraps(fn)
@@ -447,15 +448,17 @@ def _patch_busy(handle: InstalledHooks) -> None:
             w = STATE.writer
             if w is None:
                 return fn(*args, **kwargs)
-            STATE.busy_depth += 1
-            if STATE.busy_depth == 1:
-                w.set_busy(True)
+            with lock:
+                STATE.busy_depth += 1
+                if STATE.busy_depth == 1:
+                    w.set_busy(True)
             try:
                 return fn(*args, **kwargs)
             finally:
-                STATE.busy_depth -= 1
-                if STATE.busy_depth == 0:
-                    w.set_busy(False)
+                with lock:
+                    STATE.busy_depth -= 1
+                    if STATE.busy_depth == 0:
+                        w.set_busy(False)
         return scout_busy
 
     handle.patch(torch, "save", busy(torch.save))
@@ -470,7 +473,7 @@ def _model_banner() -> None:
     from scout_slurm.bootstrap.replay import framework_seen, optimizer_not_voted, replica_layout
     roots = STATE.root_tracker.roots if STATE.root_tracker is not None else []
     groups, how = replica_layout(roots, STATE.world) if roots else ([tuple(range(STATE.world))], "")
-    c, r, t, cfg = STATE.consensus, STATE.replay, STATE.timing, STATE.config
+    c, r, t = STATE.consensus, STATE.replay, STATE.timing
     skipped = optimizer_not_voted(roots)
     if c is not None and c.groups is None and roots:
         c.groups, c.optimizer_skipped = groups, skipped
@@ -478,12 +481,15 @@ def _model_banner() -> None:
         return
     if c is None:
         voted = "state votes off" if STATE.world >= 2 else "no state votes (one rank)"
+    elif not roots:
+        voted = "no state votes (no model to sign)"
     elif not any(len(g) >= 2 for g in groups):
         voted = "no state votes (no two ranks hold the same state)"
     else:
         voted = (f"voted every {c.every} steps: weights, " + ("" if skipped else "optimizer state, ")
                  + "where NaN/Inf began" + (f" ({skipped})" if skipped else ""))
-    replayed = f"replayed every {r.every} steps (layers below)" if r is not None else "in-situ replay off"
+    replayed = ("in-situ replay off" if r is None else "nothing replayed (no model seen)" if not roots
+                else f"replayed every {r.every} steps (layers below)")
     timed = (f"step timing voted every {t.rules.every} steps" if t is not None else "timing votes off")
     sys.stderr.write(
         f"scout: framework: {framework_seen(roots)}; replica groups {[list(g) for g in groups]}"
