@@ -51,7 +51,13 @@ class WatchdogConfig:
     # a rank that plainly advances publishes its snapshot this often only (task/publishing.py)
     steady_publish_interval_s: float = 10.0
     grace_s: float = 5.0             # SIGTERM to SIGKILL
-    startup_grace_s: float = 600.0   # before the first collective, a rank may be slow to start
+    # the start-up limit: until training advances (its first optimizer step, or
+    # arm_after_collectives completed collectives: 0 never arms on collectives alone) a rank is
+    # starting (imports, engine set-up, compiling, a checkpoint load after a resume) and is given
+    # this long without progress instead of the stall floor; a stall then is a `startup hang`.
+    # A checkpoint save or load in progress gets it too (task/stallclock.py).
+    startup_grace_s: float = 600.0
+    arm_after_collectives: int = 1000
     # evidence that cannot be written (full disk, read-only, quota): "fail" ends the job with exit
     # code 89 once it has lasted evidence_loss_grace_s; "warn" only says so, loudly, every minute
     on_evidence_loss: str = "fail"

@@ -46,3 +46,10 @@ fi
 # the pinned CPU build (on this machine's disk; an unpinned torch downloads several GB of CUDA)
 .venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[job,test]'
+# The training frameworks for the framework tests and examples/ (the `frameworks` extra; about 15 s
+# from a warm pip cache): pip must not change the pinned torch, so it is held by a constraint.
+# DS_BUILD_OPS=0: DeepSpeed compiles none of its C++ ops at install.
+constraint="$(mktemp)"
+echo "torch==2.13.0" > "$constraint"
+DS_BUILD_OPS=0 .venv/bin/python -m pip install -q --disable-pip-version-check -c "$constraint" -e '.[frameworks]'
+rm -f "$constraint"

@@ -87,6 +87,7 @@ class Consensus:
         self.sdc_policy = sdc_policy  # SCOUT_SDC_POLICY: "exit" ends an outvoted rank (bootstrap.exitpolicy)
         self.last_clean = -1
         self.groups: list[tuple[int, ...]] | None = None  # replica groups, found at the first vote
+        self.optimizer_skipped = ""       # why the optimizer state is not voted ("": it is; e.g. ZeRO-1/2)
         self.first_nonfinite: Any = None  # a callable giving this rank's first non-finite step (bootstrap.finite)
         self.nonfinite_said = False       # where non-finite numbers began is decided once per run
         self.last_vote_step = -1
@@ -132,15 +133,17 @@ class Consensus:
         t0 = time.perf_counter()
         from scout_slurm.bootstrap.replay import inner, replica_layout
         from scout_slurm.bootstrap.replicas import vote_groups
-        if self.groups is None:
+        if self.groups is None:  # the start banner (bootstrap.patches) set them when it saw the models
+            from scout_slurm.bootstrap.replay import optimizer_not_voted
             self.groups, how = replica_layout(self.modules, self.world)
+            self.optimizer_skipped = optimizer_not_voted(self.modules)
             if self.rank == 0:
                 sys.stderr.write(f"scout: state votes every {self.every} steps: {how}\n")
         params = []
         for mi, m in enumerate(self.modules):
             params += [(f"m{mi}.{n}", p) for n, p in inner(m).named_parameters()]
         sig_w = state_signature(params)
-        sig_o = state_signature(optimizer_tensors(optimizer))
+        sig_o = 0 if self.optimizer_skipped else state_signature(optimizer_tensors(optimizer))
         from scout_slurm.bootstrap.finite import NONE, first_nonfinite
         first_bad = self.first_nonfinite() if self.first_nonfinite is not None else NONE
         mine = torch.tensor([sig_w & 0x7FFFFFFFFFFFFFFF, sig_o & 0x7FFFFFFFFFFFFFFF, first_bad], dtype=torch.int64)

@@ -65,6 +65,8 @@ class _State:
         self.lock = threading.Lock()
         self.coverage_written: tuple | None = None  # what the run's coverage record last said
         self.final_vote = ""             # what the end-of-training vote did ("": not reached yet)
+        self.banner_said = False         # the model banner, once, at the first optimizer step
+        self.busy_depth = 0              # nested checkpoint saves/loads in progress (the record's busy mark)
 
 
 STATE = _State()
@@ -209,6 +211,7 @@ def _patch_distributed(handle: InstalledHooks, dist: Any) -> None:
                 _patch_ddp(handle, original_all_reduce=original_all_reduce)
                 _patch_optimizer(handle)
                 _patch_save(handle)
+                _patch_busy(handle)
         except Exception as exc:  # noqa: BLE001 - never break the job
             sys.stderr.write(f"scout: cannot open the progress record: {exc!r}\n")
         return result
@@ -342,6 +345,12 @@ def _patch_optimizer(handle: InstalledHooks) -> None:
 
     @selfcost.timed
     def scout_pre_step_hook(optimizer, args, kwargs):
+        if not STATE.banner_said:
+            STATE.banner_said = True
+            try:
+                _model_banner()
+            except Exception as exc:  # noqa: BLE001 - never break the job for a banner
+                sys.stderr.write(f"scout: model banner not printed: {exc!r}\n")
         # replay before the step: the weights are still those this step's forward used
         if STATE.replay is not None and STATE.writer is not None:
             if STATE.timing is not None:  # scout's own work is not the job's compute
@@ -460,6 +469,70 @@ def _patch_save(handle: InstalledHooks) -> None:
     handle.patch(torch, "save", scout_save)
     from scout_slurm.bootstrap import ckptstate  # DCP saves, loads, schedulers, the replicas' agreement
     ckptstate.install(handle, STATE)
+
+
+def _patch_busy(handle: InstalledHooks) -> None:
+    """torch.save and torch.load mark the progress record busy while they run: a rank writing or
+    reading a large checkpoint is busy, not hung (the watchdog gives it the start-up limit,
+    task/stallclock.py). Outermost, so scout's own re-read of a saved file counts too."""
+    import torch
+    lock = threading.Lock()  # saves may run in several threads (asynchronous checkpointing)
+
+    def busy(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def scout_busy(*args, **kwargs):
+            w = STATE.writer
+            if w is None:
+                return fn(*args, **kwargs)
+            with lock:
+                STATE.busy_depth += 1
+                if STATE.busy_depth == 1:
+                    w.set_busy(True)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                with lock:
+                    STATE.busy_depth -= 1
+                    if STATE.busy_depth == 0:
+                        w.set_busy(False)
+        return scout_busy
+
+    handle.patch(torch, "save", busy(torch.save))
+    handle.patch(torch, "load", busy(torch.load))
+
+
+def _model_banner() -> None:
+    """The one line (rank 0) saying what scout found in the job and what it checks: the framework,
+    the replica groups, what is voted, replayed and timed, and what is not. Said at the first
+    optimizer step, the first moment the models are known (they ran their first forward), also in
+    a job shorter than the vote interval. Every rank computes the groups (the same on all)."""
+    from scout_slurm.bootstrap.replay import framework_seen, optimizer_not_voted, replica_layout
+    roots = STATE.root_tracker.roots if STATE.root_tracker is not None else []
+    groups, how = replica_layout(roots, STATE.world) if roots else ([tuple(range(STATE.world))], "")
+    c, r, t = STATE.consensus, STATE.replay, STATE.timing
+    skipped = optimizer_not_voted(roots)
+    if c is not None and c.groups is None and roots:
+        c.groups, c.optimizer_skipped = groups, skipped
+    if STATE.rank != 0:
+        return
+    if c is None:
+        voted = "state votes off" if STATE.world >= 2 else "no state votes (one rank)"
+    elif not roots:
+        voted = "no state votes (no model to sign)"
+    elif not any(len(g) >= 2 for g in groups):
+        voted = "no state votes (no two ranks hold the same state)"
+    else:
+        voted = (f"voted every {c.every} steps: weights, " + ("" if skipped else "optimizer state, ")
+                 + "where NaN/Inf began" + (f" ({skipped})" if skipped else ""))
+    replayed = ("in-situ replay off" if r is None else "nothing replayed (no model seen)" if not roots
+                else f"replayed every {r.every} steps (layers below)")
+    timed = (f"step timing voted every {t.rules.every} steps" if t is not None else "timing votes off")
+    sys.stderr.write(
+        f"scout: framework: {framework_seen(roots)}; replica groups {[list(g) for g in groups]}"
+        + (f" ({how})" if how else " (no model seen: all ranks taken as replicas)")
+        + f"; {voted}; {replayed}; {timed}; stalls timed from this first optimizer step on "
+        "(before it, the start-up limit)\n")
+    sys.stderr.flush()
 
 
 def _saved_hidden(f: Any) -> None:
@@ -652,6 +725,10 @@ def _current_step() -> int:
 
 def _on_root(module: Any) -> None:
     """A model (DDP or FSDP2 root) ran its first forward: votes, replay and compute faults attach."""
+    w = STATE.writer
+    if w is not None:  # a forward is progress: an evaluation loop without collectives is not idle
+        from scout_slurm.bootstrap.replay import inner  # the user's model: also when called past its wrapper
+        inner(module).register_forward_pre_hook(lambda _m, _a: w.beat())
     if STATE.consensus is not None:
         STATE.consensus.track(module)
     if STATE.replay is not None:
@@ -672,7 +749,7 @@ def _compute_fired(what: str) -> None:
 
 
 def _start_root_tracker() -> None:
-    if STATE.root_tracker is None and (STATE.consensus is not None or (STATE.fault and STATE.fault.is_compute)):
+    if STATE.root_tracker is None:  # also without votes: the banner names the framework, forwards beat
         from scout_slurm.bootstrap.replay import RootTracker
         STATE.root_tracker = RootTracker(_on_root)
 
@@ -687,8 +764,19 @@ def _corrupt(fault: FaultSpec, optimizer: Any) -> str:
             return "optimizer has no state tensors (e.g. SGD without momentum): nothing corrupted"
         name, t = tensors[0]
     else:
-        name, t = "param0", optimizer.param_groups[0]["params"][0]
+        name, t = "param0", _first_weight(optimizer)
     return f"{fault.target} {name}" + corrupt_(t, fault, seed=1_000_003 * STATE.rank + fault.step)
+
+
+def _first_weight(optimizer: Any) -> Any:
+    """The first parameter of the model this rank holds: under DeepSpeed ZeRO the optimizer's
+    parameters are this rank's flat partition (held by no other rank), so the model's own."""
+    from scout_slurm.bootstrap.replay import inner, is_deepspeed
+    roots = STATE.consensus.modules if STATE.consensus is not None else []
+    for root in roots:
+        if is_deepspeed(root):
+            return next(inner(root).parameters())
+    return optimizer.param_groups[0]["params"][0]
 
 
 def _fire(fault: FaultSpec, optimizer: Any = None) -> None:

@@ -48,9 +48,88 @@ def is_fsdp(m: Any) -> bool:
     return cls is not None and isinstance(m, cls)
 
 
+def is_deepspeed(m: Any) -> bool:
+    """A DeepSpeed engine (`deepspeed.initialize`'s model): it holds the user's model as `.module`."""
+    engine = sys.modules.get("deepspeed.runtime.engine")
+    cls = getattr(engine, "DeepSpeedEngine", None) if engine else None
+    return cls is not None and isinstance(m, cls)
+
+
+def is_megatron_ddp(m: Any) -> bool:
+    """Megatron-Core's own DistributedDataParallel (needs CUDA; its `.module` is the model)."""
+    mod = sys.modules.get("megatron.core.distributed.distributed_data_parallel")
+    cls = getattr(mod, "DistributedDataParallel", None) if mod else None
+    return cls is not None and isinstance(m, cls)
+
+
+def is_root(m: Any) -> bool:
+    return is_ddp(m) or is_fsdp(m) or is_deepspeed(m) or is_megatron_ddp(m)
+
+
 def inner(root: Any) -> Any:
-    """The user's model inside a root: DDP wraps it, FSDP2 changes the module's class in place."""
-    return root.module if is_ddp(root) else root
+    """The user's model inside a root: DDP, DeepSpeed's engine and Megatron's DDP wrap it as
+    `.module`; FSDP2 changes the module's class in place."""
+    return root.module if (is_ddp(root) or is_deepspeed(root) or is_megatron_ddp(root)) else root
+
+
+def zero_stage(root: Any) -> int:
+    """The DeepSpeed engine's ZeRO stage (0: plain data parallel)."""
+    try:
+        return int(root.zero_optimization_stage())
+    except Exception:  # noqa: BLE001 - an engine without ZeRO configured
+        return 0
+
+
+def megatron_coordinates() -> str:
+    """Megatron-Core's parallel_state sizes and this rank's coordinates, in words ("" when it is not
+    initialised)."""
+    ps = sys.modules.get("megatron.core.parallel_state")
+    if ps is None or not ps.model_parallel_is_initialized():
+        return ""
+    return (f"Megatron-Core parallel_state tp={ps.get_tensor_model_parallel_world_size()} "
+            f"pp={ps.get_pipeline_model_parallel_world_size()} cp={ps.get_context_parallel_world_size()} "
+            f"dp={ps.get_data_parallel_world_size()} (this rank: tp {ps.get_tensor_model_parallel_rank()}, "
+            f"pp {ps.get_pipeline_model_parallel_rank()}, cp {ps.get_context_parallel_rank()})")
+
+
+def framework_seen(roots: list[Any]) -> str:
+    """The training framework the script uses, in words, from what it built and imported."""
+    names = []
+    for root in roots:
+        if is_deepspeed(root):
+            names.append(f"DeepSpeed engine, ZeRO-{zero_stage(root)}")
+        elif is_megatron_ddp(root):
+            names.append("Megatron-Core DistributedDataParallel")
+        elif is_fsdp(root):
+            names.append("FSDP2")
+        elif is_ddp(root):
+            names.append("torch DDP")
+    for module, what in (("megatron.core", "Megatron-Core"), ("torchtitan", "TorchTitan")):
+        if module in sys.modules and not any(what in n for n in names):
+            names.append(f"{what} imported")
+    coords = megatron_coordinates()
+    return ", ".join(names + ([coords] if coords else [])) or "no DDP, FSDP2 or DeepSpeed model seen"
+
+
+def megatron_tensor_parallel(m: Any) -> int:
+    """The tensor-parallel size of a Megatron-Core parallel layer (1: not one, or not split)."""
+    layers = sys.modules.get("megatron.core.tensor_parallel.layers")
+    kinds = tuple(getattr(layers, n) for n in ("ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding")
+                  if layers is not None and hasattr(layers, n))
+    if not kinds or not isinstance(m, kinds):
+        return 1
+    from megatron.core import parallel_state
+    return parallel_state.get_tensor_model_parallel_world_size() if parallel_state.model_parallel_is_initialized() else 1
+
+
+def optimizer_not_voted(roots: list[Any]) -> str:
+    """Why the optimizer state is not voted ("": it is): ZeRO-1/2 partition it over the ranks, so
+    with pure data parallelism no two ranks hold the same partition."""
+    for root in roots:
+        if is_deepspeed(root) and zero_stage(root) >= 1:
+            return (f"optimizer state not voted: DeepSpeed ZeRO-{zero_stage(root)} partitions it over the "
+                    "data-parallel ranks (no two ranks hold the same partition)")
+    return ""
 
 
 def is_dtensor(t: Any) -> bool:
@@ -72,23 +151,45 @@ def replica_layout(roots: list[Any], world: int) -> tuple[list[tuple[int, ...]],
     """Groups of ranks that must hold identical state, from what the script built, and a sentence
     saying how they were found."""
     for root in roots:
+        if is_deepspeed(root):
+            return _deepspeed_layout(root, world)
+    for root in roots:
         for p in inner(root).parameters():
             if is_dtensor(p):
                 mesh = p.device_mesh.mesh.tolist()
                 rep = [d for d, pl in enumerate(p.placements) if pl.is_replicate()]
                 groups = replica_groups(mesh, rep)
                 if not rep:
+                    names = getattr(p.device_mesh, "mesh_dim_names", None)
+                    mesh = f"{mesh} (dimensions {tuple(names)})" if names else mesh
                     return groups, (f"FSDP2 over mesh {mesh} with no replicated dimension: no rank holds a copy of "
                                     "another's shards, so there are no state votes; in-situ replay still compares "
                                     "compute across all ranks on the layer all-gathered over scout's side group")
-                return groups, (f"HSDP mesh {mesh}, placements {tuple(str(x) for x in p.placements)}: ranks with "
-                                f"the same shard coordinate hold the same shards: replica groups {groups}")
+                names = getattr(p.device_mesh, "mesh_dim_names", None)
+                named = f" (dimensions {tuple(names)})" if names else ""
+                return groups, (f"HSDP mesh {mesh}{named}, placements {tuple(str(x) for x in p.placements)}: ranks "
+                                f"with the same shard coordinate hold the same shards: replica groups {groups}")
     for root in roots:
         if is_ddp(root):
             import torch.distributed as dist
             ranks = tuple(sorted(dist.get_process_group_ranks(root.process_group)))
             return [ranks], f"DDP over ranks {list(ranks)}: every rank holds the same state"
-    return [tuple(range(world))], "no DDP or FSDP2 model seen: all ranks taken as replicas"
+    return [tuple(range(world))], "no DDP, FSDP2 or DeepSpeed model seen: all ranks taken as replicas"
+
+
+def _deepspeed_layout(root: Any, world: int) -> tuple[list[tuple[int, ...]], str]:
+    """ZeRO 0-2 keep the full parameters on every data-parallel rank; ZeRO-3 partitions them (as
+    pure FSDP: no rank holds a copy of another's partition)."""
+    import torch.distributed as dist
+    stage = zero_stage(root)
+    group = getattr(root, "data_parallel_group", None) or getattr(root, "dp_process_group", None)
+    ranks = tuple(sorted(dist.get_process_group_ranks(group))) if group is not None else tuple(range(world))
+    if stage >= 3:
+        return [(r,) for r in range(world)], (
+            f"DeepSpeed ZeRO-3 over ranks {list(ranks)}: parameters and optimizer state are partitioned, no rank "
+            "holds a copy of another's: no state votes (as pure FSDP)")
+    return [ranks], (f"DeepSpeed ZeRO-{stage} over data-parallel ranks {list(ranks)}: every rank holds the same "
+                     "parameters (weights voted)")
 
 
 class RootTracker:
@@ -103,7 +204,7 @@ class RootTracker:
         self.handle = register_module_forward_pre_hook(self._seen)
 
     def _seen(self, module: Any, args: Any) -> None:
-        if not (is_ddp(module) or is_fsdp(module)) or any(module is r for r in self.roots):
+        if not is_root(module) or any(module is r for r in self.roots):
             return
         # nested FSDP units (blocks) and the model inside a DDP are not roots
         if any(module is sub for r in self.roots for sub in inner(r).modules()):
@@ -186,8 +287,15 @@ class Replay:
             nbytes = 2 * sum(p.numel() * p.element_size() for p in params)  # full weights and their gradients
             bad = [p for p in params if is_dtensor(p) and not all(pl.is_replicate() or (pl.is_shard() and pl.dim == 0)
                                                                   for pl in p.placements)]
+            tp = megatron_tensor_parallel(m)
             if is_fsdp(m):
                 skipped.append(f"{name} (an FSDP unit itself: calling it would all-gather on the training group)")
+            elif tp > 1:
+                skipped.append(f"{name} (a Megatron tensor-parallel layer over {tp} ranks: its recomputation would "
+                               "run collectives on the training's tensor-parallel group, and each rank holds a "
+                               "different slice of its weights)")
+            elif any(hasattr(p, "ds_tensor") for p in params):
+                skipped.append(f"{name} (DeepSpeed ZeRO-3 partitioned weights: not gathered for a replay)")
             elif bad:
                 skipped.append(f"{name} (sharded other than along dim 0)")
             elif nbytes > self.max_bytes:
@@ -195,7 +303,7 @@ class Replay:
             else:
                 self.layers.append((name, m))
         for idx, (_, m) in enumerate(self.layers):
-            m.register_forward_pre_hook(self._pre_hook(idx))
+            m.register_forward_pre_hook(self._pre_hook(idx), with_kwargs=True)
             m.register_forward_hook(self._post_hook(idx))
         if self.rank == 0:
             say(f"in-situ replay every {self.every} steps over layers {[n for n, _ in self.layers]}"
@@ -210,7 +318,7 @@ class Replay:
         return replay_plan(step, self.every, len(self.layers or ()), self.world)
 
     def _pre_hook(self, idx: int) -> Callable:
-        def capture_input(module, args):
+        def capture_input(module, args, kwargs):
             if self.replaying:
                 return None
             step = self.current_step()
@@ -219,14 +327,21 @@ class Replay:
                 return None  # not this layer's turn, or already captured (a layer called twice per step)
             import torch
             self.cap_step, self.cap, self.cap_reason = step, None, ""
-            if len(args) != 1 or not isinstance(args[0], torch.Tensor):
-                self.cap_reason = "its input is not a single tensor"
+            tensors: list[Any] = []
+            try:
+                spec = _placeholders((tuple(args), dict(kwargs)), tensors)
+            except TypeError as exc:
+                self.cap_reason = f"its inputs cannot be sent to the replicas ({exc})"
                 return None
-            x = args[0]
-            if 2 * x.numel() * x.element_size() > self.max_bytes:
-                self.cap_reason = f"its input ({x.numel() * x.element_size()} bytes) and output gradient exceed the cap"
+            if not tensors:
+                self.cap_reason = "its inputs hold no tensor"
                 return None
-            self.cap = {"x": x.detach().clone(), "rng": torch.get_rng_state(), "gy": None}
+            nbytes = sum(t.numel() * t.element_size() for t in tensors)
+            if 2 * nbytes > self.max_bytes:
+                self.cap_reason = f"its inputs ({nbytes} bytes) and output gradients exceed the cap"
+                return None
+            self.cap = {"spec": spec, "x": [t.detach().clone() for t in tensors], "rng": torch.get_rng_state(),
+                        "gy": None}
             return None
         return capture_input
 
@@ -236,13 +351,60 @@ class Replay:
             if self.replaying or cap is None or self.cap_step != self.current_step() or "hooked" in cap:
                 return None
             cap["hooked"] = True
-            if getattr(output, "requires_grad", False):
-                def keep(g):
-                    if cap["gy"] is None:
-                        cap["gy"] = g.detach().clone()
-                output.register_hook(keep)
+            outs = output_tensors(output)
+            cap["gy"] = [None] * len(outs)   # one per tensor output; None where no gradient arrives
+            for i, o in enumerate(outs):
+                # not a leaf: a layer may return one of its own parameters (Megatron's bias with
+                # skip_bias_add), and a hook on a parameter would stay on it for good
+                if getattr(o, "requires_grad", False) and o.grad_fn is not None:
+                    def keep(g, i=i):
+                        if cap["gy"][i] is None:
+                            cap["gy"][i] = g.detach().clone()
+                    o.register_hook(keep)
             return None
         return capture_output_gradient
+
+    def _send(self, t: Any, src: int) -> Any:
+        """Broadcast one tensor of any shape and dtype from `src` over scout's side group (the other
+        ranks learn its dtype and shape from a small header first)."""
+        import torch
+        header = torch.zeros(2 + _MAX_DIMS, dtype=torch.int64)
+        if self.rank == src:
+            header[0] = _DTYPES.index(str(t.dtype).replace("torch.", ""))
+            header[1] = t.dim()
+            header[2:2 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
+        self.broadcast(header, src=src, group=self.side)
+        if self.rank != src:
+            t = torch.empty([int(v) for v in header[2:2 + int(header[1])]], dtype=getattr(torch, _DTYPES[int(header[0])]))
+        t = t.contiguous()
+        self.broadcast(t, src=src, group=self.side)
+        return t
+
+    def _exchange(self, plan: Any, cap: dict | None) -> tuple[Any, list[Any], list[Any], Any] | None:
+        """The source's captured call (argument structure, input tensors, output gradients, RNG
+        state), on every rank; None when the source has nothing to send this round."""
+        import pickle
+
+        import torch
+        src = plan.source
+        meta = torch.zeros(3, dtype=torch.int64)
+        blob = b""
+        if self.rank == src and cap is not None:
+            gy = cap["gy"] or []
+            blob = pickle.dumps((cap["spec"], [g is not None for g in gy]))
+            meta[0], meta[1], meta[2] = 1, len(cap["x"]), len(blob)
+        self.broadcast(meta, src=src, group=self.side)
+        if int(meta[0]) != 1:
+            return None
+        raw = torch.frombuffer(bytearray(blob), dtype=torch.uint8) if self.rank == src else torch.empty(int(meta[2]), dtype=torch.uint8)
+        self.broadcast(raw, src=src, group=self.side)
+        spec, has_gy = pickle.loads(raw.numpy().tobytes()) if self.rank != src else pickle.loads(blob)
+        xs = [self._send(cap["x"][i] if self.rank == src else None, src) for i in range(int(meta[1]))]
+        gys = [self._send(cap["gy"][i] if self.rank == src else None, src) if present else None
+               for i, present in enumerate(has_gy)]
+        rng = cap["rng"] if self.rank == src else torch.empty_like(torch.get_rng_state())
+        self.broadcast(rng, src=src, group=self.side)
+        return spec, xs, gys, rng
 
     def before_step(self, step: int) -> None:
         """Called before optimizer step `step` on every rank; replays when the schedule says so."""
@@ -253,49 +415,24 @@ class Replay:
         import torch
         t0 = time.perf_counter()
         name, layer = self.layers[plan.layer_index]
-        header = torch.zeros(4 + 2 * _MAX_DIMS, dtype=torch.int64)
+        cap = None
         if self.rank == plan.source:
             cap = self.cap if self.cap_step == step else None
             if cap is None:
                 why = self.cap_reason or 'the layer did not run in this step'
                 self._say_once(("skipped", name, why), f"replay of layer {name!r} at step {step} skipped: {why}")
-            else:
-                x, gy = cap["x"], cap["gy"]
-                header[0] = 1
-                header[1] = _DTYPES.index(str(x.dtype).replace("torch.", ""))
-                header[2] = x.dim()
-                header[4:4 + x.dim()] = torch.tensor(x.shape)
-                if gy is not None:
-                    header[3] = _DTYPES.index(str(gy.dtype).replace("torch.", "")) + 1
-                    header[4 + _MAX_DIMS:4 + _MAX_DIMS + gy.dim()] = torch.tensor(gy.shape)
-                    header[3] += 100 * gy.dim()
-        self.broadcast(header, src=plan.source, group=self.side)
-        if int(header[0]) != 1:
-            return
-        dt_x = getattr(torch, _DTYPES[int(header[1])])
-        x_shape = [int(v) for v in header[4:4 + int(header[2])]]
-        has_gy = int(header[3]) % 100 > 0
-        if self.rank == plan.source:
-            x, gy, rng = cap["x"], cap["gy"], cap["rng"]
-        else:
-            x = torch.empty(x_shape, dtype=dt_x)
-            gy = None
-            if has_gy:
-                dt_g = getattr(torch, _DTYPES[int(header[3]) % 100 - 1])
-                gy = torch.empty([int(v) for v in header[4 + _MAX_DIMS:4 + _MAX_DIMS + int(header[3]) // 100]],
-                                 dtype=dt_g)
-            rng = torch.empty_like(torch.get_rng_state())
-        self.broadcast(x, src=plan.source, group=self.side)
-        if has_gy:
-            self.broadcast(gy, src=plan.source, group=self.side)
-        self.broadcast(rng, src=plan.source, group=self.side)
+        sent = self._exchange(plan, cap)
         self.cap = None
+        if sent is None:
+            return
+        spec, xs, gys, rng = sent
+        has_gy = any(g is not None for g in gys)
         weights = {n: self._full(p) for n, p in layer.named_parameters(recurse=False)}
         mine = torch.zeros(5, dtype=torch.int64)
         # the layer's stored weights (this rank's shard): replicas must agree on them first
         mine[4] = _pos(state_signature(layer.named_parameters(recurse=False)))
         try:
-            sig_out, sig_gx, sig_gw = self._recompute(layer, weights, x, gy, rng)
+            sig_out, sig_gx, sig_gw = self._recompute(layer, weights, spec, xs, gys, rng)
             mine[0], mine[1], mine[2], mine[3] = 1, sig_out, sig_gx, sig_gw
         except Exception as exc:  # noqa: BLE001 - a failed recomputation is said (once a layer), not fatal
             error = repr(exc)[:300]
@@ -345,7 +482,11 @@ class Replay:
         mine = shard_group(p.device_mesh.mesh.tolist(), shard_dims[0], self.rank)
         return torch.cat([chunks[r][:int(sizes[r])] for r in mine])
 
-    def _recompute(self, layer: Any, weights: dict[str, Any], x: Any, gy: Any, rng: Any) -> tuple[int, int, int]:
+    def _recompute(self, layer: Any, weights: dict[str, Any], spec: Any, xs: list[Any], gys: list[Any],
+                   rng: Any) -> tuple[int, int, int]:
+        """The layer's forward (and backward, with the captured output gradients) on these inputs
+        with this rank's weights: signatures of every tensor output, every input gradient and the
+        weight gradients."""
         import torch
         from torch.func import functional_call
         was, warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
@@ -356,18 +497,22 @@ class Replay:
             try:
                 with torch.enable_grad():
                     params = {n: w.clone().requires_grad_(w.is_floating_point()) for n, w in weights.items()}
-                    xin = x.clone().requires_grad_(x.is_floating_point())
-                    out = functional_call(layer, params, (xin,))
-                    sig_out = tensor_signature(out)
-                    if gy is None:
+                    xin = [x.clone().requires_grad_(x.is_floating_point()) for x in xs]
+                    args, kwargs = _filled(spec, xin)
+                    outs = output_tensors(functional_call(layer, params, tuple(args), dict(kwargs)))
+                    sig_out = state_signature((f"out{i}", o) for i, o in enumerate(outs))
+                    pairs = [(o, g) for o, g in zip(outs, gys) if g is not None and o.requires_grad]
+                    if not pairs:
                         return _pos(sig_out), 0, 0
-                    wrt = ([xin] if xin.requires_grad else []) + [p for p in params.values() if p.requires_grad]
-                    grads = torch.autograd.grad(out, wrt, grad_outputs=gy, allow_unused=True)
-                    gx = grads[0] if xin.requires_grad else None
-                    gw = grads[1:] if xin.requires_grad else grads
-                    sig_gx = tensor_signature(gx) if gx is not None else 0
-                    sig_gw = state_signature((n, g if g is not None else torch.zeros(0))
-                                             for n, g in zip([n for n, p in params.items() if p.requires_grad], gw))
+                    xg = [x for x in xin if x.requires_grad]
+                    pg = [(n, p) for n, p in params.items() if p.requires_grad]
+                    grads = torch.autograd.grad([o for o, _ in pairs], xg + [p for _, p in pg],
+                                                grad_outputs=[g for _, g in pairs], allow_unused=True)
+                    none = torch.zeros(0)
+                    sig_gx = state_signature((f"in{i}", g if g is not None else none)
+                                             for i, g in enumerate(grads[:len(xg)]))
+                    sig_gw = state_signature((n, g if g is not None else none)
+                                             for (n, _), g in zip(pg, grads[len(xg):]))
                     return _pos(sig_out), _pos(sig_gx), _pos(sig_gw)
             finally:
                 self.replaying = False
@@ -428,6 +573,62 @@ class Replay:
                 write_record(self.run_dir / "findings" / fname, finding)
             except Exception as exc:  # noqa: BLE001
                 say(f"finding not written: {exc!r}")
+
+
+class _Slot:
+    """Where the n-th captured tensor goes back into a layer's arguments."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def __reduce__(self):
+        return (_Slot, (self.index,))
+
+
+_PLAIN = (type(None), bool, int, float, str, bytes)
+
+
+def _placeholders(value: Any, tensors: list[Any]) -> Any:
+    """The layer's arguments with every tensor replaced by a slot (the tensors appended to
+    `tensors`), so the structure can be sent as bytes; other values must be plain."""
+    import torch
+    if isinstance(value, torch.Tensor):
+        tensors.append(value)
+        return _Slot(len(tensors) - 1)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_placeholders(v, tensors) for v in value)
+    if isinstance(value, dict):
+        return {k: _placeholders(v, tensors) for k, v in value.items()}
+    if isinstance(value, _PLAIN) or isinstance(value, (torch.dtype, torch.device)):
+        return value
+    raise TypeError(f"an argument of type {type(value).__name__}")
+
+
+def _filled(spec: Any, tensors: list[Any]) -> Any:
+    if isinstance(spec, _Slot):
+        return tensors[spec.index]
+    if isinstance(spec, (tuple, list)):
+        return type(spec)(_filled(v, tensors) for v in spec)
+    if isinstance(spec, dict):
+        return {k: _filled(v, tensors) for k, v in spec.items()}
+    return spec
+
+
+def output_tensors(output: Any) -> list[Any]:
+    """Every tensor in a layer's output, in a fixed order: a tensor, a tuple or list (Megatron's
+    `(output, bias)`), a dict, or a dataclass (fields in order)."""
+    import dataclasses
+
+    import torch
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, (tuple, list)):
+        return [t for v in output for t in output_tensors(v)]
+    if isinstance(output, dict):
+        return [t for k in output for t in output_tensors(output[k])]
+    if dataclasses.is_dataclass(output) and not isinstance(output, type):
+        return [t for f in dataclasses.fields(output) for t in output_tensors(getattr(output, f.name))]
+    return []
 
 
 def _pos(sig: int) -> int:

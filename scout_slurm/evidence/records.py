@@ -245,6 +245,7 @@ class StallDecision:
     kind: FindingKind
     reasoning: tuple[str, ...]
     schema_version: int = 1
+    phase: str = "training"   # "startup": no rank had advanced training yet (a startup hang)
 
 
 @dataclass(frozen=True)

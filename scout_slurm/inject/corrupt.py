@@ -72,6 +72,10 @@ def compute_fault_hook(fault: FaultSpec, rank: int, restart: int, current_step: 
             return g, None
 
     def hook(module, args, output):
+        # a layer returning a tuple (Megatron's parallel layers: `(output, bias)`): its first tensor
+        if isinstance(output, tuple) and output and isinstance(output[0], torch.Tensor):
+            first = hook(module, args, output[0])
+            return None if first is None else (first, *output[1:])
         step = current_step()
         if not isinstance(output, torch.Tensor) or not fault.applies(rank, step, restart):
             return None

@@ -68,6 +68,12 @@ def find_desync(rings: Mapping[int, tuple[CollectiveEntry, ...]]) -> tuple[tuple
     return (), ""
 
 
+def _direct(ranks: tuple[int, ...], present: Mapping[int, ProgressSnapshot], world_size: int) -> bool:
+    """Direct process evidence (exited, stopped, in disk sleep) names ranks without a majority of
+    progress: when they are at most half of the job and some other rank does not show it."""
+    return bool(ranks) and len(ranks) * 2 <= world_size and len(ranks) < len(present)
+
+
 def decide_stall(snapshots: Mapping[int, ProgressSnapshot | None], world_size: int,
                  silent: frozenset[int] = frozenset()) -> StallCall:
     """Name the ranks that stopped first.
@@ -84,7 +90,7 @@ def decide_stall(snapshots: Mapping[int, ProgressSnapshot | None], world_size: i
     if not present:
         return StallCall((), FindingKind.HANG, ("no rank published progress",))
     exited = tuple(sorted(r for r, s in present.items() if s.child_state == ChildState.EXITED))
-    if exited and len(exited) * 2 < world_size:
+    if _direct(exited, present, world_size):
         return StallCall(exited, FindingKind.HANG,
                          (f"rank(s) {', '.join(map(str, exited))} exited while the others waited in a collective",))
     desync, why = find_desync({r: s.recent for r, s in present.items()})
@@ -101,8 +107,9 @@ def decide_stall(snapshots: Mapping[int, ProgressSnapshot | None], world_size: i
                        f"process {s.child_state.value}, idle {s.idle_s:.1f} s")
     frozen = tuple(sorted(r for r, s in present.items()
                           if s.child_state in (ChildState.STOPPED, ChildState.DISK_SLEEP)))
-    if (len(behind) * 2 >= world_size or len(behind) == len(positions)) and frozen and len(frozen) * 2 < world_size:
-        # no rank is behind, but one cannot move: stopped (SIGSTOP) or in uninterruptible sleep
+    if (len(behind) * 2 >= world_size or len(behind) == len(positions)) and _direct(frozen, present, world_size):
+        # no strict majority is ahead, but the process itself says it cannot move: stopped
+        # (SIGSTOP) or in uninterruptible sleep (with two ranks, one behind is never a majority)
         return StallCall(frozen, FindingKind.HANG, tuple(
             f"rank {r} on {present[r].node}: process {present[r].child_state.value} while the others wait, "
             f"{'inside ' + present[r].current_op if present[r].in_collective else 'outside any collective'}"

@@ -398,6 +398,8 @@ def _from_stall_decision(ev: JobEvidence, reasoning: list[str], rule: _Consulted
     share = len(culprits) / max(ev.world_size, 1)
     conf = min(s.confidence for s in suspects) * (1.0 if share <= 0.25 else rule(Rule.STALL_WIDE).confidence)
     what = "desync" if d.kind == FindingKind.DESYNC else "stopped making progress first"
+    if d.phase == "startup" and d.kind != FindingKind.DESYNC:
+        what = "hung at start-up (startup hang: before the first training step, past the start-up limit)"
     said = [f"rank(s) {', '.join(map(str, culprits))} {what}"]
     if crashed:   # the kind is crash only when every culprit crashed; a hung one keeps it a hang
         said += [f"{lines[0]} (crash, not a hang)" for lines in crashed.values()]

@@ -38,6 +38,7 @@ OPS = ("none", "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor"
 OP_CODES = {name: i for i, name in enumerate(OPS)}
 _OTHER = OP_CODES["other"]
 FLAG_ACTIVE = 1
+FLAG_BUSY = 2  # inside a checkpoint save or load: busy, not hung (task/stallclock.py)
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class ProgressView:
     last_change_ns: int
     last_step_ns: int
     recent: tuple[CollectiveEntry, ...]
+    busy: bool = False  # FLAG_BUSY: inside a checkpoint save or load
 
     @property
     def position(self) -> tuple[int, int, int]:
@@ -198,6 +200,20 @@ class ProgressWriter:
             if self._in == 0:
                 self._idle_since = time.monotonic_ns()
 
+    def set_busy(self, on: bool) -> None:
+        """Mark a checkpoint save or load (the watchdog then gives the start-up limit, not the floor)."""
+        with self._lock:
+            self._flags = (self._flags | FLAG_BUSY) if on else (self._flags & ~FLAG_BUSY)
+            self._last_change = time.monotonic_ns()
+            self._write_header()
+
+    def beat(self) -> None:
+        """The training advanced without a collective (a model's forward, e.g. in an evaluation
+        loop): the rank's idle clock restarts; its position among the ranks does not change."""
+        with self._lock:
+            self._last_change = time.monotonic_ns()
+            self._write_header()
+
     def set_pg_seq(self, value: int) -> None:
         with self._lock:
             self._pg_seq = value
@@ -245,4 +261,4 @@ def read(path: Path, *, retries: int = 100) -> ProgressView | None:
                         coll_entered=entered, coll_completed=completed, in_collective=in_coll > 0,
                         current_op=OPS[op] if op < len(OPS) else "other", current_nbytes=nbytes,
                         opt_steps=steps, pg_seq=pg_seq, last_change_ns=last_change, last_step_ns=last_step,
-                        recent=tuple(entries))
+                        recent=tuple(entries), busy=bool(flags & FLAG_BUSY))

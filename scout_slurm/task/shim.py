@@ -162,7 +162,8 @@ def banner(ctx: TaskContext, cfg: SiteConfig, environ: Mapping[str, str], folder
     timing = _every(job.timing.every, "SCOUT_TIMING_EVERY", problems)
     w = cfg.watchdog
     return (f"scout: watching job {ctx.job_id} (run {ctx.restart}, {ctx.world_size} ranks): a rank is called "
-            f"stalled after max({w.stall_floor_s:g} s, {w.stall_factor:g} x its step time) without progress; "
+            f"stalled after max({w.stall_floor_s:g} s, {w.stall_factor:g} x its step time) without progress "
+            f"(before its first optimizer step: the start-up limit, {w.startup_grace_s:g} s); "
             f"state votes {votes}; in-situ replay {replay}; timing votes {timing}; "
             f"evidence in {folder.run_dir(ctx.restart)} (scout's own log: ranks/log-<rank>.jsonl)")
 

@@ -53,3 +53,37 @@ def next_sleep_s(*, now: float, poll_s: float, due: list[float], min_sleep_s: fl
     upcoming = [t - now for t in due if t > now]
     wait = min([poll_s, *upcoming])
     return max(min_sleep_s, min(poll_s, wait))
+
+
+# ---- start-up and busy phases ------------------------------------------------------------------
+# The stall clock (the floor, `stall_factor` step times) arms only once training advances: at the
+# first optimizer step, or once `arm_after_collectives` collectives completed (a job whose optimizer
+# scout cannot see). Before that a rank is starting (imports, `deepspeed.initialize`, compiling,
+# loading a checkpoint after a resume) and gets the separate start-up limit; a stall then is a
+# `startup hang`. A rank inside a checkpoint save or load (the bootstrap marks torch.save/torch.load
+# busy in its progress record) is busy, not hung: it too gets the start-up limit.
+
+PHASE_STARTUP = "startup"
+PHASE_TRAINING = "training"
+PHASE_CHECKPOINT = "checkpoint I/O"
+
+
+def armed(*, opt_steps: int, coll_completed: int, arm_after_collectives: int) -> bool:
+    """Has training advanced far enough for the stall clock to run?"""
+    return opt_steps > 0 or (arm_after_collectives > 0 and coll_completed >= arm_after_collectives)
+
+
+def phase(*, armed_: bool, busy: bool) -> str:
+    if not armed_:
+        return PHASE_STARTUP
+    return PHASE_CHECKPOINT if busy else PHASE_TRAINING
+
+
+def threshold_s(*, phase_: str, floor_s: float, factor: float, typical_step_s: float, startup_limit_s: float) -> float:
+    """Idle seconds after which a rank in `phase_` is stalled."""
+    training = max(floor_s, factor * typical_step_s)
+    if phase_ == PHASE_STARTUP:
+        return startup_limit_s
+    if phase_ == PHASE_CHECKPOINT:
+        return max(training, startup_limit_s)
+    return training

@@ -81,7 +81,9 @@ class RankTracker:
     view: progress_mod.ProgressView | None = None
 
     def observe(self, view: progress_mod.ProgressView, now: float) -> None:
-        pos = view.position
+        # the record's own last change counts too: a forward without a collective (evaluation) and
+        # the start or end of a checkpoint save restart the idle clock, not the rank's position
+        pos = (*view.position, view.last_change_ns)
         if pos != self.last_position:
             self.last_position = pos
             self.last_change = now
@@ -99,11 +101,19 @@ class RankTracker:
     def typical_step_s(self) -> float:
         return statistics.median(self.intervals) if len(self.intervals) >= 3 else 0.0
 
-    def threshold_s(self, cfg: WatchdogConfig) -> float:
+    def phase(self, cfg: WatchdogConfig) -> str:
+        """startup (training has not advanced: the stall clock is not armed), checkpoint I/O, or training."""
         v = self.view
-        if v is None or (v.coll_entered == 0 and v.opt_steps == 0):
-            return cfg.startup_grace_s
-        return max(cfg.stall_floor_s, cfg.stall_factor * self.typical_step_s())
+        if v is None:
+            return stallclock.PHASE_STARTUP
+        return stallclock.phase(
+            armed_=stallclock.armed(opt_steps=v.opt_steps, coll_completed=v.coll_completed,
+                                    arm_after_collectives=cfg.arm_after_collectives),
+            busy=v.busy)
+
+    def threshold_s(self, cfg: WatchdogConfig) -> float:
+        return stallclock.threshold_s(phase_=self.phase(cfg), floor_s=cfg.stall_floor_s, factor=cfg.stall_factor,
+                                      typical_step_s=self.typical_step_s(), startup_limit_s=cfg.startup_grace_s)
 
 
 def confirm_window_s(cfg: WatchdogConfig) -> float:
@@ -363,12 +373,14 @@ class Watchdog:
             self.reported_stalled.add(t.rank)
             self._write_finding(Finding(
                 rank=t.rank, node=self.ctx.node, kind=FindingKind.STALL_SUSPECT, at=self.wall(),
-                summary=f"rank {t.rank} made no progress for {i:.1f} s (threshold {th:.1f} s)",
+                summary=f"rank {t.rank} made no progress for {i:.1f} s (threshold {th:.1f} s, {t.phase(self.cfg)})",
                 details=(f"process state: {proc_state(self._training_pid(t)).value}",),
                 step=t.view.opt_steps if t.view else -1))
         if not stallclock.may_decide(now=now, window_since=self.suspect_since, confirm_s=confirm_s,
                                      any_stalled=bool(stalled)):
             return None
+        if any(t.phase(self.cfg) == stallclock.PHASE_CHECKPOINT and i <= th for t, i, th in idle):
+            return None  # a rank of this node is in a checkpoint save or load, within its limit: busy
         peers = {s.rank: s for s in self._peer_snapshots()}
         # a peer whose last word was a steady heartbeat gets a steady interval more to speak
         silent = frozenset(r for r, s in peers.items()
@@ -380,6 +392,8 @@ class Watchdog:
         for r, s in peers.items():
             if r in silent or s.child_state == ChildState.EXITED or r in self.trackers:
                 continue
+            if s.opt_steps > 0 and s.threshold_s >= self.cfg.startup_grace_s and s.idle_s <= s.threshold_s:
+                return None  # a peer in a checkpoint save or load (its limit is the start-up one): busy
             if s.idle_s < s.threshold_s / 2:
                 return None  # a peer is still advancing: not a job-wide stall (yet)
         for t in self.trackers.values():
@@ -387,8 +401,17 @@ class Watchdog:
         # under torchrun the ranks are the workers', not the Slurm tasks': their records say how many
         world = max([self.ctx.world_size] + [t.view.world_size for t in self.trackers.values() if t.view])
         call = decide_stall(peers, world, silent)
+        reasoning = call.reasoning
+        at_startup = not any(stallclock.armed(opt_steps=s.opt_steps, coll_completed=s.coll_completed,
+                                              arm_after_collectives=self.cfg.arm_after_collectives)
+                             for s in peers.values())
+        if at_startup:
+            reasoning = (f"startup hang: no rank had completed a training step (the stall clock arms at the first "
+                         f"optimizer step or after {self.cfg.arm_after_collectives} collectives); the start-up "
+                         f"limit of {self.cfg.startup_grace_s:g} s passed without progress", *reasoning)
         decision = StallDecision(decided_by=self.ctx.rank, at=self.wall(), culprits=call.culprits,
-                                 kind=call.kind, reasoning=call.reasoning)
+                                 kind=call.kind, reasoning=reasoning,
+                                 phase=stallclock.PHASE_STARTUP if at_startup else stallclock.PHASE_TRAINING)
         create_record_exclusive(self._decision_path(), decision)
         return self._existing_decision() or decision
 

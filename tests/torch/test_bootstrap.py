@@ -101,7 +101,7 @@ def assert_clean(runs: list[RankRun]) -> None:
         # rank 0 announces what replay covers and, at its first vote (the end-of-training one in a
         # run shorter than K), the replica groups; anything else scout says on stderr is a warning
         said = [line for line in r.stderr.splitlines() if "scout:" in line
-                and not line.startswith(("scout: in-situ replay every ", "scout: state votes every "))]
+                and not line.startswith(("scout: in-situ replay every ", "scout: state votes every ", "scout: framework: "))]
         assert said == [], r.stderr
 
 

@@ -1,0 +1,69 @@
+"""A DDP job with a slow start: it initialises, builds DDP (its first collectives), then spends
+`--startup-sleep` seconds before its first step (imports, compiling, loading data), as
+`deepspeed.initialize` does. `--sleep-rank R` sleeps on that rank only (the others wait for it in
+their first all-reduce: a hang before the first step)."""
+from __future__ import annotations
+
+import argparse
+import datetime
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+class SlowToWrite:
+    """Stands in for a large checkpoint on slow storage: pickling it takes `seconds`."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __reduce__(self):
+        time.sleep(self.seconds)
+        return (float, (self.seconds,))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--step-sleep", type=float, default=0.02)
+    ap.add_argument("--startup-sleep", type=float, default=40.0)
+    ap.add_argument("--sleep-rank", type=int, default=-1, help="-1: every rank sleeps")
+    ap.add_argument("--slow-save", type=float, default=0.0, help="at step 10 rank 0 saves for this long")
+    ap.add_argument("--eval-seconds", type=float, default=0.0, help="at step 10 every rank evaluates this long")
+    ap.add_argument("--timeout", type=float, default=600.0)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
+    rank = dist.get_rank()
+    ddp = DDP(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
+    dist.barrier()
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    if args.sleep_rank in (-1, rank):
+        print(f"rank {rank}: starting slowly ({args.startup_sleep:g} s)", flush=True)
+        time.sleep(args.startup_sleep)
+    gen = torch.Generator().manual_seed(1000 + rank)
+    for step in range(1, args.steps + 1):
+        loss = ddp(torch.randn(16, 32, generator=gen)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        time.sleep(args.step_sleep)
+        if step == 10 and args.slow_save and rank == 0:   # the others wait for it in step 11's all-reduce
+            torch.save({"model": ddp.module.state_dict(), "slow": SlowToWrite(args.slow_save)}, "slow-save.pt")
+        if step == 10 and args.eval_seconds:   # forwards without a collective (the inner model, no DDP)
+            end = time.monotonic() + args.eval_seconds
+            with torch.no_grad():
+                while time.monotonic() < end:
+                    ddp.module(torch.randn(16, 32, generator=gen))
+                    time.sleep(0.05)
+    print(f"rank {rank}: done", flush=True)
+    del ddp, opt
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

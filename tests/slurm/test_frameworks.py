@@ -1,0 +1,143 @@
+"""Issue 22: the frameworks users train with, under scout-srun on the real lab cluster (CPU, gloo,
+2 nodes x 2 ranks unless said): DeepSpeed ZeRO-1/2 (a clean run with a 40 s start-up between
+`initialize` and the first step completes untouched with the tests' 4 s stall floor; state votes
+run; a weight bitflip is `sdc` with rank and node; SIGSTOP and a crash are named exactly),
+Megatron-Core's parallel layers (votes and replay run; SIGSTOP named), and torchrun-launched DDP
+(a weight bitflip named by rank and node). A framework that is not installed skips, saying so
+(`pip install -e '.[frameworks]'`, which scripts/setup.sh does)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import scoutjobs as sj
+from scout_slurm.slurm import ops
+
+pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]
+STALL_FLOOR = 4.0
+JOBS = sj.TRAIN.parent
+DEEPSPEED = JOBS / "train_deepspeed.py"
+MEGATRON = JOBS / "train_megatron.py"
+needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
+                                     reason="deepspeed is not installed (pip install -e '.[frameworks]')")
+needs_megatron = pytest.mark.skipif(importlib.util.find_spec("megatron.core") is None,
+                                    reason="megatron-core is not installed (pip install -e '.[frameworks]')")
+
+
+def _banner(out: str) -> str:
+    lines = [line for line in out.splitlines() if line.startswith("scout: framework: ")]
+    assert len(lines) == 1, out[-3000:]
+    return lines[0]
+
+
+def _drained(lab) -> dict[str, str]:
+    return {n.name: n.reason for n in ops.list_nodes(timeout=10, env=lab.client_env()) if n.is_drained}
+
+
+@needs_deepspeed
+@pytest.mark.timeout(420)
+def test_deepspeed_zero1_and_zero2_clean_with_slow_start(lab, clean_drains):
+    jobs = {}
+    t0 = time.monotonic()
+    for zero in (1, 2):  # both at once: each waits 40 s at start
+        script = sj.batch_script(lab, train=DEEPSPEED, train_args=f"--zero {zero} --startup-sleep 40 --steps 20",
+                                 scout_args=f"--scout-stall-floor={STALL_FLOOR} --scout-consensus-every=5")
+        jobs[zero] = sj.submit(lab, script, extra=("--no-requeue",))
+    for zero, job in jobs.items():
+        sj.wait_finished(lab, job, timeout=360)
+    print(f"\nDEEPSPEED ZeRO-1 and ZeRO-2 with a 40 s start-up, side by side: {time.monotonic() - t0:.1f} s")
+    for zero, job in jobs.items():
+        out = sj.output(lab, job)
+        assert all(f"rank {r}: done" in out for r in range(4)), out[-3000:]
+        assert sj.decision(lab, job) is None
+        banner = _banner(out)
+        assert f"DeepSpeed engine, ZeRO-{zero}" in banner and "replica groups [[0, 1, 2, 3]]" in banner, banner
+        assert "voted every 5 steps: weights" in banner and f"DeepSpeed ZeRO-{zero} partitions it" in banner, banner
+        shown = sj.show_json(lab, job, restart=0)
+        assert shown["kind"] == "clean" and shown["suspects"] == [], shown
+        cov = json.loads((sj.folder(lab, job).run_dir(0) / "votes.json").read_text())
+        assert cov["votes"] >= 4 and cov["last_clean_step"] == 20, cov
+    assert not _drained(lab)
+
+
+@needs_deepspeed
+@pytest.mark.timeout(300)
+def test_deepspeed_zero2_weight_bitflip_is_sdc(lab, clean_drains):
+    inject = "bitflip,bit=23,rank=2,step=5,target=weights"
+    script = sj.batch_script(lab, train=DEEPSPEED, train_args="--zero 2 --steps 40",
+                             scout_args=f"--scout-stall-floor={STALL_FLOOR} --scout-consensus-every=5 "
+                                        f"--scout-inject={inject}")
+    job = sj.submit(lab, script, extra=("--no-requeue",))
+    sj.wait_finished(lab, job, timeout=240)
+    shown = sj.show_json(lab, job, restart=0)
+    node = sj.places(lab, job)[2].node
+    assert shown["kind"] == "sdc", (shown, sj.output(lab, job)[-3000:])
+    assert [(s["rank"], s["node"]) for s in shown["suspects"]] == [(2, node)], shown
+    assert _drained(lab).get(node, "").startswith(f"scout: sdc rank 2 job {job}"), _drained(lab)
+
+
+DS_FAULTS = [("sigstop", None, 2, "hang"), ("sigkill", "sigkill,rank=3,step=5", 3, "crash")]
+
+
+@needs_deepspeed
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case_id,inject,rank,kind", DS_FAULTS, ids=[c[0] for c in DS_FAULTS])
+def test_deepspeed_zero2_process_faults_named(lab, clean_drains, case_id, inject, rank, kind):
+    scout_args = f"--scout-stall-floor={STALL_FLOOR}" + (f" --scout-inject={inject}" if inject else "")
+    script = sj.batch_script(lab, train=DEEPSPEED, train_args="--zero 2 --steps 400", scout_args=scout_args)
+    job = sj.submit(lab, script, extra=("--no-requeue",))
+    if inject is None:
+        sj.wait_progress(lab, job, rank, steps=5, timeout=200)
+        os.kill(sj.places(lab, job)[rank].child_pid, signal.SIGSTOP)  # a process of a job this test submitted
+    sj.wait_finished(lab, job, timeout=240)
+    shown = sj.show_json(lab, job, restart=0)
+    node = sj.places(lab, job)[rank].node
+    assert shown["kind"] == kind, (shown, sj.output(lab, job)[-3000:])
+    assert [(s["rank"], s["node"]) for s in shown["suspects"]] == [(rank, node)], shown
+
+
+@needs_megatron
+@pytest.mark.timeout(300)
+def test_megatron_votes_replay_run_and_sigstop_is_named(lab, clean_drains):
+    script = sj.batch_script(lab, train=MEGATRON, train_args="--steps 400",
+                             scout_args=f"--scout-stall-floor={STALL_FLOOR} --scout-consensus-every=5")
+    job = sj.submit(lab, script, extra=("--no-requeue",))
+    sj.wait_progress(lab, job, 1, steps=12, timeout=200)
+    os.kill(sj.places(lab, job)[1].child_pid, signal.SIGSTOP)  # a process of a job this test submitted
+    sj.wait_finished(lab, job, timeout=200)
+    out = sj.output(lab, job)
+    banner = _banner(out)
+    assert "Megatron-Core parallel_state tp=1 pp=1 cp=1 dp=4" in banner and "voted every 5 steps" in banner, banner
+    assert "could not recompute" not in out, out[-3000:]
+    shown = sj.show_json(lab, job, restart=0)
+    assert shown["kind"] == "hang", (shown, out[-3000:])
+    assert [(s["rank"], s["node"]) for s in shown["suspects"]] == [(1, sj.places(lab, job)[1].node)], shown
+    cov = json.loads((sj.folder(lab, job).run_dir(0) / "votes.json").read_text())
+    assert cov["votes"] >= 2 and cov["replay_rounds"] >= 2 and cov["replay_failed_rounds"] == 0, cov
+
+
+@pytest.mark.timeout(300)
+def test_torchrun_ddp_weight_bitflip_named_by_rank_and_node(lab, clean_drains):
+    torchrun = Path(sys.executable).parent / "torchrun"
+    port = lab.spec.port_base + 9  # free: the lab uses port_base .. port_base + nodes
+    script = f"""#!/bin/bash
+export OMP_NUM_THREADS=1
+export PATH={Path(sys.executable).parent}:$PATH
+scout-srun --scout-consensus-every=5 --scout-inject=bitflip,bit=23,rank=3,step=6,target=weights -N2 \\
+    --ntasks-per-node=1 {torchrun} --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d \\
+    --rdzv-endpoint 127.0.0.1:{port} --rdzv-id $SLURM_JOB_ID {sj.TRAIN} --steps 40
+"""
+    job = sj.submit(lab, script, nodes=2, tasks_per_node=1, extra=("--no-requeue",))
+    sj.wait_finished(lab, job)
+    shown = sj.show_json(lab, job, restart=0)
+    assert shown["kind"] == "sdc", (shown, sj.output(lab, job)[-3000:])
+    node = json.loads(sj.folder(lab, job).progress_path(0, 3).read_text())["node"]
+    assert [(s["rank"], s["node"]) for s in shown["suspects"]] == [(3, node)], shown
