@@ -25,6 +25,7 @@ from scout_slurm.config import DrainConfig, parse_config, render_toml
 from scout_slurm.slurm import ops
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]
+STASHED = ".set-aside-by-test"
 XID = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, GPU has fallen off the bus."
 
 
@@ -40,6 +41,10 @@ class Site:
         self.kmsg.mkdir(mode=0o755, exist_ok=True)
         for node in lab.spec.node_names():     # each node's kernel log, empty: nothing logged yet
             (self.kmsg / f"{node}.kmsg").write_text("")
+        # the session's earlier tests drained and watched nodes too (as scout-u1 and root): their drain
+        # decisions are set aside for this test, so that its history is its own, and put back after
+        self.stashed = [p.rename(p.with_name(p.name + STASHED))
+                        for p in lab.paths.evidence.glob("*/*/results/drain-decisions-*.json")]
 
     def arm(self) -> None:
         import tomllib
@@ -59,6 +64,8 @@ class Site:
         self.conf.write_bytes(self.saved)
         for f in self.kmsg.glob("*.kmsg"):
             f.unlink()
+        for p in self.stashed:
+            p.rename(p.with_name(p.name.removesuffix(STASHED)))
 
 
 @pytest.fixture()
