@@ -35,6 +35,7 @@ class Site:
 
     def __init__(self, lab) -> None:
         self.lab, self.started = lab, time.time()
+        self.jobs_before = {j.job_id for j in ops.list_jobs(timeout=10, env=lab.client_env())}
         self.conf = lab.paths.scout_conf
         self.saved = self.conf.read_bytes()
         self.kmsg = lab.paths.etc / "test-kmsg"     # root's, like the site config beside it
@@ -61,6 +62,11 @@ class Site:
             fh.write(f"3,9001,{int(uptime * 1e6)},-;{line}\n")
 
     def restore(self) -> None:
+        # a failed test leaves its bystanders, fillers and requeued jobs holding nodes: the next
+        # tests of the session would wait on them, so every job this test started is cancelled
+        for j in ops.list_jobs(timeout=10, env=self.lab.client_env()):
+            if j.job_id not in self.jobs_before and not j.is_finished:
+                ops.cancel_job(j.job_id, timeout=10, env=self.lab.client_env())
         self.conf.write_bytes(self.saved)
         for f in self.kmsg.glob("*.kmsg"):
             f.unlink()
