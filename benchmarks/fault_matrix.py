@@ -57,10 +57,18 @@ COMPUTE_FAULTS = [("bitflip,bit=10,element=1", "activations"), ("bitflip,bit=30,
                   ("scale,factor=1.5", "activations"), ("sign,element=2", "activations"),
                   ("noise,sigma=1e-3", "activations"), ("nan", "activations"), ("inf", "activations"),
                   ("noise,sigma=1e-3", "gradients"), ("scale,factor=2", "gradients"),
-                  ("bitflip,bit=23", "gradients"), ("sign", "gradients")]
-# pure FSDP holds no replicated state: state faults are listed to show they are missed, once each
-PLAN = {"ddp": STATE_FAULTS + COMPUTE_FAULTS, "hsdp": STATE_FAULTS[:6] + COMPUTE_FAULTS,
-        "fsdp2": STATE_FAULTS[:2] + COMPUTE_FAULTS, "hsdp4": STATE_FAULTS[:6]}
+                  ("bitflip,bit=23", "gradients"), ("sign", "gradients"),
+                  # transient: in training only, right again when the replay asks (the source as a witness)
+                  ("sign,element=2,transient=1", "activations"), ("scale,factor=1.5,transient=1", "activations")]
+# this rank's own weight gradient before the all-reduce (every replica then applies the same wrong
+# update): noise, a gradient counted twice, one bit; seen where the replay source's own local
+# gradient is comparable (DDP: FSDP2 reduce-scatters its unsharded copies before scout sees them)
+LOCAL_GRADIENT_FAULTS = [("noise,sigma=1e-4", "local_gradients"), ("scale,factor=2", "local_gradients"),
+                         ("bitflip,bit=20", "local_gradients")]
+# pure FSDP holds no replicated state and HSDP 2x2 two replicas: their state faults are named by the
+# at-rest witness (each rank's own state re-signed across one step in K; here K = 1)
+PLAN = {"ddp": STATE_FAULTS + COMPUTE_FAULTS + LOCAL_GRADIENT_FAULTS, "hsdp": STATE_FAULTS + COMPUTE_FAULTS,
+        "fsdp2": STATE_FAULTS + COMPUTE_FAULTS, "hsdp4": STATE_FAULTS[:6]}
 
 
 @dataclass(frozen=True)
@@ -80,22 +88,28 @@ class Run:
     failed_at_exit: tuple = ()   # ranks that failed after their distributed work had finished (exit records)
 
 
-def runs(limit: int, clean: int, seed: int) -> list[Run]:
+def runs(limit: int, clean: int, seed: int, pars: tuple[str, ...] = (), targets: tuple[str, ...] = (),
+         transient_only: bool = False) -> list[Run]:
     out = []
     n = 0
     for par, faults in PLAN.items():
         for spec, target in faults:
+            if (pars and par not in pars) or (targets and target not in targets) or (
+                    transient_only and "transient" not in spec):
+                n += 1
+                continue
             world = 2 * NODES[par]
             for rank in (n % world, (n + world // 2) % world):  # every kind meets every rank; rank 0 and the replay source included
-                recur = ",every=1" if target in ("activations", "gradients") else ""
+                recur = ",every=1" if target in ("activations", "gradients", "local_gradients") else ""
                 text = f"{spec},rank={rank},step={FAULT_STEP},target={target}{recur}"
-                label = " ".join(x.split("=")[-1] if "=" in x else x for x in spec.split(",") if not x.startswith("element"))
+                label = " ".join("transient" if x == "transient=1" else x.split("=")[-1] if "=" in x else x
+                                 for x in spec.split(",") if not x.startswith("element"))
                 out.append(Run(par, label, target, text, rank))
             n += 1
     random.Random(seed).shuffle(out)
     out = out[:limit] if limit else out
-    pars = list(PLAN)
-    cleans = [Run(pars[i % len(pars)], "clean", "-", "", -1) for i in range(clean)]
+    kinds = [p for p in PLAN if not pars or p in pars]
+    cleans = [Run(kinds[i % len(kinds)], "clean", "-", "", -1) for i in range(clean)]
     # clean runs spread among the faults, so a run cut short by --minutes still has some of each
     mixed: list[Run] = []
     for i, r in enumerate(out):
@@ -205,10 +219,14 @@ def main() -> int:
     ap.add_argument("--clean", type=int, default=30, help="clean runs (spread over DDP, FSDP2, HSDP)")
     ap.add_argument("--concurrency", type=int, default=2, help="jobs at once (2-node jobs on a 4-node lab)")
     ap.add_argument("--seed", type=int, default=6)
+    ap.add_argument("--parallelism", default="", help="only these, comma-separated (ddp, hsdp, fsdp2, hsdp4)")
+    ap.add_argument("--targets", default="", help="only these fault targets, comma-separated")
+    ap.add_argument("--transient-only", action="store_true", help="of the faults, only the transient ones")
     ap.add_argument("--json", default="fault_matrix.json")
     ap.add_argument("--minutes", type=float, default=0.0, help="submit no new run after this many minutes (0: no limit)")
     args = ap.parse_args()
-    todo = runs(args.limit, args.clean, args.seed)
+    todo = runs(args.limit, args.clean, args.seed, tuple(p for p in args.parallelism.split(",") if p),
+                tuple(t for t in args.targets.split(",") if t), args.transient_only)
     state = Path(f"/tmp/scout-fault-matrix-{os.getpid()}")
     lab = Lab(LabSpec(state_dir=state, nodes=4, port_base=free_port_base(6, 40000, 50000), python=sys.executable,
                       cpus_per_node=16))

@@ -118,6 +118,9 @@ SETTINGS: tuple[Setting, ...] = (
             "largest layer input (bytes) a replay captures and broadcasts", minimum=1),
     Setting("SCOUT_FINITE_CHECK", "finite_check", "bool", True,
             "note where a rank's loss first became NaN/Inf, decided at the next vote"),
+    Setting("SCOUT_AT_REST", "at_rest", "bool", True,
+            "at-rest witness: each rank re-signs its own weights and optimizer state across one step in K "
+            "(names memory corruption without replicas)"),
     Setting("SCOUT_FINAL_VOTE_TIMEOUT_S", "final_vote_timeout_s", "float", 120.0,
             "seconds every rank has to reach destroy_process_group for the last vote", minimum=0),
     Setting("SCOUT_SDC_POLICY", "sdc_policy", "choice", SdcPolicy.EXIT.value,
@@ -167,6 +170,7 @@ class JobConfig:
     replay_every: int = 50
     replay_max_bytes: int = REPLAY_MAX_BYTES
     finite_check: bool = True
+    at_rest: bool = True
     final_vote_timeout_s: float = 120.0
     sdc_policy: SdcPolicy = SdcPolicy.EXIT
     resume_mismatch: ResumeMismatch = ResumeMismatch.WARN

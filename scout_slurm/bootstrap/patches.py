@@ -61,6 +61,7 @@ class _State:
         self.timing: Timing | None = None  # when timing votes are on
         self.timing_fault_fired = False  # delay/input_stall said and recorded once, then quiet
         self.finite: FiniteWatch | None = None  # where NaN/Inf began
+        self.atrest: Any = None          # the at-rest witness (bootstrap.atrest), when on
         self.originals: dict[str, Any] = {}
         self.lock = threading.Lock()
         self.coverage_written: tuple | None = None  # what the run's coverage record last said
@@ -250,7 +251,7 @@ def _release_side_groups() -> None:
     called without an active exception", pytorch/pytorch#179291): a crash of scout's making on a
     job that finished. A later init_process_group starts votes, replay and timing afresh."""
     import gc
-    STATE.consensus = STATE.replay = STATE.timing = None
+    STATE.consensus = STATE.replay = STATE.timing = STATE.atrest = None
     STATE.default_pg = None  # the job's own default group, held for its sequence number
     from scout_slurm.bootstrap import ckptstate
     if ckptstate.WATCH is not None:
@@ -351,6 +352,13 @@ def _patch_optimizer(handle: InstalledHooks) -> None:
                 _model_banner()
             except Exception as exc:  # noqa: BLE001 - never break the job for a banner
                 sys.stderr.write(f"scout: model banner not printed: {exc!r}\n")
+        if STATE.atrest is not None and STATE.writer is not None and STATE.atrest.sealed is not None:
+            if STATE.timing is not None:
+                STATE.timing.pause()
+            STATE.atrest.check(STATE.writer.steps + 1, optimizer, STATE.originals["all_gather"],
+                               STATE.originals["barrier"])
+            if STATE.timing is not None:
+                STATE.timing.resume()
         # replay before the step: the weights are still those this step's forward used
         if STATE.replay is not None and STATE.writer is not None:
             if STATE.timing is not None:  # scout's own work is not the job's compute
@@ -365,6 +373,8 @@ def _patch_optimizer(handle: InstalledHooks) -> None:
         if w is None:
             return
         step = w.step()
+        if STATE.atrest is not None:   # first: the state exactly as the optimizer left it
+            STATE.atrest.seal(step, optimizer)
         COST.stepped()
         if step % selfcost.COST_EVERY == 0:
             selfcost.write(STATE.config.run_dir, STATE.rank, STATE.restart)
@@ -527,10 +537,13 @@ def _model_banner() -> None:
     replayed = ("in-situ replay off" if r is None else "nothing replayed (no model seen)" if not roots
                 else f"replayed every {r.every} steps (layers below)")
     timed = (f"step timing voted every {t.rules.every} steps" if t is not None else "timing votes off")
+    a = STATE.atrest
+    rest = (f"each rank's own weights and optimizer state re-signed at rest across one step in {a.every}"
+            if a is not None else "at-rest witness off")
     sys.stderr.write(
         f"scout: framework: {framework_seen(roots)}; replica groups {[list(g) for g in groups]}"
         + (f" ({how})" if how else " (no model seen: all ranks taken as replicas)")
-        + f"; {voted}; {replayed}; {timed}; stalls timed from this first optimizer step on "
+        + f"; {voted}; {replayed}; {rest}; {timed}; stalls timed from this first optimizer step on "
         "(before it, the start-up limit)\n")
     sys.stderr.flush()
 
@@ -602,6 +615,11 @@ def _start_consensus() -> None:
                                 run_dir=cfg.run_dir, node=cfg.node, offset=cfg.step_offset,
                                 restart=cfg.restart, sdc_policy=cfg.sdc_policy.value)
     STATE.consensus.on_vote = _write_coverage
+    if cfg.at_rest:
+        from scout_slurm.bootstrap.atrest import AtRest
+        STATE.atrest = AtRest(every=cfg.consensus_every, rank=STATE.rank, world=STATE.world,
+                              side=STATE.consensus.side, run_dir=cfg.run_dir, node=cfg.node,
+                              offset=cfg.step_offset, sdc_policy=cfg.sdc_policy.value)
     if cfg.replay_every > 0:
         from scout_slurm.bootstrap.replay import Replay
         STATE.replay = Replay(every=cfg.replay_every, rank=STATE.rank, world=STATE.world, side=STATE.consensus.side,
@@ -736,7 +754,9 @@ def _on_root(module: Any) -> None:
     fault = STATE.fault
     if fault is not None and fault.is_compute and (fault.rank is None or fault.rank == STATE.rank):
         from scout_slurm.bootstrap.replay import attach_compute_fault
-        sys.stderr.write(f"scout: {attach_compute_fault(module, fault, STATE.rank, STATE.restart, _current_step, _compute_fired)}\n")
+        said = attach_compute_fault(module, fault, STATE.rank, STATE.restart, _current_step, _compute_fired,
+                                    lambda: STATE.replay is not None and STATE.replay.replaying)
+        sys.stderr.write(f"scout: {said}\n")
 
 
 def _compute_fired(what: str) -> None:

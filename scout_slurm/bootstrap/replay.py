@@ -224,9 +224,9 @@ class RootTracker:
 
 
 def attach_compute_fault(root: Any, fault: Any, rank: int, restart: int, current_step: Callable[[], int],
-                         on_fire: Callable[[str], None]) -> str:
+                         on_fire: Callable[[str], None], replaying: Callable[[], bool] = lambda: False) -> str:
     """Hang the fault's forward hook on the named layer (default: the first with weights)."""
-    from scout_slurm.inject.corrupt import compute_fault_hook
+    from scout_slurm.inject.corrupt import compute_fault_hook, local_gradient_fault_hook
     leaves = parameterised_leaves([root])
     if not leaves:
         return "no layer with weights: compute fault not attached"
@@ -238,7 +238,13 @@ def attach_compute_fault(root: Any, fault: Any, rank: int, restart: int, current
         name, layer = match[0]
     else:
         name, layer = leaves[0]
-    layer.register_forward_hook(compute_fault_hook(fault, rank, restart, current_step, on_fire))
+    if fault.target == "local_gradients":
+        weight = next((p for p in layer.parameters(recurse=False) if p.requires_grad), None)
+        if weight is None:
+            return f"compute fault: layer {name!r} has no trainable weight"
+        weight.register_hook(local_gradient_fault_hook(fault, rank, restart, current_step, on_fire))
+    else:
+        layer.register_forward_hook(compute_fault_hook(fault, rank, restart, current_step, on_fire, replaying))
     return f"compute fault ({fault.kind} into {fault.target}) attached to layer {name!r}"
 
 
@@ -267,6 +273,8 @@ class Replay:
         self.cap: dict[str, Any] | None = None
         self.cap_reason = ""
         self.replays = 0
+        self.witnessed = 0   # rounds in which the source's training-time values were compared too
+        self.trusted: set[tuple[int, str]] = set()   # (layer, "output"/"weight gradient") seen agreeing once
         self.last_clean = -1
         self.ready_from = 0  # the capture hooks attach at the first step: replays start at the next
 
@@ -305,6 +313,9 @@ class Replay:
         for idx, (_, m) in enumerate(self.layers):
             m.register_forward_pre_hook(self._pre_hook(idx), with_kwargs=True)
             m.register_forward_hook(self._post_hook(idx))
+            for pname, p in m.named_parameters(recurse=False):
+                if p.requires_grad and not is_dtensor(p):   # FSDP2 reduces its unsharded copies: not seen here
+                    p.register_hook(self._grad_hook(idx, pname))
         if self.rank == 0:
             say(f"in-situ replay every {self.every} steps over layers {[n for n, _ in self.layers]}"
                 + (f"; not replayed: {'; '.join(skipped)}" if skipped else ""))
@@ -341,17 +352,24 @@ class Replay:
                 self.cap_reason = f"its inputs ({nbytes} bytes) and output gradients exceed the cap"
                 return None
             self.cap = {"spec": spec, "x": [t.detach().clone() for t in tensors], "rng": torch.get_rng_state(),
-                        "gy": None}
+                        "gy": None, "idx": idx, "calls": 0, "gw": {},
+                        "autocast": _autocast_on(tensors)}
             return None
         return capture_input
 
     def _post_hook(self, idx: int) -> Callable:
         def capture_output_gradient(module, args, output):
             cap = self.cap
-            if self.replaying or cap is None or self.cap_step != self.current_step() or "hooked" in cap:
+            if self.replaying or cap is None or self.cap_step != self.current_step() or cap["idx"] != idx:
+                return None
+            cap["calls"] += 1        # a layer called twice a step sums two calls in its weights' gradient
+            if "hooked" in cap:
                 return None
             cap["hooked"] = True
             outs = output_tensors(output)
+            # the source as a witness: what its hardware computed in training, to set against the
+            # recomputations of the same input (its own included)
+            cap["out_sig"] = _pos(state_signature((f"out{i}", o) for i, o in enumerate(outs)))
             cap["gy"] = [None] * len(outs)   # one per tensor output; None where no gradient arrives
             for i, o in enumerate(outs):
                 # not a leaf: a layer may return one of its own parameters (Megatron's bias with
@@ -363,6 +381,39 @@ class Replay:
                     o.register_hook(keep)
             return None
         return capture_output_gradient
+
+    def _grad_hook(self, idx: int, pname: str) -> Callable:
+        def capture_weight_gradient(g):
+            cap = self.cap
+            if self.replaying or cap is None or self.cap_step != self.current_step():
+                return None
+            plan = self._plan(self.cap_step)
+            if plan is None or plan.layer_index != idx:
+                return None
+            # this rank's own gradient, before any reduction: every arrival of this step, kept
+            cap["gw"].setdefault(pname, []).append(g.detach().clone())
+            return None
+        return capture_weight_gradient
+
+    def _training_signatures(self, layer: Any, cap: dict | None) -> tuple[int, int, str]:
+        """The source's training-time output and weight-gradient signatures (0: not comparable,
+        with why): its own values from the step, to set against the recomputations."""
+        if cap is None or "out_sig" not in cap:
+            return 0, 0, "no training-time output captured"
+        if cap["autocast"]:
+            return 0, 0, "the layer ran under autocast in training (the replay does not)"
+        if cap["calls"] != 1:
+            return cap["out_sig"], 0, f"the layer ran {cap['calls']} times in the step (its weight gradient sums them)"
+        import torch
+        params = [(n, p) for n, p in layer.named_parameters(recurse=False) if p.requires_grad]
+        if not params or any(is_dtensor(p) for _, p in params):
+            return cap["out_sig"], 0, "sharded weights (their gradients are reduced before they are seen)"
+        grads = cap["gw"]
+        if not grads or any(len(grads.get(n, ())) > 1 for n, _ in params):
+            return cap["out_sig"], 0, "the weight gradient did not arrive once, whole"
+        none = torch.zeros(0)
+        sig = state_signature((n, grads[n][0] if n in grads else none) for n, _ in params)
+        return cap["out_sig"], _pos(sig), ""
 
     def _send(self, t: Any, src: int) -> Any:
         """Broadcast one tensor of any shape and dtype from `src` over scout's side group (the other
@@ -428,7 +479,13 @@ class Replay:
         spec, xs, gys, rng = sent
         has_gy = any(g is not None for g in gys)
         weights = {n: self._full(p) for n, p in layer.named_parameters(recurse=False)}
-        mine = torch.zeros(5, dtype=torch.int64)
+        mine = torch.zeros(7, dtype=torch.int64)
+        if self.rank == plan.source:
+            train_out, train_gw, why = self._training_signatures(layer, cap)
+            mine[5], mine[6] = train_out, train_gw
+            if why and has_gy:
+                self._say_once(("witness", name, why), f"replay of layer {name!r}: the source's training-time "
+                               f"{'values not' if not train_out else 'output only'} compared ({why})")
         # the layer's stored weights (this rank's shard): replicas must agree on them first
         mine[4] = _pos(state_signature(layer.named_parameters(recurse=False)))
         try:
@@ -459,8 +516,20 @@ class Replay:
         group = tuple(range(self.world))  # same full layer everywhere: every rank is a replica of the compute
         votes = [vote_group(what, group, [int(g[i]) for g in gathered])
                  for i, what in ((1, "output"), (2, "input gradient"), (3, "weight gradient")) if has_gy or i == 1]
+        differs, agrees = source_witness([tuple(int(v) for v in g) for g in gathered], plan.source, has_gy)
+        self.witnessed += int(bool(int(gathered[plan.source][5])))
+        self.trusted |= {(plan.layer_index, w) for w in agrees}
+        # a training-time value is trusted to equal the recomputation once it has, for this layer:
+        # compiled or fused kernels may compute it differently every time, and that is not a fault
+        untrusted = [w for w in differs if (plan.layer_index, w) not in self.trusted]
+        if untrusted and self.rank == 0:
+            self._say_once(("untrusted", name), f"replay of layer {name!r} at step {step}: the source's training-time "
+                           f"{' and '.join(untrusted)} differs from every recomputation, but no earlier comparison on "
+                           "this layer agreed (compiled or fused kernels compute it otherwise): not named, compared "
+                           "again at the next replay")
+        witness = [w for w in differs if w not in untrusted]
         self._conclude(votes, plan, name, step, [tuple(int(v) for v in g[1:4]) for g in gathered],
-                       time.perf_counter() - t0)
+                       time.perf_counter() - t0, witness)
 
     def _full(self, p: Any) -> Any:
         """This rank's full parameter: itself (DDP), or its shard group's local shards gathered over
@@ -519,9 +588,10 @@ class Replay:
                 torch.use_deterministic_algorithms(was, warn_only=warn)
 
     def _conclude(self, votes: list[GroupVote], plan: Any, name: str, step: int, sigs: list[tuple[int, ...]],
-                  dt: float) -> None:
+                  dt: float, witness: list[str] = ()) -> None:
         gstep = step + self.offset
-        confirmed = sorted({r for v in votes if v.outcome is VoteOutcome.SDC for r in v.outliers})
+        confirmed = sorted({r for v in votes if v.outcome is VoteOutcome.SDC for r in v.outliers}
+                           | ({plan.source} if witness else set()))
         unsure = [v for v in votes if v.outcome is VoteOutcome.INCONCLUSIVE]
         if not confirmed and not unsure:
             self.last_clean = gstep
@@ -529,7 +599,7 @@ class Replay:
             return
         writer = min((r for r in range(self.world) if r not in confirmed), default=0)
         if self.rank == writer:
-            self._write(votes, confirmed, unsure, plan, name, gstep, sigs, dt)
+            self._write(votes, confirmed, unsure, plan, name, gstep, sigs, dt, witness)
         # the finding is on disk before the outlier leaves: the Epilogs act on it
         self.barrier(group=self.side)
         if self.rank in confirmed and ends(Ending.SDC, self.sdc_policy):
@@ -537,7 +607,7 @@ class Replay:
                 f"{step}; ending this rank (exit {Ending.SDC.code})")
             end(Ending.SDC)
 
-    def _write(self, votes, confirmed, unsure, plan, name, step, sigs, dt) -> None:
+    def _write(self, votes, confirmed, unsure, plan, name, step, sigs, dt, witness=()) -> None:
         if self.run_dir is None:
             return
         from scout_slurm.evidence.records import Finding, FindingKind
@@ -557,6 +627,14 @@ class Replay:
         records = []
         for r in confirmed:
             what = [v.what for v in votes if r in v.outliers]
+            if not what:   # named by its own training-time values alone: a transient fault, at this step
+                records.append((f"sdc-compute-rank-{r}-step-{step}.json", Finding(
+                    rank=r, node=self.node if r == self.rank else "", kind=FindingKind.SDC, at=now,
+                    summary=(f"rank {r}'s training-time {' and '.join(witness)} of layer {name!r} at step {step} "
+                             f"differs from every recomputation of the same input ({self.world} ranks, its own "
+                             "included, agree): a transient fault in its compute, or a corrupted local gradient"),
+                    details=common, step=step, since_step=step, component="compute")))
+                continue
             records.append((f"sdc-compute-rank-{r}-step-{step}.json", Finding(
                 rank=r, node=self.node if r == self.rank else "", kind=FindingKind.SDC, at=now,
                 summary=(f"rank {r}'s recomputation of layer {name!r} ({', '.join(what)}) differs from the majority of "
@@ -573,6 +651,31 @@ class Replay:
                 write_record(self.run_dir / "findings" / fname, finding)
             except Exception as exc:  # noqa: BLE001
                 say(f"finding not written: {exc!r}")
+
+
+def source_witness(gathered: list[tuple[int, ...]], source: int, has_gy: bool) -> tuple[list[str], list[str]]:
+    """(what of the source's training-time values differs from the recomputations, what agrees)
+    (pure): each rank's row is (ok, output, input gradient, weight gradient, stored weights,
+    training output, training weight gradient), the last two from the source only (0: not
+    comparable). Only where every recomputation agrees: then the source alone differing is its own
+    compute at that step."""
+    differs, agrees = [], []
+    for train_i, recompute_i, what in ((5, 1, "output"), (6, 3, "weight gradient")):
+        if recompute_i == 3 and not has_gy:
+            continue
+        recomputed = {row[recompute_i] for row in gathered}
+        mine = gathered[source][train_i]
+        if mine and len(recomputed) == 1:
+            (agrees if mine in recomputed else differs).append(what)
+    return differs, agrees
+
+
+def _autocast_on(tensors: list[Any]) -> bool:
+    import torch
+    try:
+        return any(torch.is_autocast_enabled(t.device.type) for t in tensors[:1])
+    except TypeError:   # an older torch: no device argument
+        return torch.is_autocast_enabled()
 
 
 class _Slot:

@@ -42,8 +42,23 @@ def corrupt_(t: Any, fault: FaultSpec, *, seed: int = 0) -> str:
         return f"[{i}]: {before!r} -> {float(flat[i])!r}"
 
 
+def local_gradient_fault_hook(fault: FaultSpec, rank: int, restart: int, current_step: Callable[[], int],
+                              on_fire: Callable[[str], None]) -> Callable:
+    """A tensor hook on a weight: this rank's own gradient of it, corrupted before it is
+    accumulated and all-reduced (every replica then holds the same wrong update)."""
+    def hook(g):
+        step = current_step()
+        if not fault.applies(rank, step, restart):
+            return None
+        g = g.clone()
+        what = corrupt_(g, fault, seed=1_000_003 * rank + step)
+        on_fire(f"local weight gradient {what}")
+        return g
+    return hook
+
+
 def compute_fault_hook(fault: FaultSpec, rank: int, restart: int, current_step: Callable[[], int],
-                       on_fire: Callable[[str], None]) -> Callable:
+                       on_fire: Callable[[str], None], replaying: Callable[[], bool] = lambda: False) -> Callable:
     """A forward hook for the faulty layer on the faulty rank. `activations`: its output is
     corrupted; `gradients`: the gradient entering its backward is. It fires in training and in
     scout's replay of the layer alike (the hardware is broken, whoever asks)."""
@@ -78,6 +93,8 @@ def compute_fault_hook(fault: FaultSpec, rank: int, restart: int, current_step: 
             return None if first is None else (first, *output[1:])
         step = current_step()
         if not isinstance(output, torch.Tensor) or not fault.applies(rank, step, restart):
+            return None
+        if fault.transient and replaying():   # a one-off upset: asked again, the hardware answers right
             return None
         if fault.target == "activations":
             out = output.detach().clone()

@@ -5,7 +5,9 @@ The fault fires after optimizer step S (1-based) on rank R. Numerical faults may
 (`every=N`: at S, S+N, ...; `until=U`: every step from S to U) and target weights, optimizer
 state, or computation: `activations` (the output of layer `layer=NAME` on that rank) and
 `gradients` (the gradient entering that layer's backward), which models broken hardware and so
-also corrupts that rank's in-situ replay of the layer.
+also corrupts that rank's in-situ replay of the layer (`transient=1`: in training only, a one-off
+upset), and `local_gradients` (that rank's own gradient of the layer's first weight, before the
+all-reduce: noise, a bit, or `scale,factor=2` for a gradient counted twice).
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ TIMING_FAULTS = ("delay", "input_stall")
 # numerical faults: change one element of a tensor the replicas must share
 NUMERIC_FAULTS = ("bitflip", "scale", "sign", "nan", "inf", "noise")
 STATE_TARGETS = ("weights", "optimizer")
-COMPUTE_TARGETS = ("activations", "gradients")  # corrupt what a layer computes, not what it stores
+# corrupt what a layer computes, not what it stores; local_gradients: this rank's own gradient of the
+# layer's first weight, before the all-reduce (a noisy or doubled local gradient; replay never sees it)
+COMPUTE_TARGETS = ("activations", "gradients", "local_gradients")
 TARGETS = STATE_TARGETS + COMPUTE_TARGETS
 KINDS = PROCESS_FAULTS + NUMERIC_FAULTS + TIMING_FAULTS
 
@@ -42,6 +46,7 @@ class FaultSpec:
     every: int = 0            # recurring: fire at step, step+every, ... (0: once, unless `until`)
     until: int | None = None  # recurring: last step it may fire (None: no end when `every` is set)
     layer: str = ""           # activations/gradients: the layer's name in the model ("": the first with weights)
+    transient: bool = False   # activations/gradients: in training only, never in scout's replay (a one-off upset)
 
     def applies(self, rank: int, step: int, restart: int) -> bool:
         if not ((self.rank is None or self.rank == rank) and (self.restart is None or restart == self.restart)):
@@ -71,7 +76,7 @@ def parse_fault(text: str) -> FaultSpec:
         k, v = p.split("=", 1)
         values[k.strip()] = v.strip()
     valid = {"rank", "step", "seconds", "code", "restart", "bit", "factor", "target", "element", "sigma", "every",
-             "until", "layer"}
+             "until", "layer", "transient"}
     unknown = set(values) - valid
     if unknown:
         raise ConfigError(f"SCOUT_INJECT={text!r}: unknown key(s) {sorted(unknown)}; valid: {', '.join(sorted(valid))}")
@@ -87,6 +92,7 @@ def parse_fault(text: str) -> FaultSpec:
         sigma = float(values.get("sigma", "1e-3"))
         every = int(values.get("every", "0"))
         until = int(values["until"]) if "until" in values else None
+        transient = bool(int(values.get("transient", "0")))
     except ValueError as exc:
         raise ConfigError(f"SCOUT_INJECT={text!r}: {exc}") from None
     target = values.get("target", "weights")
@@ -116,4 +122,4 @@ def parse_fault(text: str) -> FaultSpec:
             every = 1  # a straggler is slow every step, not once
     return FaultSpec(kind=kind, rank=rank, step=step, seconds=seconds, code=code, restart=restart, bit=bit,
                      factor=factor, target=target, element=element,
-                     sigma=sigma, every=every, until=until, layer=values.get("layer", ""))
+                     sigma=sigma, every=every, until=until, layer=values.get("layer", ""), transient=transient)

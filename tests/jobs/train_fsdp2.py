@@ -19,6 +19,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--hsdp", action="store_true", help="2-D mesh: replicate x shard")
     ap.add_argument("--shard", type=int, default=2, help="HSDP: ranks per shard group")
+    ap.add_argument("--clip-weights", type=float, default=0.0,
+                    help="clamp every weight to +-this after each step, on every rank (0: no)")
     ap.add_argument("--timeout", type=float, default=600.0, help="gloo timeout, seconds")
     args = ap.parse_args()
 
@@ -41,6 +43,10 @@ def main() -> int:
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if args.clip_weights:   # the job's own change of its weights between steps (WGAN-style clipping)
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.clamp_(-args.clip_weights, args.clip_weights)
         logged = loss.detach().clone()
         dist.all_reduce(logged)
         if rank == 0 and step % 10 == 0:

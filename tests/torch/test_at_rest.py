@@ -1,0 +1,74 @@
+"""The at-rest witness in real multi-rank FSDP2 jobs (CPU, gloo, no Slurm): a rank's own weights or
+optimizer state changed between two optimizer steps is named without any replica (pure FSDP) and
+where two replicas cannot outvote each other (HSDP 2x2); clean runs name nobody; a job that changes
+its weights on purpose on every rank turns the witness off, saying so, and names nobody."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_bootstrap import JOBS, run_ranks, scout_env  # noqa: E402
+
+from scout_slurm.bootstrap.atrest import changed_ranks
+
+pytestmark = [pytest.mark.torch]
+SDC_EXIT = 88
+
+
+def _run(tmp_path: Path, world: int, *extra: str, steps: int = 12, **scout: str):
+    run_dir = tmp_path / "run"
+    (run_dir / "findings").mkdir(parents=True)
+    env = scout_env(run_dir, SCOUT_RUN_DIR=str(run_dir), SCOUT_CONSENSUS_EVERY="5", SCOUT_REPLAY_EVERY="0", **scout)
+    runs = run_ranks([str(JOBS / "train_fsdp2.py"), "--steps", str(steps), "--timeout", "60", *extra], env,
+                     cwd=run_dir, world=world, deadline_s=180)
+    return run_dir, runs
+
+
+def _findings(run_dir: Path) -> dict[str, dict]:
+    return {p.name: json.loads(p.read_text()) for p in (run_dir / "findings").glob("*.json")
+            if not p.name.startswith("injected-")}
+
+
+def test_changed_ranks_rule():
+    assert changed_ranks([0, 1, 0, 0]) == ([1], False)
+    assert changed_ranks([1, 1, 1, 1]) == ([], True)     # every rank: the job's own code
+    assert changed_ranks([0, 0]) == ([], False)
+    assert changed_ranks([1, 0]) == ([0], False)          # two ranks: the other's is unchanged
+    assert changed_ranks([1]) == ([], False)              # one rank alone tells nothing apart
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("target,bit", [("weights", 30), ("weights", 0), ("optimizer", 12)])
+def test_pure_fsdp_corruption_at_rest_is_named_without_replicas(tmp_path, target, bit):
+    run_dir, runs = _run(tmp_path, 2, SCOUT_INJECT=f"bitflip,bit={bit},rank=1,step=5,target={target}")
+    assert runs[1].returncode == SDC_EXIT, runs[1].stderr[-3000:]
+    component = "weights" if target == "weights" else "optimizer"
+    found = _findings(run_dir)
+    assert list(found) == [f"sdc-at-rest-{component}-rank-1-step-5.json"], found
+    f = found[f"sdc-at-rest-{component}-rank-1-step-5.json"]
+    assert f["rank"] == 1 and f["kind"] == "sdc" and "without any replica" in f["summary"], f
+
+
+@pytest.mark.timeout(240)
+def test_hsdp_two_replicas_the_at_rest_witness_breaks_the_tie(tmp_path):
+    run_dir, runs = _run(tmp_path, 4, "--hsdp", SCOUT_INJECT="bitflip,bit=20,rank=2,step=10")
+    assert runs[2].returncode == SDC_EXIT, runs[2].stderr[-3000:]
+    names = sorted(_findings(run_dir))
+    # the vote at step 10 saw the flip among two replicas (ranks 0 and 2): a tie; the witness named it
+    assert names == ["inconclusive-weights-rank--1-step-10-group-0.json", "sdc-at-rest-weights-rank-2-step-10.json"], names
+
+
+@pytest.mark.timeout(240)
+def test_clean_runs_and_a_job_that_clips_its_weights_name_nobody(tmp_path):
+    run_dir, runs = _run(tmp_path / "clean", 2, steps=21)
+    assert [r.returncode for r in runs] == [0, 0], runs[0].stderr[-3000:]
+    assert _findings(run_dir) == {}
+    run_dir, runs = _run(tmp_path / "clip", 2, "--clip-weights", "0.05", steps=21)
+    assert [r.returncode for r in runs] == [0, 0], runs[0].stderr[-3000:]
+    assert _findings(run_dir) == {}
+    assert "scout: at-rest witness off: every rank's weights changed between optimizer steps 5 and 6" in runs[0].stderr
