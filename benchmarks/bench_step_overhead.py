@@ -45,8 +45,8 @@ TIMING_EVERY = 25   # the timing votes' default interval (SCOUT_TIMING_EVERY): n
 # The direct measure's components, in print order. "wrappers" is the recording wrapper DDP reduces its
 # buckets through (its Python and the progress record; the all_reduce launch inside it is the job's, as a
 # bare DDP launches it too) plus the torch.distributed wrappers.
-COMPONENTS = ("vote", "replay", "timing", "checkpoint flag", "finite check", "wrappers", "progress record",
-              "hook glue")
+COMPONENTS = ("vote", "at-rest witness", "replay", "timing", "checkpoint flag", "finite check", "wrappers",
+              "progress record", "hook glue")
 # run from DDP's reducer (during backward, while gloo reduces earlier buckets on its own threads):
 # CPU is the calling thread's; every other component runs when no training work is in flight, so its
 # CPU is the process's (gloo's threads working on scout's own collectives included)
@@ -152,6 +152,7 @@ def account_scout(acct: Account) -> list[str]:
             if getattr(h, "__module__", "").startswith("scout_slurm"):
                 hooks_dict[key] = acct.wrap("hook glue", h)
     methods(state.consensus, ("maybe_vote", "track"), "vote", "state votes")
+    methods(getattr(state, "atrest", None), ("seal", "check"), "at-rest witness", "at-rest witness")
     methods(state.timing, ("pause", "resume", "after_step"), "timing", "timing votes")
     methods(ckptstate.WATCH, ("before_step", "exchange"), "checkpoint flag", "checkpoint agreement")
     methods(getattr(state, "finite", None), ("_note", "after_step", "resolve"), "finite check", "finite check")

@@ -110,7 +110,8 @@ class AtRest:
                          f"before step {gstep + 1}, with no step in between (other ranks' unchanged): memory "
                          "corruption on this rank, seen without any replica"),
                 details=("at-rest witness: the rank's own state against itself, not a vote",),
-                step=gstep + 1, since_step=gstep + 1, component=w.split()[0])
+                # a checkpoint saved after step `gstep` may hold the change: it is not eligible
+                step=gstep + 1, since_step=gstep, component=w.split()[0])
             try:
                 write_record(self.run_dir / "findings" / f"sdc-at-rest-{w.split()[0]}-rank-{self.rank}-step-{gstep}.json",
                              finding)

@@ -78,7 +78,9 @@ def test_clean_hsdp_run_with_replay_every_step_names_nobody(lab, clean_drains):
 
 @pytest.mark.timeout(180)
 def test_hsdp_weight_fault_with_two_replicas_is_inconclusive_and_names_the_pair(lab, clean_drains):
-    # HSDP 2x2: rank 2's shard has one replica (rank 0); a difference has no majority, so nobody is drained
+    # HSDP 2x2: rank 2's shard has one replica (rank 0); a difference has no majority, so nobody is drained.
+    # The flip comes after step 3, outside the at-rest witness's window (steps 2 -> 3 and 4 -> 5 with
+    # votes every 2): no witness, so the verdict stays inconclusive (the witness case is below)
     job = sj.submit(lab, _script(lab, "hsdp", "--scout-consensus-every=2 --scout-replay-every=2 "
                                               "--scout-inject=bitflip,bit=20,rank=2,step=3,target=weights"),
                     extra=("--no-requeue",))
@@ -163,3 +165,34 @@ def test_the_onset_of_a_replay_finding_is_bounded_by_the_last_replay_of_that_lay
     resume = [a for a in sj.actions(lab, job, 0).actions if a.kind.value == "resume_from"]
     assert len(resume) == 1 and resume[0].target.endswith("step-5.pt"), resume
     assert sj.output(lab, job).count(f"resumed from {ckpt}/step-5.pt at step 5") == 4
+
+
+# ---- issue 23: witnesses where no majority exists -----------------------------------------------
+
+WITNESS_CASES = [
+    # HSDP 2x2, votes every 2: the flip after step 4 is a tie for the vote (ranks 0 and 2), and the
+    # at-rest witness (step 4 -> 5) names rank 2 alone
+    ("hsdp", "bitflip,bit=20,rank=2,step=4,target=weights", 2, "weights", "changed at rest"),
+    # pure FSDP2: no replica at all; the optimizer state (AdamW's first moment) of rank 1's shard
+    ("fsdp", "bitflip,bit=12,rank=1,step=4,target=optimizer", 1, "optimizer", "changed at rest"),
+    # DDP: rank 3's own gradient of layer 0's weight counted twice before the all-reduce: every
+    # replica applies the same wrong update; rank 3's local gradient, as the replay source, tells
+    ("ddp", "scale,factor=2,rank=3,step=3,every=1,target=local_gradients", 3, "compute", "training-time weight gradient"),
+]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("mode,fault,rank,component,said", WITNESS_CASES,
+                         ids=[f"{c[0]}-rank{c[2]}-{c[3]}" for c in WITNESS_CASES])
+def test_a_witness_names_the_rank_where_no_majority_can(lab, clean_drains, mode, fault, rank, component, said):
+    job = sj.submit(lab, _script(lab, mode, f"--scout-consensus-every=2 --scout-replay-every=2 --scout-inject={fault}"),
+                    extra=("--no-requeue",))
+    sj.wait_finished(lab, job)
+    shown = sj.show_json(lab, job, restart=0)
+    out = sj.output(lab, job)
+    node = sj.places(lab, job)[rank].node
+    assert shown["kind"] == "sdc", (shown, out[-3000:])
+    assert [(s["rank"], s["node"]) for s in shown["suspects"]] == [(rank, node)], (shown, out[-3000:])
+    sdc = [f for f in _findings(lab, job) if f.kind == FindingKind.SDC]
+    assert [(f.rank, f.component) for f in sdc] == [(rank, component)], sdc
+    assert said in sdc[0].summary, sdc[0].summary
