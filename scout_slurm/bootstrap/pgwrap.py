@@ -15,7 +15,7 @@ import weakref
 from typing import Any, Callable
 
 import torch
-from torch._C._distributed_c10d import ProcessGroup
+from torch._C._distributed_c10d import ProcessGroup, _create_work_from_future
 
 from scout_slurm.bootstrap.selfcost import COST, clock
 from scout_slurm.task.progress import ProgressWriter
@@ -60,19 +60,27 @@ class RecordingGroup(ProcessGroup):
         t = tensors[0]
         seq = w.enter("ddp_bucket_all_reduce", t.numel() * t.element_size(), self._size,
                       self._pg._get_sequence_number_for_group())
-        inner.get_future().add_done_callback(lambda _f, w=w, seq=seq, timed=timed: _left(w, seq, timed))
+        # The reducer waits on the returned work's future: one that completes only after the leave is
+        # recorded. Were the leave a mere done-callback of gloo's future, the reducer could go on while
+        # gloo's thread still waits for the GIL to run it, into a call that holds the GIL while it waits
+        # for gloo (DDP's `_rebuild_buckets` broadcast at the second step): a deadlock, measured on the lab.
+        fut = inner.get_future().then(lambda f, w=w, seq=seq, timed=timed: _left(f, w, seq, timed))
         if timed:
             COST.sampled_ns += clock() - t0
-        return inner
+        return _create_work_from_future(fut)
 
 
-def _left(w: ProgressWriter, seq: int, timed: bool) -> None:
-    if not timed:
+def _left(f: Any, w: ProgressWriter, seq: int, timed: bool) -> Any:
+    """Runs on gloo's thread when the all-reduce completed: the record's leave, then the result
+    (the reduced tensors, or the all-reduce's error, raised again) for the reducer."""
+    t0 = clock() if timed else 0
+    try:
         w.leave(seq)
-        return
-    t0 = clock()
-    w.leave(seq)
-    COST.sampled_ns += clock() - t0
+    except Exception:  # noqa: BLE001 - the record is evidence; the job's gradients come first
+        pass
+    if timed:
+        COST.sampled_ns += clock() - t0
+    return f.value()
 
 
 _RECORDING: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # id of a wrapped group -> its wrapper
