@@ -1,4 +1,4 @@
-"""DDP under scout reduces through its own C++ path (a recording wrapper of its group, no comm hook)
+"""DDP under scout reduces through scout's comm hook (the recording wrapper of its group is off)
 and gives plain DDP's bits at world sizes 2, 3 and 4, with several buckets in flight; each bucket
 is still in the progress record."""
 
@@ -36,8 +36,9 @@ def test_ddp_under_scout_gives_plain_ddps_bits(tmp_path, world):
     bare, hooked = _outputs(tmp_path / "bare", world), _outputs(tmp_path / "scout", world)
     assert len({b[0] for b in bare}) == 1  # DDP's replicas hold the same bytes
     assert [h[0] for h in hooked] == [b[0] for b in bare]  # and scout's the same as plain DDP's
-    # DDP's own reduction path: no comm hook, the buckets through scout's recording wrapper
-    assert {tuple(h[1:]) for h in hooked} == {("hooks=0", "group=RecordingGroup")}
+    # scout's comm hook records the buckets (the recording wrapper of the group is off: see
+    # patches.scout_ddp_init) and scales them as DDP's own path does
+    assert {tuple(h[1:]) for h in hooked} == {("hooks=1", "group=ProcessGroup")}
     assert {tuple(b[1:]) for b in bare} == {("hooks=0", "group=ProcessGroup")}
     for rank in range(world):
         view = read_progress(tmp_path / "scout", rank)
@@ -46,7 +47,8 @@ def test_ddp_under_scout_gives_plain_ddps_bits(tmp_path, world):
         # DDP reduces step 1 in one bucket and rebuilds its buckets after it: several a step from step 2 on
         assert len(buckets) >= 1 + 4 * 2, [e.nbytes for e in buckets]
         assert all(e.left_ns >= e.entered_ns > 0 for e in buckets)
-        # each rank's measure of scout's own cost: the 4 steps after the first, its buckets among the collectives
+        # each rank's measure of scout's own cost: the 4 steps after the first (the comm hook's buckets
+        # are not sampled as wrapper calls: only the recording group's were)
         cost = read_record(run_dir / "ranks" / f"cost-{rank}.json", ScoutCost)
-        assert (cost.rank, cost.steps) == (rank, 4) and cost.wrapper_calls >= 4 * 2
+        assert (cost.rank, cost.steps) == (rank, 4)
         assert cost.hooks_cpu_ns > 0 and cost.step_wall_ns > 0 and cost.per_step_ms > 0
