@@ -273,7 +273,6 @@ class Replay:
         self.cap: dict[str, Any] | None = None
         self.cap_reason = ""
         self.replays = 0
-        self.witnessed = 0   # rounds in which the source's training-time values were compared too
         self.trusted: set[tuple[int, str]] = set()   # (layer, "output"/"weight gradient") seen agreeing once
         self.last_clean = -1
         self.ready_from = 0  # the capture hooks attach at the first step: replays start at the next
@@ -517,7 +516,6 @@ class Replay:
         votes = [vote_group(what, group, [int(g[i]) for g in gathered])
                  for i, what in ((1, "output"), (2, "input gradient"), (3, "weight gradient")) if has_gy or i == 1]
         differs, agrees = source_witness([tuple(int(v) for v in g) for g in gathered], plan.source, has_gy)
-        self.witnessed += int(bool(int(gathered[plan.source][5])))
         self.trusted |= {(plan.layer_index, w) for w in agrees}
         # a training-time value is trusted to equal the recomputation once it has, for this layer:
         # compiled or fused kernels may compute it differently every time, and that is not a fault
