@@ -304,12 +304,10 @@ def _patch_ddp(handle: InstalledHooks, original_all_reduce: Callable) -> None:
 
     @functools.wraps(original_init)
     def scout_ddp_init(self, module, *args, **kwargs):
-        # DDP may reduce through a recording wrapper of its group (pgwrap: its own C++ path, no comm hook,
-        # no extra pass over the gradients). OFF: on the lab, jobs under it hung at their second step,
-        # every rank inside DDP's _rebuild_buckets (false hang kills, 3 to 5 a full test run), with
-        # the leave as a done-callback and as a then-future alike; the cause is not found yet. Until
-        # it is, the comm hook below records the buckets (the path proven before issue 24).
-        if _PGWRAP and STATE.writer is not None and kwargs.get("device_mesh") is None and len(args) < 6:
+        # DDP reduces through a recording wrapper of its group: its own C++ path stays (no comm hook, no
+        # extra pass over the gradients) and each bucket still lands in the progress record (pgwrap;
+        # its docstring says why every collective of the wrapper is passed on from Python)
+        if STATE.writer is not None and kwargs.get("device_mesh") is None and len(args) < 6:
             try:
                 from scout_slurm.bootstrap import pgwrap
                 group = kwargs.get("process_group") or STATE.default_pg
@@ -336,9 +334,6 @@ def _patch_ddp(handle: InstalledHooks, original_all_reduce: Callable) -> None:
     handle.patch(DDP, "register_comm_hook", scout_register_comm_hook)
     handle.patch(DDP, "forward", scout_forward)
     handle.patch(DDP, "__init__", scout_ddp_init)
-
-
-_PGWRAP = False   # see scout_ddp_init
 
 
 def _in_user_comm_hook() -> bool:

@@ -5,9 +5,18 @@ when gloo/NCCL completes it. A rank stuck inside backward is therefore still see
 collective, as with the comm hook this replaces, without the hook's extra pass over the gradients.
 
 Python subclasses of torch's ProcessGroup are accepted by DDP (torchft does the same): the
-reducer calls `allreduce` on the object it was given, which reaches the override below; every
-other call falls through to the wrapped group's backend, registered on the wrapper.
-Imported only after torch.distributed (patches._patch_ddp)."""
+reducer calls `allreduce` on the object it was given, which reaches the override below.
+
+Every other collective is passed on from Python too, never left to torch's C++ base class. Called
+from C++ (DDP's `_rebuild_buckets` and `_broadcast_coalesced`, which release the GIL), torch's
+trampoline takes the GIL to look for a Python override and, finding none, runs the base collective
+still holding it; the base enqueues on gloo, which takes gloo's work-queue lock. A gloo worker
+thread frees each finished work under that same lock, and freeing a work launched from Python (a
+tensor whose Python object the work now owns) takes the GIL: each waits for the other. Measured:
+jobs stuck at their second step, every rank in `_rebuild_buckets`, one gloo thread with a Python
+thread state and no frame (false hang kills on the lab); tests/torch/test_ddp_identical.py
+reproduces it in seconds through the base path. The group's own Python methods release the GIL
+before gloo's lock is taken. Imported only after torch.distributed (patches._patch_ddp)."""
 
 from __future__ import annotations
 
@@ -68,6 +77,41 @@ class RecordingGroup(ProcessGroup):
         if timed:
             COST.sampled_ns += clock() - t0
         return _create_work_from_future(fut)
+
+
+# The collectives torch's trampoline (PyProcessGroup) looks up as Python overrides, by the names it
+# looks for (newer and older spellings): each is passed on to the wrapped group. `allreduce` is above.
+_PASSED_ON = ("allgather", "all_gather_single", "_allgather_base", "all_gather_single_coalesced",
+              "allgather_into_tensor_coalesced", "allgather_coalesced", "allreduce_coalesced",
+              "all_to_all_single", "alltoall_base", "alltoall", "barrier", "broadcast", "reduce", "gather",
+              "scatter", "reduce_scatter", "reduce_scatter_single", "_reduce_scatter_base",
+              "reduce_scatter_single_coalesced", "reduce_scatter_tensor_coalesced", "send", "recv",
+              "recv_anysource", "monitored_barrier")
+
+
+def _passed_on(name: str) -> Callable[..., Any]:
+    def collective(self: RecordingGroup, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self._pg, name)(*args, **kwargs)
+    collective.__name__ = collective.__qualname__ = name
+    return collective
+
+
+for _name in _PASSED_ON:
+    if hasattr(ProcessGroup, _name):
+        setattr(RecordingGroup, _name, _passed_on(_name))
+
+
+def _start_coalescing(self: RecordingGroup, device: Any) -> None:
+    self._pg._start_coalescing(device)
+
+
+def _end_coalescing(self: RecordingGroup, device: Any) -> Any:
+    return self._pg._end_coalescing(device)
+
+
+# the trampoline's names for them; Python callers use the underscored ones
+RecordingGroup.start_coalescing = RecordingGroup._start_coalescing = _start_coalescing  # type: ignore[attr-defined]
+RecordingGroup.end_coalescing = RecordingGroup._end_coalescing = _end_coalescing  # type: ignore[attr-defined]
 
 
 def _left(f: Any, w: ProgressWriter, seq: int, timed: bool) -> Any:
