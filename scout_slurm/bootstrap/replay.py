@@ -274,6 +274,9 @@ class Replay:
         self.cap_reason = ""
         self.replays = 0
         self.trusted: set[tuple[int, str]] = set()   # (layer, "output"/"weight gradient") seen agreeing once
+        # differences seen before their layer was trusted: (layer, what) -> [(source, step)], named once
+        # a later comparison on that layer agrees (the same on every rank: decided from the gathered rows)
+        self.pending: dict[tuple[int, str], dict[int, int]] = {}
         self.last_clean = -1
         self.ready_from = 0  # the capture hooks attach at the first step: replays start at the next
 
@@ -482,9 +485,9 @@ class Replay:
         if self.rank == plan.source:
             train_out, train_gw, why = self._training_signatures(layer, cap)
             mine[5], mine[6] = train_out, train_gw
-            if why and has_gy:
-                self._say_once(("witness", name, why), f"replay of layer {name!r}: the source's training-time "
-                               f"{'values not' if not train_out else 'output only'} compared ({why})")
+            if why and has_gy and self.rank == 0:   # once a reason for the job, not once a source and layer
+                self._say_once(("witness", why), f"replay of layer {name!r} (and of any layer alike): the source's "
+                               f"training-time {'values not' if not train_out else 'output only'} compared ({why})")
         # the layer's stored weights (this rank's shard): replicas must agree on them first
         mine[4] = _pos(state_signature(layer.named_parameters(recurse=False)))
         try:
@@ -516,18 +519,18 @@ class Replay:
         votes = [vote_group(what, group, [int(g[i]) for g in gathered])
                  for i, what in ((1, "output"), (2, "input gradient"), (3, "weight gradient")) if has_gy or i == 1]
         differs, agrees = source_witness([tuple(int(v) for v in g) for g in gathered], plan.source, has_gy)
-        self.trusted |= {(plan.layer_index, w) for w in agrees}
         # a training-time value is trusted to equal the recomputation once it has, for this layer:
         # compiled or fused kernels may compute it differently every time, and that is not a fault
         untrusted = [w for w in differs if (plan.layer_index, w) not in self.trusted]
+        late = trust(self.trusted, self.pending, plan.layer_index, plan.source, step, untrusted, agrees)
         if untrusted and self.rank == 0:
             self._say_once(("untrusted", name), f"replay of layer {name!r} at step {step}: the source's training-time "
                            f"{' and '.join(untrusted)} differs from every recomputation, but no earlier comparison on "
-                           "this layer agreed (compiled or fused kernels compute it otherwise): not named, compared "
-                           "again at the next replay")
+                           "this layer agreed (compiled or fused kernels may compute it otherwise): named only if a "
+                           "later comparison on this layer agrees")
         witness = [w for w in differs if w not in untrusted]
         self._conclude(votes, plan, name, step, [tuple(int(v) for v in g[1:4]) for g in gathered],
-                       time.perf_counter() - t0, witness)
+                       time.perf_counter() - t0, witness, late)
 
     def _full(self, p: Any) -> Any:
         """This rank's full parameter: itself (DDP), or its shard group's local shards gathered over
@@ -586,10 +589,10 @@ class Replay:
                 torch.use_deterministic_algorithms(was, warn_only=warn)
 
     def _conclude(self, votes: list[GroupVote], plan: Any, name: str, step: int, sigs: list[tuple[int, ...]],
-                  dt: float, witness: list[str] = ()) -> None:
+                  dt: float, witness: list[str] = (), late: list[tuple[int, int, str]] = ()) -> None:
         gstep = step + self.offset
         confirmed = sorted({r for v in votes if v.outcome is VoteOutcome.SDC for r in v.outliers}
-                           | ({plan.source} if witness else set()))
+                           | ({plan.source} if witness else set()) | {r for r, _, _ in late})
         unsure = [v for v in votes if v.outcome is VoteOutcome.INCONCLUSIVE]
         if not confirmed and not unsure:
             self.last_clean = gstep
@@ -597,15 +600,20 @@ class Replay:
             return
         writer = min((r for r in range(self.world) if r not in confirmed), default=0)
         if self.rank == writer:
-            self._write(votes, confirmed, unsure, plan, name, gstep, sigs, dt, witness)
+            self._write(votes, confirmed, unsure, plan, name, gstep, sigs, dt, witness,
+                        [(r, st + self.offset, w) for r, st, w in late])
         # the finding is on disk before the outlier leaves: the Epilogs act on it
         self.barrier(group=self.side)
         if self.rank in confirmed and ends(Ending.SDC, self.sdc_policy):
-            say(f"rank {self.rank}'s recomputation of layer {name!r} differs from the replicas' majority at step "
-                f"{step}; ending this rank (exit {Ending.SDC.code})")
+            voted = any(self.rank in v.outliers for v in votes if v.outcome is VoteOutcome.SDC)
+            first = min([at for r, at, _ in late if r == self.rank] or [step])
+            why = (f"rank {self.rank}'s recomputation of layer {name!r} differs from the replicas' majority at step "
+                   f"{step}" if voted else f"rank {self.rank}'s training-time values of layer {name!r} differed from "
+                   f"every recomputation at step {first}")
+            say(f"{why}; ending this rank (exit {Ending.SDC.code})")
             end(Ending.SDC)
 
-    def _write(self, votes, confirmed, unsure, plan, name, step, sigs, dt, witness=()) -> None:
+    def _write(self, votes, confirmed, unsure, plan, name, step, sigs, dt, witness=(), late=()) -> None:
         if self.run_dir is None:
             return
         from scout_slurm.evidence.records import Finding, FindingKind
@@ -623,8 +631,20 @@ class Replay:
                   f"replay took {dt * 1000:.1f} ms", bound,
                   f"last clean replay of any layer at step {self.last_clean}")
         records = []
+        for r, at, w in late:  # named now for a difference seen before this layer was trusted
+            records.append((f"sdc-compute-rank-{r}-step-{at}-{w.replace(' ', '-')}.json", Finding(
+                rank=r, node=self.node if r == self.rank else "", kind=FindingKind.SDC, at=now,
+                summary=(f"rank {r}'s training-time {w} of layer {name!r} at step {at} differed from every "
+                         f"recomputation of the same input (all {self.world} ranks agreeing): a transient fault in its "
+                         f"compute, or a corrupted local gradient; named at step {step}, when a comparison on this "
+                         f"layer (rank {plan.source}'s values) agreed, so the layer's kernels do compute alike"),
+                details=(f"in-situ replay of layer {name!r}: the difference at step {at}, with rank {r} the source, "
+                         "came before any comparison on this layer had agreed", *common[2:]),
+                step=at, since_step=at, component="compute")))
         for r in confirmed:
             what = [v.what for v in votes if r in v.outliers]
+            if not what and not (witness and r == plan.source):
+                continue   # named above, for an earlier step
             if not what:   # named by its own training-time values alone: a transient fault, at this step
                 records.append((f"sdc-compute-rank-{r}-step-{step}.json", Finding(
                     rank=r, node=self.node if r == self.rank else "", kind=FindingKind.SDC, at=now,
@@ -649,6 +669,28 @@ class Replay:
                 write_record(self.run_dir / "findings" / fname, finding)
             except Exception as exc:  # noqa: BLE001
                 say(f"finding not written: {exc!r}")
+
+
+def trust(trusted: set[tuple[int, str]], pending: dict[tuple[int, str], dict[int, int]], layer: int,
+          source: int, step: int, untrusted: list[str], agrees: list[str]) -> list[tuple[int, int, str]]:
+    """Update which of a layer's training-time values are trusted to equal the recomputation (pure but
+    for the two containers it updates; the same on every rank) and return (source, step, what) for a
+    difference seen before the layer was trusted that this round's agreement now makes a finding.
+    Kernels that compute a layer otherwise in training (compiled, fused) differ whoever the source is;
+    a fault differs for one source. So a held difference is named only when it is one source's (its
+    first step), and another round on that layer, from any source, agreed; differences held for
+    several sources are dropped (at most one entry a source is kept)."""
+    for w in untrusted:
+        pending.setdefault((layer, w), {}).setdefault(source, step)
+    late = []
+    for w in agrees:
+        if (layer, w) not in trusted:
+            trusted.add((layer, w))
+            held = pending.pop((layer, w), {})
+            if len(held) == 1:
+                (r, at), = held.items()
+                late.append((r, at, w))
+    return late
 
 
 def source_witness(gathered: list[tuple[int, ...]], source: int, has_gy: bool) -> tuple[list[str], list[str]]:
