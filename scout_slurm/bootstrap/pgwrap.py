@@ -70,9 +70,7 @@ class RecordingGroup(ProcessGroup):
         seq = w.enter("ddp_bucket_all_reduce", t.numel() * t.element_size(), self._size,
                       self._pg._get_sequence_number_for_group())
         # The reducer waits on the returned work's future: one that completes only after the leave is
-        # recorded. Were the leave a mere done-callback of gloo's future, the reducer could go on while
-        # gloo's thread still waits for the GIL to run it, into a call that holds the GIL while it waits
-        # for gloo (DDP's `_rebuild_buckets` broadcast at the second step): a deadlock, measured on the lab.
+        # recorded, so a rank past its backward never shows a bucket still open in its record.
         fut = inner.get_future().then(lambda f, w=w, seq=seq, timed=timed: _left(f, w, seq, timed))
         if timed:
             COST.sampled_ns += clock() - t0

@@ -274,8 +274,8 @@ class Replay:
         self.cap_reason = ""
         self.replays = 0
         self.trusted: set[tuple[int, str]] = set()   # (layer, "output"/"weight gradient") seen agreeing once
-        # differences seen before their layer was trusted: (layer, what) -> [(source, step)], named once
-        # a later comparison on that layer agrees (the same on every rank: decided from the gathered rows)
+        # differences seen before their layer was trusted: (layer, what) -> {source: first step}, named
+        # when a later comparison on that layer agrees (see `trust`; the same on every rank)
         self.pending: dict[tuple[int, str], dict[int, int]] = {}
         self.last_clean = -1
         self.ready_from = 0  # the capture hooks attach at the first step: replays start at the next
