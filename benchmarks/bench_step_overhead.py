@@ -55,23 +55,26 @@ JOB = "job"  # the job's own work inside a scout wrapper (a wrapped collective i
 
 
 class Account:
-    """Exclusive wall, process-CPU and thread-CPU seconds per component, for functions wrapped in the
-    worker from outside scout. Nested wrapped calls are taken out of the enclosing call's figure (so
-    a vote's gather is the vote's, the wrapper's all_reduce launch is the job's); `inherit` wrappers
-    (the progress record's enter/leave) count as whatever encloses them, or as their own component
-    when nothing does."""
+    """Exclusive wall and CPU seconds per component, for functions wrapped in the worker from outside
+    scout. Each timed call reads the wall clock (cheap) and one CPU clock: the calling thread's for
+    THREAD_CPU components, the process's for the others (two CPU clocks a call would double the
+    timers' own cost, which is counted in). Nested wrapped calls are taken out of the enclosing
+    call's figure, read on the enclosing call's clock (so a vote's gather is the vote's, the
+    wrapper's all_reduce launch is the job's); `inherit` wrappers (the progress record's
+    enter/leave) count as whatever encloses them, or as their own component when nothing does."""
 
     def __init__(self) -> None:
         import threading
         self.local = threading.local()
         self.lock = threading.Lock()
         self.on = False
-        self.totals: dict[str, list[float]] = {}   # component -> [wall, process CPU, thread CPU, calls]
+        self.totals: dict[str, list[float]] = {}   # component -> [wall, CPU, calls]
 
     def wrap(self, component: str, fn, *, inherit: bool = False):
         import functools
         acct = self
-        clock, cpu, tcpu = time.perf_counter, time.process_time, time.thread_time
+        clock, pcpu, tcpu = time.perf_counter, time.process_time, time.thread_time
+        own_thread = component in THREAD_CPU
 
         @functools.wraps(fn)
         def timed(*args, **kwargs):
@@ -80,42 +83,47 @@ class Account:
                 stack = acct.local.stack = []
             if inherit and stack:
                 return fn(*args, **kwargs)
-            inner = [0.0, 0.0, 0.0]
+            thread = stack[-1][2] if stack else own_thread
+            cpu = tcpu if thread else pcpu
+            inner = [0.0, 0.0, thread]
             stack.append(inner)
-            w0, c0, t0 = clock(), cpu(), tcpu()
+            w0, c0 = clock(), cpu()
             try:
                 return fn(*args, **kwargs)
             finally:
-                dw, dc, dt = clock() - w0, cpu() - c0, tcpu() - t0
+                dc, dw = cpu() - c0, clock() - w0
                 stack.pop()
                 if stack:
                     outer = stack[-1]
                     outer[0] += dw
                     outer[1] += dc
-                    outer[2] += dt
                 if acct.on:
                     with acct.lock:
-                        tot = acct.totals.setdefault(component, [0.0, 0.0, 0.0, 0])
+                        tot = acct.totals.setdefault(component, [0.0, 0.0, 0])
                         tot[0] += dw - inner[0]
                         tot[1] += dc - inner[1]
-                        tot[2] += dt - inner[2]
-                        tot[3] += 1
+                        tot[2] += 1
         return timed
 
 
 def timer_cost(calls: int = 2000) -> float:
     """CPU seconds one timed call adds (the wrapper's clock reads and bookkeeping), from an empty
-    function timed as scout's are: included in the figures, said beside them."""
+    function timed as scout's are, called back to back (warm caches): included in the figures,
+    said beside them. `COLD` times the same empty call after each backward, where scout's own
+    calls come after the job's compute has evicted the interpreter's data from the caches."""
     acct = Account()
     acct.on = True
     timed = acct.wrap("x", lambda: None)
     best = float("inf")
     for _ in range(3):
-        t0 = time.thread_time()
+        t0 = time.process_time()
         for _ in range(calls):
             timed()
-        best = min(best, (time.thread_time() - t0) / calls)
+        best = min(best, (time.process_time() - t0) / calls)
     return best
+
+
+COLD = "empty timed call after backward"   # the timers' own cost where the caches are cold: not scout's
 
 
 def _cell(fn, name: str):
@@ -188,6 +196,9 @@ def account_scout(acct: Account) -> list[str]:
                 return getattr(self._pg, name)
         group._pg = TimedGroup(group._pg)
         pgwrap.RecordingGroup.allreduce = acct.wrap("wrappers", pgwrap.RecordingGroup.allreduce)
+        # the buckets are left at the end of the backward (a wait inside it for a bucket still in flight
+        # blocks; DDP would wait for it right there too), or, outside a backward, as each completes
+        pgwrap.RecordingGroup._backward_done = acct.wrap("wrappers", pgwrap.RecordingGroup._backward_done)
         pgwrap._left = acct.wrap("wrappers", pgwrap._left)
     # torch.distributed's collectives as the job calls them: the wrapper's own time only
     for name in patches.COLLECTIVES:
@@ -231,10 +242,11 @@ def rank_job(args: argparse.Namespace) -> int:
     ddp = DDP(model, device_ids=[device.index or 0] if cuda else None)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-4)
     gen = torch.Generator().manual_seed(1000 + rank)
-    acct, missing = None, []
+    acct, missing, cold = None, [], None
     if "scout_slurm.bootstrap.patches" in sys.modules:  # under scout's bootstrap: the direct measure too
         acct = Account()
         missing = account_scout(acct)
+        cold = acct.wrap(COLD, lambda: None)
     times, cpu = [], []
     digest = ""
     for step in range(WARMUP + args.steps):
@@ -244,6 +256,8 @@ def rank_job(args: argparse.Namespace) -> int:
         t0, c0 = time.perf_counter(), time.process_time()
         loss = ddp(x).pow(2).mean()
         loss.backward()
+        if cold is not None:
+            cold()
         opt.step()
         opt.zero_grad(set_to_none=True)
         if cuda:  # a step's time is its GPU work's too
@@ -286,9 +300,9 @@ def direct(ranks: list[dict]) -> dict:
     per_rank = []
     for r in ranks:
         n = len(r["times"])
-        wall = {c: v[0] / n for c, v in r["scout"].items() if c != JOB}
-        cpu = {c: (v[2] if c in THREAD_CPU else v[1]) / n for c, v in r["scout"].items() if c != JOB}
-        calls = {c: v[3] / n for c, v in r["scout"].items()}
+        wall = {c: v[0] / n for c, v in r["scout"].items() if c not in (JOB, COLD)}
+        cpu = {c: v[1] / n for c, v in r["scout"].items() if c not in (JOB, COLD)}
+        calls = {c: v[2] / n for c, v in r["scout"].items()}
         per_rank.append(dict(wall=wall, cpu=cpu, calls=calls, step_wall=statistics.fmean(r["times"]),
                              step_cpu=statistics.fmean(r["cpu"])))
     comps = sorted({c for pr in per_rank for c in pr["wall"]}, key=lambda c: (c not in COMPONENTS,
@@ -301,7 +315,11 @@ def direct(ranks: list[dict]) -> dict:
                ratio_wall=mean(sum(pr["wall"].values()) / pr["step_wall"] for pr in per_rank),
                ratio_cpu=mean(sum(pr["cpu"].values()) / pr["step_cpu"] for pr in per_rank),
                missing=sorted({m for r in ranks for m in r.get("missing") or ()}),
-               timers=mean(r["timer_s"] * sum(v[3] for v in r["scout"].values()) / len(r["times"]) for r in ranks))
+               timers=mean(r["timer_s"] * sum(v[2] for c, v in r["scout"].items() if c != COLD) / len(r["times"])
+                           for r in ranks),
+               timers_cold=mean(r["scout"][COLD][1] / r["scout"][COLD][2] * sum(v[2] for c, v in r["scout"].items()
+                                                                                if c != COLD) / len(r["times"])
+                                for r in ranks if COLD in r["scout"]))
     out["scout_wall"] = sum(out["wall"].values())
     out["scout_cpu"] = sum(out["cpu"].values())
     return out
@@ -397,7 +415,10 @@ def print_direct(conditions, results: dict[str, list[dict]], args: argparse.Name
     if missing:
         print(f"not timed (off or not reachable in this version of the bootstrap): {', '.join(missing)}")
     timers = statistics.median(r["direct"]["timers"] for rs in results.values() for r in rs if r["direct"])
-    print(f"the timers' own cost, included above: ~{timers * 1e3:.3f} ms CPU per step (measured on an empty call)")
+    cold = statistics.median(r["direct"]["timers_cold"] for rs in results.values() for r in rs if r["direct"])
+    print(f"the timers' own cost, included above: ~{timers * 1e3:.3f} ms CPU per step with warm caches, "
+          f"~{cold * 1e3:.3f} ms if every timed call cost what an empty one costs right after the backward "
+          f"(cold caches; an upper bound)")
     params = results["bare"][0]["params"]
     for name, k, _ in conditions:
         if k is None:

@@ -38,27 +38,45 @@ def changed_ranks(changed: list[int]) -> tuple[list[int], bool]:
 
 class AtRest:
     def __init__(self, *, every: int, rank: int, world: int, side: Any, run_dir: Path | None, node: str,
-                 offset: int = 0, sdc_policy: str = "exit") -> None:
+                 offset: int = 0, sdc_policy: str = "exit", voted: Any = None) -> None:
         self.every, self.rank, self.world, self.side = every, rank, world, side
         self.run_dir, self.node, self.offset, self.sdc_policy = run_dir, node, offset, sdc_policy
-        self.sealed: tuple[int, int, int, int] | None = None   # (step, id(optimizer), weights sig, state sig)
+        # the state vote's parameters as it names them (Consensus.voted_parameters), or None
+        self.voted = voted
+        # (step, id(optimizer), weights sig, state sig, signed as the vote signs, the weights signed)
+        self.sealed: tuple[int, int, int, int, bool, list[tuple[str, Any]]] | None = None
         self.checks = 0
         self.off = ""            # why the witness stopped ("": it runs)
         self.seconds = 0.0       # its own cost, for the evidence
 
-    def _sign(self, optimizer: Any) -> tuple[int, int]:
-        from scout_slurm.bootstrap.consensus import state_signature
-        params, state = own_state(optimizer)
-        return state_signature(params), state_signature(state)
+    def _params(self, optimizer: Any) -> tuple[list[tuple[str, Any]], bool]:
+        """What of the optimizer's the seal signs as weights, and whether it is the state vote's own
+        list: when the optimizer holds exactly the voted parameters (a plain optimizer over the
+        model; not DeepSpeed's flat master copies) they are signed under the vote's names, so the
+        vote of the same step can take the signatures instead of signing the same bytes again."""
+        params = own_state(optimizer)[0]
+        voted = self.voted() if self.voted is not None else None
+        if voted and len(voted) == len(params) and all(a is b for (_, a), (_, b) in zip(voted, params)):
+            return voted, True
+        return params, False
 
     def seal(self, step: int, optimizer: Any) -> None:
         """Right after optimizer step `step` (before anything else of scout's at that step)."""
         if self.off or self.every <= 0 or step % self.every != 0:
             return
+        from scout_slurm.bootstrap.consensus import optimizer_tensors, state_signature
         t0 = time.perf_counter()
-        w, s = self._sign(optimizer)
-        self.sealed = (step, id(optimizer), w, s)
+        params, shared = self._params(optimizer)
+        self.sealed = (step, id(optimizer), state_signature(params), state_signature(optimizer_tensors(optimizer)),
+                       shared, params)
         self.seconds += time.perf_counter() - t0
+
+    def signed_at(self, step: int, optimizer: Any) -> tuple[int, int] | None:
+        """The seal of step `step` as the state vote signs (weights, state), if there is one."""
+        sealed = self.sealed
+        if sealed is None or sealed[0] != step or sealed[1] != id(optimizer) or not sealed[4]:
+            return None
+        return sealed[2], sealed[3]
 
     def check(self, step: int, optimizer: Any, original_all_gather: Any, original_barrier: Any) -> None:
         """Right before optimizer step `step`: compare with the seal of step `step - 1`."""
@@ -70,7 +88,8 @@ class AtRest:
             return
         import torch
         t0 = time.perf_counter()
-        w, s = self._sign(optimizer)
+        from scout_slurm.bootstrap.consensus import optimizer_tensors, state_signature
+        w, s = state_signature(sealed[5]), state_signature(optimizer_tensors(optimizer))  # signed as sealed
         mine = torch.tensor([int(w != sealed[2]), int(s != sealed[3])], dtype=torch.int64)
         gathered = [torch.zeros_like(mine) for _ in range(self.world)]
         original_all_gather(gathered, mine, group=self.side)

@@ -94,6 +94,14 @@ class Consensus:
         self.steps = 0                    # the last optimizer step seen (this run's count)
         self.optimizer: Any = None        # the optimizer last seen (held until destroy_process_group)
         self.on_vote: Any = None          # called after every vote (bootstrap.patches writes the coverage)
+        # (step, optimizer) -> (weights, optimizer state) signatures already made of this step's state
+        # exactly as the vote would make them (the at-rest seal), or None
+        self.presigned: Any = None
+
+    def voted_parameters(self) -> list[tuple[str, Any]]:
+        """The parameters the vote signs, named as it names them."""
+        from scout_slurm.bootstrap.replay import inner
+        return [(f"m{mi}.{n}", p) for mi, m in enumerate(self.modules) for n, p in inner(m).named_parameters()]
 
     def track(self, module: Any) -> None:
         if all(m is not module for m in self.modules):
@@ -139,11 +147,14 @@ class Consensus:
             self.optimizer_skipped = optimizer_not_voted(self.modules)
             if self.rank == 0:
                 sys.stderr.write(f"scout: state votes every {self.every} steps: {how}\n")
-        params = []
-        for mi, m in enumerate(self.modules):
-            params += [(f"m{mi}.{n}", p) for n, p in inner(m).named_parameters()]
-        sig_w = state_signature(params)
-        sig_o = 0 if self.optimizer_skipped else state_signature(optimizer_tensors(optimizer))
+        # the at-rest witness's seal of this very step signed the same tensors under the same names
+        # (when nothing touched them since: the fault injector fires in between): not signed twice
+        pre = self.presigned(step, optimizer) if self.presigned is not None and timeout_s is None else None
+        if pre is not None:
+            sig_w, sig_o = pre[0], 0 if self.optimizer_skipped else pre[1]
+        else:
+            sig_w = state_signature(self.voted_parameters())
+            sig_o = 0 if self.optimizer_skipped else state_signature(optimizer_tensors(optimizer))
         from scout_slurm.bootstrap.finite import NONE, first_nonfinite
         first_bad = self.first_nonfinite() if self.first_nonfinite is not None else NONE
         mine = torch.tensor([sig_w & 0x7FFFFFFFFFFFFFFF, sig_o & 0x7FFFFFFFFFFFFFFF, first_bad], dtype=torch.int64)

@@ -18,6 +18,7 @@ not once per step.
 from __future__ import annotations
 
 import functools
+import math
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -87,7 +88,10 @@ class FiniteWatch:
         roots = (tensors,) if isinstance(tensors, torch.Tensor) else tuple(tensors or ())
         for t in roots:
             if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() <= _MAX_CHECKED:
-                ok = torch.isfinite(t.detach()).all()
+                if t.numel() == 1 and t.device.type == "cpu":   # a CPU loss: read at once, no tensor op
+                    ok: Any = math.isfinite(t.item())
+                else:   # kept as a tensor where it lives: read once per vote (no sync per step on a GPU)
+                    ok = torch.isfinite(t.detach()).all()
                 self._acc = ok if self._acc is None else (self._acc & ok)
 
     def after_step(self, step: int) -> None:

@@ -62,6 +62,7 @@ class _State:
         self.timing_fault_fired = False  # delay/input_stall said and recorded once, then quiet
         self.finite: FiniteWatch | None = None  # where NaN/Inf began
         self.atrest: Any = None          # the at-rest witness (bootstrap.atrest), when on
+        self.fired_step = -1             # the optimizer step after which the fault injector last fired
         self.originals: dict[str, Any] = {}
         self.lock = threading.Lock()
         self.coverage_written: tuple | None = None  # what the run's coverage record last said
@@ -322,6 +323,9 @@ def _patch_ddp(handle: InstalledHooks, original_all_reduce: Callable) -> None:
     def scout_forward(self, *args, **kwargs):
         if STATE.consensus is not None:
             STATE.consensus.track(self)
+        settle = getattr(self.process_group, "settle", None)   # the recording wrapper (pgwrap)
+        if settle is not None:
+            settle()
         if not getattr(self, "_scout_hooked", False):
             self._scout_hooked = True
             if STATE.writer is not None and type(self.process_group).__name__ != "RecordingGroup":
@@ -620,7 +624,9 @@ def _start_consensus() -> None:
         from scout_slurm.bootstrap.atrest import AtRest
         STATE.atrest = AtRest(every=cfg.consensus_every, rank=STATE.rank, world=STATE.world,
                               side=STATE.consensus.side, run_dir=cfg.run_dir, node=cfg.node,
-                              offset=cfg.step_offset, sdc_policy=cfg.sdc_policy.value)
+                              offset=cfg.step_offset, sdc_policy=cfg.sdc_policy.value,
+                              voted=STATE.consensus.voted_parameters)
+        STATE.consensus.presigned = _presigned
     if cfg.replay_every > 0:
         from scout_slurm.bootstrap.replay import Replay
         STATE.replay = Replay(every=cfg.replay_every, rank=STATE.rank, world=STATE.world, side=STATE.consensus.side,
@@ -800,8 +806,17 @@ def _first_weight(optimizer: Any) -> Any:
     return optimizer.param_groups[0]["params"][0]
 
 
+def _presigned(step: int, optimizer: Any) -> tuple[int, int] | None:
+    """The at-rest seal of `step`, for the state vote of the same step: unless the fault injector
+    fired in between (it changes the state after the seal, before the vote, on purpose)."""
+    if STATE.atrest is None or STATE.fired_step == step:
+        return None
+    return STATE.atrest.signed_at(step, optimizer)
+
+
 def _fire(fault: FaultSpec, optimizer: Any = None) -> None:
     from scout_slurm.inject.spec import NUMERIC_FAULTS, TIMING_FAULTS
+    STATE.fired_step = STATE.writer.steps if STATE.writer is not None else -1
     if fault.kind in TIMING_FAULTS and STATE.timing_fault_fired:
         time.sleep(fault.seconds)  # a recurring delay: said and recorded at its first firing only
         return

@@ -1,8 +1,18 @@
 """A recording ProcessGroup for DDP: DDP reduces its buckets through it with its own C++ path
 (gradients scaled while they are copied into the bucket, no comm hook), and every bucket's
 all-reduce lands in the progress record as `ddp_bucket_all_reduce`, entered at launch and left
-when gloo/NCCL completes it. A rank stuck inside backward is therefore still seen inside a
+at the end of the backward that launched it, once it completed (autograd's final callback, where
+DDP waits for its buckets too). A rank stuck inside backward is therefore still seen inside a
 collective, as with the comm hook this replaces, without the hook's extra pass over the gradients.
+
+No Python runs on gloo's threads for a bucket: a callback per bucket there (a leave as each
+all-reduce completed) took the GIL from gloo's thread while the training thread launched the next
+bucket, and the two handing the GIL back and forth cost 60 us a bucket on the reference job. The
+entries are left together instead, one callback per backward on the thread that ran it. What that
+changes: a bucket that completed before the backward's last layers were computed is shown open
+until the backward ends (its time counts as collective time in the timing votes, on every rank
+alike). An all-reduce launched outside a backward (DDP's join hook, a user's call on
+`ddp.process_group`) is left when it completes, as before.
 
 Python subclasses of torch's ProcessGroup are accepted by DDP (torchft does the same): the
 reducer calls `allreduce` on the object it was given, which reaches the override below.
@@ -24,12 +34,13 @@ import weakref
 from typing import Any, Callable
 
 import torch
-from torch._C._distributed_c10d import ProcessGroup, _create_work_from_future
+from torch._C._distributed_c10d import ProcessGroup
 
 from scout_slurm.bootstrap.selfcost import COST, clock
 from scout_slurm.task.progress import ProgressWriter
 
 # why DDP may not get a wrapper: then scout falls back to its comm hook (patches._patch_ddp)
+_ENGINE = torch.autograd.Variable._execution_engine
 _BACKENDS = {"gloo": ProcessGroup.BackendType.GLOO, "nccl": ProcessGroup.BackendType.NCCL}
 
 
@@ -43,6 +54,8 @@ class RecordingGroup(ProcessGroup):
         self._writer = writer
         self._passing = passing
         self._size = pg.size()
+        self._open: list[tuple[ProgressWriter, int, Any, int]] = []  # (writer, seq, work, torch's seq) entered in the running backward
+        self._queued = False   # the running backward will leave them (its final callback is queued)
         for device in ("cpu", "cuda"):
             dev = torch.device(device)
             try:
@@ -67,14 +80,51 @@ class RecordingGroup(ProcessGroup):
         timed = COST.sample()
         t0 = clock() if timed else 0
         t = tensors[0]
-        seq = w.enter("ddp_bucket_all_reduce", t.numel() * t.element_size(), self._size,
-                      self._pg._get_sequence_number_for_group())
-        # The reducer waits on the returned work's future: one that completes only after the leave is
-        # recorded, so a rank past its backward never shows a bucket still open in its record.
-        fut = inner.get_future().then(lambda f, w=w, seq=seq, timed=timed: _left(f, w, seq, timed))
+        opened = self._open
+        # torch's counter moves by one a launch on this group: read once a backward (a call into torch
+        # costs more than the rest of this entry here)
+        pg_seq = opened[-1][3] + 1 if opened else self._pg._get_sequence_number_for_group()
+        seq = w.enter("ddp_bucket_all_reduce", t.numel() * t.element_size(), self._size, pg_seq)
+        if self._queued or self._queue():
+            opened.append((w, seq, inner, pg_seq))
+        else:  # not inside a backward: left when it completes (on gloo's thread)
+            inner.get_future().add_done_callback(lambda _f, w=w, seq=seq: _left(w, seq))
         if timed:
             COST.sampled_ns += clock() - t0
-        return _create_work_from_future(fut)
+        return inner
+
+    def _queue(self) -> bool:
+        """Have the running backward leave this group's buckets at its end; False outside a backward."""
+        try:
+            _ENGINE.queue_callback(self._backward_done)
+        except RuntimeError:  # "Final callbacks can only be installed during backward pass"
+            return False
+        self._queued = True
+        return True
+
+    def _backward_done(self) -> None:
+        """Autograd's final callback of the backward that launched the open buckets (DDP's own,
+        which waits for them, may come before or after it): each completed one is left now, the
+        others as they complete."""
+        t0 = clock()
+        self._queued = False
+        opened, self._open = self._open, []
+        for w, seq, work, _ in opened:
+            if work.is_completed():
+                w.leave(seq)
+            else:   # DDP waits for it: left by gloo's thread as it completes
+                work.get_future().add_done_callback(lambda _f, w=w, seq=seq: _left(w, seq))
+        COST.hooks_cpu_ns += clock() - t0
+
+    def settle(self) -> None:
+        """At DDP's next forward: buckets of a backward that raised (its final callbacks were
+        dropped; a job may catch the error and go on) are left as they complete."""
+        if not self._queued and not self._open:
+            return
+        self._queued = False
+        opened, self._open = self._open, []
+        for w, seq, work, _ in opened:
+            work.get_future().add_done_callback(lambda _f, w=w, seq=seq: _left(w, seq))
 
 
 # The collectives torch's trampoline (PyProcessGroup) looks up as Python overrides, by the names it
@@ -112,17 +162,13 @@ RecordingGroup.start_coalescing = RecordingGroup._start_coalescing = _start_coal
 RecordingGroup.end_coalescing = RecordingGroup._end_coalescing = _end_coalescing  # type: ignore[attr-defined]
 
 
-def _left(f: Any, w: ProgressWriter, seq: int, timed: bool) -> Any:
-    """Runs on gloo's thread when the all-reduce completed: the record's leave, then the result
-    (the reduced tensors, or the all-reduce's error, raised again) for the reducer."""
-    t0 = clock() if timed else 0
+def _left(w: ProgressWriter, seq: int) -> None:
+    """On gloo's thread, as an all-reduce completed (or failed: the job gets its error from DDP):
+    the record's leave."""
     try:
         w.leave(seq)
-    except Exception:  # noqa: BLE001 - the record is evidence; the job's gradients come first
+    except Exception:  # noqa: BLE001 - the record is evidence; the job's collectives come first
         pass
-    if timed:
-        COST.sampled_ns += clock() - t0
-    return f.value()
 
 
 _RECORDING: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # id of a wrapped group -> its wrapper

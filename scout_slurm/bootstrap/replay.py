@@ -279,6 +279,7 @@ class Replay:
         self.pending: dict[tuple[int, str], dict[int, int]] = {}
         self.last_clean = -1
         self.ready_from = 0  # the capture hooks attach at the first step: replays start at the next
+        self.handles: list[Any] = []   # the capture hooks set for the coming step (`_arm`)
 
     def add_root(self, root: Any) -> None:
         if self.layers is None and all(root is not r for r in self.roots):
@@ -312,12 +313,6 @@ class Replay:
                 skipped.append(f"{name} ({nbytes} bytes of weights and gradients > cap {self.max_bytes})")
             else:
                 self.layers.append((name, m))
-        for idx, (_, m) in enumerate(self.layers):
-            m.register_forward_pre_hook(self._pre_hook(idx), with_kwargs=True)
-            m.register_forward_hook(self._post_hook(idx))
-            for pname, p in m.named_parameters(recurse=False):
-                if p.requires_grad and not is_dtensor(p):   # FSDP2 reduces its unsharded copies: not seen here
-                    p.register_hook(self._grad_hook(idx, pname))
         if self.rank == 0:
             say(f"in-situ replay every {self.every} steps over layers {[n for n, _ in self.layers]}"
                 + (f"; not replayed: {'; '.join(skipped)}" if skipped else ""))
@@ -459,8 +454,34 @@ class Replay:
         self.broadcast(rng, src=src, group=self.side)
         return spec, xs, gys, rng
 
+    def _arm(self, step: int) -> None:
+        """The capture hooks for step `step`: on the layer whose source this rank is then, on no
+        layer otherwise (a hook's Python would run at every call of every layer, and a module with
+        hooks leaves torch's fast call path). Set before that step's forward, removed after it."""
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        plan = self._plan(step) if self.layers and step >= self.ready_from else None
+        if plan is None or plan.source != self.rank:
+            return
+        idx = plan.layer_index
+        m = self.layers[idx][1]
+        self.handles = [m.register_forward_pre_hook(self._pre_hook(idx), with_kwargs=True),
+                        m.register_forward_hook(self._post_hook(idx))]
+        for pname, p in m.named_parameters(recurse=False):
+            if p.requires_grad and not is_dtensor(p):   # FSDP2 reduces its unsharded copies: not seen here
+                self.handles.append(p.register_hook(self._grad_hook(idx, pname)))
+
     def before_step(self, step: int) -> None:
-        """Called before optimizer step `step` on every rank; replays when the schedule says so."""
+        """Called before optimizer step `step` on every rank; replays when the schedule says so,
+        then sets the capture hooks for the next step."""
+        try:
+            self._before_step(step)
+        finally:
+            if self.every > 0 and self.layers:
+                self._arm(step + 1)
+
+    def _before_step(self, step: int) -> None:
         self._prepare(step)
         plan = self._plan(step) if self.layers and step >= self.ready_from else None
         if plan is None:

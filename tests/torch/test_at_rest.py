@@ -72,3 +72,34 @@ def test_clean_runs_and_a_job_that_clips_its_weights_name_nobody(tmp_path):
     assert [r.returncode for r in runs] == [0, 0], runs[0].stderr[-3000:]
     assert _findings(run_dir) == {}
     assert "scout: at-rest witness off: every rank's weights changed between optimizer steps 5 and 6" in runs[0].stderr
+
+
+def test_the_seal_is_the_votes_signature_when_the_optimizer_holds_the_voted_parameters():
+    """The state vote of a sealed step takes the seal's signatures instead of signing the same bytes
+    again: only when they are the vote's own (the same tensors under the vote's names), for that
+    step and optimizer."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from scout_slurm.bootstrap.atrest import AtRest
+    from scout_slurm.bootstrap.consensus import Consensus, optimizer_tensors, state_signature
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    voted = lambda: Consensus.voted_parameters(SimpleNamespace(modules=[model]))  # noqa: E731
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.ones(1, 4)).sum().backward()
+    opt.step()
+    witness = AtRest(every=5, rank=0, world=2, side=None, run_dir=None, node="n", voted=voted)
+    witness.seal(5, opt)
+    as_voted = (state_signature(voted()), state_signature(optimizer_tensors(opt)))
+    assert witness.signed_at(5, opt) == as_voted
+    assert witness.signed_at(6, opt) is None and witness.signed_at(5, torch.optim.SGD(model.parameters())) is None
+    # an optimizer over other tensors than the voted ones (DeepSpeed's flat master copies): its own list, not shared
+    part = torch.optim.AdamW(model[0].parameters(), lr=0.1)
+    model(torch.ones(1, 4)).sum().backward()
+    part.step()
+    witness.seal(10, part)
+    assert witness.signed_at(10, part) is None
+    assert witness.sealed[2] == state_signature([(f"g0.p{i}", p) for i, p in enumerate(model[0].parameters())])

@@ -66,3 +66,22 @@ def test_the_wrapper_never_holds_the_gil_into_gloos_queue(tmp_path):
     for r in runs:
         assert r.returncode == 0, f"rank {r.rank} exited {r.returncode} (1 with every thread dumped: deadlocked)\n{r.stdout}\n{r.stderr}"
         assert f"rank {r.rank}: 1500 iterations through the wrapper in" in r.stdout, r.stdout
+
+
+@pytest.mark.timeout(60)
+def test_buckets_are_left_at_the_end_of_their_backward(tmp_path):
+    """The wrapper leaves the all-reduces launched in a backward together, at its end (autograd's
+    final callback: no Python on gloo's threads per bucket); inside the backward they are open; a
+    backward that raised has its entries left at the next settle (DDP's forward); an all-reduce
+    launched outside any backward is left as it completes."""
+    import json
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, str(JOBS / "pg_wrapper_record.py")], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=50, env={"PYTHONPATH": str(repo), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen == {"inside": [2, 0], "after": [2, 2], "inside_failing": [4, 2], "after_failed": [4, 2],
+                    "settled": [4, 4], "outside": [5, 5]}, seen
