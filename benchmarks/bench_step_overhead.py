@@ -175,9 +175,10 @@ def account_scout(acct: Account) -> list[str]:
     if writer is None:
         missing.append("progress record")
     else:
-        for name in ("enter", "leave"):
+        for name in ("enter", "leave", "leave_many"):
             setattr(writer, name, acct.wrap("wrappers", getattr(writer, name), inherit=True))
         writer.step = acct.wrap("progress record", writer.step)
+        writer.beat = acct.wrap("progress record", writer.beat)   # each forward of a model: progress
     # DDP's buckets: through scout's recording wrapper of its group (pgwrap), DDP's own C++ path otherwise;
     # the wrapper's lines are "wrappers", the launch of the group's all_reduce inside it is the job's
     from scout_slurm.bootstrap import pgwrap

@@ -299,6 +299,8 @@ def _patch_ddp(handle: InstalledHooks, original_all_reduce: Callable) -> None:
                 return f.value()
             return fut.then(done)
         self._scout_hooked = True
+        from scout_slurm.bootstrap import pgwrap
+        pgwrap.USER_HOOKS = True   # the recording wrapper asks whether a bucket is this hook's from now on
         return original_register(self, state, composed)
 
     original_init = DDP.__init__
@@ -366,10 +368,13 @@ def _patch_optimizer(handle: InstalledHooks) -> None:
                 STATE.timing.resume()
         # replay before the step: the weights are still those this step's forward used
         if STATE.replay is not None and STATE.writer is not None:
-            if STATE.timing is not None:  # scout's own work is not the job's compute
+            step = STATE.writer.steps + 1
+            # scout's own work is not the job's compute (in the other steps, the replay only sets hooks)
+            paused = STATE.timing is not None and STATE.replay.due(step)
+            if paused:
                 STATE.timing.pause()
-            STATE.replay.before_step(STATE.writer.steps + 1)
-            if STATE.timing is not None:
+            STATE.replay.before_step(step)
+            if paused:
                 STATE.timing.resume()
 
     @selfcost.timed
@@ -378,9 +383,14 @@ def _patch_optimizer(handle: InstalledHooks) -> None:
         if w is None:
             return
         step = w.step()
+        c, timing = STATE.consensus, STATE.timing
+        # scout's own work from here is not the job's compute: at the steps where it does any (a vote,
+        # the at-rest seal, a timing round); in the others it is a few checks (and the clock reads cost)
+        if timing is not None and (timing.due(step) or (c is not None and c.every > 0 and step % c.every == 0)):
+            timing.pause()
         if STATE.atrest is not None:   # first: the state exactly as the optimizer left it
             STATE.atrest.seal(step, optimizer)
-        COST.stepped()
+        COST.stepped(w.last_step_ns)
         if step % selfcost.COST_EVERY == 0:
             selfcost.write(STATE.config.run_dir, STATE.rank, STATE.restart)
         if STATE.root_tracker is not None:  # the models have run their first forward by now
@@ -389,14 +399,12 @@ def _patch_optimizer(handle: InstalledHooks) -> None:
         fault = STATE.fault
         if fault is not None and not fault.is_compute and fault.applies(STATE.rank, step, STATE.restart):
             _fire(fault, optimizer)
-        if STATE.timing is not None:
-            STATE.timing.pause()
         if STATE.finite is not None:
             STATE.finite.after_step(step)
-        if STATE.consensus is not None:
-            STATE.consensus.maybe_vote(step, optimizer, STATE.originals["all_gather"], STATE.originals["barrier"])
-        if STATE.timing is not None:
-            STATE.timing.after_step(step)
+        if c is not None:
+            c.maybe_vote(step, optimizer, STATE.originals["all_gather"], STATE.originals["barrier"])
+        if timing is not None:
+            timing.after_step(step)
         if STATE.rank == 0:
             _write_coverage()
 

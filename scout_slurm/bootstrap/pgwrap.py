@@ -36,11 +36,13 @@ from typing import Any, Callable
 import torch
 from torch._C._distributed_c10d import ProcessGroup
 
-from scout_slurm.bootstrap.selfcost import COST, clock
+from scout_slurm.bootstrap.selfcost import COST, SAMPLE_EVERY, clock
 from scout_slurm.task.progress import ProgressWriter
 
 # why DDP may not get a wrapper: then scout falls back to its comm hook (patches._patch_ddp)
 _ENGINE = torch.autograd.Variable._execution_engine
+# set once a job registers a comm hook of its own (patches): then a bucket may be the hook's, counted there
+USER_HOOKS = False
 _BACKENDS = {"gloo": ProcessGroup.BackendType.GLOO, "nccl": ProcessGroup.BackendType.NCCL}
 
 
@@ -54,7 +56,8 @@ class RecordingGroup(ProcessGroup):
         self._writer = writer
         self._passing = passing
         self._size = pg.size()
-        self._open: list[tuple[ProgressWriter, int, Any, int]] = []  # (writer, seq, work, torch's seq) entered in the running backward
+        self._open: list[tuple[int, Any, int]] = []  # (seq, work, torch's seq) entered in the running backward
+        self._w: ProgressWriter | None = None   # the progress record, once there is one
         self._queued = False   # the running backward will leave them (its final callback is queued)
         for device in ("cpu", "cuda"):
             dev = torch.device(device)
@@ -74,22 +77,26 @@ class RecordingGroup(ProcessGroup):
 
     def allreduce(self, tensors, opts=None):  # noqa: ANN001 - the reducer's call, passed on unchanged
         inner = self._pg.allreduce(tensors, opts) if opts is not None else self._pg.allreduce(tensors)
-        w = self._writer()  # from here on scout's own work: the launch above is the job's
-        if w is None or self._passing():
+        # from here on scout's own work (the launch above is the job's), once a bucket: kept short
+        w = self._w or self._writer()
+        if w is None or (USER_HOOKS and self._passing()):
             return inner
-        timed = COST.sample()
+        self._w = w
+        n = COST.wrapper_calls   # COST.sample(), inline
+        COST.wrapper_calls = n + 1
+        timed = not n % SAMPLE_EVERY
         t0 = clock() if timed else 0
-        t = tensors[0]
         opened = self._open
         # torch's counter moves by one a launch on this group: read once a backward (a call into torch
         # costs more than the rest of this entry here)
-        pg_seq = opened[-1][3] + 1 if opened else self._pg._get_sequence_number_for_group()
-        seq = w.enter("ddp_bucket_all_reduce", t.numel() * t.element_size(), self._size, pg_seq)
+        pg_seq = opened[-1][2] + 1 if opened else self._pg._get_sequence_number_for_group()
+        seq = w.enter("ddp_bucket_all_reduce", tensors[0].nbytes, self._size, pg_seq)
         if self._queued or self._queue():
-            opened.append((w, seq, inner, pg_seq))
+            opened.append((seq, inner, pg_seq))
         else:  # not inside a backward: left when it completes (on gloo's thread)
-            inner.get_future().add_done_callback(lambda _f, w=w, seq=seq: _left(w, seq))
+            inner.get_future().add_done_callback(lambda _f, w=w, seq=seq: _left(w, (seq,)))
         if timed:
+            COST.samples += 1
             COST.sampled_ns += clock() - t0
         return inner
 
@@ -104,17 +111,19 @@ class RecordingGroup(ProcessGroup):
 
     def _backward_done(self) -> None:
         """Autograd's final callback of the backward that launched the open buckets (DDP's own,
-        which waits for them, may come before or after it): each completed one is left now, the
-        others as they complete."""
-        t0 = clock()
+        which waits for them, may come before or after it): they are left now if all completed,
+        else together by gloo's thread once the last completes (one callback)."""
         self._queued = False
         opened, self._open = self._open, []
-        for w, seq, work, _ in opened:
-            if work.is_completed():
-                w.leave(seq)
-            else:   # DDP waits for it: left by gloo's thread as it completes
-                work.get_future().add_done_callback(lambda _f, w=w, seq=seq: _left(w, seq))
-        COST.hooks_cpu_ns += clock() - t0
+        if not opened or self._w is None:
+            return
+        seqs = [seq for seq, _, _ in opened]
+        if all(work.is_completed() for _, work, _ in opened):
+            self._w.leave_many(seqs)
+            return
+        futures = [work.get_future() for _, work, _ in opened]
+        done = futures[0] if len(futures) == 1 else torch.futures.collect_all(futures)
+        done.add_done_callback(lambda _f, w=self._w, seqs=seqs: _left(w, seqs))
 
     def settle(self) -> None:
         """At DDP's next forward: buckets of a backward that raised (its final callbacks were
@@ -123,8 +132,8 @@ class RecordingGroup(ProcessGroup):
             return
         self._queued = False
         opened, self._open = self._open, []
-        for w, seq, work, _ in opened:
-            work.get_future().add_done_callback(lambda _f, w=w, seq=seq: _left(w, seq))
+        for seq, work, _ in opened:
+            work.get_future().add_done_callback(lambda _f, w=self._w, seq=seq: _left(w, (seq,)))
 
 
 # The collectives torch's trampoline (PyProcessGroup) looks up as Python overrides, by the names it
@@ -162,11 +171,11 @@ RecordingGroup.start_coalescing = RecordingGroup._start_coalescing = _start_coal
 RecordingGroup.end_coalescing = RecordingGroup._end_coalescing = _end_coalescing  # type: ignore[attr-defined]
 
 
-def _left(w: ProgressWriter, seq: int) -> None:
-    """On gloo's thread, as an all-reduce completed (or failed: the job gets its error from DDP):
+def _left(w: ProgressWriter, seqs: tuple[int, ...] | list[int]) -> None:
+    """On gloo's thread, as all-reduces completed (or failed: the job gets the error from DDP):
     the record's leave."""
     try:
-        w.leave(seq)
+        w.leave_many(seqs)
     except Exception:  # noqa: BLE001 - the record is evidence; the job's collectives come first
         pass
 

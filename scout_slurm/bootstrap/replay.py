@@ -472,6 +472,10 @@ class Replay:
             if p.requires_grad and not is_dtensor(p):   # FSDP2 reduces its unsharded copies: not seen here
                 self.handles.append(p.register_hook(self._grad_hook(idx, pname)))
 
+    def due(self, step: int) -> bool:
+        """Whether `before_step(step)` does more than set the capture hooks."""
+        return self.layers is None or (bool(self.layers) and step >= self.ready_from and self._plan(step) is not None)
+
     def before_step(self, step: int) -> None:
         """Called before optimizer step `step` on every rank; replays when the schedule says so,
         then sets the capture hooks for the next step."""

@@ -43,10 +43,11 @@ class Meter:
     def wrapper_ns(self) -> int:
         return self.sampled_ns * self.wrapper_calls // self.samples if self.samples else 0
 
-    def stepped(self) -> None:
-        """An optimizer step ended. The window starts at the end of the first: the first step's
-        one-off work (DDP's and scout's set-up) is not a step's cost; what follows counts."""
-        now = time.monotonic_ns()
+    def stepped(self, now: int | None = None) -> None:
+        """An optimizer step ended (at `now`, monotonic ns, when the caller read it). The window
+        starts at the end of the first: the first step's one-off work (DDP's and scout's set-up) is
+        not a step's cost; what follows counts."""
+        now = time.monotonic_ns() if now is None else now
         if not self.first_step_ns:
             self.first_step_ns = now
             self.hooks_cpu_ns = self.wrapper_calls = self.sampled_ns = self.samples = 0

@@ -59,6 +59,10 @@ class Timing:
     def resume(self) -> None:
         self.writer.resume_timing()
 
+    def due(self, step: int) -> bool:
+        """Whether `step`'s end holds a round (or the start of the clock)."""
+        return not self.started or (self.rules.every > 0 and step % self.rules.every == 0 and step > self.last_step)
+
     def after_step(self, step: int) -> None:
         """At the end of every optimizer step, after scout's other work (paused since)."""
         if not self.started:  # start-up (building, first forward, DDP's first buckets) is not a step's time

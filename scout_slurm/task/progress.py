@@ -147,14 +147,19 @@ class ProgressWriter:
         return seq
 
     def leave(self, seq: int) -> None:
+        self.leave_many((seq,))
+
+    def leave_many(self, seqs: "tuple[int, ...] | list[int]") -> None:
+        """Several collectives completed (DDP's buckets at the end of a backward): one change."""
         now = time.monotonic_ns()
         with self._lock:
-            self._completed += 1
-            self._in = max(0, self._in - 1)
+            self._completed += len(seqs)
+            self._in = max(0, self._in - len(seqs))
             self._last_change = now
-            if seq > self._entered - RING:  # its ring entry is still its own: only its left_ns changes
-                _GEN.pack_into(self._buf, 8, self._gen * 2 + 1)
-                _GEN.pack_into(self._buf, _HEADER.size + (seq % RING) * _ENTRY.size + _LEFT_AT, now)
+            for seq in seqs:
+                if seq > self._entered - RING:  # its ring entry is still its own: only its left_ns changes
+                    _GEN.pack_into(self._buf, 8, self._gen * 2 + 1)
+                    _GEN.pack_into(self._buf, _HEADER.size + (seq % RING) * _ENTRY.size + _LEFT_AT, now)
             if self._in == 0:
                 self._op = 0
                 self._nbytes = 0
@@ -171,6 +176,11 @@ class ProgressWriter:
             self._last_step = now
             self._write_header()
             return self._steps
+
+    @property
+    def last_step_ns(self) -> int:
+        """When the last optimizer step ended (monotonic ns)."""
+        return self._last_step
 
     def take_timing(self, *, resume: bool) -> tuple[int, int]:
         """(ns outside collectives, ns inside) since the last take, then zero both. Outside time stops

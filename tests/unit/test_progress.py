@@ -197,3 +197,17 @@ def test_reads_are_consistent_while_another_thread_writes(record):
     assert not bad, bad[:5]
     assert seen > 9_000
     assert read(record).coll_entered > 0
+
+
+def test_leave_many_is_one_change_for_several_collectives(record):
+    """DDP's buckets are left together at the end of their backward: only the entries named change."""
+    w = ProgressWriter(record, rank=3, world_size=8)
+    seqs = [w.enter("ddp_bucket_all_reduce", 1024 * (i + 1), 8) for i in range(3)]
+    w.leave_many([seqs[0], seqs[2]])
+    v = read(record)
+    assert (v.coll_entered, v.coll_completed, v.in_collective) == (3, 2, True)
+    left = {e.seq: e.left_ns for e in v.recent}
+    assert left[seqs[0]] > 0 and left[seqs[2]] > 0 and left[seqs[1]] == 0
+    w.leave_many([seqs[1]])
+    v = read(record)
+    assert (v.coll_completed, v.in_collective, v.current_op) == (3, False, "none")
