@@ -41,6 +41,9 @@ from scout_slurm.task.progress import ProgressWriter
 
 # why DDP may not get a wrapper: then scout falls back to its comm hook (patches._patch_ddp)
 _ENGINE = torch.autograd.Variable._execution_engine
+# the running backward's graph task (-1 outside any), a cheap read; without it every bucket is left
+# as it completes
+_task_id = getattr(torch._C, "_current_graph_task_id", lambda: -1)
 # set once a job registers a comm hook of its own (patches): then a bucket may be the hook's, counted there
 USER_HOOKS = False
 _BACKENDS = {"gloo": ProcessGroup.BackendType.GLOO, "nccl": ProcessGroup.BackendType.NCCL}
@@ -58,7 +61,7 @@ class RecordingGroup(ProcessGroup):
         self._size = pg.size()
         self._open: list[tuple[int, Any, int]] = []  # (seq, work, torch's seq) entered in the running backward
         self._w: ProgressWriter | None = None   # the progress record, once there is one
-        self._queued = False   # the running backward will leave them (its final callback is queued)
+        self._queued_for = -1   # the backward (autograd graph task) whose final callback will leave them
         for device in ("cpu", "cuda"):
             dev = torch.device(device)
             try:
@@ -91,7 +94,8 @@ class RecordingGroup(ProcessGroup):
         # costs more than the rest of this entry here)
         pg_seq = opened[-1][2] + 1 if opened else self._pg._get_sequence_number_for_group()
         seq = w.enter("ddp_bucket_all_reduce", tensors[0].nbytes, self._size, pg_seq)
-        if self._queued or self._queue():
+        task = _task_id()
+        if task >= 0 and (task == self._queued_for or self._queue(task)):
             opened.append((seq, inner, pg_seq))
         else:  # not inside a backward: left when it completes (on gloo's thread)
             inner.get_future().add_done_callback(lambda _f, w=w, seq=seq: _left(w, (seq,)))
@@ -100,37 +104,40 @@ class RecordingGroup(ProcessGroup):
             COST.sampled_ns += clock() - t0
         return inner
 
-    def _queue(self) -> bool:
-        """Have the running backward leave this group's buckets at its end; False outside a backward."""
+    def _queue(self, task: int) -> bool:
+        """Have the running backward (autograd graph task `task`) leave this group's buckets at its
+        end. A backward that raised drops its final callbacks: its buckets are left with the next
+        backward's (a new task) or at the next forward (`settle`)."""
         try:
             _ENGINE.queue_callback(self._backward_done)
         except RuntimeError:  # "Final callbacks can only be installed during backward pass"
             return False
-        self._queued = True
+        self._queued_for = task
         return True
 
     def _backward_done(self) -> None:
         """Autograd's final callback of the backward that launched the open buckets (DDP's own,
         which waits for them, may come before or after it): they are left now if all completed,
         else together by gloo's thread once the last completes (one callback)."""
-        self._queued = False
         opened, self._open = self._open, []
         if not opened or self._w is None:
             return
+        t0 = clock()   # once a backward: always measured (scout's own cost, ranks/cost-R.json)
         seqs = [seq for seq, _, _ in opened]
         if all(work.is_completed() for _, work, _ in opened):
             self._w.leave_many(seqs)
-            return
-        futures = [work.get_future() for _, work, _ in opened]
-        done = futures[0] if len(futures) == 1 else torch.futures.collect_all(futures)
-        done.add_done_callback(lambda _f, w=self._w, seqs=seqs: _left(w, seqs))
+        else:
+            futures = [work.get_future() for _, work, _ in opened]
+            done = futures[0] if len(futures) == 1 else torch.futures.collect_all(futures)
+            done.add_done_callback(lambda _f, w=self._w, seqs=seqs: _left(w, seqs))
+        COST.hooks_cpu_ns += clock() - t0
 
     def settle(self) -> None:
         """At DDP's next forward: buckets of a backward that raised (its final callbacks were
         dropped; a job may catch the error and go on) are left as they complete."""
-        if not self._queued and not self._open:
+        if not self._open:
             return
-        self._queued = False
+        self._queued_for = -1
         opened, self._open = self._open, []
         for seq, work, _ in opened:
             work.get_future().add_done_callback(lambda _f, w=self._w, seq=seq: _left(w, (seq,)))

@@ -1,7 +1,7 @@
 """The recording wrapper's bookkeeping on one gloo rank, printed as JSON: all-reduces launched inside a
 backward are open until that backward ends (autograd's final callback leaves them); one launched
 outside a backward is left when it completes; the buckets of a backward that raised (its final
-callbacks dropped) are left at the next `settle` (DDP's forward calls it)."""
+callbacks dropped) are left with the next backward's, or at the next `settle` (DDP's forward calls it)."""
 import json
 import sys
 import tempfile
@@ -53,7 +53,13 @@ def main() -> None:
     except RuntimeError:
         pass
     seen["after_failed"] = counts()
-    group.settle()
+    Reduce.apply(x, False).sum().backward()   # the next backward leaves the failed one's buckets too
+    seen["next_backward"] = counts()
+    try:
+        Reduce.apply(x, True).sum().backward()
+    except RuntimeError:
+        pass
+    group.settle()   # or the next forward (DDP's)
     seen["settled"] = counts()
     group.allreduce([torch.ones(4)]).wait()
     for _ in range(200):  # left on gloo's thread as it completed
