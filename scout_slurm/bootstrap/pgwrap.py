@@ -5,11 +5,11 @@ at the end of the backward that launched it, once it completed (autograd's final
 DDP waits for its buckets too). A rank stuck inside backward is therefore still seen inside a
 collective, as with the comm hook this replaces, without the hook's extra pass over the gradients.
 
-No Python runs on gloo's threads for a bucket: a callback per bucket there (a leave as each
-all-reduce completed) took the GIL from gloo's thread while the training thread launched the next
-bucket, and the two handing the GIL back and forth cost 60 us a bucket on the reference job. The
-entries are left together instead, one callback per backward on the thread that ran it. What that
-changes: a bucket that completed before the backward's last layers were computed is shown open
+No Python runs on gloo's threads for each bucket: a callback per bucket there (a leave as each
+all-reduce completed, then a new work for the reducer) took the GIL from gloo's thread while the
+training thread launched the next bucket, and cost about 60 us a bucket on the reference job. The
+entries are left together instead: by the backward's final callback when all completed, else by
+one callback on gloo's thread once the last in flight completes. What that changes: a bucket that completed before the backward's last layers were computed is shown open
 until the backward ends (its time counts as collective time in the timing votes, on every rank
 alike). An all-reduce launched outside a backward (DDP's join hook, a user's call on
 `ddp.process_group`) is left when it completes, as before.
@@ -90,12 +90,13 @@ class RecordingGroup(ProcessGroup):
         timed = not n % SAMPLE_EVERY
         t0 = clock() if timed else 0
         opened = self._open
+        task = _task_id()
+        queued = task >= 0 and task == self._queued_for
         # torch's counter moves by one a launch on this group: read once a backward (a call into torch
         # costs more than the rest of this entry here)
-        pg_seq = opened[-1][2] + 1 if opened else self._pg._get_sequence_number_for_group()
+        pg_seq = opened[-1][2] + 1 if queued and opened else self._pg._get_sequence_number_for_group()
         seq = w.enter("ddp_bucket_all_reduce", tensors[0].nbytes, self._size, pg_seq)
-        task = _task_id()
-        if task >= 0 and (task == self._queued_for or self._queue(task)):
+        if queued or (task >= 0 and self._queue(task)):
             opened.append((seq, inner, pg_seq))
         else:  # not inside a backward: left when it completes (on gloo's thread)
             inner.get_future().add_done_callback(lambda _f, w=w, seq=seq: _left(w, (seq,)))
