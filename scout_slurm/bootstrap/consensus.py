@@ -139,7 +139,7 @@ class Consensus:
               timeout_s: float | None = None) -> None:
         import torch
         t0 = time.perf_counter()
-        from scout_slurm.bootstrap.replay import inner, replica_layout
+        from scout_slurm.bootstrap.replay import replica_layout
         from scout_slurm.bootstrap.replicas import vote_groups
         if self.groups is None:  # the start banner (bootstrap.patches) set them when it saw the models
             from scout_slurm.bootstrap.replay import optimizer_not_voted
