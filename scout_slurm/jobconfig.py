@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 PREFIX = "SCOUT_"
 REPLAY_MAX_BYTES = 64 << 20
+UPDATE_MAX_BYTES = 1 << 20
 
 
 class SdcPolicy(str, enum.Enum):
@@ -121,6 +122,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("SCOUT_AT_REST", "at_rest", "bool", True,
             "at-rest witness: each rank re-signs its own weights and optimizer state across one step in K "
             "(names memory corruption without replicas)"),
+    Setting("SCOUT_UPDATE_REPLAY", "update_replay", "choice", "auto",
+            "optimizer update replay: every K steps one rank's update of a slice of its state recomputed by every "
+            "rank (auto: where some shard has fewer than 3 replicas; on; off)", choices=("auto", "on", "off")),
+    Setting("SCOUT_UPDATE_MAX_BYTES", "update_max_bytes", "int", UPDATE_MAX_BYTES,
+            "parameter bytes an optimizer update replay recomputes a round (its gradients and state move too)",
+            minimum=1),
     Setting("SCOUT_FINAL_VOTE_TIMEOUT_S", "final_vote_timeout_s", "float", 120.0,
             "seconds every rank has to reach destroy_process_group for the last vote", minimum=0),
     Setting("SCOUT_SDC_POLICY", "sdc_policy", "choice", SdcPolicy.EXIT.value,
@@ -171,6 +178,8 @@ class JobConfig:
     replay_max_bytes: int = REPLAY_MAX_BYTES
     finite_check: bool = True
     at_rest: bool = True
+    update_replay: str = "auto"
+    update_max_bytes: int = UPDATE_MAX_BYTES
     final_vote_timeout_s: float = 120.0
     sdc_policy: SdcPolicy = SdcPolicy.EXIT
     resume_mismatch: ResumeMismatch = ResumeMismatch.WARN

@@ -62,6 +62,8 @@ class _State:
         self.timing_fault_fired = False  # delay/input_stall said and recorded once, then quiet
         self.finite: FiniteWatch | None = None  # where NaN/Inf began
         self.atrest: Any = None          # the at-rest witness (bootstrap.atrest), when on
+        self.update: Any = None          # the optimizer update replay (bootstrap.update), when on
+        self.update_fired = False        # an injected update fault said and recorded once, then quiet
         self.fired_step = -1             # the optimizer step after which the fault injector last fired
         self.originals: dict[str, Any] = {}
         self.lock = threading.Lock()
@@ -252,7 +254,7 @@ def _release_side_groups() -> None:
     called without an active exception", pytorch/pytorch#179291): a crash of scout's making on a
     job that finished. A later init_process_group starts votes, replay and timing afresh."""
     import gc
-    STATE.consensus = STATE.replay = STATE.timing = STATE.atrest = None
+    STATE.consensus = STATE.replay = STATE.timing = STATE.atrest = STATE.update = None
     STATE.default_pg = None  # the job's own default group, held for its sequence number
     from scout_slurm.bootstrap import ckptstate
     if ckptstate.WATCH is not None:
@@ -366,6 +368,8 @@ def _patch_optimizer(handle: InstalledHooks) -> None:
                                STATE.originals["barrier"])
             if STATE.timing is not None:
                 STATE.timing.resume()
+        if STATE.update is not None and STATE.writer is not None:   # a slice of the update's inputs, when due
+            STATE.update.before_step(STATE.writer.steps + 1, optimizer)
         # replay before the step: the weights are still those this step's forward used
         if STATE.replay is not None and STATE.writer is not None:
             step = STATE.writer.steps + 1
@@ -388,16 +392,21 @@ def _patch_optimizer(handle: InstalledHooks) -> None:
         # the at-rest seal, a timing round); in the others it is a few checks (and the clock reads cost)
         if timing is not None and (timing.due(step) or (c is not None and c.every > 0 and step % c.every == 0)):
             timing.pause()
+        fault = STATE.fault
+        if fault is not None and fault.target == "update" and fault.applies(STATE.rank, step, STATE.restart):
+            _fire_update(fault, optimizer)   # a fault in the update itself: part of what the step wrote
         if STATE.atrest is not None:   # first: the state exactly as the optimizer left it
             STATE.atrest.seal(step, optimizer)
+        if STATE.update is not None:
+            STATE.update.after_step(step, optimizer)
         COST.stepped(w.last_step_ns)
         if step % selfcost.COST_EVERY == 0:
             selfcost.write(STATE.config.run_dir, STATE.rank, STATE.restart)
         if STATE.root_tracker is not None:  # the models have run their first forward by now
             STATE.root_tracker.remove()
             STATE.root_tracker = None
-        fault = STATE.fault
-        if fault is not None and not fault.is_compute and fault.applies(STATE.rank, step, STATE.restart):
+        if fault is not None and not fault.is_compute and fault.target != "update" and \
+                fault.applies(STATE.rank, step, STATE.restart):
             _fire(fault, optimizer)
         if STATE.finite is not None:
             STATE.finite.after_step(step)
@@ -635,6 +644,17 @@ def _start_consensus() -> None:
                               offset=cfg.step_offset, sdc_policy=cfg.sdc_policy.value,
                               voted=STATE.consensus.voted_parameters)
         STATE.consensus.presigned = _presigned
+    if cfg.update_replay != "off":
+        from scout_slurm.bootstrap.replay import replica_layout
+        from scout_slurm.bootstrap.update import UpdateReplay
+        consensus = STATE.consensus
+        STATE.update = UpdateReplay(every=cfg.consensus_every, rank=STATE.rank, world=STATE.world,
+                                    side=consensus.side, run_dir=cfg.run_dir, node=cfg.node,
+                                    originals=STATE.originals, offset=cfg.step_offset,
+                                    sdc_policy=cfg.sdc_policy.value, max_bytes=cfg.update_max_bytes,
+                                    mode=cfg.update_replay,
+                                    layout=lambda: replica_layout(consensus.modules, STATE.world)[0],
+                                    corrupt=_corrupt_recomputed_update)
     if cfg.replay_every > 0:
         from scout_slurm.bootstrap.replay import Replay
         STATE.replay = Replay(every=cfg.replay_every, rank=STATE.rank, world=STATE.world, side=STATE.consensus.side,
@@ -727,8 +747,9 @@ def _write_coverage(*, force: bool = False) -> None:
     if STATE.rank != 0:
         return
     c, r, t = STATE.consensus, STATE.replay, STATE.timing
+    u = STATE.update
     key = (c.votes if c else 0, r.replays if r else None, r.failed_rounds if r else 0, t.rounds if t else 0,
-           STATE.final_vote)
+           STATE.final_vote, u.rounds if u is not None and not (u.off and not u.rounds) else None)
     if key == STATE.coverage_written and not force:
         return
     STATE.coverage_written = key
@@ -746,7 +767,8 @@ def _write_coverage(*, force: bool = False) -> None:
             timing_rounds=key[3], votes_every=votes_every if c else 0, replay_every=r.every if r else 0,
             timing_every=t.rules.every if t else 0,
             steps=(STATE.writer.steps + offset) if STATE.writer is not None else -1, final_vote=STATE.final_vote,
-            replicas=max((len(g) for g in c.groups), default=0) if c is not None and c.groups else 0))
+            replicas=max((len(g) for g in c.groups), default=0) if c is not None and c.groups else 0,
+            update_rounds=key[5]))
     except Exception as exc:  # noqa: BLE001 - coverage is evidence, never a reason to fail the job
         sys.stderr.write(f"scout: coverage record not written: {exc!r}\n")
 
@@ -801,6 +823,34 @@ def _corrupt(fault: FaultSpec, optimizer: Any) -> str:
     else:
         name, t = "param0", _first_weight(optimizer)
     return f"{fault.target} {name}" + corrupt_(t, fault, seed=1_000_003 * STATE.rank + fault.step)
+
+
+def _fire_update(fault: FaultSpec, optimizer: Any) -> None:
+    """An injected fault in this rank's optimizer update: what the step wrote, changed before scout
+    signs anything. Said and recorded at its first firing; a recurring one stays quiet after."""
+    from scout_slurm.inject.corrupt import corrupt_
+    STATE.fired_step = STATE.writer.steps if STATE.writer is not None else -1
+    what = corrupt_(optimizer.param_groups[0]["params"][0], fault, seed=1_000_003 * STATE.rank + STATE.fired_step)
+    if not STATE.update_fired:
+        STATE.update_fired = True
+        sys.stderr.write(f"scout: injecting fault {fault.kind} into the optimizer update on rank {STATE.rank} at step "
+                         f"{STATE.fired_step}: param0{what}\n")
+        _record_injection(fault)
+
+
+def _corrupt_recomputed_update(step: int, param: int, lo: int, t: Any) -> None:
+    """The same fault in this rank's recomputation of an update (scout's update replay), unless it
+    is transient: a faulty unit computes every update wrongly, its own and others' alike."""
+    fault = STATE.fault
+    if fault is None or fault.target != "update" or fault.transient or param != 0 or \
+            not fault.applies(STATE.rank, step, STATE.restart):
+        return
+    import dataclasses
+
+    from scout_slurm.inject.corrupt import corrupt_
+    if fault.kind == "noise" or lo <= fault.element < lo + t.numel():
+        corrupt_(t, dataclasses.replace(fault, element=max(0, fault.element - lo)),
+                 seed=7 + 1_000_003 * STATE.rank + step)
 
 
 def _first_weight(optimizer: Any) -> Any:

@@ -275,12 +275,14 @@ class VoteCoverage:
     steps: int = -1                   # the last optimizer step this run completed (counted from training's start)
     final_vote: str = ""              # the end-of-training vote: "" not reached, else what it did
     replicas: int = 0                 # the largest replica group the votes compared (1: none to compare; 0: unknown)
+    update_rounds: int | None = None  # optimizer update replays so far (None: off or not needed)
     schema_version: int = 1
 
     @property
     def checks_ran(self) -> bool:
         return (self.votes > 0 and self.replicas != 1) \
-            or bool(self.replay_rounds and self.replay_rounds > self.replay_failed_rounds) or self.timing_rounds > 0
+            or bool(self.replay_rounds and self.replay_rounds > self.replay_failed_rounds) or self.timing_rounds > 0 \
+            or bool(self.update_rounds)
 
     def lines(self) -> tuple[str, ...]:
         """What ran, in words (one line per kind of check)."""
@@ -300,6 +302,8 @@ class VoteCoverage:
             out.append(f"in-situ replay ({every(self.replay_every)}): {self.replay_rounds} rounds"
                        + (f", {self.replay_failed_rounds} without a vote (a rank could not recompute)"
                           if self.replay_failed_rounds else ""))
+        if self.update_rounds is not None:
+            out.append(f"optimizer update replay ({every(self.votes_every)}): {self.update_rounds} rounds")
         out.append(f"timing votes ({every(self.timing_every)}): {self.timing_rounds} rounds")
         if self.steps >= 0:
             out.append(f"optimizer steps in this run: up to step {self.steps}")

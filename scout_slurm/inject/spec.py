@@ -7,7 +7,10 @@ state, or computation: `activations` (the output of layer `layer=NAME` on that r
 `gradients` (the gradient entering that layer's backward), which models broken hardware and so
 also corrupts that rank's in-situ replay of the layer (`transient=1`: in training only, a one-off
 upset), and `local_gradients` (that rank's own gradient of the layer's first weight, before the
-all-reduce: noise, a bit, or `scale,factor=2` for a gradient counted twice).
+all-reduce: noise, a bit, or `scale,factor=2` for a gradient counted twice). `update`: what this
+rank's optimizer step writes (element `element` of its first parameter, changed as the step ends,
+before scout signs anything): a fault in the update's compute, which also corrupts the rank's
+recomputation of updates (scout's update replay) unless `transient=1`.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ STATE_TARGETS = ("weights", "optimizer")
 # corrupt what a layer computes, not what it stores; local_gradients: this rank's own gradient of the
 # layer's first weight, before the all-reduce (a noisy or doubled local gradient; replay never sees it)
 COMPUTE_TARGETS = ("activations", "gradients", "local_gradients")
-TARGETS = STATE_TARGETS + COMPUTE_TARGETS
+# what the optimizer step computes on this rank (fired as the step ends, before scout's seal)
+UPDATE_TARGET = "update"
+TARGETS = STATE_TARGETS + COMPUTE_TARGETS + (UPDATE_TARGET,)
 KINDS = PROCESS_FAULTS + NUMERIC_FAULTS + TIMING_FAULTS
 
 
@@ -110,7 +115,7 @@ def parse_fault(text: str) -> FaultSpec:
         raise ConfigError(f"SCOUT_INJECT={text!r}: until={until} is before step={step}")
     if not sigma >= 0:
         raise ConfigError(f"SCOUT_INJECT={text!r}: sigma must be >= 0")
-    if target in COMPUTE_TARGETS and kind not in NUMERIC_FAULTS:
+    if target in (*COMPUTE_TARGETS, UPDATE_TARGET) and kind not in NUMERIC_FAULTS:
         raise ConfigError(f"SCOUT_INJECT={text!r}: target {target} takes a numerical kind "
                           f"({', '.join(NUMERIC_FAULTS)}), not {kind!r}")
     if kind in TIMING_FAULTS:
