@@ -45,7 +45,7 @@ TIMING_EVERY = 25   # the timing votes' default interval (SCOUT_TIMING_EVERY): n
 # The direct measure's components, in print order. "wrappers" is the recording wrapper DDP reduces its
 # buckets through (its Python and the progress record; the all_reduce launch inside it is the job's, as a
 # bare DDP launches it too) plus the torch.distributed wrappers.
-COMPONENTS = ("vote", "at-rest witness", "replay", "timing", "checkpoint flag", "finite check", "wrappers",
+COMPONENTS = ("vote", "at-rest witness", "update replay", "replay", "timing", "checkpoint flag", "finite check", "wrappers",
               "progress record", "hook glue")
 # run from DDP's reducer (during backward, while gloo reduces earlier buckets on its own threads):
 # CPU is the calling thread's; every other component runs when no training work is in flight, so its
@@ -161,6 +161,7 @@ def account_scout(acct: Account) -> list[str]:
                 hooks_dict[key] = acct.wrap("hook glue", h)
     methods(state.consensus, ("maybe_vote", "track"), "vote", "state votes")
     methods(getattr(state, "atrest", None), ("seal", "check"), "at-rest witness", "at-rest witness")
+    methods(getattr(state, "update", None), ("before_step", "after_step"), "update replay", "update replay")
     methods(state.timing, ("pause", "resume", "after_step"), "timing", "timing votes")
     methods(ckptstate.WATCH, ("before_step", "exchange"), "checkpoint flag", "checkpoint agreement")
     methods(getattr(state, "finite", None), ("_note", "after_step", "resolve"), "finite check", "finite check")
@@ -268,12 +269,15 @@ def rank_job(args: argparse.Namespace) -> int:
         if step + 1 == WARMUP + args.digest_at:   # runs of different lengths compare at the same step
             digest = hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters())).hexdigest()
     timer_s = 0.0
+    upd = getattr(sys.modules.get("scout_slurm.bootstrap.patches"), "STATE", None)
+    upd = getattr(upd, "update", None)
+    update = {"rounds": upd.rounds, "bytes": upd.bytes_moved, "off": upd.off} if upd is not None else None
     if acct is not None:
         acct.on = False
         timer_s = timer_cost()
     print(json.dumps({"rank": rank, "params": params, "times": times[WARMUP:], "cpu": cpu[WARMUP:], "digest": digest,
                       "scout": acct.totals if acct is not None else None, "missing": missing,
-                      "timer_s": timer_s}), flush=True)
+                      "timer_s": timer_s, "update": update}), flush=True)
     dist.destroy_process_group()
     return 0
 
@@ -415,6 +419,14 @@ def print_direct(conditions, results: dict[str, list[dict]], args: argparse.Name
     missing = sorted({m for rs in results.values() for r in rs if r["direct"] for m in r["direct"]["missing"]})
     if missing:
         print(f"not timed (off or not reachable in this version of the bootstrap): {', '.join(missing)}")
+    ups = [(name, u) for name, rs in results.items() for r in rs for u in [r.get("update")] if u and u["rounds"]]
+    if ups:
+        name, u = ups[0]
+        wall = statistics.median(r["direct"]["wall"].get("update replay", 0.0) for r in results[name] if r["direct"])
+        k = next(k for n, k, _ in conditions if n == name)
+        print(f"optimizer update replay ({name}): {u['rounds']} rounds, {u['bytes'] / u['rounds'] / 1e6:.2f} MB "
+              f"broadcast from the source a round (a slice of its parameters, gradients and optimizer state), "
+              f"{wall * k * 1e3:.1f} ms per {k} steps on each rank")
     timers = statistics.median(r["direct"]["timers"] for rs in results.values() for r in rs if r["direct"])
     cold = statistics.median(r["direct"]["timers_cold"] for rs in results.values() for r in rs if r["direct"])
     print(f"the timers' own cost, included above: ~{timers * 1e3:.3f} ms CPU per step with warm caches, "

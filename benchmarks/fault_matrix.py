@@ -65,10 +65,18 @@ COMPUTE_FAULTS = [("bitflip,bit=10,element=1", "activations"), ("bitflip,bit=30,
 # gradient is comparable (DDP: FSDP2 reduce-scatters its unsharded copies before scout sees them)
 LOCAL_GRADIENT_FAULTS = [("noise,sigma=1e-4", "local_gradients"), ("scale,factor=2", "local_gradients"),
                          ("bitflip,bit=20", "local_gradients")]
+# a fault in this rank's optimizer update itself (what the step wrote, changed before scout signs it);
+# persistent (the rank's recomputations of updates are wrong too) or transient (in training only).
+# Where a shard has fewer than 3 replicas (pure FSDP2, HSDP 2x2) the update replay names it; DDP's
+# 4 replicas name it by the state vote (seen there as weights that differ)
+UPDATE_FAULTS = [("bitflip,bit=0", "update"), ("bitflip,bit=23", "update"), ("sign", "update"),
+                 ("scale,factor=1.0001", "update"), ("noise,sigma=1e-6", "update"),
+                 ("bitflip,bit=12,transient=1", "update"), ("sign,transient=1", "update")]
 # pure FSDP holds no replicated state and HSDP 2x2 two replicas: their state faults are named by the
 # at-rest witness (each rank's own state re-signed across one step in K; here K = 1)
-PLAN = {"ddp": STATE_FAULTS + COMPUTE_FAULTS + LOCAL_GRADIENT_FAULTS, "hsdp": STATE_FAULTS + COMPUTE_FAULTS,
-        "fsdp2": STATE_FAULTS + COMPUTE_FAULTS, "hsdp4": STATE_FAULTS[:6]}
+PLAN = {"ddp": STATE_FAULTS + COMPUTE_FAULTS + LOCAL_GRADIENT_FAULTS + UPDATE_FAULTS[:2],
+        "hsdp": STATE_FAULTS + COMPUTE_FAULTS + UPDATE_FAULTS, "fsdp2": STATE_FAULTS + COMPUTE_FAULTS + UPDATE_FAULTS,
+        "hsdp4": STATE_FAULTS[:6]}
 
 
 @dataclass(frozen=True)
@@ -100,7 +108,7 @@ def runs(limit: int, clean: int, seed: int, pars: tuple[str, ...] = (), targets:
                 continue
             world = 2 * NODES[par]
             for rank in (n % world, (n + world // 2) % world):  # every kind meets every rank; rank 0 and the replay source included
-                recur = ",every=1" if target in ("activations", "gradients", "local_gradients") else ""
+                recur = ",every=1" if target in ("activations", "gradients", "local_gradients", "update") else ""
                 text = f"{spec},rank={rank},step={FAULT_STEP},target={target}{recur}"
                 label = " ".join("transient" if x == "transient=1" else x.split("=")[-1] if "=" in x else x
                                  for x in spec.split(",") if not x.startswith("element"))
@@ -154,13 +162,16 @@ def one(lab: Lab, run: Run, deadline_epoch: float = 0.0) -> Run:
                            and e.last_progress is not None and not e.last_progress.bootstrap_active
                            and not e.last_progress.in_collective))
     named = tuple((s.rank, s.node) for s in verdict.suspects)
-    want_comp = {"weights": FindingComponent.WEIGHTS, "optimizer": FindingComponent.OPTIMIZER}.get(
+    want_comp = {"weights": FindingComponent.WEIGHTS, "optimizer": FindingComponent.OPTIMIZER,
+                 "update": FindingComponent.OPTIMIZER}.get(
         run.target, FindingComponent.COMPUTE).value
     kind = verdict.kind.value
     if run.rank < 0:
         # "nobody": not a clean verdict, but nobody named (a rank failed at exit, after the work)
         outcome = "false-positive" if named else "clean" if verdict.kind is VerdictKind.CLEAN else "nobody"
-    elif verdict.kind is VerdictKind.SDC and named == ((run.rank, node),) and comps == (want_comp,):
+    elif verdict.kind is VerdictKind.SDC and named == ((run.rank, node),) and (
+            comps == (want_comp,) or (run.target == "update" and comps in (("weights",), ("optimizer",)))):
+        # update: named by the update replay (optimizer), or by a state vote among 3+ replicas (weights)
         outcome = "correct"
     elif verdict.kind is VerdictKind.SDC or named:
         outcome = "wrong"
