@@ -41,6 +41,7 @@ ALIGN = 1024          # slice starts, in elements (fused Adam's vector path diff
 MAX_SEGMENTS = 64     # slices of parameters a round (small tensors: one each)
 DEFAULT_MAX_BYTES = 1 << 20
 _SCALARS = (int, float, bool, str, type(None))
+_DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
 
 
 def say(msg: str) -> None:
@@ -97,19 +98,19 @@ def decide(recomputed: list[int | None], training: int, source: int) -> tuple[li
     recompute) and the source's training-time one (pure). A strict majority of the recomputations
     is the right result; ranks outside it computed wrongly, and so did the source in training if
     its result is not it."""
-    votes = [(r, s) for r, s in enumerate(recomputed) if s is not None]
+    votes = [(r, s) for r, s in enumerate(recomputed) if s is not None]   # training 0: not known
     counts: dict[int, int] = {}
     for _, s in votes:
         counts[s] = counts.get(s, 0) + 1
     best = max(counts.items(), key=lambda kv: kv[1], default=(None, 0))
     if best[1] * 2 <= len(votes):
-        if len(counts) <= 1 and training == best[0]:
+        if len(counts) <= 1 and training in (0, best[0]):
             return [], ""
         return [], (f"the {len(votes)} recomputations of rank {source}'s update split "
                     f"{sorted(counts.values(), reverse=True)}: no majority tells which is right")
     right = best[0]
     named = {r for r, s in votes if s != right}
-    if training != right:
+    if training and training != right:
         named.add(source)
     return sorted(named), ""
 
@@ -204,9 +205,9 @@ class UpdateReplay:
                     if isinstance(v, torch.Tensor):
                         lv = local(v)
                         if lv.numel() == lp.numel() and lv.numel() > 1:
-                            state[k] = ("slice", lv.reshape(-1)[lo:hi].clone())
+                            state[k] = ("slice", lv.detach().reshape(-1)[lo:hi])
                         elif lv.numel() == 1:
-                            state[k] = ("whole", lv.detach().clone())
+                            state[k] = ("whole", lv.detach())
                         else:
                             return {"why": f"optimizer state {k!r} is neither per element nor a scalar"}
                     elif isinstance(v, _SCALARS):
@@ -214,8 +215,7 @@ class UpdateReplay:
                     else:
                         return {"why": f"optimizer state {k!r} is a {type(v).__name__}"}
                 seg = {"param": i, "group": gi, "lo": lo, "hi": hi, "state": {}}
-                for label, t in (("p", lp.detach().reshape(-1)[lo:hi].clone()),
-                                 ("g", local(p.grad).detach().reshape(-1)[lo:hi].clone())):
+                for label, t in (("p", lp.detach().reshape(-1)[lo:hi]), ("g", local(p.grad).detach().reshape(-1)[lo:hi])):
                     seg[label] = len(tensors)
                     tensors.append(t)
                 for k, (how, v) in state.items():
@@ -225,7 +225,10 @@ class UpdateReplay:
                         seg["state"][k] = [how, len(tensors)]
                         tensors.append(v)
                 segs.append(seg)
-        return {"step": step, "cls": name, "groups": groups, "segments": segs, "tensors": tensors,
+            # copies on the CPU (scout's side group is gloo), each with the device type it came from
+            devices = [t.device.type for t in tensors]
+            tensors = [t.to("cpu", copy=True).contiguous() for t in tensors]
+        return {"step": step, "cls": name, "groups": groups, "segments": segs, "tensors": tensors, "devices": devices,
                 "params": [params[i][1] for i, _, _ in segments], "opt": optimizer}
 
     def _training_signature(self, cap: dict) -> int:
@@ -255,7 +258,10 @@ class UpdateReplay:
         cap, self.cap = self.cap, None
         training = 0
         if self.rank == src and cap is not None and "why" not in cap:
-            training = self._training_signature(cap)
+            try:
+                training = self._training_signature(cap)
+            except Exception as exc:  # noqa: BLE001 - not known: the recomputations still vote among themselves
+                self._say_once("sig", f"rank {self.rank}'s update not signed: {exc!r}")
         got = self._exchange(src, cap)
         if got is None:
             self.seconds += time.perf_counter() - t0
@@ -282,22 +288,26 @@ class UpdateReplay:
         blob, buf = b"", None
         if self.rank == src:
             if cap is None or "why" in cap:
-                if cap is not None:
-                    self._say_once("why:" + cap["why"], f"optimizer update not replayed: {cap['why']}")
+                if cap is not None:   # said by the source, once: every rank turns it off
+                    say(f"optimizer update replay off: {cap['why']}")
                     self.off = cap["why"]
                 head[0] = -1
             else:
-                parts = [t.reshape(-1).view(torch.uint8) for t in cap["tensors"]]
-                layout = [[str(t.dtype).replace("torch.", ""), list(t.shape), int(p.numel())]
-                          for t, p in zip(cap["tensors"], parts)]
+                parts, layout, at = [], [], 0
+                for t in cap["tensors"]:   # each at an offset of a multiple of 8 bytes (a view needs it)
+                    raw_t = t.reshape(-1).view(torch.uint8)
+                    pad = -raw_t.numel() % 8
+                    parts += [raw_t, torch.zeros(pad, dtype=torch.uint8)]
+                    layout.append([str(t.dtype).replace("torch.", ""), list(t.shape), at, int(raw_t.numel())])
+                    at += raw_t.numel() + pad
                 blob = json.dumps({"cls": cap["cls"], "groups": cap["groups"], "segments": cap["segments"],
-                                   "layout": layout}).encode()
+                                   "layout": layout, "devices": cap["devices"]}).encode()
                 buf = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.uint8)
                 head[0], head[1] = len(blob), buf.numel()
         self.broadcast(head, src=src, group=self.side)
         if int(head[0]) < 0:
             if self.rank != src:
-                self.off = "the source's optimizer cannot be recomputed (said by rank 0)"
+                self.off = f"rank {src}'s optimizer cannot be recomputed (it said why)"
             return None
         raw = (torch.frombuffer(bytearray(blob), dtype=torch.uint8) if self.rank == src
                else torch.empty(int(head[0]), dtype=torch.uint8))
@@ -307,11 +317,13 @@ class UpdateReplay:
         self.broadcast(buf, src=src, group=self.side)
         self.bytes_moved += int(head[0]) + int(head[1])
         meta = json.loads(bytes(raw.numpy().tobytes()).decode()) if self.rank != src else json.loads(blob)
-        tensors, at = [], 0
-        for dtype, shape, nbytes in meta["layout"]:
-            t = buf[at:at + nbytes].view(getattr(torch, dtype)).reshape(shape)
-            tensors.append(t.clone() if self.rank != src else cap["tensors"][len(tensors)])
-            at += nbytes
+        if self.rank == src:
+            return meta, cap["tensors"]
+        tensors = []
+        for dtype, shape, at, nbytes in meta["layout"]:
+            if dtype not in _DTYPES:
+                raise ValueError(f"update replay: dtype {dtype!r} not expected")
+            tensors.append(buf[at:at + nbytes].view(getattr(torch, dtype)).reshape(shape))
         return meta, tensors
 
     def _recompute(self, step: int, meta: dict, tensors: list[Any]) -> int:
@@ -322,6 +334,8 @@ class UpdateReplay:
         if meta["cls"] not in ELEMENTWISE:
             raise ValueError(f"optimizer {meta['cls']!r} is not one scout recomputes")
         cls = getattr(torch.optim, meta["cls"])
+        cuda = torch.device("cuda", torch.cuda.current_device()) if "cuda" in meta["devices"] else None
+        tensors = [t.to(cuda) if kind == "cuda" else t for t, kind in zip(tensors, meta["devices"])]
         by_group: dict[int, list[tuple[dict, Any]]] = {}
         for seg in meta["segments"]:
             q = torch.nn.Parameter(tensors[seg["p"]].clone(), requires_grad=True)

@@ -54,6 +54,8 @@ def test_decide_rule():
     assert named == [] and "no majority" in why
     # two ranks whose recomputations agree outvote the source's training-time result
     assert decide([5, 5], 4, 1) == ([1], "")
+    # the source could not sign its own result (0): the recomputations still vote among themselves
+    assert decide([5, 5, 5], 0, 1) == ([], "") and decide([5, 7, 5], 0, 0) == ([1], "")
 
 
 def test_plan_segments_rotates_over_every_element_once():
