@@ -16,6 +16,7 @@ import pytest
 import scoutjobs as sj
 from scout_slurm.evidence.records import Finding, FindingKind
 from scout_slurm.evidence.store import read_record
+from scout_slurm.slurm import ops
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]
 
@@ -196,3 +197,26 @@ def test_a_witness_names_the_rank_where_no_majority_can(lab, clean_drains, mode,
     sdc = [f for f in _findings(lab, job) if f.kind == FindingKind.SDC]
     assert [(f.rank, f.component) for f in sdc] == [(rank, component)], sdc
     assert said in sdc[0].summary, sdc[0].summary
+
+
+@pytest.mark.timeout(180)
+def test_a_wrong_optimizer_update_without_replicas_is_named_and_drained(lab, clean_drains):
+    """Pure FSDP2 (no copy of any shard anywhere): rank 1's optimizer update goes wrong from step 3 on,
+    as a faulty unit would (its recomputations of updates too). The at-rest seal signs what the update
+    wrote and no vote exists; the update replay (every 2 steps; at step 4 rank 2 is the source and
+    rank 1 recomputes its update wrongly) names rank 1, and its node is drained."""
+    fault = "bitflip,bit=20,rank=1,step=3,every=1,target=update"
+    job = sj.submit(lab, _script(lab, "fsdp", f"--scout-consensus-every=2 --scout-replay-every=0 --scout-inject={fault}"),
+                    extra=("--no-requeue",))
+    sj.wait_finished(lab, job)
+    shown = sj.show_json(lab, job, restart=0)
+    out = sj.output(lab, job)
+    node = sj.places(lab, job)[1].node
+    assert shown["kind"] == "sdc", (shown, out[-3000:])
+    assert [(s["rank"], s["node"]) for s in shown["suspects"]] == [(1, node)]
+    sdc = [f for f in _findings(lab, job) if f.kind == FindingKind.SDC]
+    assert [(f.rank, f.component, f.step) for f in sdc] == [(1, "optimizer", 4)], sdc
+    assert "optimizer update replay every 2 steps" in out and "rank 1's optimizer update differs" in out, out[-3000:]
+    assert shown["coverage"]["update_rounds"] >= 1, shown["coverage"]
+    drained = {n.name: n.reason for n in ops.list_nodes(timeout=10, env=lab.client_env()) if n.is_drained}
+    assert drained.get(node, "").startswith(f"scout: sdc rank 1 job {job}"), drained

@@ -120,5 +120,5 @@ def test_clean_runs_name_nobody_and_three_replicas_turn_it_off(tmp_path):
     # DDP over four ranks: the state vote among four replicas names a wrong update; no replay
     run_dir, runs = _run(tmp_path / "ddp4", 4, job="ddp", steps=4)
     assert all(r.returncode == 0 for r in runs)
-    assert "optimizer update replay off: every shard has 4 or more replicas" in runs[0].stderr
+    assert "optimizer update replay" not in runs[0].stderr   # nothing said: the state votes cover it
     assert json.loads((run_dir / "votes.json").read_text()).get("update_rounds") is None
