@@ -93,3 +93,10 @@ def test_any_text_parses_or_is_refused_as_config_error(text):
     except ConfigError:
         return
     assert spec.kind in KINDS and spec.step >= 1
+
+
+def test_an_update_fault_takes_a_numerical_kind_and_is_not_a_layer_fault():
+    f = parse_fault("bitflip,bit=12,rank=1,step=3,target=update,every=1,transient=1")
+    assert (f.target, f.bit, f.rank, f.every, f.transient, f.is_compute) == ("update", 12, 1, 1, True, False)
+    with pytest.raises(ConfigError, match="target update takes a numerical kind"):
+        parse_fault("sleep,target=update")
