@@ -29,12 +29,12 @@ Imports torch; runs only in the job's Python."""
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 from scout_slurm.bootstrap.exitpolicy import Ending, end, ends
+from scout_slurm.bootstrap.replay import say
 
 ELEMENTWISE = ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad")
 ALIGN = 1024          # slice starts, in elements (fused Adam's vector path differs on a misaligned slice)
@@ -42,11 +42,6 @@ MAX_SEGMENTS = 64     # slices of parameters a round (small tensors: one each)
 DEFAULT_MAX_BYTES = 1 << 20
 _SCALARS = (int, float, bool, str, type(None))
 _DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
-
-
-def say(msg: str) -> None:
-    sys.stderr.write(f"scout: {msg}\n")
-    sys.stderr.flush()
 
 
 def local(t: Any) -> Any:
@@ -135,7 +130,6 @@ class UpdateReplay:
         self.clean_for: dict[int, int] = {}  # source -> the last step its update passed
         self.rounds = 0
         self.bytes_moved = 0
-        self.seconds = 0.0
         self.said: set[str] = set()
 
     def _say_once(self, key: str, msg: str) -> None:
@@ -174,12 +168,10 @@ class UpdateReplay:
         self._decide_mode()
         if self.off or self.source(step) != self.rank:
             return
-        t0 = time.perf_counter()
         try:
             self.cap = self._capture(step, optimizer)
         except Exception as exc:  # noqa: BLE001 - evidence, never a reason to fail the job
             self.cap = {"why": f"capture failed: {exc!r}"}
-        self.seconds += time.perf_counter() - t0
 
     def _capture(self, step: int, optimizer: Any) -> dict:
         import torch
@@ -252,7 +244,6 @@ class UpdateReplay:
         if not self.due(step) or self.off:
             return
         import torch
-        t0 = time.perf_counter()
         src = self.source(step)
         cap, self.cap = self.cap, None
         training = 0
@@ -263,7 +254,6 @@ class UpdateReplay:
                 self._say_once("sig", f"rank {self.rank}'s update not signed: {exc!r}")
         got = self._exchange(src, cap)
         if got is None:
-            self.seconds += time.perf_counter() - t0
             return
         meta, tensors = got
         try:
@@ -274,7 +264,6 @@ class UpdateReplay:
         rows = [torch.zeros_like(row) for _ in range(self.world)]
         self.all_gather(rows, row, group=self.side)
         self.rounds += 1
-        self.seconds += time.perf_counter() - t0
         if err:
             self._say_once("err", f"rank {self.rank} could not recompute an optimizer update: {err}")
         recomputed = [int(r[1]) if int(r[0]) else None for r in rows]
@@ -327,6 +316,8 @@ class UpdateReplay:
 
     def _recompute(self, step: int, meta: dict, tensors: list[Any]) -> int:
         """The source's update of its slice run here with a fresh optimizer; its result signed."""
+        import inspect
+
         import torch
 
         from scout_slurm.bootstrap.consensus import state_signature
@@ -342,12 +333,10 @@ class UpdateReplay:
             by_group.setdefault(seg["group"], []).append((seg, q))
         done = []
         for gi, items in sorted(by_group.items()):
-            import inspect
+            hyper = {k: (tuple(v) if isinstance(v, list) else v) for k, v in meta["groups"][gi].items()}
             accepted = inspect.signature(cls.__init__).parameters
-            hyper = meta["groups"][gi]
-            opt = cls([q for _, q in items], **{k: (tuple(v) if isinstance(v, list) else v)
-                                                for k, v in hyper.items() if k in accepted and k != "params"})
-            opt.param_groups[0].update({k: (tuple(v) if isinstance(v, list) else v) for k, v in hyper.items()})
+            opt = cls([q for _, q in items], **{k: v for k, v in hyper.items() if k in accepted and k != "params"})
+            opt.param_groups[0].update(hyper)   # the group's other keys too (a scheduler's initial_lr)
             for seg, q in items:
                 state = {k: (v if how == "value" else tensors[v].clone()) for k, (how, v) in seg["state"].items()}
                 if state:
