@@ -473,8 +473,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--steps", type=int, default=50, help="measured steps of a bare or votes-off run (after 5 warm-up)")
-    ap.add_argument("--vote-steps-min", type=int, default=50,
-                    help="measured steps of a run with votes every K: max(this, K)")
+    ap.add_argument("--vote-steps-min", type=int, default=200,
+                    help="measured steps of a run with votes every K: max(this, K), in whole periods; 200 at "
+                         "K = 50: four of each periodic round, the replay over every layer of the reference "
+                         "model (one period alone is one sample of each, the replay always on the first layer)")
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--ks", default="50", help="vote intervals K to measure")
     ap.add_argument("--width", type=int, default=1024, help="model width (1024: 12.6M parameters)")

@@ -368,18 +368,24 @@ def _patch_optimizer(handle: InstalledHooks) -> None:
                                STATE.originals["barrier"])
             if STATE.timing is not None:
                 STATE.timing.resume()
-        if STATE.update is not None and STATE.writer is not None:   # a slice of the update's inputs, when due
-            STATE.update.before_step(STATE.writer.steps + 1, optimizer)
+        u = STATE.update
+        if u is not None and STATE.writer is not None and u.every > 0 and (STATE.writer.steps + 1) % u.every == 0:
+            u.before_step(STATE.writer.steps + 1, optimizer)   # a slice of the update's inputs (not due: no call)
         # replay before the step: the weights are still those this step's forward used
-        if STATE.replay is not None and STATE.writer is not None:
+        r = STATE.replay
+        if r is not None and STATE.writer is not None:
             step = STATE.writer.steps + 1
-            # scout's own work is not the job's compute (in the other steps, the replay only sets hooks)
-            paused = STATE.timing is not None and STATE.replay.due(step)
-            if paused:
-                STATE.timing.pause()
-            STATE.replay.before_step(step)
-            if paused:
-                STATE.timing.resume()
+            e = r.every
+            # called where it has work: its first step (the layers), a replay step, the step before one
+            # (the capture hooks are set) and the step after (they are removed)
+            if r.layers is None or r.handles or (e > 0 and (step % e == 0 or (step + 1) % e == 0)):
+                # scout's own work is not the job's compute (in the other steps, the replay only sets hooks)
+                paused = STATE.timing is not None and r.due(step)
+                if paused:
+                    STATE.timing.pause()
+                r.before_step(step)
+                if paused:
+                    STATE.timing.resume()
 
     @selfcost.timed
     def scout_step_hook(optimizer, args, kwargs):
@@ -395,10 +401,12 @@ def _patch_optimizer(handle: InstalledHooks) -> None:
         fault = STATE.fault
         if fault is not None and fault.target == "update" and fault.applies(STATE.rank, step, STATE.restart):
             _fire_update(fault, optimizer)   # a fault in the update itself: part of what the step wrote
-        if STATE.atrest is not None:   # first: the state exactly as the optimizer left it
-            STATE.atrest.seal(step, optimizer)
-        if STATE.update is not None:
-            STATE.update.after_step(step, optimizer)
+        # the periodic witnesses are called only at their steps (a call a step costs more than its check)
+        a, u = STATE.atrest, STATE.update
+        if a is not None and a.every > 0 and step % a.every == 0:   # first: the state as the optimizer left it
+            a.seal(step, optimizer)
+        if u is not None and u.every > 0 and step % u.every == 0:
+            u.after_step(step, optimizer)
         COST.stepped(w.last_step_ns)
         if step % selfcost.COST_EVERY == 0:
             selfcost.write(STATE.config.run_dir, STATE.rank, STATE.restart)

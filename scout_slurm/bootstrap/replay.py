@@ -25,8 +25,6 @@ from scout_slurm.evidence.records import VoteOutcome
 from scout_slurm.bootstrap.replicas import GroupVote, replay_plan, replica_groups, shard_group, vote_group
 from scout_slurm.jobconfig import REPLAY_MAX_BYTES
 
-_DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
-_MAX_DIMS = 8
 DEFAULT_MAX_BYTES = REPLAY_MAX_BYTES  # SCOUT_REPLAY_MAX_BYTES (scout_slurm.jobconfig)
 
 
@@ -412,47 +410,32 @@ class Replay:
         sig = state_signature((n, grads[n][0] if n in grads else none) for n, _ in params)
         return cap["out_sig"], _pos(sig), ""
 
-    def _send(self, t: Any, src: int) -> Any:
-        """Broadcast one tensor of any shape and dtype from `src` over scout's side group (the other
-        ranks learn its dtype and shape from a small header first)."""
-        import torch
-        header = torch.zeros(2 + _MAX_DIMS, dtype=torch.int64)
-        if self.rank == src:
-            header[0] = _DTYPES.index(str(t.dtype).replace("torch.", ""))
-            header[1] = t.dim()
-            header[2:2 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
-        self.broadcast(header, src=src, group=self.side)
-        if self.rank != src:
-            t = torch.empty([int(v) for v in header[2:2 + int(header[1])]], dtype=getattr(torch, _DTYPES[int(header[0])]))
-        t = t.contiguous()
-        self.broadcast(t, src=src, group=self.side)
-        return t
-
     def _exchange(self, plan: Any, cap: dict | None) -> tuple[Any, list[Any], list[Any], Any] | None:
         """The source's captured call (argument structure, input tensors, output gradients, RNG
-        state), on every rank; None when the source has nothing to send this round."""
+        state), on every rank, in two broadcasts; None when the source has nothing to send this round."""
         import pickle
 
-        import torch
+        from scout_slurm.bootstrap.wire import PackError, broadcast_packed
         src = plan.source
-        meta = torch.zeros(3, dtype=torch.int64)
-        blob = b""
+        blob, tensors = None, []
         if self.rank == src and cap is not None:
             gy = cap["gy"] or []
-            blob = pickle.dumps((cap["spec"], [g is not None for g in gy]))
-            meta[0], meta[1], meta[2] = 1, len(cap["x"]), len(blob)
-        self.broadcast(meta, src=src, group=self.side)
-        if int(meta[0]) != 1:
+            blob = pickle.dumps((cap["spec"], [g is not None for g in gy], len(cap["x"])))
+            tensors = [*cap["x"], *(g for g in gy if g is not None), cap["rng"]]
+        try:
+            got = broadcast_packed(self.broadcast, self.side, self.rank, src, blob, tensors)
+        except PackError as exc:   # the others were told there is nothing to replay
+            self._say_once(("unsent", str(plan.layer_index)), f"replay at step {plan.step}: the captured inputs "
+                           f"cannot be sent ({exc})")
             return None
-        raw = torch.frombuffer(bytearray(blob), dtype=torch.uint8) if self.rank == src else torch.empty(int(meta[2]), dtype=torch.uint8)
-        self.broadcast(raw, src=src, group=self.side)
-        spec, has_gy = pickle.loads(raw.numpy().tobytes()) if self.rank != src else pickle.loads(blob)
-        xs = [self._send(cap["x"][i] if self.rank == src else None, src) for i in range(int(meta[1]))]
-        gys = [self._send(cap["gy"][i] if self.rank == src else None, src) if present else None
-               for i, present in enumerate(has_gy)]
-        rng = cap["rng"] if self.rank == src else torch.empty_like(torch.get_rng_state())
-        self.broadcast(rng, src=src, group=self.side)
-        return spec, xs, gys, rng
+        if got is None:
+            return None
+        raw, sent, _ = got
+        spec, has_gy, n_x = pickle.loads(raw)
+        xs, rest = sent[:n_x], iter(sent[n_x:-1])
+        gys = [next(rest) if present else None for present in has_gy]
+        # a copy: torch.set_rng_state crashed the process (SIGSEGV) on a view into the payload
+        return spec, xs, gys, sent[-1].clone()
 
     def _arm(self, step: int) -> None:
         """The capture hooks for step `step`: on the layer whose source this rank is then, on no
@@ -591,7 +574,9 @@ class Replay:
             self.replaying = True
             try:
                 with torch.enable_grad():
-                    params = {n: w.clone().requires_grad_(w.is_floating_point()) for n, w in weights.items()}
+                    # detached aliases of the weights, not copies: autograd.grad only reads them (their
+                    # own leaves: no .grad, none of the job's or DDP's hooks)
+                    params = {n: w.detach().requires_grad_(w.is_floating_point()) for n, w in weights.items()}
                     xin = [x.clone().requires_grad_(x.is_floating_point()) for x in xs]
                     args, kwargs = _filled(spec, xin)
                     outs = output_tensors(functional_call(layer, params, tuple(args), dict(kwargs)))

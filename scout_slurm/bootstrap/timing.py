@@ -118,7 +118,16 @@ class Timing:
         one pair at once): a few bytes (latency) and a medium buffer sent both ways (bandwidth)."""
         import torch
         import torch.distributed.distributed_c10d as c10d
-        send, recv = _original(c10d.send), _original(c10d.recv)
+        # the side group's own send and recv (it spans every rank: group ranks are global ranks), not
+        # torch.distributed's Python layer over them, whose checks and logging cost more than the
+        # small exchange itself and would be timed with it
+        pg = self.side if self.side is not None else c10d._get_default_group()
+
+        def send(buf: Any, peer: int) -> None:
+            pg.send([buf], peer, 0).wait()
+
+        def recv(buf: Any, peer: int) -> None:
+            pg.recv([buf], peer, 0).wait()
         small_buf = torch.zeros(2, dtype=torch.float32)
         medium_buf = torch.zeros(max(1, self.rules.probe_bytes // 4), dtype=torch.float32)
         small = [-1.0] * self.world
@@ -133,11 +142,11 @@ class Timing:
                     for _ in range(reps):
                         t0 = self.clock()
                         if first:
-                            send(buf, peer, group=self.side)
-                            recv(buf, peer, group=self.side)
+                            send(buf, peer)
+                            recv(buf, peer)
                         else:
-                            recv(buf, peer, group=self.side)
-                            send(buf, peer, group=self.side)
+                            recv(buf, peer)
+                            send(buf, peer)
                         best = min(best, self.clock() - t0)
                     if first:  # the side that started measured the whole round trip
                         row[peer] = best

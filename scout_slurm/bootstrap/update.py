@@ -41,7 +41,6 @@ ALIGN = 1024          # slice starts, in elements (fused Adam's vector path diff
 MAX_SEGMENTS = 64     # slices of parameters a round (small tensors: one each)
 DEFAULT_MAX_BYTES = 1 << 20
 _SCALARS = (int, float, bool, str, type(None))
-_DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
 
 
 def local(t: Any) -> Any:
@@ -271,48 +270,28 @@ class UpdateReplay:
         self._conclude(step, src, named, why, recomputed, int(rows[src][2]), meta)
 
     def _exchange(self, src: int, cap: dict | None) -> tuple[dict, list[Any]] | None:
-        import torch
-        head = torch.zeros(2, dtype=torch.int64)
-        blob, buf = b"", None
+        from scout_slurm.bootstrap.wire import PackError, broadcast_packed
+        blob = None
         if self.rank == src:
-            if cap is None or "why" in cap:
-                if cap is not None:   # said by the source, once: every rank turns it off
-                    say(f"optimizer update replay off: {cap['why']}")
-                    self.off = cap["why"]
-                head[0] = -1
-            else:
-                parts, layout, at = [], [], 0
-                for t in cap["tensors"]:   # each at an offset of a multiple of 8 bytes (a view needs it)
-                    raw_t = t.reshape(-1).view(torch.uint8)
-                    pad = -raw_t.numel() % 8
-                    parts += [raw_t, torch.zeros(pad, dtype=torch.uint8)]
-                    layout.append([str(t.dtype).replace("torch.", ""), list(t.shape), at, int(raw_t.numel())])
-                    at += raw_t.numel() + pad
+            if cap is not None and "why" in cap:   # said by the source, once: every rank turns it off
+                say(f"optimizer update replay off: {cap['why']}")
+                self.off = cap["why"]
+            elif cap is not None:
                 blob = json.dumps({"cls": cap["cls"], "groups": cap["groups"], "segments": cap["segments"],
-                                   "layout": layout, "devices": cap["devices"]}).encode()
-                buf = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.uint8)
-                head[0], head[1] = len(blob), buf.numel()
-        self.broadcast(head, src=src, group=self.side)
-        if int(head[0]) < 0:
+                                   "devices": cap["devices"]}).encode()
+        try:
+            got = broadcast_packed(self.broadcast, self.side, self.rank, src, blob, cap["tensors"] if blob else ())
+        except PackError as exc:   # the others were told there is nothing: they turn off below
+            say(f"optimizer update replay off: its slice cannot be sent ({exc})")
+            self.off = f"the slice cannot be sent ({exc})"
+            return None
+        if got is None:
             if self.rank != src:
                 self.off = f"rank {src}'s optimizer cannot be recomputed (it said why)"
             return None
-        raw = (torch.frombuffer(bytearray(blob), dtype=torch.uint8) if self.rank == src
-               else torch.empty(int(head[0]), dtype=torch.uint8))
-        self.broadcast(raw, src=src, group=self.side)
-        if self.rank != src:
-            buf = torch.empty(int(head[1]), dtype=torch.uint8)
-        self.broadcast(buf, src=src, group=self.side)
-        self.bytes_moved += int(head[0]) + int(head[1])
-        meta = json.loads(bytes(raw.numpy().tobytes()).decode()) if self.rank != src else json.loads(blob)
-        if self.rank == src:
-            return meta, cap["tensors"]
-        tensors = []
-        for dtype, shape, at, nbytes in meta["layout"]:
-            if dtype not in _DTYPES:
-                raise ValueError(f"update replay: dtype {dtype!r} not expected")
-            tensors.append(buf[at:at + nbytes].view(getattr(torch, dtype)).reshape(shape))
-        return meta, tensors
+        raw, tensors, nbytes = got
+        self.bytes_moved += nbytes
+        return json.loads(raw), tensors
 
     def _recompute(self, step: int, meta: dict, tensors: list[Any]) -> int:
         """The source's update of its slice run here with a fresh optimizer; its result signed."""
