@@ -460,10 +460,12 @@ def _from_exits(ev: JobEvidence, stragglers: list[Finding], reasoning: list[str]
         return _verdict(ev, hit.kind, [], hit.confidence, reasoning + [
             f"every failed rank ({cascades}) reports a peer failure; none failed on its own"], now=now)
     if len(primaries) * 2 > ev.world_size:
-        kinds = Counter(describe_exit(e) for e in primaries.values())
+        counted = Counter(describe_exit(e) for e in primaries.values())
+        # most common first, then by name: the same words whichever order the records were read in
+        kinds = dict(sorted(counted.items(), key=lambda kv: (-kv[1], kv[0])))
         hit = rule(Rule.SHARED_FAILURE)
         return _verdict(ev, hit.kind, [], hit.confidence, reasoning + [
-            f"{len(primaries)} of {ev.world_size} ranks failed on their own ({dict(kinds)}): a failure shared "
+            f"{len(primaries)} of {ev.world_size} ranks failed on their own ({kinds}): a failure shared "
             "by most replicas (code, data or configuration), not one rank's"], now=now)
     return _first_crash(ev, primaries, cascades, reasoning, rule, now=now)
 
