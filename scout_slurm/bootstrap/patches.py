@@ -375,10 +375,7 @@ def _patch_optimizer(handle: InstalledHooks) -> None:
         r = STATE.replay
         if r is not None and STATE.writer is not None:
             step = STATE.writer.steps + 1
-            e = r.every
-            # called where it has work: its first step (the layers), a replay step, the step before one
-            # (the capture hooks are set) and the step after (they are removed)
-            if r.layers is None or r.handles or (e > 0 and (step % e == 0 or (step + 1) % e == 0)):
+            if step >= r.next_call:   # only at the steps where it has work (the replay says which)
                 # scout's own work is not the job's compute (in the other steps, the replay only sets hooks)
                 paused = STATE.timing is not None and r.due(step)
                 if paused:

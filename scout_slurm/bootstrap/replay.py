@@ -278,6 +278,7 @@ class Replay:
         self.last_clean = -1
         self.ready_from = 0  # the capture hooks attach at the first step: replays start at the next
         self.handles: list[Any] = []   # the capture hooks set for the coming step (`_arm`)
+        self.next_call = 0   # the next step whose `before_step` has work (the caller skips the others)
 
     def add_root(self, root: Any) -> None:
         if self.layers is None and all(root is not r for r in self.roots):
@@ -467,6 +468,19 @@ class Replay:
         finally:
             if self.every > 0 and self.layers:
                 self._arm(step + 1)
+            self.next_call = self._next_call(step)
+
+    def _next_call(self, step: int) -> float:
+        """After `before_step(step)`: the next step with work. Every step until the layers are known
+        or while capture hooks are set (they come off at the next call); else the next replay step
+        or the step before it (which sets the hooks), whichever comes first; never with no layers."""
+        e = self.every
+        if self.layers is None or self.handles:
+            return step + 1
+        if e <= 0 or not self.layers:
+            return float("inf")
+        replay_at = step + e - step % e
+        return replay_at - 1 if replay_at - 1 > step else replay_at
 
     def _before_step(self, step: int) -> None:
         self._prepare(step)
