@@ -288,14 +288,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def steps_for(k: int | None, args: argparse.Namespace) -> int:
+def steps_for(k: int | None, args: argparse.Namespace, settings: dict[str, str] | None = None) -> int:
     """Bare and votes-off runs: --steps; with votes every K: at least one vote's worth (K steps:
     one vote and one replay per K steps, the steady rate), rounded up to whole periods of the
-    timing votes too (every 25 steps whatever K is), so that the window holds each periodic piece
-    of work at its steady rate."""
+    timing votes too (every 25 steps whatever K is) and of the replay and timing intervals a
+    condition sets, so that the window holds each periodic piece of work at its steady rate."""
     if not k:
         return args.steps
-    period = math.lcm(k, TIMING_EVERY)
+    periods = [k, TIMING_EVERY] + [int(settings[key]) for key in ("SCOUT_REPLAY_EVERY", "SCOUT_TIMING_EVERY")
+                                   if int((settings or {}).get(key, "0") or 0) > 0]
+    period = math.lcm(*periods)
     return -(-max(args.vote_steps_min, k) // period) * period
 
 
@@ -330,8 +332,8 @@ def direct(ranks: list[dict]) -> dict:
     return out
 
 
-def run(condition: str, k: int | None, args: argparse.Namespace, work: Path, *, replay: bool = True) -> dict:
-    """Start the ranks; k None: bare (no bootstrap on PYTHONPATH)."""
+def run(condition: str, k: int | None, args: argparse.Namespace, work: Path, settings: dict[str, str]) -> dict:
+    """Start the ranks; k None: bare (no bootstrap on PYTHONPATH); `settings`: further SCOUT_* settings."""
     import scout_slurm
     bootstrap = Path(scout_slurm.__file__).resolve().parent / "bootstrap" / "site"
     env = {key: v for key, v in os.environ.items() if not key.startswith("SCOUT_") and key != "PYTHONPATH"}
@@ -344,11 +346,10 @@ def run(condition: str, k: int | None, args: argparse.Namespace, work: Path, *, 
                    SCOUT_RUN_DIR=str(run_dir), SCOUT_PACKAGE_DIR=str(bootstrap.parent.parent),
                    SCOUT_CHECKPOINTS_DIR=str(run_dir / "checkpoints"),   # as scout-srun sets it
                    SCOUT_CONSENSUS_EVERY=str(k))
-        if not replay:
-            env["SCOUT_REPLAY_EVERY"] = "0"
+        env.update(settings)
     port = free_port()
     procs = []
-    argv = [sys.executable, str(HERE), "--rank-job", "--steps", str(steps_for(k, args)), "--width", str(args.width),
+    argv = [sys.executable, str(HERE), "--rank-job", "--steps", str(steps_for(k, args, settings)), "--width", str(args.width),
             "--batch", str(args.batch), "--backend", args.backend, "--device", args.device,
             "--digest-at", str(min(args.steps, args.vote_steps_min))]
     try:
@@ -469,6 +470,19 @@ def print_direct(conditions, results: dict[str, list[dict]], args: argparse.Name
           "scout's collectives (and, on a loaded machine, time the process waited for a core).")
 
 
+def parse_settings(spec: str) -> dict[str, str]:
+    """"SCOUT_REPLAY_EVERY=100,SCOUT_TIMING_EVERY=50" -> a dict; anything else is refused by name."""
+    settings = {}
+    for item in spec.split(","):
+        key, eq, value = item.strip().partition("=")
+        if not eq or not key.startswith("SCOUT_") or not value:
+            raise SystemExit(f"--with {spec!r}: {item!r} is not SCOUT_<SETTING>=<value>")
+        if key in ("SCOUT_CONSENSUS_EVERY", "SCOUT_RUN_DIR", "SCOUT_PROGRESS_DIR", "SCOUT_PACKAGE_DIR"):
+            raise SystemExit(f"--with {spec!r}: {key} is the benchmark's own (K is --ks)")
+        settings[key] = value
+    return settings
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=5)
@@ -485,6 +499,8 @@ def main() -> int:
     ap.add_argument("--device", default="cpu", help="cpu; cuda:0 (every rank on that GPU); cuda (a GPU per rank)")
     ap.add_argument("--timeout", type=float, default=900.0)
     ap.add_argument("--seed", type=int, default=0, help="order of the interleaved runs")
+    ap.add_argument("--with", dest="with_settings", action="append", default=[], metavar="VAR=VALUE[,VAR=VALUE]",
+                    help="a further condition at the first K with these SCOUT_* settings (what a knob buys); repeatable")
     ap.add_argument("--rank-job", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--digest-at", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -492,9 +508,13 @@ def main() -> int:
         return rank_job(args)
 
     ks = [int(k) for k in args.ks.split(",") if k]
-    conditions = [("bare", None, True), ("scout, votes off", 0, True)] + [(f"scout, K={k}", k, True) for k in ks]
+    conditions = [("bare", None, {}), ("scout, votes off", 0, {})] + [(f"scout, K={k}", k, {}) for k in ks]
     if 1 in ks:   # what the in-situ replay adds to the votes, at its most frequent
-        conditions.append(("scout, K=1 no replay", 1, False))
+        conditions.append(("scout, K=1 no replay", 1, {"SCOUT_REPLAY_EVERY": "0"}))
+    for spec in args.with_settings:
+        settings = parse_settings(spec)
+        conditions.append((f"scout, K={ks[0]} " + ",".join(f"{key[len('SCOUT_'):]}={v}" for key, v in settings.items()),
+                           ks[0], settings))
     order = random.Random(args.seed)
     results: dict[str, list[dict]] = {name: [] for name, _, _ in conditions}
     load0 = os.getloadavg()[0]
@@ -502,8 +522,8 @@ def main() -> int:
         for rep in range(args.repeats):
             todo = list(conditions)
             order.shuffle(todo)
-            for name, k, replay in todo:
-                r = run(name, k, args, Path(tmp), replay=replay)
+            for name, k, settings in todo:
+                r = run(name, k, args, Path(tmp), settings)
                 results[name].append(r)
                 d = r["direct"]
                 print(f"  repeat {rep + 1}: {name}: mean step {r['mean'] * 1e3:.1f} ms CPU, {r['wall'] * 1e3:.1f} ms wall"
