@@ -396,6 +396,12 @@ class Watchdog:
                 return None  # a peer in a checkpoint save or load (its limit is the start-up one): busy
             if s.idle_s < s.threshold_s / 2:
                 return None  # a peer is still advancing: not a job-wide stall (yet)
+        if proc_state(self.child.pid) == ChildState.EXITED:
+            # this task's process ended after this turn's reap: the next turn takes the exit path
+            # (its exit record, EXITED published) and the ranks still waiting decide with it. Deciding
+            # here would set this rank's fresh exit beside a peer's snapshot that the peer's shim, slower
+            # under load, has not yet refreshed, and name this rank for a death that followed the peer's.
+            return None
         for t in self.trackers.values():
             peers[t.rank] = self.snapshot(t, now)
         # under torchrun the ranks are the workers', not the Slurm tasks': their records say how many

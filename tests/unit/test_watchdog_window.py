@@ -15,7 +15,8 @@ import pytest
 
 from scout_slurm.config import WatchdogConfig
 from scout_slurm.evidence.layout import JobFolder
-from scout_slurm.evidence.records import (ChildState, Finding, FindingKind, ProgressSnapshot, StallDecision)
+from scout_slurm.evidence.records import (ChildState, ExitRecord, Finding, FindingKind, ProgressSnapshot,
+                                          StallDecision)
 from scout_slurm.evidence.store import list_records, read_record, write_record
 from scout_slurm.jobenv import TaskContext
 from scout_slurm.task import exitcodes, progress
@@ -181,3 +182,45 @@ def test_a_peer_still_advancing_holds_the_call_as_before(rig):
     # published snapshots said idle for half their threshold: within a publication and a poll
     assert p.last_change > 7.0
     assert p.last_change + FLOOR / 2 - 1e-6 <= called <= p.last_change + FLOOR / 2 + CFG.publish_interval_s + CFG.poll_interval_s
+
+
+def _wait_zombie(pid: int) -> None:
+    """Until the killed child is a zombie: dead, not reaped (what the watchdog's next reap collects)."""
+    import time
+    for _ in range(500):
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            if fh.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} did not end")
+
+
+def test_a_shim_whose_process_ended_during_its_turn_leaves_the_call_to_the_ranks_still_waiting(rig):
+    """The process ends between the turn's reap and its stall check (under load that gap is long:
+    reading the records, publishing). The shim takes the exit path at the next turn instead of
+    deciding, beside peers' snapshots their shims may not have refreshed yet: measured in the
+    20-jobs load test, where the survivor's shim named its own rank for the peer's SIGKILL."""
+    folder, _, writer, _, child, _ = rig
+    advance(writer)
+    script = Script([])
+    p = Peers(folder, script, last_change=0.05, position=writer.steps * 2)
+    p.publish()
+    script.events = [(round(0.5 * i, 3), p.publish) for i in range(1, 100)]
+    wd = _watchdog(rig, script)
+    observe = wd._observe
+
+    def observe_then_die(now: float) -> None:
+        observe(now)
+        if now > FLOOR and child.returncode is None and not getattr(child, "_killed", False):
+            child._killed = True
+            child.send_signal(signal.SIGKILL)   # the sleep this test started; not reaped here
+            _wait_zombie(child.pid)
+    wd._observe = observe_then_die
+    code = wd.run()
+    assert getattr(child, "_killed", False)
+    assert code == 128 + signal.SIGKILL, code                  # the child's own end, through the exit path
+    assert not folder.stall_decision_path(0).exists()
+    e = read_record(folder.rank_exit_path(0, 0), ExitRecord, root=folder.root)
+    assert e.signal == signal.SIGKILL and not e.killed_by_scout, e
+    snap = read_record(folder.progress_path(0, 0), ProgressSnapshot, root=folder.root)
+    assert snap.child_state == ChildState.EXITED            # what the peers still waiting decide with
