@@ -113,6 +113,18 @@ def _watchdog(rig, script: Script) -> Watchdog:
                     clock=script.clock, wall=script.wall, sleep=script.sleep)
 
 
+def _idle_among_waiting_peers(rig) -> Watchdog:
+    """Rank 0 advanced once and then stays idle; ranks 1 and 2 wait inside the next collective from
+    t = 0.05 s, their watchdog publishing every 0.5 s."""
+    folder, _, writer, _, _, _ = rig
+    advance(writer)
+    script = Script([])
+    p = Peers(folder, script, last_change=0.05, position=writer.steps * 2)
+    p.publish()
+    script.events = [(round(0.5 * i, 3), p.publish) for i in range(1, 100)]
+    return _watchdog(rig, script)
+
+
 def test_window_is_the_lab_default():
     assert confirm_window_s(CFG) == 2.0
 
@@ -141,13 +153,8 @@ def test_idle_into_the_window_then_advancing_is_never_called(rig):
 
 
 def test_idle_past_the_threshold_is_called_at_the_threshold_after_a_full_window(rig):
-    folder, _, writer, _, child, stacks = rig
-    advance(writer)
-    script = Script([])
-    p = Peers(folder, script, last_change=0.05, position=writer.steps * 2)
-    p.publish()
-    script.events = [(round(0.5 * i, 3), p.publish) for i in range(1, 100)]
-    wd = _watchdog(rig, script)
+    folder, _, _, _, child, stacks = rig
+    wd = _idle_among_waiting_peers(rig)
     code = wd.run()
     assert code == exitcodes.STALL_CULPRIT
     d = read_record(folder.stall_decision_path(0), StallDecision, root=folder.root)
@@ -198,15 +205,11 @@ def _wait_zombie(pid: int) -> None:
 def test_a_shim_whose_process_ended_during_its_turn_leaves_the_call_to_the_ranks_still_waiting(rig):
     """The process ends between the turn's reap and its stall check (under load that gap is long:
     reading the records, publishing). The shim takes the exit path at the next turn instead of
-    deciding, beside peers' snapshots their shims may not have refreshed yet: measured in the
-    20-jobs load test, where the survivor's shim named its own rank for the peer's SIGKILL."""
-    folder, _, writer, _, child, _ = rig
-    advance(writer)
-    script = Script([])
-    p = Peers(folder, script, last_change=0.05, position=writer.steps * 2)
-    p.publish()
-    script.events = [(round(0.5 * i, 3), p.publish) for i in range(1, 100)]
-    wd = _watchdog(rig, script)
+    deciding beside peers' snapshots that their shims may not have refreshed yet. In the 20-jobs
+    load test (seen once, in CI) only this race, by the rules, lets the survivor's shim name its
+    own rank for the peer's SIGKILL."""
+    folder, _, _, _, child, _ = rig
+    wd = _idle_among_waiting_peers(rig)
     observe = wd._observe
 
     def observe_then_die(now: float) -> None:
