@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
 from scout_slurm.bootstrap import selfcost
 from scout_slurm.bootstrap.selfcost import COST
@@ -877,6 +877,21 @@ def _presigned(step: int, optimizer: Any) -> tuple[int, int] | None:
     return STATE.atrest.signed_at(step, optimizer)
 
 
+def _exit_with(code: int) -> NoReturn:
+    """The `exit` fault: the process ends with `code`, its atexit handlers run as at sys.exit
+    (scout's close the progress record and write the coverage), and then it stops there. The
+    interpreter's teardown after them, with gloo's threads still running, sometimes aborted the
+    process in torch's C++ destructors (SIGABRT, "terminate called without an active exception";
+    seen in CI on tests/torch/test_bootstrap.py): the fault asked for an exit code, not a signal."""
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed or broken: nothing more can reach it
+            pass
+    os._exit(code)
+
+
 def _fire(fault: FaultSpec, optimizer: Any = None) -> None:
     from scout_slurm.inject.spec import NUMERIC_FAULTS, TIMING_FAULTS
     STATE.fired_step = STATE.writer.steps if STATE.writer is not None else -1
@@ -903,7 +918,7 @@ def _fire(fault: FaultSpec, optimizer: Any = None) -> None:
     elif kind == "skip_allreduce":
         STATE.skip_next_all_reduce = True
     elif kind == "exit":
-        sys.exit(fault.code)
+        _exit_with(fault.code)
     elif kind == "sigkill":
         os.kill(os.getpid(), signal.SIGKILL)
     elif kind == "segv":
