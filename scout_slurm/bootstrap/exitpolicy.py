@@ -38,9 +38,15 @@ def end(why: Ending, message: str = "") -> NoReturn:
     a rank whose state is wrong must not save a checkpoint or join another collective."""
     if message:
         sys.stderr.write(f"scout: {message}\n")
+    flush_and_exit(why.code)
+
+
+def flush_and_exit(code: int) -> NoReturn:
+    """What the job wrote reaches its output, then the process ends with `code` at once: no
+    interpreter teardown (nor any atexit handler not already run)."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):  # closed or broken: nothing more can reach it
             pass
-    os._exit(why.code)
+    os._exit(code)

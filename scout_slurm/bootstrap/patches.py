@@ -883,13 +883,9 @@ def _exit_with(code: int) -> NoReturn:
     interpreter's teardown after them, with gloo's threads still running, sometimes aborted the
     process in torch's C++ destructors (SIGABRT, "terminate called without an active exception";
     seen in CI on tests/torch/test_bootstrap.py): the fault asked for an exit code, not a signal."""
+    from scout_slurm.bootstrap.exitpolicy import flush_and_exit
     atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # closed or broken: nothing more can reach it
-            pass
-    os._exit(code)
+    flush_and_exit(code)
 
 
 def _fire(fault: FaultSpec, optimizer: Any = None) -> None:

@@ -8,6 +8,7 @@ peers' through published snapshots in a real evidence folder; the "training proc
 from __future__ import annotations
 
 import collections
+import os
 import signal
 import subprocess
 
@@ -210,17 +211,17 @@ def test_a_shim_whose_process_ended_during_its_turn_leaves_the_call_to_the_ranks
     own rank for the peer's SIGKILL."""
     folder, _, _, _, child, _ = rig
     wd = _idle_among_waiting_peers(rig)
-    observe = wd._observe
+    observe, killed = wd._observe, []
 
     def observe_then_die(now: float) -> None:
         observe(now)
-        if now > FLOOR and child.returncode is None and not getattr(child, "_killed", False):
-            child._killed = True
-            child.send_signal(signal.SIGKILL)   # the sleep this test started; not reaped here
+        if now > FLOOR and not killed:
+            killed.append(now)
+            os.kill(child.pid, signal.SIGKILL)   # the sleep this test started; not reaped here
             _wait_zombie(child.pid)
     wd._observe = observe_then_die
     code = wd.run()
-    assert getattr(child, "_killed", False)
+    assert killed
     assert code == 128 + signal.SIGKILL, code                  # the child's own end, through the exit path
     assert not folder.stall_decision_path(0).exists()
     e = read_record(folder.rank_exit_path(0, 0), ExitRecord, root=folder.root)
