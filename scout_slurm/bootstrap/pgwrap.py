@@ -5,14 +5,18 @@ at the end of the backward that launched it, once it completed (autograd's final
 DDP waits for its buckets too). A rank stuck inside backward is therefore still seen inside a
 collective, as with the comm hook this replaces, without the hook's extra pass over the gradients.
 
-No Python runs on gloo's threads for each bucket: a callback per bucket there (a leave as each
-all-reduce completed, then a new work for the reducer) took the GIL from gloo's thread while the
-training thread launched the next bucket, and cost about 60 us a bucket on the reference job. The
-entries are left together instead: by the backward's final callback when all completed, else by
-one callback on gloo's thread once the last in flight completes. What that changes: a bucket that completed before the backward's last layers were computed is shown open
-until the backward ends (its time counts as collective time in the timing votes, on every rank
-alike). An all-reduce launched outside a backward (DDP's join hook, a user's call on
-`ddp.process_group`) is left when it completes, as before.
+No Python of scout's runs on gloo's threads for a bucket: a callback per bucket there (a leave as
+each all-reduce completed, then a new work for the reducer) took the GIL from gloo's thread while
+the training thread launched the next bucket, and cost about 60 us a bucket on the reference job;
+and a gloo thread that takes the GIL while the interpreter ends aborts the process (SIGABRT,
+"terminate called without an active exception", pytorch/pytorch#38228): a job that finished,
+failed at exit. The entries are left together instead, on the training thread: by the backward's
+final callback when all completed, else by one more final callback after DDP's own, which waits
+for them. What that changes: a bucket that completed before the backward's last layers were
+computed is shown open until the backward ends (its time counts as collective time in the timing
+votes, on every rank alike). An all-reduce launched outside a backward (DDP's join hook, a user's
+call on `ddp.process_group`), or one of a backward whose DDP callback raised, is left when it
+completes, by a callback on gloo's thread (counted in the rank's cost record).
 
 Python subclasses of torch's ProcessGroup are accepted by DDP (torchft does the same): the
 reducer calls `allreduce` on the object it was given, which reaches the override below.
@@ -31,6 +35,7 @@ before gloo's lock is taken. Imported only after torch.distributed (patches._pat
 from __future__ import annotations
 
 import weakref
+from threading import get_ident
 from typing import Any, Callable
 
 import torch
@@ -62,6 +67,7 @@ class RecordingGroup(ProcessGroup):
         self._open: list[tuple[int, Any, int]] = []  # (seq, work, torch's seq) entered in the running backward
         self._w: ProgressWriter | None = None   # the progress record, once there is one
         self._queued_for = -1   # the backward (autograd graph task) whose final callback will leave them
+        self._late: list[tuple[int, Any, int]] = []  # still in flight at that callback: left after DDP's
         for device in ("cpu", "cuda"):
             dev = torch.device(device)
             try:
@@ -99,7 +105,7 @@ class RecordingGroup(ProcessGroup):
         if queued or (task >= 0 and self._queue(task)):
             opened.append((seq, inner, pg_seq))
         else:  # not inside a backward: left when it completes (on gloo's thread)
-            inner.get_future().add_done_callback(lambda _f, w=w, seq=seq: _left(w, (seq,)))
+            inner.get_future().add_done_callback(lambda _f, w=w, seq=seq, me=get_ident(): _left(w, (seq,), me))
         if timed:
             COST.samples += 1
             COST.sampled_ns += clock() - t0
@@ -117,31 +123,53 @@ class RecordingGroup(ProcessGroup):
         return True
 
     def _backward_done(self) -> None:
-        """Autograd's final callback of the backward that launched the open buckets (DDP's own,
-        which waits for them, may come before or after it): they are left now if all completed,
-        else together by gloo's thread once the last completes (one callback)."""
+        """Autograd's final callback of the backward that launched the open buckets: they are left
+        now if all completed. Else after DDP's own final callback, which was queued after this one
+        (when the backward launched its last bucket) and waits for them: still on the training
+        thread, so that no Python of scout's runs on gloo's threads (a gloo thread that takes the
+        GIL while the interpreter ends aborts the process)."""
         opened, self._open = self._open, []
         if not opened or self._w is None:
             return
         t0 = clock()   # once a backward: always measured (scout's own cost, ranks/cost-R.json)
-        seqs = [seq for seq, _, _ in opened]
         if all(work.is_completed() for _, work, _ in opened):
-            self._w.leave_many(seqs)
+            self._w.leave_many([seq for seq, _, _ in opened])
         else:
-            futures = [work.get_future() for _, work, _ in opened]
-            done = futures[0] if len(futures) == 1 else torch.futures.collect_all(futures)
-            done.add_done_callback(lambda _f, w=self._w, seqs=seqs: _left(w, seqs))
+            self._late += opened
+            try:
+                _ENGINE.queue_callback(self._after_ddp)
+            except RuntimeError:  # not inside a backward's final callbacks after all
+                self._after_ddp()
         COST.hooks_cpu_ns += clock() - t0
+
+    def _after_ddp(self) -> None:
+        """The final callback after DDP's (a DDP that raised there drops it: `settle` then)."""
+        late, self._late = self._late, []
+        if late:
+            _leave_when_done(self._w, late)
 
     def settle(self) -> None:
         """At DDP's next forward: buckets of a backward that raised (its final callbacks were
         dropped; a job may catch the error and go on) are left as they complete."""
-        if not self._open:
+        if not self._open and not self._late:
             return
         self._queued_for = -1
-        opened, self._open = self._open, []
-        for seq, work, _ in opened:
-            work.get_future().add_done_callback(lambda _f, w=self._w, seq=seq: _left(w, (seq,)))
+        opened, self._open, self._late = self._late + self._open, [], []
+        _leave_when_done(self._w, opened)
+
+
+def _leave_when_done(w: ProgressWriter | None, opened: list[tuple[int, Any, int]]) -> None:
+    """Leave the record's entries of these all-reduces: now, those completed (the training thread);
+    the others as they complete (a callback on gloo's thread: what DDP did not wait for)."""
+    if w is None:
+        return
+    done = [work.is_completed() for _, work, _ in opened]
+    if any(done):
+        w.leave_many([seq for (seq, _, _), ok in zip(opened, done) if ok])
+    me = get_ident()
+    for (seq, work, _), ok in zip(opened, done):
+        if not ok:
+            work.get_future().add_done_callback(lambda _f, w=w, seq=seq, me=me: _left(w, (seq,), me))
 
 
 # The collectives torch's trampoline (PyProcessGroup) looks up as Python overrides, by the names it
@@ -179,9 +207,11 @@ RecordingGroup.start_coalescing = RecordingGroup._start_coalescing = _start_coal
 RecordingGroup.end_coalescing = RecordingGroup._end_coalescing = _end_coalescing  # type: ignore[attr-defined]
 
 
-def _left(w: ProgressWriter, seqs: tuple[int, ...] | list[int]) -> None:
+def _left(w: ProgressWriter, seqs: tuple[int, ...] | list[int], registered_on: int) -> None:
     """On gloo's thread, as all-reduces completed (or failed: the job gets the error from DDP):
-    the record's leave."""
+    the record's leave. Inline when they had completed already (on the thread that registered it)."""
+    if get_ident() != registered_on:
+        COST.comm_thread_calls += 1
     try:
         w.leave_many(seqs)
     except Exception:  # noqa: BLE001 - the record is evidence; the job's collectives come first

@@ -29,6 +29,9 @@ class Meter:
         self.steps = 0
         self.first_step_ns = 0
         self.last_step_ns = 0
+        # times scout's Python ran on a communication thread (gloo's), taking the GIL there: a bucket's
+        # record left as it completed. Over the whole run; none where DDP's own final callback waited.
+        self.comm_thread_calls = 0
 
     def sample(self) -> bool:
         """Count a wrapper call; true when this one is to be timed."""
@@ -75,7 +78,8 @@ def record(rank: int, restart: int) -> Any:
     from scout_slurm.evidence.records import ScoutCost
     return ScoutCost(rank=rank, restart=restart, steps=COST.steps, hooks_cpu_ns=COST.hooks_cpu_ns,
                      wrapper_ns=COST.wrapper_ns, wrapper_calls=COST.wrapper_calls,
-                     step_wall_ns=COST.last_step_ns - COST.first_step_ns)
+                     step_wall_ns=COST.last_step_ns - COST.first_step_ns,
+                     comm_thread_calls=COST.comm_thread_calls)
 
 
 def write(run_dir: Path | None, rank: int, restart: int) -> None:

@@ -324,6 +324,7 @@ class ScoutCost:
     wrapper_ns: int            # the same inside scout's collective wrappers (sampled; the collectives excluded)
     wrapper_calls: int         # collectives recorded over those steps
     step_wall_ns: int          # wall time of those steps (from the end of the first to the end of the last)
+    comm_thread_calls: int = 0  # times scout's Python ran on gloo's threads (over the whole run; each takes the GIL there)
     schema_version: int = 1
 
     @property

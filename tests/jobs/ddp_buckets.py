@@ -1,8 +1,11 @@
 """A DDP job with several gradient buckets (a small bucket cap), for the bit-identity test: every
 rank writes the sha256 of its final parameters' bytes, how many comm hooks DDP holds, and the type
-of the group DDP reduces through, to OUT-rank-N.txt."""
+of the group DDP reduces through, to OUT-rank-N.txt. With --late-rank R, rank R sleeps --late-s in
+each backward before its first layer's gradient is reduced: the other ranks' backward graphs end
+with that last bucket still in flight."""
 import argparse
 import hashlib
+import time
 
 import torch
 import torch.distributed as dist
@@ -13,6 +16,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--late-rank", type=int, default=-1)
+    ap.add_argument("--late-s", type=float, default=0.0)
     args = ap.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -20,6 +25,8 @@ def main() -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(96, 96), torch.nn.GELU()) for _ in range(4)],
                                 torch.nn.Linear(96, 3))
+    if rank == args.late_rank:  # before the gradient reaches DDP's hook on the first layer's weight
+        model[0][0].weight.register_hook(lambda g: time.sleep(args.late_s) or g)
     ddp = DDP(model, bucket_cap_mb=0.04)  # about 2 layers a bucket: several buckets, reduced in flight
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
     gen = torch.Generator().manual_seed(100 + rank)

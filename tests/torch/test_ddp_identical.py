@@ -85,3 +85,24 @@ def test_buckets_are_left_at_the_end_of_their_backward(tmp_path):
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert seen == {"inside": [2, 0], "after": [2, 2], "inside_failing": [4, 2], "after_failed": [4, 2],
                     "next_backward": [6, 6], "settled": [8, 8], "outside": [9, 9]}, seen
+
+
+@pytest.mark.timeout(120)
+def test_a_bucket_still_in_flight_at_the_end_of_a_backward_is_left_on_the_training_thread(tmp_path):
+    """Rank 1 reaches its last bucket 0.4 s late in every backward, so rank 0's backward graph ends
+    with that all-reduce still in flight. DDP's own final callback waits for it; scout's record
+    leaves it after that one, on the training thread: no Python of scout's on gloo's threads, where
+    taking the GIL while the interpreter ends aborts the process ("terminate called without an
+    active exception", exit -6, seen on ranks that had finished their job)."""
+    run_dir = tmp_path / "run"
+    for d in ("findings", "ranks"):
+        (run_dir / d).mkdir(parents=True)
+    runs = run_ranks([str(JOB), "--steps", "3", "--out", "final", "--late-rank", "1", "--late-s", "0.4"],
+                     scout_env(tmp_path, SCOUT_RUN_DIR=str(run_dir)), cwd=tmp_path, world=2, deadline_s=100)
+    for r in runs:
+        assert r.returncode == 0, f"rank {r.rank} exited {r.returncode}\n{r.stderr}"
+    for rank in range(2):
+        view = read_progress(tmp_path, rank)
+        assert view.opt_steps == 3 and view.coll_entered == view.coll_completed
+        cost = read_record(run_dir / "ranks" / f"cost-{rank}.json", ScoutCost)
+        assert cost.comm_thread_calls == 0, f"rank {rank}: scout's Python ran {cost.comm_thread_calls} times on gloo's threads"
