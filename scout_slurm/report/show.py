@@ -69,6 +69,15 @@ def render_timing(ev: JobEvidence) -> list[str]:
     return lines
 
 
+def _off_thread(c: ScoutCost) -> str:
+    """Said only when it happened: each such call took the GIL on the communication library's own
+    thread, which can hold up that thread's next collective and, at the interpreter's end, abort a
+    finished rank."""
+    if not c.comm_thread_calls:
+        return ""
+    return f"; scout ran {c.comm_thread_calls} times on the communication library's threads"
+
+
 def render_cost(costs: list[ScoutCost], problems: list[str] = ()) -> list[str]:
     """What scout's own work cost each rank, as the ranks measured it (every rank up to 8, else the
     spread and the costliest ranks)."""
@@ -80,7 +89,7 @@ def render_cost(costs: list[ScoutCost], problems: list[str] = ()) -> list[str]:
         share = f" = {100 * c.share:.2f} % of its step time" if c.share is not None else ""
         return (f"rank {c.rank}: {c.per_step_ms:.3f} ms a step{share} over {c.steps} steps (hooks "
                 f"{c.hooks_cpu_ns / 1e6:.1f} ms CPU, wrappers {c.wrapper_ns / 1e6:.1f} ms for {c.wrapper_calls} "
-                f"collectives)")
+                f"collectives{_off_thread(c)})")
     ordered = sorted(costs, key=lambda c: c.per_step_ms, reverse=True)
     lines = ["scout's own cost (measured in each rank: CPU of scout's hooks and collective wrappers):"]
     if len(costs) <= 8:

@@ -3,6 +3,7 @@ a checkpoint exchange made after the save leaves in the record (the eligibility 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from scout_slurm.bootstrap.ckptstate import _at_step
@@ -36,6 +37,10 @@ def test_show_prints_every_rank_or_the_spread_and_costliest():
     assert many[1] == "  12 ranks: 0.100 to 0.210 ms a step, median 0.160; the costliest:"
     assert many[2].startswith("  rank 11: 0.210 ms") and len(many) == 5
     assert render_cost([], ["cost-2.json: not JSON"])[0].startswith("scout's own cost: no record")
+    # scout's Python on gloo's threads: said with the rank it happened on, and only there
+    off = render_cost([dataclasses.replace(_cost(0, 20.0, 10.0), comm_thread_calls=3), _cost(1, 20.0, 10.0)])
+    assert off[1].endswith("for 400 collectives; scout ran 3 times on the communication library's threads)")
+    assert off[2].endswith("for 400 collectives)")
 
 
 def _kind(text: str) -> Agreement:
