@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from scout_slurm.localise.straggler import (Confirmation, LinkProbe, RankTiming, RoundDecision, TimingRules, confirm,
-                                            decide_round, median, pairing_rounds)
+                                            decide_round, link_rounds, median)
 
 from scout_slurm.bootstrap.exitpolicy import Ending, end, ends
 _NODE_BYTES = 64
@@ -113,9 +113,10 @@ class Timing:
         return [bytes(t.tolist()).rstrip(b"\0").decode("utf-8", "replace") or f"rank{r}"
                 for r, t in enumerate(out)]
 
-    def _probe(self) -> tuple[list[float], list[float]]:
-        """Round trips with every peer, one peer at a time (a round-robin schedule, so each rank is in
-        one pair at once): a few bytes (latency) and a medium buffer sent both ways (bandwidth)."""
+    def _probe(self, nodes: list[str]) -> tuple[list[float], list[float]]:
+        """Round trips with every peer on another node, one peer at a time (a round-robin schedule, so
+        each rank is in one pair at once): a few bytes (latency) and a medium buffer sent both ways
+        (bandwidth). Peers on this rank's own node are not probed: no link lies between them."""
         import torch
         import torch.distributed.distributed_c10d as c10d
         # the side group's own send and recv (it spans every rank: group ranks are global ranks), not
@@ -132,7 +133,7 @@ class Timing:
         medium_buf = torch.zeros(max(1, self.rules.probe_bytes // 4), dtype=torch.float32)
         small = [-1.0] * self.world
         medium = [-1.0] * self.world
-        for pairs in pairing_rounds(self.world):
+        for pairs in link_rounds(nodes):
             for a, b in pairs:
                 if self.rank not in (a, b):
                     continue
@@ -158,7 +159,7 @@ class Timing:
         t0 = self.clock()
         if self.nodes is None:
             self.nodes = self._node_names()
-        small, medium = self._probe() if self.probing else ([-1.0] * self.world, [-1.0] * self.world)
+        small, medium = self._probe(self.nodes) if self.probing else ([-1.0] * self.world, [-1.0] * self.world)
         mine = torch.tensor([compute_s, comm_s, float(steps), *small, *medium], dtype=torch.float64)
         out = [torch.zeros_like(mine) for _ in range(self.world)]
         _original(c10d.all_gather)(out, mine, group=self.side)

@@ -30,8 +30,9 @@ class TimingRules:
     group_rel_floor: float = 1.0    # whole group: median compute this much above its best round
     probe: bool = True              # time a small and a medium exchange per pair of ranks each round
     probe_bytes: int = 256 * 1024
-    # each rank exchanges with every peer in turn (world - 1 exchanges a round): beyond this many
-    # ranks the probe is off, and a slow link is not placed (sampling peers is not built)
+    # each rank exchanges with every peer on another node in turn (up to world - 1 exchanges a
+    # round): beyond this many ranks the probe is off, and a slow link is not placed (sampling
+    # peers is not built)
     probe_max_world: int = 64
     probe_rel_floor: float = 1.0
     probe_abs_floor_s: float = 0.01
@@ -175,6 +176,15 @@ def pairing_rounds(n: int) -> list[list[tuple[int, int]]]:
         rounds.append(pairs)
         ring = [ring[0], ring[-1], *ring[1:-1]]
     return rounds
+
+
+def link_rounds(nodes: Sequence[str]) -> list[list[tuple[int, int]]]:
+    """The link probe's schedule: `pairing_rounds` over every rank, keeping only pairs on different
+    nodes (two ranks of one node do not cross a link, and `node_link_scores` never reads their pair),
+    without the rounds left empty. Every rank computes it from the same gathered node names, so both
+    ends of a pair agree on it; all ranks on one node: no probe at all."""
+    rounds = [[(a, b) for a, b in pairs if nodes[a] != nodes[b]] for pairs in pairing_rounds(len(nodes))]
+    return [pairs for pairs in rounds if pairs]
 
 
 def node_link_scores(probe: LinkProbe, nodes: Sequence[str]) -> dict[str, float]:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from scout_slurm.errors import ConfigError
 from scout_slurm.localise.straggler import (Confirmation, LinkProbe, RankTiming, RoundDecision, TimingRules,
-                                            confirm, decide_round, node_link_scores, pairing_rounds,
+                                            confirm, decide_round, link_rounds, node_link_scores, pairing_rounds,
                                             robust_outliers, rules_from_environment)
 
 RULES = TimingRules(every=5, rel_floor=0.2, abs_floor_s=0.05, mad_factor=5.0, confirm_rounds=2)
@@ -240,6 +240,30 @@ def test_pairing_rounds_cover_every_pair_once_and_no_rank_twice_per_round(n):
         ranks = [x for p in r for x in p]
         assert len(ranks) == len(set(ranks))
     assert len(rounds) <= max(n, 1)
+
+
+@pytest.mark.parametrize("nodes", [["a"] * 4, ["a", "a", "b", "b"], ["a", "b", "a", "b", "c"], ["a", "b", "c"],
+                                   ["a"] * 8 + ["b"] * 8, []])
+def test_link_rounds_probe_each_pair_across_nodes_once_and_no_pair_within_one(nodes):
+    rounds = link_rounds(nodes)
+    seen = [p for r in rounds for p in r]
+    across = [(a, b) for a, b in itertools.combinations(range(len(nodes)), 2) if nodes[a] != nodes[b]]
+    assert sorted(seen) == across
+    assert all(r for r in rounds)   # no empty round left for the ranks to walk through
+    for r in rounds:
+        ranks = [x for p in r for x in p]
+        assert len(ranks) == len(set(ranks))
+
+
+def test_link_rounds_leave_no_link_between_two_nodes_unprobed_that_scores_read():
+    nodes = ["n1", "n1", "n2", "n2", "n3", "n3"]
+    probe = _probe(6, {4, 5})
+    kept = {p for r in link_rounds(nodes) for p in r}
+    # the probe with only the scheduled pairs measured reads the same scores as the full one
+    small = [[probe.small[a][b] if (a, b) in kept else -1.0 for b in range(6)] for a in range(6)]
+    medium = [[probe.medium[a][b] if (a, b) in kept else -1.0 for b in range(6)] for a in range(6)]
+    assert node_link_scores(LinkProbe(tuple(map(tuple, small)), tuple(map(tuple, medium))), nodes) == \
+        node_link_scores(probe, nodes)
 
 
 # -- settings --------------------------------------------------------------------------------------
