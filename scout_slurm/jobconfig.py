@@ -60,7 +60,8 @@ class Setting:
     def accepts(self) -> str:
         """What a valid value is, in words (for errors and the README)."""
         if self.kind == "choice":
-            return "one of " + ", ".join(self.choices)
+            also = " (also 1 or 0, true/false, yes/no for on or off)" if _SWITCH <= set(self.choices) else ""
+            return "one of " + ", ".join(self.choices) + also
         if self.kind == "bool":
             return "1 or 0 (also true/false, yes/no, on/off)"
         if self.kind in ("int", "float"):
@@ -119,9 +120,10 @@ SETTINGS: tuple[Setting, ...] = (
             "largest layer input (bytes) a replay captures and broadcasts", minimum=1),
     Setting("SCOUT_FINITE_CHECK", "finite_check", "bool", True,
             "note where a rank's loss first became NaN/Inf, decided at the next vote"),
-    Setting("SCOUT_AT_REST", "at_rest", "bool", True,
+    Setting("SCOUT_AT_REST", "at_rest", "choice", "auto",
             "at-rest witness: each rank re-signs its own weights and optimizer state across one step in K "
-            "(names memory corruption without replicas)"),
+            "(names memory corruption without replicas; auto: off after its first window where every replica group "
+            "has 3 or more ranks and the votes sign all the optimizer holds; on; off)", choices=("auto", "on", "off")),
     Setting("SCOUT_UPDATE_REPLAY", "update_replay", "choice", "auto",
             "optimizer update replay: every K steps one rank's update of a slice of its state recomputed by every "
             "rank (auto: where some shard has fewer than 3 replicas; on; off)", choices=("auto", "on", "off")),
@@ -177,7 +179,7 @@ class JobConfig:
     replay_every: int = 50
     replay_max_bytes: int = REPLAY_MAX_BYTES
     finite_check: bool = True
-    at_rest: bool = True
+    at_rest: str = "auto"
     update_replay: str = "auto"
     update_max_bytes: int = UPDATE_MAX_BYTES
     final_vote_timeout_s: float = 120.0
@@ -224,6 +226,7 @@ class JobConfigError(ConfigError):
 
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+_SWITCH = {"on", "off"}
 
 
 def parse_value(setting: Setting, text: str) -> object:
@@ -244,6 +247,8 @@ def parse_value(setting: Setting, text: str) -> object:
             raise ValueError(f"out of range; expected {setting.accepts()}")
         return value
     if kind == "choice":
+        if _SWITCH <= set(setting.choices) and t.lower() in _TRUE + _FALSE:   # a switch also takes a boolean's words
+            return "on" if t.lower() in _TRUE else "off"
         if t.lower() not in setting.choices:
             raise ValueError(f"not a valid choice; expected {setting.accepts()}")
         return t.lower()

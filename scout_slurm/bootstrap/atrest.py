@@ -5,7 +5,12 @@ forward and backward read them. A difference is memory corruption on that rank, 
 any replica, so it covers what no vote can: pure FSDP, ZeRO-3, the distributed optimizer.
 
 One window every `every` steps (the vote period): it watches one step's forward and backward in
-`every`, at the cost of two signatures of the rank's state per `every` steps. Whether a job
+`every`, at the cost of two signatures of the rank's state per `every` steps (one of them the
+state vote's own, when the vote signs the same tensors). Where every replica group has three or
+more ranks and the votes sign everything the optimizer holds, a change at rest persists into the
+next vote, which names the rank by majority: there, in mode auto, the witness stops after its
+first window, decided in that window's exchange so that every rank stops together, and the vote
+signs the state itself. Whether a job
 changes its weights between steps on purpose (weight clipping, a rollback) is told by every rank
 seeing a change at once: then the witness says so once and stops. Imports only the standard
 library and torch."""
@@ -38,11 +43,16 @@ def changed_ranks(changed: list[int]) -> tuple[list[int], bool]:
 
 class AtRest:
     def __init__(self, *, every: int, rank: int, world: int, side: Any, run_dir: Path | None, node: str,
-                 offset: int = 0, sdc_policy: str = "exit", voted: Any = None) -> None:
+                 offset: int = 0, sdc_policy: str = "exit", voted: Any = None, mode: str = "on",
+                 covered: Any = None) -> None:
         self.every, self.rank, self.world, self.side = every, rank, world, side
         self.run_dir, self.node, self.offset, self.sdc_policy = run_dir, node, offset, sdc_policy
         # the state vote's parameters as it names them (Consensus.voted_parameters), or None
         self.voted = voted
+        # auto: `covered()` says why the votes name any change at rest ("": they do not), then the
+        # first window decides
+        self.mode, self.covered = mode, covered
+        self.decided = mode != "auto"
         # (step, id(optimizer), weights sig, state sig, signed as the vote signs, the weights signed)
         self.sealed: tuple[int, int, int, int, bool, list[tuple[str, Any]]] | None = None
         self.checks = 0
@@ -90,13 +100,18 @@ class AtRest:
         t0 = time.perf_counter()
         from scout_slurm.bootstrap.consensus import optimizer_tensors, state_signature
         w, s = state_signature(sealed[5]), state_signature(optimizer_tensors(optimizer))  # signed as sealed
-        mine = torch.tensor([int(w != sealed[2]), int(s != sealed[3])], dtype=torch.int64)
+        covered = "" if self.decided or not sealed[4] or self.covered is None else self.covered()
+        mine = torch.tensor([int(w != sealed[2]), int(s != sealed[3]), int(not covered)], dtype=torch.int64)
         gathered = [torch.zeros_like(mine) for _ in range(self.world)]
         original_all_gather(gathered, mine, group=self.side)
         self.checks += 1
         gstep = sealed[0] + self.offset
         named_w, job_w = changed_ranks([int(g[0]) for g in gathered])
         named_s, job_s = changed_ranks([int(g[1]) for g in gathered])
+        if not self.decided:   # every rank sees the same flags: they stop together, or none does
+            self.decided = True
+            if not any(int(g[2]) for g in gathered):
+                self.off = f"{covered}; SCOUT_AT_REST=on keeps it"   # after this window's findings, below
         self.seconds += time.perf_counter() - t0
         if job_w or job_s:
             self.off = (f"every rank's {'weights' if job_w else 'optimizer state'} changed between optimizer steps "

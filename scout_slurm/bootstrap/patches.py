@@ -565,8 +565,11 @@ def _model_banner() -> None:
                 else f"replayed every {r.every} steps (layers below)")
     timed = (f"step timing voted every {t.rules.every} steps" if t is not None else "timing votes off")
     a = STATE.atrest
-    rest = (f"each rank's own weights and optimizer state re-signed at rest across one step in {a.every}"
-            if a is not None else "at-rest witness off")
+    rest = ("at-rest witness off" if a is None else
+            f"at-rest witness in its first window, then left to the state votes if they sign all the optimizer "
+            f"holds ({min(len(g) for g in groups)}+ replicas)"
+            if a.mode == "auto" and c is not None and _votes_cover_rest() else
+            f"each rank's own weights and optimizer state re-signed at rest across one step in {a.every}")
     sys.stderr.write(
         f"scout: framework: {framework_seen(roots)}; replica groups {[list(g) for g in groups]}"
         + (f" ({how})" if how else " (no model seen: all ranks taken as replicas)")
@@ -642,12 +645,12 @@ def _start_consensus() -> None:
                                 run_dir=cfg.run_dir, node=cfg.node, offset=cfg.step_offset,
                                 restart=cfg.restart, sdc_policy=cfg.sdc_policy.value)
     STATE.consensus.on_vote = _write_coverage
-    if cfg.at_rest:
+    if cfg.at_rest != "off":
         from scout_slurm.bootstrap.atrest import AtRest
         STATE.atrest = AtRest(every=cfg.consensus_every, rank=STATE.rank, world=STATE.world,
                               side=STATE.consensus.side, run_dir=cfg.run_dir, node=cfg.node,
                               offset=cfg.step_offset, sdc_policy=cfg.sdc_policy.value,
-                              voted=STATE.consensus.voted_parameters)
+                              voted=STATE.consensus.voted_parameters, mode=cfg.at_rest, covered=_votes_cover_rest)
         STATE.consensus.presigned = _presigned
     if cfg.update_replay != "off":
         from scout_slurm.bootstrap.replay import replica_layout
@@ -752,9 +755,10 @@ def _write_coverage(*, force: bool = False) -> None:
     if STATE.rank != 0:
         return
     c, r, t = STATE.consensus, STATE.replay, STATE.timing
-    u = STATE.update
+    u, a = STATE.update, STATE.atrest
     key = (c.votes if c else 0, r.replays if r else None, r.failed_rounds if r else 0, t.rounds if t else 0,
-           STATE.final_vote, u.rounds if u is not None and not (u.off and not u.rounds) else None)
+           STATE.final_vote, u.rounds if u is not None and not (u.off and not u.rounds) else None,
+           a.checks if a is not None else None, a.off if a is not None else "")
     if key == STATE.coverage_written and not force:
         return
     STATE.coverage_written = key
@@ -773,7 +777,7 @@ def _write_coverage(*, force: bool = False) -> None:
             timing_every=t.rules.every if t else 0,
             steps=(STATE.writer.steps + offset) if STATE.writer is not None else -1, final_vote=STATE.final_vote,
             replicas=max((len(g) for g in c.groups), default=0) if c is not None and c.groups else 0,
-            update_rounds=key[5]))
+            update_rounds=key[5], at_rest_windows=key[6], at_rest_stopped=key[7]))
     except Exception as exc:  # noqa: BLE001 - coverage is evidence, never a reason to fail the job
         sys.stderr.write(f"scout: coverage record not written: {exc!r}\n")
 
@@ -867,6 +871,19 @@ def _first_weight(optimizer: Any) -> Any:
         if is_deepspeed(root):
             return next(inner(root).parameters())
     return optimizer.param_groups[0]["params"][0]
+
+
+def _votes_cover_rest() -> str:
+    """Why the state votes name any change at rest by majority ("": they do not): every replica
+    group has 3 or more ranks and the optimizer state is voted. The same on every rank (the groups
+    and what is voted come from the models alone); the at-rest witness adds, in its first window's
+    exchange, that the optimizer holds exactly the voted parameters."""
+    c = STATE.consensus
+    smallest = min((len(g) for g in c.groups or ()), default=1) if c is not None else 1
+    if smallest < 3 or c.optimizer_skipped:
+        return ""
+    return (f"left to the state votes: every replica group has {smallest} or more ranks, so a change at rest persists "
+            "into the next vote, which names the rank by majority")
 
 
 def _presigned(step: int, optimizer: Any) -> tuple[int, int] | None:

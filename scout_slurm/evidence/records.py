@@ -276,6 +276,8 @@ class VoteCoverage:
     final_vote: str = ""              # the end-of-training vote: "" not reached, else what it did
     replicas: int = 0                 # the largest replica group the votes compared (1: none to compare; 0: unknown)
     update_rounds: int | None = None  # optimizer update replays so far (None: off or not needed)
+    at_rest_windows: int | None = None  # at-rest witness windows so far (None: off, or a record from before it)
+    at_rest_stopped: str = ""           # why the witness stopped during the run ("": it ran on)
     schema_version: int = 1
 
     @property
@@ -304,6 +306,9 @@ class VoteCoverage:
                           if self.replay_failed_rounds else ""))
         if self.update_rounds is not None:
             out.append(f"optimizer update replay ({every(self.votes_every)}): {self.update_rounds} rounds")
+        if self.at_rest_windows is not None:
+            out.append(f"at-rest witness ({every(self.votes_every)}): {self.at_rest_windows} window{'' if self.at_rest_windows == 1 else 's'}"
+                       + (f", then stopped: {self.at_rest_stopped}" if self.at_rest_stopped else ""))
         out.append(f"timing votes ({every(self.timing_every)}): {self.timing_rounds} rounds")
         if self.steps >= 0:
             out.append(f"optimizer steps in this run: up to step {self.steps}")

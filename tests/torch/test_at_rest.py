@@ -1,7 +1,9 @@
 """The at-rest witness in real multi-rank FSDP2 jobs (CPU, gloo, no Slurm): a rank's own weights or
 optimizer state changed between two optimizer steps is named without any replica (pure FSDP) and
 where two replicas cannot outvote each other (HSDP 2x2); clean runs name nobody; a job that changes
-its weights on purpose on every rank turns the witness off, saying so, and names nobody."""
+its weights on purpose on every rank turns the witness off, saying so, and names nobody. Where every
+replica group has three ranks (DDP over three) it stops after its first window, on every rank at
+once, and the state vote names a change at rest by majority."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_bootstrap import JOBS, run_ranks, scout_env  # noqa: E402
+from test_bootstrap import JOBS, TRAIN, run_ranks, scout_env  # noqa: E402
 
 from scout_slurm.bootstrap.atrest import changed_ranks
 
@@ -103,3 +105,34 @@ def test_the_seal_is_the_votes_signature_when_the_optimizer_holds_the_voted_para
     witness.seal(10, part)
     assert witness.signed_at(10, part) is None
     assert witness.sealed[2] == state_signature([(f"g0.p{i}", p) for i, p in enumerate(model[0].parameters())])
+
+
+@pytest.mark.timeout(400)
+def test_three_ddp_replicas_leave_it_to_the_votes_after_one_window_two_replicas_keep_it(tmp_path):
+    """auto: with three replicas a change at rest persists into the next vote, which names the rank by
+    majority, so the witness stops after its first window (decided in that window's exchange: every
+    rank stops together, and the job runs on in step); two replicas, and SCOUT_AT_REST=on, keep it."""
+    def run(name: str, world: int, **scout: str):
+        run_dir = tmp_path / name
+        (run_dir / "findings").mkdir(parents=True)
+        env = scout_env(run_dir, SCOUT_RUN_DIR=str(run_dir), SCOUT_CONSENSUS_EVERY="5", SCOUT_REPLAY_EVERY="0", **scout)
+        runs = run_ranks([str(TRAIN), "--step-sleep", "0", "--steps", "16", "--timeout", "60"], env,
+                         cwd=run_dir, world=world, deadline_s=240)
+        return run_dir, runs, json.loads((run_dir / "votes.json").read_text())
+
+    run_dir, runs, cov = run("ddp3", 3)
+    assert [r.returncode for r in runs] == [0, 0, 0], runs[0].stderr[-3000:]
+    assert _findings(run_dir) == {} and cov["votes"] >= 3 and cov["last_clean_step"] >= 15, cov
+    assert cov["at_rest_windows"] == 1, cov   # the window after step 5, then none after steps 10 and 15
+    assert cov["at_rest_stopped"].startswith("left to the state votes: every replica group has 3 or more ranks"), cov
+    assert "at-rest witness in its first window, then left to the state votes if they sign all" in runs[0].stderr
+    for name, world, scout in (("ddp3-on", 3, {"SCOUT_AT_REST": "on"}), ("ddp2", 2, {})):
+        run_dir, runs, cov = run(name, world, **scout)
+        assert all(r.returncode == 0 for r in runs) and _findings(run_dir) == {}, (name, runs[0].stderr[-3000:])
+        assert (cov["at_rest_windows"], cov["at_rest_stopped"]) == (3, ""), (name, cov)
+    # after it stopped: rank 1's weight flipped after step 12 is named by the vote at step 15
+    run_dir, runs, cov = run("ddp3-flip", 3, SCOUT_INJECT="bitflip,bit=20,rank=1,step=12,target=weights")
+    assert runs[1].returncode == SDC_EXIT, runs[1].stderr[-3000:]
+    found = _findings(run_dir)
+    assert list(found) == ["sdc-weights-rank-1-step-15.json"], found
+    assert found["sdc-weights-rank-1-step-15.json"]["since_step"] == 11, found

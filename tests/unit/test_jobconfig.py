@@ -52,6 +52,19 @@ def test_each_type_parses():
         (40, Path("/ev/run-1"), 1, "n2", "/ck/step-40.pt")
 
 
+def test_a_switch_takes_auto_on_off_and_a_booleans_words():
+    assert (JobConfig().at_rest, JobConfig().update_replay) == ("auto", "auto")
+    for text, value in (("auto", "auto"), ("ON", "on"), ("off", "off"), ("1", "on"), ("yes", "on"), ("0", "off"),
+                        ("false", "off")):
+        assert JobConfig.from_environment({"SCOUT_AT_REST": text}).at_rest == value, text
+        assert JobConfig.from_environment({"SCOUT_UPDATE_REPLAY": text}).update_replay == value, text
+    _, problems = read_settings({"SCOUT_AT_REST": "sometimes"})
+    assert len(problems) == 1 and "SCOUT_AT_REST='sometimes'" in str(problems[0])
+    assert "one of auto, on, off (also 1 or 0, true/false, yes/no for on or off)" in str(problems[0])
+    # a choice that is not a switch still refuses a boolean's words
+    assert read_settings({"SCOUT_SDC_POLICY": "1"})[1]
+
+
 def test_replay_follows_the_votes_unless_set_and_empty_means_the_default():
     assert JobConfig.from_environment({"SCOUT_CONSENSUS_EVERY": "7"}).replay_every == 7
     assert JobConfig.from_environment({"SCOUT_CONSENSUS_EVERY": "7", "SCOUT_REPLAY_EVERY": "0"}).replay_every == 0

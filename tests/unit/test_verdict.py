@@ -645,3 +645,12 @@ def test_votes_that_compared_no_replicas_are_not_a_check():
                  now=NOW)
     assert v.kind == VerdictKind.UNCHECKED
     assert any("no replicas to compare" in line for line in v.reasoning), v.reasoning
+
+
+def test_coverage_says_how_many_at_rest_windows_ran_and_why_the_witness_stopped():
+    base = dict(restart=0, votes=3, last_clean_step=30, last_vote_step=30, replay_rounds=None, steps=30,
+                votes_every=10, replicas=3)
+    assert not any("at-rest" in line for line in VoteCoverage(**base).lines())   # off, or a record from before it
+    assert "at-rest witness (every 10 steps): 3 windows" in VoteCoverage(**base, at_rest_windows=3).lines()
+    stopped = VoteCoverage(**base, at_rest_windows=1, at_rest_stopped="left to the state votes: ...").lines()
+    assert "at-rest witness (every 10 steps): 1 window, then stopped: left to the state votes: ..." in stopped
