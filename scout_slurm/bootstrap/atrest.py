@@ -10,10 +10,9 @@ state vote's own, when the vote signs the same tensors). Where every replica gro
 more ranks and the votes sign everything the optimizer holds, a change at rest persists into the
 next vote, which names the rank by majority: there, in mode auto, the witness stops after its
 first window, decided in that window's exchange so that every rank stops together, and the vote
-signs the state itself. Whether a job
-changes its weights between steps on purpose (weight clipping, a rollback) is told by every rank
-seeing a change at once: then the witness says so once and stops. Imports only the standard
-library and torch."""
+signs the state itself. Whether a job changes its weights between steps on purpose (weight
+clipping, a rollback) is told by every rank seeing a change at once: then the witness says so
+once and stops. Imports only the standard library and torch."""
 
 from __future__ import annotations
 

@@ -307,7 +307,8 @@ class VoteCoverage:
         if self.update_rounds is not None:
             out.append(f"optimizer update replay ({every(self.votes_every)}): {self.update_rounds} rounds")
         if self.at_rest_windows is not None:
-            out.append(f"at-rest witness ({every(self.votes_every)}): {self.at_rest_windows} window{'' if self.at_rest_windows == 1 else 's'}"
+            windows = f"{self.at_rest_windows} window{'' if self.at_rest_windows == 1 else 's'}"
+            out.append(f"at-rest witness ({every(self.votes_every)}): {windows}"
                        + (f", then stopped: {self.at_rest_stopped}" if self.at_rest_stopped else ""))
         out.append(f"timing votes ({every(self.timing_every)}): {self.timing_rounds} rounds")
         if self.steps >= 0:

@@ -75,6 +75,8 @@ def test_clean_hsdp_run_with_replay_every_step_names_nobody(lab, clean_drains):
     assert shown["kind"] == "clean" and shown["suspects"] == [], (shown, out[-3000:])
     assert "replica groups [(0, 2), (1, 3)]" in out and "in-situ replay every 1 steps over layers ['0', '2', '4']" in out
     assert [f for f in _findings(lab, job) if f.kind != FindingKind.INFO] == []
+    # two replicas a shard: no majority, so the at-rest witness keeps every window (after steps 1 to 13)
+    assert (shown["coverage"]["at_rest_windows"], shown["coverage"]["at_rest_stopped"]) == (13, ""), shown["coverage"]
 
 
 @pytest.mark.timeout(180)

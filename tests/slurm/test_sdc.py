@@ -60,6 +60,10 @@ def test_clean_run_with_votes_every_step_names_nobody(lab, clean_drains):
     # and it says what it checked: a vote every step, none needed at the end
     cov = shown["coverage"]
     assert cov["votes"] == 30 and cov["last_clean_step"] == 30 and cov["final_vote"].startswith("not needed"), cov
+    # four replicas: the at-rest witness ran its first window, then left the state to the votes (all ranks at once)
+    assert cov["at_rest_windows"] == 1 and cov["at_rest_stopped"].startswith("left to the state votes: every replica "
+                                                                              "group has 4 or more ranks"), cov
+    assert "at-rest witness in its first window, then left to the state votes" in out, out[-3000:]
     assert "nothing found by the checks that ran:" in shown["reasoning"], shown
     folder = sj.folder(lab, job)
     for rank in range(4):
