@@ -142,6 +142,9 @@ SETTINGS: tuple[Setting, ...] = (
             "the replicas compare their state signatures at each checkpoint save"),
     *_timing_settings(),
     Setting("SCOUT_INJECT", "inject", "fault", None, "inject a fault (testing scout), e.g. sleep,rank=1,step=5"),
+    Setting("SCOUT_BREAK", "break_checks", "checks", frozenset(),
+            "make scout's own checks fail inside scout on purpose (testing scout's guard): names, comma-separated, "
+            "or all"),
     Setting("SCOUT_LOG_LEVEL", "log_level", "choice", "",
             "scout's own log level: debug, info, warning or error", choices=("debug", "info", "warning", "error")),
     Setting("SCOUT_RESUME_CHECKPOINT", "resume_checkpoint", "str", "",
@@ -188,6 +191,7 @@ class JobConfig:
     checkpoint_agreement: bool = True
     timing: TimingRules = field(default_factory=TimingRules)
     inject: "FaultSpec | None" = None
+    break_checks: frozenset[str] = frozenset()
     log_level: str = ""
     resume_checkpoint: str = ""
     step_offset: int = 0
@@ -256,6 +260,9 @@ def parse_value(setting: Setting, text: str) -> object:
         if not os.path.isabs(t):
             raise ValueError("not an absolute path")
         return Path(t)
+    if kind == "checks":
+        from scout_slurm.bootstrap.guard import parse_broken
+        return parse_broken(t)
     if kind == "fault":
         from scout_slurm.inject.spec import parse_fault
         try:

@@ -666,9 +666,11 @@ def install(handle: Any, state: Any) -> None:
 
     original_load = torch.load
 
+    guard = state.guard   # bootstrap.guard: a failure of the watch never reaches the job's call
+
     def scout_load(f, *args, **kwargs):
         if isinstance(f, (str, os.PathLike)):
-            watch.loaded(f)
+            guard.run("checkpoint watch", watch.loaded, f)
         return original_load(f, *args, **kwargs)
     scout_load.__wrapped__ = original_load
     handle.patch(torch, "load", scout_load)
@@ -679,7 +681,7 @@ def install(handle: Any, state: Any) -> None:
 
     def scout_sched_init(self, *args, **kwargs):
         original_sched_init(self, *args, **kwargs)
-        watch.see_scheduler(self)
+        guard.run("checkpoint watch", watch.see_scheduler, self)
     handle.patch(base, "__init__", scout_sched_init)
 
     from torch.utils.data.distributed import DistributedSampler
@@ -696,8 +698,8 @@ def install(handle: Any, state: Any) -> None:
 
     @timed
     def pre_step(optimizer, args, kwargs):
-        watch.before_step(optimizer)
-    h = register_optimizer_step_pre_hook(pre_step)
+        guard.run("checkpoint watch", watch.before_step, optimizer)
+    h = register_optimizer_step_pre_hook(torch.compiler.disable(pre_step))
     handle.on_remove(h.remove)
 
     c10d = dist.distributed_c10d
@@ -705,20 +707,17 @@ def install(handle: Any, state: Any) -> None:
 
     def scout_destroy(*args, **kwargs):
         if (not args or args[0] is None) and kwargs.get("group") is None:
-            try:
-                watch.exchange()  # a save after the last optimizer step
-            except Exception as exc:  # noqa: BLE001
-                sys.stderr.write(f"scout: checkpoint agreement not exchanged at exit: {exc!r}\n")
+            guard.run("checkpoint watch", watch.exchange)  # a save after the last optimizer step
         return current_destroy(*args, **kwargs)
     for owner in (dist, c10d):
         if getattr(owner, "destroy_process_group", None) is current_destroy:
             handle.patch(owner, "destroy_process_group", scout_destroy)
 
     if "torch.distributed.checkpoint" in sys.modules:
-        _patch_dcp(handle, sys.modules["torch.distributed.checkpoint"])
+        _patch_dcp(handle, sys.modules["torch.distributed.checkpoint"], guard)
     else:
-        from scout_slurm.bootstrap.patches import _PatchAfterImport
-        finder = _PatchAfterImport({"torch.distributed.checkpoint": lambda m: _patch_dcp(handle, m)})
+        from scout_slurm.bootstrap.importhook import PatchAfterImport
+        finder = PatchAfterImport({"torch.distributed.checkpoint": lambda m: _patch_dcp(handle, m, guard)})
         sys.meta_path.insert(0, finder)
         handle.on_remove(lambda: finder in sys.meta_path and sys.meta_path.remove(finder))
 
@@ -728,18 +727,18 @@ def _forget() -> None:
     WATCH = None
 
 
-def _patch_dcp(handle: Any, dcp: Any) -> None:
+def _patch_dcp(handle: Any, dcp: Any, guard: Any) -> None:
     for name, io_key in (("save", "storage_writer"), ("save_state_dict", "storage_writer")):
         fn = getattr(dcp, name, None)
         if fn is not None:
-            handle.patch(dcp, name, _wrap_dcp_save(fn, io_key, f"dcp.{name}"))
+            handle.patch(dcp, name, _wrap_dcp_save(fn, io_key, f"dcp.{name}", guard))
     for name in ("load", "load_state_dict"):
         fn = getattr(dcp, name, None)
         if fn is not None:
-            handle.patch(dcp, name, _wrap_dcp_load(fn))
+            handle.patch(dcp, name, _wrap_dcp_load(fn, guard))
 
 
-def _wrap_dcp_save(fn: Callable, io_key: str, label: str) -> Callable:
+def _wrap_dcp_save(fn: Callable, io_key: str, label: str, guard: Any) -> Callable:
     import functools
 
     @functools.wraps(fn)
@@ -748,15 +747,12 @@ def _wrap_dcp_save(fn: Callable, io_key: str, label: str) -> Callable:
         w = WATCH
         path = dcp_path(args, kwargs, io_key)
         if w is not None and path is not None and not kwargs.get("no_dist"):
-            try:
-                w.saved_collective(path, saver=label)
-            except Exception as exc:  # noqa: BLE001 - never break the job for a record
-                sys.stderr.write(f"scout: DCP checkpoint {path} not recorded: {exc!r}\n")
+            guard.run("checkpoint watch", w.saved_collective, path, saver=label)
         return result
     return scout_dcp_save
 
 
-def _wrap_dcp_load(fn: Callable) -> Callable:
+def _wrap_dcp_load(fn: Callable, guard: Any) -> Callable:
     import functools
 
     @functools.wraps(fn)
@@ -764,6 +760,6 @@ def _wrap_dcp_load(fn: Callable) -> Callable:
         w = WATCH
         path = dcp_path(args, kwargs, "storage_reader")
         if w is not None and path is not None:
-            w.loaded(path)
+            guard.run("checkpoint watch", w.loaded, path)
         return fn(*args, **kwargs)
     return scout_dcp_load

@@ -69,17 +69,17 @@ class FiniteWatch:
         self._steps: list[tuple[int, Any]] = []
         self._original: Any = None
 
-    def install(self, handle: Any) -> None:
+    def install(self, handle: Any, guard: Any) -> None:
+        """Note every backward's roots, inside `guard` (bootstrap.guard: a failure switches the
+        watch off and never reaches the job's backward)."""
         import torch.autograd
         original = torch.autograd.backward
         self._original = original
 
         @functools.wraps(original)
         def scout_backward(tensors, *args, **kwargs):
-            try:
-                self._note(tensors)
-            except Exception as exc:  # noqa: BLE001 - never break the job's backward
-                sys.stderr.write(f"scout: finite check skipped: {exc!r}\n")
+            if guard.on("non-finite watch") and not torch.compiler.is_compiling():
+                guard.run("non-finite watch", self._note, tensors)
             return original(tensors, *args, **kwargs)
         handle.patch(torch.autograd, "backward", scout_backward)
 

@@ -207,6 +207,23 @@ RecordingGroup.start_coalescing = RecordingGroup._start_coalescing = _start_coal
 RecordingGroup.end_coalescing = RecordingGroup._end_coalescing = _end_coalescing  # type: ignore[attr-defined]
 
 
+def _skipped_by_the_compiler() -> None:
+    """torch.compile never traces this wrapper: the reducer calls it from C++ (its buckets, the
+    broadcast of `_rebuild_buckets` inside a compiled DDP forward), and a frame of scout's traced
+    there reads members torch's opaque group does not register (a hard error). Skipped frame by
+    frame (no cost per call); frames they call are compiled as usual."""
+    skip = getattr(getattr(getattr(torch, "_dynamo", None), "eval_frame", None), "skip_code", None)
+    if skip is None:   # a torch without it: the compiler's own wrapper (a little cost per call)
+        for name, fn in list(vars(RecordingGroup).items()):
+            if callable(fn) and not name.startswith("__"):
+                setattr(RecordingGroup, name, torch.compiler.disable(fn))
+        return
+    codes = {fn.__code__ for fn in vars(RecordingGroup).values() if hasattr(fn, "__code__")}
+    codes |= {_passed_on("x").__code__, _left.__code__, _leave_when_done.__code__}
+    for code in codes:
+        skip(code)
+
+
 def _left(w: ProgressWriter, seqs: tuple[int, ...] | list[int], registered_on: int) -> None:
     """On gloo's thread, as all-reduces completed (or failed: the job gets the error from DDP):
     the record's leave. Inline when they had completed already (on the thread that registered it)."""
@@ -248,3 +265,6 @@ def _register_like(group: Any, pg: Any) -> None:
     for table in (world.pg_map, world.pg_group_ranks, world.pg_backend_config):
         if pg in table:
             table[group] = table[pg]
+
+
+_skipped_by_the_compiler()

@@ -14,6 +14,7 @@ Imports torch; runs only in the job's Python.
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from pathlib import Path
@@ -62,6 +63,11 @@ def is_megatron_ddp(m: Any) -> bool:
 
 def is_root(m: Any) -> bool:
     return is_ddp(m) or is_fsdp(m) or is_deepspeed(m) or is_megatron_ddp(m)
+
+
+def _is_compiled(m: Any) -> bool:
+    """A module the job compiled: wrapped by torch.compile, or compiled in place (`Module.compile()`)."""
+    return type(m).__name__ == "OptimizedModule" or getattr(m, "_compiled_call_impl", None) is not None
 
 
 def inner(root: Any) -> Any:
@@ -196,12 +202,31 @@ class RootTracker:
     so it costs nothing afterwards."""
 
     def __init__(self, on_root: Callable[[Any], None]) -> None:
+        import warnings
+
+        import torch
         from torch.nn.modules.module import register_module_forward_pre_hook
         self.roots: list[Any] = []
+        self.compiled: list[Any] = []   # modules the job runs through torch.compile (an OptimizedModule)
         self.on_root = on_root
+        self._is_compiling = torch.compiler.is_compiling
+        # torch warns, at each call of a compiled module, that a global hook fires an extra time for it:
+        # this hook ignores the compiled wrapper, and the warning would be scout's in the job's output
+        self._quiet = ("ignore", re.compile(r"Using `torch.compile\(module\)` when there are global hooks"),
+                       UserWarning, None, 0)
+        warnings.filters.insert(0, self._quiet)
+        warnings._filters_mutated()
         self.handle = register_module_forward_pre_hook(self._seen)
 
     def _seen(self, module: Any, args: Any) -> None:
+        if self._is_compiling():   # traced inside a compiled model: nothing of scout's in the graph
+            return
+        if type(module).__name__ == "OptimizedModule":
+            # torch.compile(model): the model's own call is traced, its hooks with it; seen here instead
+            module = getattr(module, "_orig_mod", None)
+            if module is None or any(module is m for m in self.compiled):
+                return
+            self.compiled.append(module)
         if not is_root(module) or any(module is r for r in self.roots):
             return
         # nested FSDP units (blocks) and the model inside a DDP are not roots
@@ -219,6 +244,10 @@ class RootTracker:
         if self.handle is not None:
             self.handle.remove()
             self.handle = None
+            import warnings
+            if self._quiet in warnings.filters:
+                warnings.filters.remove(self._quiet)
+                warnings._filters_mutated()
 
 
 def attach_compute_fault(root: Any, fault: Any, rank: int, restart: int, current_step: Callable[[], int],
@@ -279,10 +308,22 @@ class Replay:
         self.ready_from = 0  # the capture hooks attach at the first step: replays start at the next
         self.handles: list[Any] = []   # the capture hooks set for the coming step (`_arm`)
         self.next_call = 0   # the next step whose `before_step` has work (the caller skips the others)
+        self.compiled = ""   # which model runs compiled ("": none): nothing is replayed then
 
-    def add_root(self, root: Any) -> None:
+    def add_root(self, root: Any, *, compiled: bool = False) -> None:
+        """A model the job trains; `compiled`: the job runs it through torch.compile."""
         if self.layers is None and all(root is not r for r in self.roots):
             self.roots.append(root)
+            if compiled or any(_is_compiled(m) for m in inner(root).modules()):
+                self.compiled = f"{type(inner(root)).__name__} runs compiled (torch.compile)"
+
+    def compiled_reason(self) -> str:
+        """Why no layer is replayed in a compiled model ("": not compiled): its layers' inputs exist only
+        inside the compiled graph, and a hook of scout's there would change the job's graph."""
+        if not self.compiled:
+            return ""
+        return (f"{self.compiled}: its layers' inputs exist only inside the compiled graph, and capturing them "
+                "would change the job's graph; state votes and timing votes still run")
 
     # which layers can be replayed: decided once, the same on every rank (same model)
     def _prepare(self, step: int) -> None:
@@ -290,6 +331,10 @@ class Replay:
             return
         self.ready_from = step + 1
         self.layers = []
+        if self.compiled:
+            if self.rank == 0:
+                say(f"in-situ replay not run: {self.compiled_reason()}")
+            return
         self.groups = replica_layout(self.roots, self.world)[0]
         skipped = []
         for name, m in parameterised_leaves(self.roots):

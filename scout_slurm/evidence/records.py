@@ -31,6 +31,7 @@ class FindingKind(str, enum.Enum):
     # the words of older records: `is_fault_injection`, `is_no_majority`).
     NO_MAJORITY = "no_majority"       # replicas disagreed with no strict majority: nobody is named
     FAULT_INJECTED = "fault_injected"  # the bootstrap injected a test fault (lab, acceptance, benchmarks)
+    CHECK_OFF = "check_off"           # one of scout's checks failed inside scout and was switched off (bootstrap.guard)
 
 
 class FindingComponent(str, enum.Enum):
@@ -278,7 +279,10 @@ class VoteCoverage:
     update_rounds: int | None = None  # optimizer update replays so far (None: off or not needed)
     at_rest_windows: int | None = None  # at-rest witness windows so far (None: off, or a record from before it)
     at_rest_stopped: str = ""           # why the witness stopped during the run ("": it ran on)
-    schema_version: int = 1
+    # scout's checks switched off on the lowest rank because they failed inside scout ("check: why")
+    checks_off: tuple[str, ...] = ()
+    schema_version: int = 2
+    OLDEST_SCHEMA_VERSION: ClassVar[int] = 1
 
     @property
     def checks_ran(self) -> bool:
@@ -311,6 +315,7 @@ class VoteCoverage:
             out.append(f"at-rest witness ({every(self.votes_every)}): {windows}"
                        + (f", then stopped: {self.at_rest_stopped}" if self.at_rest_stopped else ""))
         out.append(f"timing votes ({every(self.timing_every)}): {self.timing_rounds} rounds")
+        out += [f"not run from where it failed inside scout: {off}" for off in self.checks_off]
         if self.steps >= 0:
             out.append(f"optimizer steps in this run: up to step {self.steps}")
         return tuple(out)

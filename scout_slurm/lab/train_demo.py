@@ -31,6 +31,8 @@ def main() -> int:
     ap.add_argument("--atomic-save", choices=("none", "replace", "move", "hidden"), default="none",
                     help="save to NAME.tmp, then os.replace (replace) or shutil.move (move) it to NAME; hidden: "
                          "to .NAME.tmp, then os.replace")
+    ap.add_argument("--compile", default="", metavar="BACKEND",
+                    help="wrap the DDP model in torch.compile with this backend (aot_eager, eager, inductor)")
     args = ap.parse_args()
 
     torch.set_num_threads(1)
@@ -43,6 +45,8 @@ def main() -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
     ddp = DDP(model)
+    # the order PyTorch documents: DDP first, then compile the wrapped model
+    run = torch.compile(ddp, backend=args.compile) if args.compile else ddp
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=args.momentum)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.9) if args.sched else None
     start = 0
@@ -75,7 +79,7 @@ def main() -> int:
         torch.randn(16, 32, generator=gen)
     for step in range(start + 1, args.steps + 1):
         x = torch.randn(16, 32, generator=gen)
-        loss = ddp(x).pow(2).mean()
+        loss = run(x).pow(2).mean()
         opt.zero_grad()
         loss.backward()
         opt.step()

@@ -343,6 +343,8 @@ def _decide(ev: JobEvidence, rule: _Consulted, *, now: float) -> Verdict:
     # said in the reasoning of whatever did go wrong
     stragglers = [f for f in ev.findings if f.kind == FindingKind.STRAGGLER and 0 <= f.rank < ev.world_size]
     reasoning += [f.summary for f in stragglers[:10]]
+    # a check that failed inside scout was switched off (bootstrap.guard): what it did not see is said
+    reasoning += [f"scout's check not run: {f.summary}" for f in ev.findings if f.kind == FindingKind.CHECK_OFF][:10]
     return (_from_sdc_findings(ev, reasoning, rule, now=now)
             or _from_stall_decision(ev, reasoning, rule, now=now)
             or _from_desync(ev, reasoning, rule, now=now)

@@ -315,7 +315,7 @@ _REVERSIBLE_BEFORE_IMPORT = textwrap.dedent("""
     assert "torch" not in sys.modules, "the hooks module must not import torch"
 
     def finders():
-        return [f for f in sys.meta_path if isinstance(f, patches._PatchAfterImport)]
+        return [f for f in sys.meta_path if isinstance(f, patches.PatchAfterImport)]
     first = patches.install(Path(sys.argv[1]))
     assert len(finders()) == 1 and patches.install(Path(sys.argv[1])) is first
     first.remove()

@@ -1,0 +1,85 @@
+"""The one guard around scout's code inside the training process: scout never harms the job it
+watches. Every place where scout's code runs inside a user's call goes through `Guard.run`: an
+unexpected exception of scout's is said once, loudly, in the job's output, the check it belongs
+to is switched off for the rest of the job (and recorded, so the verdict lists it as not run), and
+the user's call goes on exactly as without scout. Imports only the standard library."""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from typing import Any, Callable
+
+# The checks the guard knows by name: scout's entry points inside the user's calls, then the
+# witnesses. A name is what the loud line, the finding and the verdict say.
+ENTRY_POINTS = ("collective record", "process group start", "end of training", "DDP hooks", "optimizer hooks",
+                "checkpoint record", "busy mark", "model tracker", "coverage record", "banner")
+WITNESSES = ("state vote", "at-rest witness", "update replay", "in-situ replay", "non-finite watch", "timing votes",
+             "checkpoint watch")
+CHECKS = ENTRY_POINTS + WITNESSES
+
+
+class ScoutFault(RuntimeError):
+    """Raised inside a check on purpose (SCOUT_BREAK): a stand-in for a bug of scout's, so tests can
+    show that the guard keeps it out of the job (scout_slurm.inject)."""
+
+
+class Guard:
+    """Runs scout's parts of the user's calls. `say` writes one line to the job's output;
+    `record(check, why)` keeps the evidence (the runtime sets it once the run folder is known);
+    `broken`: checks made to fail on purpose (SCOUT_BREAK, testing only)."""
+
+    def __init__(self, *, say: Callable[[str], None], rank: Callable[[], int] = lambda: -1,
+                 broken: frozenset[str] = frozenset()) -> None:
+        self.off: dict[str, str] = {}            # check -> why it was switched off
+        self.record: Callable[[str, str], None] | None = None
+        self.broken = broken
+        self._say = say
+        self._rank = rank
+        self._lock = threading.Lock()
+
+    def on(self, check: str) -> bool:
+        return check not in self.off
+
+    def run(self, check: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """`fn(*args, **kwargs)` as part of `check`: its result, or None when the check is off or
+        fails now (then it is off from here on)."""
+        if check in self.off:
+            return None
+        try:
+            if check in self.broken:
+                raise ScoutFault(f"SCOUT_BREAK made {check!r} fail")
+            return fn(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - the point of the guard: scout's failure is never the job's
+            self.fail(check, exc)
+            return None
+
+    def fail(self, check: str, exc: BaseException) -> None:
+        """Switch `check` off for the rest of the job: said once, recorded once."""
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = f" at {frames[-1].filename.rsplit('/', 2)[-1]}:{frames[-1].lineno}" if frames else ""
+        why = f"{type(exc).__name__}: {exc}"[:300] + where
+        with self._lock:
+            if check in self.off:
+                return
+            self.off[check] = why
+        rank = self._rank()
+        where_rank = f"rank {rank}" if rank >= 0 else "this process"
+        self._say(f"scout: ERROR: scout's {check} failed inside scout on {where_rank} and is off for the rest of "
+                  f"this job; the job goes on as without it ({why})")
+        if self.record is not None:
+            try:
+                self.record(check, why)
+            except Exception as rec_exc:  # noqa: BLE001 - the evidence of a failure must not fail the job either
+                self._say(f"scout: the failure of {check} was not recorded: {rec_exc!r}")
+
+
+def parse_broken(text: str) -> frozenset[str]:
+    """SCOUT_BREAK's value (pure): check names separated by commas, `all` for every one."""
+    names = {n.strip() for n in text.split(",") if n.strip()}
+    if "all" in names:
+        return frozenset(CHECKS)
+    unknown = sorted(names - set(CHECKS))
+    if unknown:
+        raise ValueError(f"SCOUT_BREAK={text!r}: unknown check(s) {unknown}; valid: all, {', '.join(CHECKS)}")
+    return frozenset(names)
