@@ -75,6 +75,8 @@ class Setting:
             return "an absolute path"
         if self.kind == "fault":
             return "a fault spec, e.g. sleep,rank=1,step=5"
+        if self.kind == "checks":
+            return "check names (bootstrap/guard.py CHECKS), e.g. `state vote,checkpoint record`, or all"
         return "text"
 
 
@@ -365,7 +367,7 @@ def problems_message(problems: tuple[Problem, ...] | list[Problem], *, disabled:
 def _default_text(s: Setting) -> str:
     if s.name == "SCOUT_REPLAY_EVERY":
         return "= SCOUT_CONSENSUS_EVERY"
-    if s.default is None or s.default == "":
+    if s.default is None or s.default == "" or s.default == frozenset():
         return "unset"
     if isinstance(s.default, bool):
         return "1" if s.default else "0"

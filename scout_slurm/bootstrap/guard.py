@@ -32,7 +32,8 @@ class Guard:
     def __init__(self, *, say: Callable[[str], None], rank: Callable[[], int] = lambda: -1,
                  broken: frozenset[str] = frozenset()) -> None:
         self.off: dict[str, str] = {}            # check -> why it was switched off
-        self.record: Callable[[str, str], None] | None = None
+        # record(check, why, exchange): keeps the evidence; `exchange`: a failed exchange with peers
+        self.record: Callable[[str, str, bool], None] | None = None
         self.broken = broken
         self._say = say
         self._rank = rank
@@ -59,19 +60,33 @@ class Guard:
         frames = traceback.extract_tb(exc.__traceback__)
         where = f" at {frames[-1].filename.rsplit('/', 2)[-1]}:{frames[-1].lineno}" if frames else ""
         why = f"{type(exc).__name__}: {exc}"[:300] + where
+        exchange = exchange_failed(exc, frames)
+        if exchange:
+            why = f"its exchange with the other ranks failed ({why})"
         with self._lock:
             if check in self.off:
                 return
             self.off[check] = why
         rank = self._rank()
         where_rank = f"rank {rank}" if rank >= 0 else "this process"
-        self._say(f"scout: ERROR: scout's {check} failed inside scout on {where_rank} and is off for the rest of "
-                  f"this job; the job goes on as without it ({why})")
+        if exchange:   # a peer ended or the network failed: not a bug of scout's, and the job will see it too
+            self._say(f"scout: {check} stopped on {where_rank}: {why}; a rank left or the network failed")
+        else:
+            self._say(f"scout: ERROR: scout's {check} failed inside scout on {where_rank} and is off for the rest of "
+                      f"this job; the job goes on as without it ({why})")
         if self.record is not None:
             try:
-                self.record(check, why)
+                self.record(check, why, exchange)
             except Exception as rec_exc:  # noqa: BLE001 - the evidence of a failure must not fail the job either
                 self._say(f"scout: the failure of {check} was not recorded: {rec_exc!r}")
+
+
+def exchange_failed(exc: BaseException, frames: traceback.StackSummary | None = None) -> bool:
+    """Whether `exc` came out of one of torch.distributed's collectives (scout's exchange on its
+    side group): a peer that ended or a broken connection, not a bug in scout's own code (pure)."""
+    frames = frames if frames is not None else traceback.extract_tb(exc.__traceback__)
+    return isinstance(exc, RuntimeError) and any(
+        f.filename.replace("\\", "/").endswith("torch/distributed/distributed_c10d.py") for f in frames[-3:])
 
 
 def parse_broken(text: str) -> frozenset[str]:

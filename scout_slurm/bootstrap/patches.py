@@ -196,7 +196,12 @@ def _patch_distributed(rt: Runtime, handle: InstalledHooks, dist: Any) -> None:
             rt.guard.run("end of training", _ending, rt)
         result = original_destroy(*args, **kwargs)
         if everything:
-            rt.guard.run("end of training", rt.release_side_groups)
+            # not switched off with the end of training: a side group left to the interpreter's teardown can
+            # abort a finished process (release_side_groups says why)
+            try:
+                rt.release_side_groups()
+            except Exception as exc:  # noqa: BLE001 - the job's teardown goes on
+                say(f"scout: side groups not released: {exc!r}")
         return result
 
     for owner in (dist, c10d):

@@ -309,6 +309,7 @@ class Replay:
         self.handles: list[Any] = []   # the capture hooks set for the coming step (`_arm`)
         self.next_call = 0   # the next step whose `before_step` has work (the caller skips the others)
         self.compiled = ""   # which model runs compiled ("": none): nothing is replayed then
+        self.guard: Any = None   # the runtime's guard (bootstrap.guard), around the capture hooks
 
     def add_root(self, root: Any, *, compiled: bool = False) -> None:
         """A model the job trains; `compiled`: the job runs it through torch.compile."""
@@ -419,7 +420,7 @@ class Replay:
                     def keep(g, i=i):
                         if cap["gy"][i] is None:
                             cap["gy"][i] = g.detach().clone()
-                    o.register_hook(keep)
+                    o.register_hook(self._guarded(keep))
             return None
         return capture_output_gradient
 
@@ -495,11 +496,25 @@ class Replay:
             return
         idx = plan.layer_index
         m = self.layers[idx][1]
-        self.handles = [m.register_forward_pre_hook(self._pre_hook(idx), with_kwargs=True),
-                        m.register_forward_hook(self._post_hook(idx))]
+        self.handles = [m.register_forward_pre_hook(self._guarded(self._pre_hook(idx)), with_kwargs=True),
+                        m.register_forward_hook(self._guarded(self._post_hook(idx)))]
         for pname, p in m.named_parameters(recurse=False):
             if p.requires_grad and not is_dtensor(p):   # FSDP2 reduces its unsharded copies: not seen here
-                self.handles.append(p.register_hook(self._grad_hook(idx, pname)))
+                self.handles.append(p.register_hook(self._guarded(self._grad_hook(idx, pname))))
+
+    def _guarded(self, hook: Callable) -> Callable:
+        """A capture hook runs inside the job's forward and backward: inside the runtime's guard
+        (bootstrap.guard), a failure of scout's switches the replay off and returns None (the job's
+        tensors unchanged), never into the job's call."""
+        guard = self.guard
+        if guard is None:
+            return hook
+
+        def guarded(*args: Any) -> Any:
+            if not guard.on("in-situ replay"):
+                return None
+            return guard.run("in-situ replay", hook, *args)
+        return guarded
 
     def due(self, step: int) -> bool:
         """Whether `before_step(step)` does more than set the capture hooks."""

@@ -140,6 +140,7 @@ class Runtime:
         from scout_slurm.bootstrap.replay import Replay
         self.replay = Replay(every=self.config.replay_every, side=self.consensus.side, originals=self.originals,
                              current_step=self.current_step, max_bytes=self.config.replay_max_bytes, **common)
+        self.replay.guard = self.guard
 
     def _start_finite(self) -> None:
         from scout_slurm.bootstrap.finite import FiniteWatch
@@ -301,14 +302,19 @@ class Runtime:
         write_record(run_dir / "findings" / name, Finding(rank=self.rank, node=self.config.node, kind=kind,
                                                           at=time.time(), summary=summary, step=step))
 
-    def _record_check_off(self, check: str, why: str) -> None:
+    def _record_check_off(self, check: str, why: str, exchange: bool) -> None:
+        """A check switched off: in the lowest rank's coverage record; a failure of scout's own code
+        also as a finding of the rank (an exchange that failed because a peer ended is the peer's
+        evidence, found elsewhere)."""
+        if self.rank == 0:
+            self.write_coverage(force=True)
+        if exchange:
+            return
         from scout_slurm.evidence.records import FindingKind
         slug = "".join(ch if ch.isalnum() else "-" for ch in check)
         self._finding(f"check-off-{slug}-rank-{self.rank}.json", FindingKind.CHECK_OFF,
                       f"{check} not run from step {self.current_step()} on rank {self.rank}: it failed inside "
                       f"scout ({why})", step=self.current_step())
-        if self.rank == 0:
-            self.write_coverage(force=True)
 
     def record_injection(self, fault: Any) -> None:
         """An INFO finding with the moment of injection, so detection latency can be measured."""

@@ -1,0 +1,78 @@
+"""scout never harms the job it watches: each of scout's checks and patched entry points made to
+fail inside scout in turn (SCOUT_BREAK), in a real 2-rank DDP job with checkpoints on CPU/gloo.
+The job completes with the same final bits as without scout, each rank that met the failure says
+it once, loudly, and the evidence lists the check as not run."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from scout_slurm.bootstrap.guard import CHECKS
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_bootstrap import TRAIN, bare_env, run_ranks, scout_env  # noqa: E402
+
+pytestmark = [pytest.mark.torch]
+
+ARGS = ["--steps", "12", "--ckpt-every", "5", "--step-sleep", "0"]
+# what only the lowest rank meets in this job: it alone saves checkpoints and writes the coverage record
+RANK0_ONLY = {"checkpoint record", "busy mark", "coverage record"}
+# every 5 steps: votes, replay, at-rest, update replay and timing rounds all run within 12 steps
+FAST = dict(SCOUT_CONSENSUS_EVERY="5", SCOUT_TIMING_EVERY="5")
+
+
+def _train(tmp: Path, env: dict[str, str]) -> tuple[str, list]:
+    out = tmp / "final.txt"
+    ranks = run_ranks([str(TRAIN), *ARGS, "--ckpt-dir", str(tmp / "ckpt"), "--out", str(out)], env, cwd=tmp / "cwd",
+                      deadline_s=180)
+    assert [r.returncode for r in ranks] == [0, 0], [r.stderr[-2000:] for r in ranks]
+    return out.read_text(), ranks
+
+
+@pytest.fixture(scope="module")
+def without_scout(tmp_path_factory) -> str:
+    final, _ = _train(tmp_path_factory.mktemp("bare"), bare_env())
+    return final
+
+
+def _scout_env(run_dir: Path, **extra: str) -> dict[str, str]:
+    (run_dir / "findings").mkdir(parents=True, exist_ok=True)
+    return scout_env(run_dir, SCOUT_RUN_DIR=str(run_dir), SCOUT_CHECKPOINTS_DIR=str(run_dir / "checkpoints"),
+                     **FAST, **extra)
+
+
+def test_scout_itself_changes_no_bit_and_says_nothing_failed(tmp_path, without_scout):
+    final, ranks = _train(tmp_path, _scout_env(tmp_path / "run"))
+    assert final == without_scout
+    assert not any("failed inside scout" in r.stderr for r in ranks)
+    coverage = json.loads((tmp_path / "run" / "votes.json").read_text())
+    assert coverage["checks_off"] == [] and coverage["votes"] >= 2, coverage
+
+
+@pytest.mark.parametrize("check", CHECKS)
+def test_a_check_failing_inside_scout_never_reaches_the_job(tmp_path, without_scout, check):
+    run_dir = tmp_path / "run"
+    final, ranks = _train(tmp_path, _scout_env(run_dir, SCOUT_BREAK=check))
+    assert final == without_scout, f"{check} failing inside scout changed the job's numbers"
+    loud = f"scout: ERROR: scout's {check} failed inside scout"
+    expected = [0] if check in RANK0_ONLY else [0, 1]
+    for r in ranks:
+        said = r.stderr.count(loud)
+        assert said == (1 if r.rank in expected else 0), (r.rank, r.stderr[-3000:])
+        assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    # the evidence: a finding per rank that met it (the verdict lists these as checks not run)...
+    slug = "".join(ch if ch.isalnum() else "-" for ch in check)
+    for rank in expected:
+        if check == "process group start":
+            break   # failed before the rank knew its number: said, but no finding of a rank to write
+        finding = json.loads((run_dir / "findings" / f"check-off-{slug}-rank-{rank}.json").read_text())
+        assert finding["kind"] == "check_off" and check in finding["summary"], finding
+    # ...and the lowest rank's coverage record, where it could still write one
+    coverage_path = run_dir / "votes.json"
+    if check not in ("coverage record", "process group start"):
+        coverage = json.loads(coverage_path.read_text())
+        assert any(off.startswith(f"{check}: ") for off in coverage["checks_off"]), coverage
