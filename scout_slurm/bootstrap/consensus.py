@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from scout_slurm.bootstrap.exitpolicy import Ending, end, ends
 # the signing helpers live in signing.py (one copy for every bootstrap module); imported here for
