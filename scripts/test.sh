@@ -5,6 +5,25 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# .venv-bare: a job's Python as the README allows for a site's own torch: the pinned torch and this
+# package without the `job` extra (so no xxhash, no numpy). tests/torch/test_bare_python.py runs a
+# job under it. About 20 to 40 s when made (the torch wheel is on this machine's disk), 2 s after.
+bare_python="${PYTHON:-python3}"
+[ -z "${PYTHON:-}" ] && [ -x /usr/bin/python3 ] && bare_python=/usr/bin/python3
+is_bare() { ! .venv-bare/bin/python -c 'import xxhash' 2>/dev/null && ! .venv-bare/bin/python -c 'import numpy' 2>/dev/null; }
+if [ -x .venv-bare/bin/python ] && ! is_bare; then
+  echo "test.sh: .venv-bare has xxhash or numpy installed; making it again" >&2
+  rm -rf .venv-bare
+fi
+bare_t0=$SECONDS
+[ -x .venv-bare/bin/python ] || "$bare_python" -m venv .venv-bare
+.venv-bare/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0"
+.venv-bare/bin/python -m pip install -q --disable-pip-version-check -e .
+if ! is_bare; then
+  echo "test.sh: .venv-bare can import xxhash or numpy (pulled in by a dependency?): it proves nothing" >&2
+  exit 1
+fi
+echo "test.sh: .venv-bare (torch, scout-slurm without the job extra; no xxhash, no numpy) ready in $((SECONDS - bare_t0)) s" >&2
 releases="${SCOUT_SLURM_RELEASES:-24.11,26.05}"
 if [ "$releases" != "none" ]; then
   # built here, not inside a test: the build time (about 50 s per root, once) shows on its own line

@@ -26,7 +26,7 @@ from scout_slurm.bootstrap.exitpolicy import Ending, end, ends
 
 def own_state(optimizer: Any) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
     """What the optimizer holds on this rank: (parameters, state tensors)."""
-    from scout_slurm.bootstrap.consensus import optimizer_tensors
+    from scout_slurm.bootstrap.signing import optimizer_tensors
     params = [(f"g{gi}.p{pi}", p) for gi, g in enumerate(optimizer.param_groups) for pi, p in enumerate(g["params"])]
     return params, optimizer_tensors(optimizer)
 
@@ -73,7 +73,7 @@ class AtRest:
         """Right after optimizer step `step` (before anything else of scout's at that step)."""
         if self.off or self.every <= 0 or step % self.every != 0:
             return
-        from scout_slurm.bootstrap.consensus import optimizer_tensors, state_signature
+        from scout_slurm.bootstrap.signing import optimizer_tensors, state_signature
         t0 = time.perf_counter()
         params, shared = self._params(optimizer)
         self.sealed = (step, id(optimizer), state_signature(params), state_signature(optimizer_tensors(optimizer)),
@@ -97,7 +97,7 @@ class AtRest:
             return
         import torch
         t0 = time.perf_counter()
-        from scout_slurm.bootstrap.consensus import optimizer_tensors, state_signature
+        from scout_slurm.bootstrap.signing import optimizer_tensors, state_signature
         w, s = state_signature(sealed[5]), state_signature(optimizer_tensors(optimizer))  # signed as sealed
         covered = "" if self.decided or not sealed[4] or self.covered is None else self.covered()
         mine = torch.tensor([int(w != sealed[2]), int(s != sealed[3]), int(not covered)], dtype=torch.int64)

@@ -51,26 +51,17 @@ from typing import Any, Callable
 from scout_slurm.remediation.signatures import COMPONENTS
 
 from scout_slurm.bootstrap.exitpolicy import Ending, end, ends
+# signing.py signs for every bootstrap module; its helpers keep their old names here
+from scout_slurm.bootstrap.signing import bytes_sig as _bytes_sig
+from scout_slurm.bootstrap.signing import byte_view, optimizer_tensors, state_signature
+from scout_slurm.bootstrap.signing import sig_hex as _sig_hex
 
 # what the bootstrap swallows to keep the job running, for a debugging session (stdlib logging: the
 # job's Python may lack structlog, and configuring it here would change the job's own logging)
 _log = logging.getLogger("scout.bootstrap")
-_MASK = 0x7FFFFFFFFFFFFFFF
 DATA_POSITION = "scout's global optimizer step; the DistributedSampler epoch when the script sets one"
 EXCHANGE_EVERY = 50  # steps between checkpoint exchanges when the state votes are off
 FOLLOWED_MAX = 4096  # recorded checkpoints whose renames are followed (the newest); older ones keep their names
-
-
-def _sig_hex(value: int) -> str:
-    return f"{value & _MASK:016x}"
-
-
-def _bytes_sig(parts) -> str:
-    from scout_slurm.bootstrap.consensus import _hasher
-    h = _hasher()()
-    for p in parts:
-        h.update(p if isinstance(p, (bytes, bytearray, memoryview)) else repr(p).encode())
-    return _sig_hex(h.intdigest())
 
 
 def signatures_now(optimizers: list[Any], schedulers: list[Any], step: int, sampler_epoch: int | None) -> dict[str, str]:
@@ -79,7 +70,6 @@ def signatures_now(optimizers: list[Any], schedulers: list[Any], step: int, samp
 
     import torch
 
-    from scout_slurm.bootstrap.consensus import optimizer_tensors, state_signature
     out = dict.fromkeys(COMPONENTS, "")
     if optimizers:
         params = [(f"o{oi}.g{gi}.p{pi}", p) for oi, o in enumerate(optimizers)
@@ -92,9 +82,9 @@ def signatures_now(optimizers: list[Any], schedulers: list[Any], step: int, samp
         out["optimizer"] = _bytes_sig([_sig_hex(state_signature(tensors)), hyper, scalars])
     if schedulers:
         out["scheduler"] = _bytes_sig([sorted((k, v) for k, v in s.state_dict().items()) for s in schedulers])
-    out["rng_cpu"] = _bytes_sig([torch.get_rng_state().numpy().tobytes()])
+    out["rng_cpu"] = _bytes_sig([byte_view(torch.get_rng_state())])  # no numpy: the job may lack it
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        out["rng_cuda"] = _bytes_sig([s.numpy().tobytes() for s in torch.cuda.get_rng_state_all()])
+        out["rng_cuda"] = _bytes_sig([byte_view(s) for s in torch.cuda.get_rng_state_all()])
     out["rng_python"] = _bytes_sig([random.getstate()])
     np = sys.modules.get("numpy")
     if np is not None:

@@ -2,63 +2,20 @@
 identical state (DDP: every rank of the module's process group) sign their parameters and
 optimizer state, exchange the signatures on scout's own gloo side group (never the training
 communicators), and a strict majority names the outlier. Imports only the standard library,
-torch and (if present) xxhash."""
+torch and scout's signing (xxhash if present)."""
 
 from __future__ import annotations
 
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from scout_slurm.bootstrap.exitpolicy import Ending, end, ends
+# the signing helpers live in signing.py (one copy for every bootstrap module); imported here for
+# the votes and for callers that import them from consensus
+from scout_slurm.bootstrap.signing import optimizer_tensors, state_signature, tensor_signature  # noqa: F401
 from scout_slurm.evidence.records import VoteOutcome
-
-
-def _hasher():
-    try:
-        import xxhash
-        return xxhash.xxh3_64
-    except ImportError:  # the job's Python may lack xxhash: a slower exact hash
-        import hashlib
-        return lambda: hashlib.blake2b(digest_size=8)
-
-
-def tensor_signature(t: Any, h=None) -> int:
-    """An exact fingerprint of a tensor: every bit of its values, its dtype and its shape.
-    Computed over a zero-copy view of a contiguous CPU tensor's bytes."""
-    import torch
-    own = h is None
-    h = h or _hasher()()
-    x = t.detach()
-    if hasattr(x, "to_local") and hasattr(x, "placements"):  # a DTensor (FSDP2/HSDP): this rank's shard
-        x = x.to_local()
-    if x.device.type != "cpu":
-        x = x.cpu()
-    x = x.contiguous()
-    h.update(f"{x.dtype}|{tuple(x.shape)}|".encode())
-    if x.numel():
-        h.update(memoryview(x.reshape(-1).view(torch.uint8).numpy()))  # reshape: a 0-d tensor (AdamW's step) has no byte view
-    return h.intdigest() if own else 0
-
-
-def state_signature(tensors: Iterable[tuple[str, Any]]) -> int:
-    h = _hasher()()
-    for name, t in tensors:
-        h.update(name.encode() + b"\0")
-        tensor_signature(t, h)
-    return h.intdigest()
-
-
-def optimizer_tensors(opt: Any) -> list[tuple[str, Any]]:
-    import torch
-    out = []
-    for gi, group in enumerate(opt.param_groups):
-        for pi, p in enumerate(group["params"]):
-            for key, value in sorted(opt.state.get(p, {}).items()):
-                if isinstance(value, torch.Tensor):
-                    out.append((f"g{gi}.p{pi}.{key}", value))
-    return out
 
 
 def vote(values: list[int]) -> tuple[int | None, list[int]]:

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from scout_slurm.bootstrap.consensus import state_signature, tensor_signature
+from scout_slurm.bootstrap.signing import state_signature, tensor_signature
 from scout_slurm.bootstrap.exitpolicy import Ending, end, ends
 from scout_slurm.evidence.records import VoteOutcome
 from scout_slurm.bootstrap.replicas import GroupVote, replay_plan, replica_groups, shard_group, vote_group

@@ -223,7 +223,7 @@ class UpdateReplay:
 
     def _training_signature(self, cap: dict) -> int:
         """What the step wrote over the captured slice, signed (the source, right after its step)."""
-        from scout_slurm.bootstrap.consensus import state_signature
+        from scout_slurm.bootstrap.signing import state_signature
         opt = cap["opt"]
         out = []
         for seg, p in zip(cap["segments"], cap["params"]):
@@ -299,7 +299,7 @@ class UpdateReplay:
 
         import torch
 
-        from scout_slurm.bootstrap.consensus import state_signature
+        from scout_slurm.bootstrap.signing import state_signature
         if meta["cls"] not in ELEMENTWISE:
             raise ValueError(f"optimizer {meta['cls']!r} is not one scout recomputes")
         cls = getattr(torch.optim, meta["cls"])
