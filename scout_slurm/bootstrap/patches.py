@@ -203,6 +203,7 @@ def _patch_distributed(handle: InstalledHooks, dist: Any) -> None:
 
     @functools.wraps(original_init)
     def scout_init_process_group(*args, **kwargs):
+        progress_mod.mark_entering_init(STATE.progress_dir)  # before the rendezvous (task/stallclock.py); never raises
         result = original_init(*args, **kwargs)
         try:
             STATE.default_pg = c10d._get_default_group()
