@@ -167,6 +167,7 @@ class Watchdog:
         # when this watchdog learnt that a rank of its step entered init_process_group (None: not yet);
         # until then a rank of its own that has not entered it is on no clock (stallclock.idle_from)
         self.peer_at_init_since: float | None = None
+        self.entered_init = False           # a rank of this task entered init (its step is marked)
         self.next_rendezvous_look = 0.0
         self.init_line = init_line          # said once, when this task's rank enters init (shim.init_banner)
         self.decided_here: dict[int, ProgressSnapshot] | None = None  # the snapshots, when this watchdog decided
@@ -243,12 +244,14 @@ class Watchdog:
         this task's own record, then said once a step in the evidence folder for the other
         watchdogs; or from that mark, looked for at most once a publish interval while no rank of
         this task has entered (one stat, like the decision check beside it; never after)."""
-        if self.peer_at_init_since is not None or not self.trackers:
+        if self.entered_init or not self.trackers:
             return
         path = self.folder.rendezvous_path(self.ctx.restart, self.ctx.step_id)
         mine = [t.rank for t in self.trackers.values() if t.entered_init()]
         if mine:
-            self.peer_at_init_since = now
+            self.entered_init = True
+            if self.peer_at_init_since is None:
+                self.peer_at_init_since = now
             if self.init_line:
                 _say(self.init_line)
             if path.exists():
@@ -260,7 +263,7 @@ class Watchdog:
                 # the peers' start-up clocks then wait for their own ranks' init: later, never sooner
                 log.warning("watchdog.rendezvous_unwritten", rank=self.ctx.rank, path=str(path), error=str(exc))
             return
-        if now < self.next_rendezvous_look:
+        if self.peer_at_init_since is not None or now < self.next_rendezvous_look:
             return
         self.next_rendezvous_look = now + self.cfg.publish_interval_s
         if path.exists():

@@ -263,3 +263,14 @@ def test_the_line_when_nobody_could_be_named_says_all_were_ended():
     assert line.startswith("scout: job 5: every rank stopped making progress (startup hang) and no rank could be named")
     assert f"scout ended all 2 ranks of this step (exit code {exitcodes.STALL_PEER})" in line
     assert "no strict majority ahead" in line and "scout show 5" in line
+
+
+def test_rank_0_says_what_is_on_when_it_enters_even_after_a_peer_marked_the_step(rig, capsys):
+    folder, shm, _, child = rig
+    peer = RendezvousMark(rank=2, node="n2", step_id=0, at=WALL0)
+    script = Script([(0.5, lambda: write_record(folder.rendezvous_path(0, 0), peer)),
+                     (2.0, lambda: progress.mark_entering_init(shm)), (4.0, child.kill)])
+    code = _watchdog(rig, script, init_line="scout: job 7, rank 0 entered init_process_group: (what is on)").run()
+    assert code == 128 + signal.SIGKILL
+    assert read_record(folder.rendezvous_path(0, 0), RendezvousMark, root=folder.root) == peer   # the first word stays
+    assert capsys.readouterr().err.count("rank 0 entered init_process_group") == 1
