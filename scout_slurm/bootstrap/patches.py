@@ -183,6 +183,7 @@ def _patch_distributed(rt: Runtime, handle: InstalledHooks, dist: Any) -> None:
 
     @functools.wraps(original_init)
     def scout_init_process_group(*args, **kwargs):
+        progress_mod.mark_entering_init(STATE.progress_dir)  # before the rendezvous (task/stallclock.py); never raises
         result = original_init(*args, **kwargs)
         rt.guard.run("process group start", opened)
         return result

@@ -145,6 +145,22 @@ class ProgressSnapshot:
     publish_seq: int = 0           # increases with every publication: liveness without clocks
     threshold_s: float = 0.0       # the stall threshold this watchdog applies now
     schema_version: int = 1
+    # the process called init_process_group (waits at its rendezvous, or is past it); a snapshot
+    # without the field comes from a watchdog that ordered ranks by progress alone: read as True
+    entered_init: bool = True
+
+
+@dataclass(frozen=True)
+class RendezvousMark:
+    """Written once per job step (exclusive create) by the watchdog that first sees its rank enter
+    init_process_group: from then on a rank of that step not there is on the start-up clock
+    (task/stallclock.py). Its presence is what counts; the fields say who and when."""
+    KIND: ClassVar[str] = "rendezvous"
+    rank: int
+    node: str
+    step_id: int
+    at: float                      # wall clock of the writing node
+    schema_version: int = 1
 
 
 @dataclass(frozen=True)

@@ -96,13 +96,16 @@ def decide_stall(snapshots: Mapping[int, ProgressSnapshot | None], world_size: i
     desync, why = find_desync({r: s.recent for r, s in present.items()})
     if desync:
         return StallCall(desync, FindingKind.DESYNC, (why,))
-    positions = {r: position(s) for r, s in present.items()}
+    # a rank that never entered init_process_group is behind every rank that did: those wait for
+    # it at the rendezvous (task/stallclock.py); past init, progress alone orders the ranks
+    positions = {r: (s.entered_init, position(s)) for r, s in present.items()}
     lowest = min(positions.values())
     behind = tuple(sorted(r for r, p in positions.items() if p == lowest))
     reasons = []
     for r in behind:
         s = present[r]
-        where = f"inside {s.current_op}" if s.in_collective else "outside any collective"
+        where = (f"inside {s.current_op}" if s.in_collective else "outside any collective") if s.entered_init \
+            else "before init_process_group"
         reasons.append(f"rank {r} on {s.node}: {s.coll_completed} collectives done, {where}, "
                        f"process {s.child_state.value}, idle {s.idle_s:.1f} s")
     frozen = tuple(sorted(r for r, s in present.items()
@@ -121,7 +124,11 @@ def decide_stall(snapshots: Mapping[int, ProgressSnapshot | None], world_size: i
     if len(behind) * 2 >= world_size:
         return StallCall((), FindingKind.HANG,
                          (f"{len(behind)} of {world_size} ranks are behind: no strict majority ahead", *reasons))
-    ahead = max(positions.values())
+    others = len(positions) - len(behind)
+    if not lowest[0]:
+        return StallCall(behind, FindingKind.HANG,
+                         (*reasons, f"the other {others} rank(s) entered init_process_group and waited there "
+                                    "(this rank had not entered it)"))
     return StallCall(behind, FindingKind.HANG,
-                     (*reasons, f"the other {len(positions) - len(behind)} rank(s) reached progress {ahead} "
-                                f"(this rank {lowest})"))
+                     (*reasons, f"the other {others} rank(s) reached progress {max(positions.values())[1]} "
+                                f"(this rank {lowest[1]})"))

@@ -39,6 +39,10 @@ OP_CODES = {name: i for i, name in enumerate(OPS)}
 _OTHER = OP_CODES["other"]
 FLAG_ACTIVE = 1
 FLAG_BUSY = 2  # inside a checkpoint save or load: busy, not hung (task/stallclock.py)
+# the process called init_process_group (set before torch's rendezvous, so a rank waiting there for
+# its peers is told from one that never came; task/stallclock.py), and every writer sets it: a
+# record with a writer is past init
+FLAG_INIT = 4
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,7 @@ class ProgressView:
     last_step_ns: int
     recent: tuple[CollectiveEntry, ...]
     busy: bool = False  # FLAG_BUSY: inside a checkpoint save or load
+    entered_init: bool = False  # FLAG_INIT: the process called init_process_group (it may still wait there)
 
     @property
     def position(self) -> tuple[int, int, int]:
@@ -74,6 +79,43 @@ def create(path: Path) -> None:
         buf.close()
     finally:
         os.close(fd)
+
+
+def mark_entering_init(progress_dir: Path | None) -> None:
+    """Called by the bootstrap as the process enters init_process_group, before torch's rendezvous:
+    sets FLAG_INIT (and the record's last change) in each record of this task that no writer
+    has opened yet (the one the shim created for its rank; the rank needs no reading of the
+    environment). Under torchrun no record exists before init: nothing is marked. Never raises:
+    the job's init goes on whatever happens here."""
+    if progress_dir is None:
+        return
+    try:
+        for name in os.listdir(progress_dir):
+            if name.startswith("rank-") and name.endswith(".bin"):
+                _mark_init(Path(progress_dir) / name)
+    except Exception:  # noqa: BLE001 - called bare from the patched init_process_group: never break it
+        pass
+
+
+def _mark_init(path: Path) -> None:
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+    try:
+        if os.fstat(fd).st_size < SIZE:
+            return
+        buf = mmap.mmap(fd, SIZE)
+    finally:
+        os.close(fd)
+    try:
+        h = list(_HEADER.unpack_from(buf, 0))
+        if h[0] != MAGIC or h[1] != VERSION or h[3] > 0 or h[2] % 2:
+            return  # not a record, or a writer owns it (it set FLAG_INIT itself)
+        gen = h[2]
+        _GEN.pack_into(buf, 8, gen + 1)   # odd while the header changes (readers retry)
+        h[2], h[6], h[14] = gen + 1, h[6] | FLAG_INIT, time.monotonic_ns()
+        _HEADER.pack_into(buf, 0, *h)
+        _GEN.pack_into(buf, 8, gen + 2)
+    finally:
+        buf.close()
 
 
 class ProgressWriter:
@@ -102,7 +144,7 @@ class ProgressWriter:
         self._pid = os.getpid()
         self._rank = rank
         self._world = world_size
-        self._flags = FLAG_ACTIVE
+        self._flags = FLAG_ACTIVE | FLAG_INIT  # opened once init_process_group returned: past it
         # timing votes (bootstrap.timing): ns outside any collective (compute) and inside at least one
         # (collectives, overlapping ones counted once); outside time counts only while `_idle_since` is set
         self._idle_ns = 0
@@ -271,4 +313,4 @@ def read(path: Path, *, retries: int = 100) -> ProgressView | None:
                         coll_entered=entered, coll_completed=completed, in_collective=in_coll > 0,
                         current_op=OPS[op] if op < len(OPS) else "other", current_nbytes=nbytes,
                         opt_steps=steps, pg_seq=pg_seq, last_change_ns=last_change, last_step_ns=last_step,
-                        recent=tuple(entries), busy=bool(flags & FLAG_BUSY))
+                        recent=tuple(entries), busy=bool(flags & FLAG_BUSY), entered_init=bool(flags & FLAG_INIT))

@@ -154,18 +154,31 @@ def _every(k: int, name: str, problems: Sequence[Problem]) -> str:
 
 
 def banner(ctx: TaskContext, cfg: SiteConfig, environ: Mapping[str, str], folder: JobFolder) -> str:
-    """The one line scout prints in the job's output at start (rank 0): what is on, and where the
-    evidence goes (pure). The cadences are the job's JobConfig's (scout_slurm.jobconfig)."""
+    """The line scout prints in the job's output at start (rank 0): what is watched whatever the
+    command is, and where the evidence goes (pure). At start scout cannot know whether the command
+    will use torch.distributed, so it promises only the exit watch; what else is on is said by
+    `init_banner`, once rank 0 enters init_process_group. A program that never does (data
+    preparation, an evaluation script) shows this line alone."""
+    return (f"scout: watching job {ctx.job_id} (run {ctx.restart}, {ctx.world_size} ranks): each task's exit; "
+            "a task whose process never calls torch.distributed's init_process_group is watched for its exit "
+            "only and never called stalled (stall watch, state votes, replay and timing votes start in a "
+            "process that calls it: a second line says what is on when rank 0 does); "
+            f"evidence in {folder.run_dir(ctx.restart)} (scout's own log: ranks/log-<rank>.jsonl)")
+
+
+def init_banner(ctx: TaskContext, cfg: SiteConfig, environ: Mapping[str, str]) -> str:
+    """The line rank 0's watchdog prints when its process enters init_process_group: the stall rule
+    and the checks that run from there (pure). The cadences are the job's JobConfig's
+    (scout_slurm.jobconfig)."""
     job, problems = read_settings(environ, site_defaults(cfg), check_names=False)
     votes = _every(job.consensus_every, "SCOUT_CONSENSUS_EVERY", problems)
     replay = _every(job.replay_every, "SCOUT_REPLAY_EVERY", problems)
     timing = _every(job.timing.every, "SCOUT_TIMING_EVERY", problems)
     w = cfg.watchdog
-    return (f"scout: watching job {ctx.job_id} (run {ctx.restart}, {ctx.world_size} ranks): a rank is called "
-            f"stalled after max({w.stall_floor_s:g} s, {w.stall_factor:g} x its step time) without progress "
-            f"(before its first optimizer step: the start-up limit, {w.startup_grace_s:g} s); "
-            f"state votes {votes}; in-situ replay {replay}; timing votes {timing}; "
-            f"evidence in {folder.run_dir(ctx.restart)} (scout's own log: ranks/log-<rank>.jsonl)")
+    return (f"scout: job {ctx.job_id}, rank 0 entered init_process_group: a rank is called stalled after "
+            f"max({w.stall_floor_s:g} s, {w.stall_factor:g} x its step time) without progress (before its first "
+            f"optimizer step: the start-up limit, {w.startup_grace_s:g} s; a rank not yet at init_process_group "
+            f"only once a peer waits there); state votes {votes}; in-situ replay {replay}; timing votes {timing}")
 
 
 def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
@@ -188,8 +201,9 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     shutil.rmtree(shm, ignore_errors=True)
     shm.mkdir(mode=0o700, parents=True)
     launcher = is_torchrun(command)
-    # without the bootstrap nothing would advance a progress record, and an idle record reads as a
-    # stall after startup_grace_s: with in-job checks off the watchdog watches the child's exit only
+    # without the bootstrap nothing would advance a progress record: with in-job checks off the
+    # watchdog watches the child's exit only. With them on, the record is watched from the start,
+    # but a rank that never enters init_process_group is on no clock (task/stallclock.py)
     watch_progress = not launcher and checks_on
     if watch_progress:
         # one task, one rank: watch it from the start (a hang before init_process_group too)
@@ -243,7 +257,9 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     pump.start()
     import dataclasses
     write_record(folder.rank_place_path(ctx.restart, ctx.rank), dataclasses.replace(place, child_pid=child.pid))
-    watchdog = Watchdog(ctx=ctx, cfg=cfg.watchdog, folder=folder, child=child, shm_dir=shm, stderr_tail=tail)
+    init_line = init_banner(ctx, cfg, environ) if ctx.rank == 0 and not why and checks_on else ""
+    watchdog = Watchdog(ctx=ctx, cfg=cfg.watchdog, folder=folder, child=child, shm_dir=shm, stderr_tail=tail,
+                        init_line=init_line)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, watchdog.on_signal)
     try:

@@ -20,6 +20,16 @@ stall). What the watchdog then decides is unchanged; this module only says *when
   the next moment something becomes due (a threshold, the window's end), so the call is not late
   by up to a poll interval. It never sleeps longer than the poll interval (a peer's decision, a
   rank that advances again), nor shorter than `min_sleep_s`.
+
+It also owns the start-up rule (below): the start-up limit (`startup_grace_s`) means something
+only where a peer waits. A rank that has not entered init_process_group is on no clock until
+some rank of its job step has entered it (the bootstrap marks the record before torch's
+rendezvous; the first watchdog to see a mark says so in the evidence folder): a program that
+never starts torch.distributed (data preparation, an evaluation script) is watched for its exit
+only, and a job whose every rank loads for minutes before init is starting, not hung. Once a peer
+waits at the rendezvous, the start-up clock of a rank not there runs from that moment; past the
+limit it is a `startup hang`, and it is behind every rank that entered (localise/stall.py).
+Ranks past init keep the rules below unchanged.
 """
 
 from __future__ import annotations
@@ -61,11 +71,27 @@ def next_sleep_s(*, now: float, poll_s: float, due: list[float], min_sleep_s: fl
 # scout cannot see). Before that a rank is starting (imports, `deepspeed.initialize`, compiling,
 # loading a checkpoint after a resume) and gets the separate start-up limit; a stall then is a
 # `startup hang`. A rank inside a checkpoint save or load (the bootstrap marks torch.save/torch.load
-# busy in its progress record) is busy, not hung: it too gets the start-up limit.
+# busy in its progress record) is busy, not hung: it too gets the start-up limit. Before
+# init_process_group the start-up clock runs only while a peer waits at the rendezvous (idle_from).
 
 PHASE_STARTUP = "startup"
 PHASE_TRAINING = "training"
 PHASE_CHECKPOINT = "checkpoint I/O"
+
+
+def idle_from(*, last_change: float, entered_init: bool, peer_at_init_since: float | None, now: float) -> float:
+    """The moment from which a rank's idle time counts (idle = now - this).
+
+    A rank that entered init_process_group (waiting at the rendezvous, or past it): its last
+    change, as always. A rank that has not: no clock while no rank of its step has entered init
+    (`peer_at_init_since` None: idle stays 0, so it is never watchful, never stalled, and reads to
+    its peers as still starting); once one has, from when this watchdog learnt it (its own
+    monotonic clock: wall clocks of other nodes are never compared), or its own later change."""
+    if entered_init:
+        return last_change
+    if peer_at_init_since is None:
+        return now
+    return max(last_change, peer_at_init_since)
 
 
 def armed(*, opt_steps: int, coll_completed: int, arm_after_collectives: int) -> bool:

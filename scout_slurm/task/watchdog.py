@@ -1,7 +1,10 @@
 """The out-of-band watchdog: runs in the shim's process, outside the training process, so it
 sees the child exit, stop (SIGSTOP), sit in uninterruptible sleep, or stop advancing even when
 the child is stuck inside C++. Watchdogs of all ranks agree on who is behind through the
-evidence folder (no working collective needed) and end the step with a documented exit code.
+evidence folder (no working collective needed) and end the step with a documented exit code;
+the one that decides says so in one `scout:` line of the job's output (task/stallnotice.py).
+A rank that has not entered init_process_group is on no clock until a peer waits there
+(task/stallclock.py): a program outside torch.distributed is watched for its exit only.
 
 States: WATCHING -> SUSPECT -> (WATCHING | TERMINATING) -> DONE; an illegal transition raises.
 """
@@ -25,14 +28,14 @@ from scout_slurm.errors import ScoutError
 from scout_slurm.evidence.history import HistoryWriter
 from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.records import (ChildState, ExitRecord, Finding, FindingKind, ProgressSnapshot,
-                                          StallDecision)
+                                          RendezvousMark, StallDecision)
 from scout_slurm.evidence.store import create_record_exclusive, list_records, read_record, write_record
 from scout_slurm.jobenv import TaskContext
 from scout_slurm.localise.stall import decide_stall
 from scout_slurm.log import get_logger
 from scout_slurm.task import exitcodes
 from scout_slurm.task import progress as progress_mod
-from scout_slurm.task import publishing, stallclock
+from scout_slurm.task import publishing, stallclock, stallnotice
 from scout_slurm.task.evidencehealth import EvidenceHealth, storage_errno
 
 log = get_logger("scout.watchdog")
@@ -94,6 +97,18 @@ class RankTracker:
             self.last_step_at = now
         self.view = view
 
+    def entered_init(self) -> bool:
+        """Has the process called init_process_group (the bootstrap marks it before the rendezvous)?"""
+        return self.view is not None and self.view.entered_init
+
+    def idle_s(self, now: float, peer_at_init_since: float | None) -> float:
+        """Seconds on the stall clock (stallclock.idle_from: none before init while no peer waits there)."""
+        return now - self.idle_since(now, peer_at_init_since)
+
+    def idle_since(self, now: float, peer_at_init_since: float | None) -> float:
+        return stallclock.idle_from(last_change=self.last_change, entered_init=self.entered_init(),
+                                    peer_at_init_since=peer_at_init_since, now=now)
+
     def watched(self) -> bool:
         v = self.view
         return v is None or v.pid <= 0 or v.active
@@ -125,7 +140,8 @@ def confirm_window_s(cfg: WatchdogConfig) -> float:
 class Watchdog:
     def __init__(self, *, ctx: TaskContext, cfg: WatchdogConfig, folder: JobFolder, child: subprocess.Popen,
                  shm_dir: Path, stderr_tail: deque, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep) -> None:
+                 wall: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
+                 init_line: str = "") -> None:
         self.ctx, self.cfg, self.folder, self.child = ctx, cfg, folder, child
         self.shm_dir, self.stderr_tail = shm_dir, stderr_tail
         self.clock, self.wall, self.sleep = clock, wall, sleep
@@ -148,6 +164,13 @@ class Watchdog:
         self.health = EvidenceHealth(policy=cfg.on_evidence_loss, grace_s=cfg.evidence_loss_grace_s)
         self.histories: dict[int, HistoryWriter] = {}   # for the report's timeline only
         self.next_history = 0.0
+        # when this watchdog learnt that a rank of its step entered init_process_group (None: not yet);
+        # until then a rank of its own that has not entered it is on no clock (stallclock.idle_from)
+        self.peer_at_init_since: float | None = None
+        self.entered_init = False           # a rank of this task entered init (its step is marked)
+        self.next_rendezvous_look = 0.0
+        self.init_line = init_line          # said once, when this task's rank enters init (shim.init_banner)
+        self.decided_here: dict[int, ProgressSnapshot] | None = None  # the snapshots, when this watchdog decided
 
     # -- state machine ------------------------------------------------------------------
     def _to(self, new: WatchState) -> None:
@@ -210,7 +233,42 @@ class Watchdog:
             view = progress_mod.read(tracker.path)
             if view is not None:
                 tracker.observe(view, now)
+        self._follow_rendezvous(now)
         self._sample_history(now)
+
+    def _idle(self, tracker: RankTracker, now: float) -> float:
+        return tracker.idle_s(now, self.peer_at_init_since)
+
+    def _follow_rendezvous(self, now: float) -> None:
+        """Learn when a rank of this job step entered init_process_group (task/stallclock.py): from
+        this task's own record, then said once a step in the evidence folder for the other
+        watchdogs; or from that mark, looked for at most once a publish interval while no rank of
+        this task has entered (one stat, like the decision check beside it; never after)."""
+        if self.entered_init or not self.trackers:
+            return
+        path = self.folder.rendezvous_path(self.ctx.restart, self.ctx.step_id)
+        mine = [t.rank for t in self.trackers.values() if t.entered_init()]
+        if mine:
+            self.entered_init = True
+            if self.peer_at_init_since is None:
+                self.peer_at_init_since = now
+            if self.init_line:
+                _say(self.init_line)
+            if path.exists():
+                return
+            try:
+                create_record_exclusive(path, RendezvousMark(rank=mine[0], node=self.ctx.node,
+                                                             step_id=self.ctx.step_id, at=self.wall()))
+            except (ScoutError, OSError) as exc:
+                # the peers' start-up clocks then wait for their own ranks' init: later, never sooner
+                log.warning("watchdog.rendezvous_unwritten", rank=self.ctx.rank, path=str(path), error=str(exc))
+            return
+        if self.peer_at_init_since is not None or now < self.next_rendezvous_look:
+            return
+        self.next_rendezvous_look = now + self.cfg.publish_interval_s
+        if path.exists():
+            self.peer_at_init_since = now
+            log.info("watchdog.peer_at_rendezvous", rank=self.ctx.rank, path=str(path))
 
     def _training_pid(self, tracker: RankTracker) -> int:
         v = tracker.view
@@ -223,16 +281,16 @@ class Watchdog:
             return ProgressSnapshot(rank=tracker.rank, node=self.ctx.node, pid=self.child.pid, published_at=self.wall(),
                                     child_state=state if exited or self.clock() - self.started > 1 else ChildState.STARTING,
                                     coll_entered=0, coll_completed=0, in_collective=False, current_op="none",
-                                    opt_steps=0, pg_seq=-1, idle_s=now - self.started, step_time_s=0.0,
-                                    bootstrap_active=False, publish_seq=self.publish_seq,
-                                    threshold_s=tracker.threshold_s(self.cfg))
+                                    opt_steps=0, pg_seq=-1, idle_s=round(self._idle(tracker, now), 3),
+                                    step_time_s=0.0, bootstrap_active=False, publish_seq=self.publish_seq,
+                                    threshold_s=tracker.threshold_s(self.cfg), entered_init=False)
         return ProgressSnapshot(rank=tracker.rank, node=self.ctx.node, pid=v.pid, published_at=self.wall(),
                                 child_state=state, coll_entered=v.coll_entered, coll_completed=v.coll_completed,
                                 in_collective=v.in_collective, current_op=v.current_op, opt_steps=v.opt_steps,
-                                pg_seq=v.pg_seq, idle_s=round(now - tracker.last_change, 3),
+                                pg_seq=v.pg_seq, idle_s=round(self._idle(tracker, now), 3),
                                 step_time_s=round(tracker.typical_step_s(), 4), recent=v.recent[-16:],
                                 bootstrap_active=v.active, publish_seq=self.publish_seq,
-                                threshold_s=tracker.threshold_s(self.cfg))
+                                threshold_s=tracker.threshold_s(self.cfg), entered_init=v.entered_init)
 
     def _publish_due(self, now: float) -> bool:
         """At the steady rate while every rank advances, at the fast rate once one is watchful
@@ -241,7 +299,7 @@ class Watchdog:
             return True
         if now < self.last_publish + self.cfg.publish_interval_s:
             return False
-        return any(publishing.is_watchful(idle_s=now - t.last_change, threshold_s=t.threshold_s(self.cfg),
+        return any(publishing.is_watchful(idle_s=self._idle(t, now), threshold_s=t.threshold_s(self.cfg),
                                           state=proc_state(self._training_pid(t)))
                    for t in self.trackers.values())
 
@@ -339,9 +397,10 @@ class Watchdog:
         for t in self.trackers.values():
             if t.watched():
                 threshold = t.threshold_s(self.cfg)
+                since = t.idle_since(now, self.peer_at_init_since)
                 # just past the moment: the rules compare with '>'
-                due.append(t.last_change + stallclock.confirm_from_s(threshold, confirm_s) + stallclock.MIN_SLEEP_S)
-                due.append(t.last_change + threshold + stallclock.MIN_SLEEP_S)
+                due.append(since + stallclock.confirm_from_s(threshold, confirm_s) + stallclock.MIN_SLEEP_S)
+                due.append(since + threshold + stallclock.MIN_SLEEP_S)
         if self.state == WatchState.SUSPECT:
             due.append(self.suspect_since + confirm_s)
         return stallclock.next_sleep_s(now=now, poll_s=self.cfg.poll_interval_s, due=due)
@@ -353,7 +412,7 @@ class Watchdog:
         confirm_s = confirm_window_s(self.cfg)
         # a record the training process deactivated (process group destroyed, interpreter exiting)
         # is not watched for stalls: the process is done with collectives
-        idle = [(t, now - t.last_change, t.threshold_s(self.cfg)) for t in self.trackers.values() if t.watched()]
+        idle = [(t, self._idle(t, now), t.threshold_s(self.cfg)) for t in self.trackers.values() if t.watched()]
         # the confirmation window opens while a rank is idle, before its threshold (stallclock.py)
         if not any(stallclock.confirming(i, th, confirm_s) for _, i, th in idle):
             if self.state == WatchState.SUSPECT:
@@ -411,14 +470,21 @@ class Watchdog:
         at_startup = not any(stallclock.armed(opt_steps=s.opt_steps, coll_completed=s.coll_completed,
                                               arm_after_collectives=self.cfg.arm_after_collectives)
                              for s in peers.values())
-        if at_startup:
+        before_init = [r for r in call.culprits if r in peers and not peers[r].entered_init]
+        if at_startup and before_init:
+            reasoning = (f"startup hang: rank(s) {', '.join(map(str, before_init))} had not entered "
+                         f"init_process_group while peers waited there; the start-up limit of "
+                         f"{self.cfg.startup_grace_s:g} s, which runs for a rank not at the rendezvous once a "
+                         "peer is, passed", *reasoning)
+        elif at_startup:
             reasoning = (f"startup hang: no rank had completed a training step (the stall clock arms at the first "
                          f"optimizer step or after {self.cfg.arm_after_collectives} collectives); the start-up "
                          f"limit of {self.cfg.startup_grace_s:g} s passed without progress", *reasoning)
         decision = StallDecision(decided_by=self.ctx.rank, at=self.wall(), culprits=call.culprits,
                                  kind=call.kind, reasoning=reasoning,
                                  phase=stallclock.PHASE_STARTUP if at_startup else stallclock.PHASE_TRAINING)
-        create_record_exclusive(self._decision_path(), decision)
+        if create_record_exclusive(self._decision_path(), decision):
+            self.decided_here = dict(peers)   # this watchdog says it in the job's output (_terminate)
         return self._existing_decision() or decision
 
     def _peer_snapshots(self) -> list[ProgressSnapshot]:
@@ -488,6 +554,11 @@ class Watchdog:
 
     def _terminate(self, decision: StallDecision) -> int:
         self._to(WatchState.TERMINATING)
+        if self.decided_here is not None:
+            # once a job step: only the watchdog whose decision record was created says it, before
+            # any rank is signalled (the step's other output, gloo's errors, follows)
+            _say(stallnotice.ending_line(decision, self.decided_here, job_id=self.ctx.job_id,
+                                         world_size=max(self.ctx.world_size, len(self.decided_here))))
         mine = [r for r in self.trackers if r in decision.culprits]
         self._request_stacks()
         self._ensure_stacks()       # the stacks first: nothing is signalled before they are in

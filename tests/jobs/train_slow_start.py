@@ -1,11 +1,13 @@
 """A DDP job with a slow start: it initialises, builds DDP (its first collectives), then spends
 `--startup-sleep` seconds before its first step (imports, compiling, loading data), as
 `deepspeed.initialize` does. `--sleep-rank R` sleeps on that rank only (the others wait for it in
-their first all-reduce: a hang before the first step)."""
+their first all-reduce: a hang before the first step). With `--before-init` the sleep comes
+before init_process_group instead (the others wait for it at the rendezvous: a startup hang)."""
 from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import time
 
 import torch
@@ -33,15 +35,20 @@ def main() -> int:
     ap.add_argument("--slow-save", type=float, default=0.0, help="at step 10 rank 0 saves for this long")
     ap.add_argument("--eval-seconds", type=float, default=0.0, help="at step 10 every rank evaluates this long")
     ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--before-init", action="store_true",
+                    help="sleep before init_process_group (the rank from RANK, as scout-task sets it)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
+    if args.before_init and args.sleep_rank in (-1, int(os.environ["RANK"])):
+        print(f"rank {os.environ['RANK']}: loading before init_process_group ({args.startup_sleep:g} s)", flush=True)
+        time.sleep(args.startup_sleep)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
     rank = dist.get_rank()
     ddp = DDP(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
     dist.barrier()
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-    if args.sleep_rank in (-1, rank):
+    if not args.before_init and args.sleep_rank in (-1, rank):
         print(f"rank {rank}: starting slowly ({args.startup_sleep:g} s)", flush=True)
         time.sleep(args.startup_sleep)
     gen = torch.Generator().manual_seed(1000 + rank)

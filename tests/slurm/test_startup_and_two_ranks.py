@@ -6,6 +6,12 @@ floor (4 s) and the lab's start-up limit.
 - a rank that hangs before its first step is named by the start-up limit as a `startup hang`, with stacks;
 - 2 nodes x 1 rank: SIGSTOP, SIGKILL and exit named exactly with the right kind; a rank that only
   sleeps (no process evidence, a progress tie of one against one) stays inconclusive.
+
+Issue 38, with the start-up limit at 8 s:
+- a step outside torch.distributed that runs three start-up limits completes (COMPLETED, exit 0),
+  its start banner promising the exit watch only;
+- a rank that sleeps before init_process_group while its peers wait there is a `startup hang` on
+  that rank, and the job's output says so in one `scout:` line (rank, node, where, exit codes).
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from scout_slurm.slurm import ops
 pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]
 STALL_FLOOR = 4.0
 SLOW_START = sj.TRAIN.parent / "train_slow_start.py"
+PREPARE = sj.TRAIN.parent / "prepare_data.py"
+STARTUP_LIMIT = 8.0
 
 
 def _no_drains(lab) -> None:
@@ -131,3 +139,55 @@ def test_a_long_save_and_a_long_evaluation_are_busy_not_hung(lab, clean_drains):
     shown = sj.show_json(lab, job, restart=0)
     assert shown["kind"] == "clean" and shown["suspects"] == [], shown
     _no_drains(lab)
+
+
+@pytest.mark.timeout(200)
+def test_a_step_outside_torch_distributed_runs_past_the_startup_limit_and_completes(lab, clean_drains):
+    seconds = 3 * STARTUP_LIMIT + 1
+    script = sj.batch_script(lab, train=PREPARE, train_args=f"--seconds {seconds:g}",
+                             pre=f"export SCOUT_WATCHDOG_STARTUP_GRACE_S={STARTUP_LIMIT:g}")
+    t0 = time.monotonic()
+    job = sj.submit(lab, script, extra=("--no-requeue",))
+    info = sj.wait_completed(lab, job, timeout=150)
+    took = time.monotonic() - t0
+    out = sj.output(lab, job)
+    assert info.state == "COMPLETED" and info.exit_code == 0, (info, out[-3000:])
+    assert all(f"task {r}: prepared" in out for r in range(4)), out[-3000:]
+    assert sj.decision(lab, job) is None
+    ends = sj.exits(lab, job)
+    assert sorted(ends) == [0, 1, 2, 3] and all(e.exit_code == 0 and not e.killed_by_scout for e in ends.values()), ends
+    start = [line for line in out.splitlines() if line.startswith(f"scout: watching job {job}")]
+    assert len(start) == 1 and "watched for its exit only and never called stalled" in start[0], out[-3000:]
+    assert "entered init_process_group" not in out and "stalled first" not in out, out[-3000:]
+    print(f"\nOUTSIDE TORCH.DISTRIBUTED: {seconds:g} s of work, start-up limit {STARTUP_LIMIT:g} s: "
+          f"COMPLETED in {took:.1f} s, exit 0")
+
+
+@pytest.mark.timeout(240)
+def test_a_rank_asleep_before_init_while_its_peers_wait_is_a_startup_hang_said_once(lab, clean_drains):
+    script = sj.batch_script(lab, train=SLOW_START, train_args="--before-init --startup-sleep 3600 --sleep-rank 1",
+                             scout_args=f"--scout-stall-floor={STALL_FLOOR}",
+                             pre=f"export SCOUT_WATCHDOG_STARTUP_GRACE_S={STARTUP_LIMIT:g}")
+    job = sj.submit(lab, script, extra=("--no-requeue",))
+    sj.wait_finished(lab, job, timeout=200)
+    out = sj.output(lab, job)
+    d = sj.decision(lab, job)
+    assert d is not None and d.culprits == (1,) and d.phase == "startup", (d, out[-3000:])
+    assert d.reasoning[0].startswith("startup hang: rank(s) 1 had not entered init_process_group"), d
+    shown = sj.show_json(lab, job, restart=0)
+    place = sj.places(lab, job)[1]
+    assert shown["kind"] == "hang", shown
+    assert [(s["rank"], s["node"]) for s in shown["suspects"]] == [(1, place.node)], shown
+    assert any("startup hang" in line for line in shown["reasoning"]), shown
+    ends = sj.exits(lab, job)
+    assert sorted(ends) == [0, 1, 2, 3] and all(e.killed_by_scout for e in ends.values()), ends
+    # the job's output: one scout line for the step, whichever watchdog decided
+    loud = [line for line in out.splitlines() if line.startswith("scout:") and "stalled first" in line]
+    assert len(loud) == 1, out[-4000:]
+    assert loud[0].startswith(f"scout: job {job}: rank 1 on {place.node} stalled first "
+                              "(startup hang: before init_process_group"), loud
+    assert "exit code 86" in loud[0] and "exit code 87" in loud[0] and f"scout show {job}" in loud[0], loud
+    assert out.count(f"scout: job {job}, rank 0 entered init_process_group:") == 1, out[-4000:]
+    started = place.started_at
+    print(f"\nSTARTUP HANG BEFORE INIT: named {d.at - started:.1f} s after rank 1 started (start-up limit "
+          f"{STARTUP_LIMIT:g} s); the job's line: {loud[0]}")

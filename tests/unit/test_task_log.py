@@ -62,18 +62,33 @@ def test_log_level_from_the_environment(monkeypatch, text, expected):
     assert level_from_env() == expected
 
 
-def test_the_start_banner_says_what_is_on_and_where_evidence_goes(tmp_path):
+def test_the_start_banner_promises_the_exit_watch_only_and_says_where_evidence_goes(tmp_path):
+    """At start scout cannot know whether the command uses torch.distributed: the start line
+    promises no stall watch, votes, replay or timing (a data-preparation step shows it alone)."""
     from scout_slurm.task.shim import banner
     ctx = task_context(ENV)
     folder = JobFolder(tmp_path, "c", 4711)
     cfg = parse_config({"watchdog": {"stall_floor_s": 30}})
     env = dict(ENV, SCOUT_CONSENSUS_EVERY="10", SCOUT_REPLAY_EVERY="0")
     line = banner(ctx, cfg, env, folder)
-    assert line.startswith("scout: watching job 4711 (run 0, 4 ranks)")
-    assert "max(30 s, 10 x its step time)" in line
-    assert "state votes every 10 steps" in line and "in-situ replay off" in line and "timing votes every 25 steps" in line
+    assert line.startswith("scout: watching job 4711 (run 0, 4 ranks): each task's exit")
+    assert "watched for its exit only and never called stalled" in line
+    assert "max(30 s" not in line and "every 10 steps" not in line and "timing votes every" not in line
     assert str(folder.run_dir(0)) in line and "\n" not in line
-    assert "unreadable (SCOUT_CONSENSUS_EVERY='ten')" in banner(ctx, cfg, dict(env, SCOUT_CONSENSUS_EVERY="ten"), folder)
+
+
+def test_the_init_banner_says_what_is_on_once_rank_0_enters_init(tmp_path):
+    from scout_slurm.task.shim import init_banner
+    ctx = task_context(ENV)
+    cfg = parse_config({"watchdog": {"stall_floor_s": 30, "startup_grace_s": 8}})
+    env = dict(ENV, SCOUT_CONSENSUS_EVERY="10", SCOUT_REPLAY_EVERY="0")
+    line = init_banner(ctx, cfg, env)
+    assert line.startswith("scout: job 4711, rank 0 entered init_process_group:")
+    assert "max(30 s, 10 x its step time)" in line and "the start-up limit, 8 s" in line
+    assert "only once a peer waits there" in line
+    assert "state votes every 10 steps" in line and "in-situ replay off" in line and "timing votes every 25 steps" in line
+    assert "\n" not in line
+    assert "unreadable (SCOUT_CONSENSUS_EVERY='ten')" in init_banner(ctx, cfg, dict(env, SCOUT_CONSENSUS_EVERY="ten"))
 
 
 def test_operator_commands_print_no_info_log_lines(tmp_path, monkeypatch, capsys):
