@@ -9,10 +9,9 @@ from typing import Any
 from scout_slurm.bootstrap.replay import framework_seen, optimizer_not_voted, replica_layout
 
 
-def model_banner(rt: Any) -> None:
-    """Every rank computes the replica groups (the same on all, kept for the votes); rank 0 says
-    them. `rt`: the in-job runtime (bootstrap.runtime.Runtime)."""
-    from scout_slurm.bootstrap.runtime import say
+def model_banner(rt: Any) -> str:
+    """Every rank computes the replica groups (the same on all, kept for the votes); rank 0's line
+    ("" on the others). `rt`: the in-job runtime (bootstrap.runtime.Runtime)."""
     roots = rt.root_tracker.roots if rt.root_tracker is not None else []
     groups, how = replica_layout(roots, rt.world) if roots else ([tuple(range(rt.world))], "")
     c, r, t, a = rt.consensus, rt.replay, rt.timing, rt.atrest
@@ -20,7 +19,7 @@ def model_banner(rt: Any) -> None:
     if c is not None and c.groups is None and roots:
         c.groups, c.optimizer_skipped = groups, skipped
     if rt.rank != 0:
-        return
+        return ""
     if c is None:
         voted = "state votes off" if rt.world >= 2 else "no state votes (one rank)"
     elif not roots:
@@ -40,7 +39,7 @@ def model_banner(rt: Any) -> None:
             f"holds ({min(len(g) for g in groups)}+ replicas)"
             if a.mode == "auto" and c is not None and rt.votes_cover_rest() else
             f"each rank's own weights and optimizer state re-signed at rest across one step in {a.every}")
-    say(f"scout: framework: {framework_seen(roots)}; replica groups {[list(g) for g in groups]}"
-        + (f" ({how})" if how else " (no model seen: all ranks taken as replicas)")
-        + f"; {voted}; {replayed}; {rest}; {timed}; stalls timed from this first optimizer step on "
-        "(before it, the start-up limit)")
+    return (f"scout: framework: {framework_seen(roots)}; replica groups {[list(g) for g in groups]}"
+            + (f" ({how})" if how else " (no model seen: all ranks taken as replicas)")
+            + f"; {voted}; {replayed}; {rest}; {timed}; stalls timed from this first optimizer step on "
+            "(before it, the start-up limit)")

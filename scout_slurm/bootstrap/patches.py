@@ -23,6 +23,7 @@ from scout_slurm.bootstrap.importhook import PatchAfterImport
 from scout_slurm.bootstrap.runtime import Runtime, digest_from_storage, say
 from scout_slurm.bootstrap.selfcost import COST
 from scout_slurm.jobconfig import JobConfig
+from scout_slurm.task import progress as progress_mod
 
 # what the bootstrap swallows to keep the job running, for a debugging session (stdlib logging: the
 # job's Python may lack structlog, and configuring it here would change the job's own logging)
@@ -183,7 +184,8 @@ def _patch_distributed(rt: Runtime, handle: InstalledHooks, dist: Any) -> None:
 
     @functools.wraps(original_init)
     def scout_init_process_group(*args, **kwargs):
-        progress_mod.mark_entering_init(STATE.progress_dir)  # before the rendezvous (task/stallclock.py); never raises
+        # before the rendezvous: the watchdogs start a peer's start-up clock from here (task/stallclock.py)
+        rt.guard.run("process group start", progress_mod.mark_entering_init, rt.progress_dir)
         result = original_init(*args, **kwargs)
         rt.guard.run("process group start", opened)
         return result

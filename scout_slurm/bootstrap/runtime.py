@@ -289,7 +289,9 @@ class Runtime:
 
     def model_banner(self) -> None:
         from scout_slurm.bootstrap.banner import model_banner
-        model_banner(self)
+        line = model_banner(self)
+        if line:
+            say(line)
 
     # -- evidence ------------------------------------------------------------------------------------
 

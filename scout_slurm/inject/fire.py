@@ -87,7 +87,7 @@ class Injector:
 
 def _corrupt_state(inj: Injector, optimizer: Any) -> None:
     """Change one element of the first parameter (or of the optimizer's first state tensor)."""
-    from scout_slurm.bootstrap.consensus import optimizer_tensors
+    from scout_slurm.bootstrap.signing import optimizer_tensors
     from scout_slurm.inject.corrupt import corrupt_
     fault = inj.fault
     if fault.target == "optimizer":
