@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from scout_slurm.bootstrap.replay import framework_seen, optimizer_not_voted, replica_layout
+from scout_slurm.bootstrap.frameworks import framework_seen, optimizer_not_voted, replica_layout
 
 
 def model_banner(rt: Any) -> str:

@@ -57,7 +57,7 @@ class Consensus:
 
     def voted_parameters(self) -> list[tuple[str, Any]]:
         """The parameters the vote signs, named as it names them."""
-        from scout_slurm.bootstrap.replay import inner
+        from scout_slurm.bootstrap.frameworks import inner
         return [(f"m{mi}.{n}", p) for mi, m in enumerate(self.modules) for n, p in inner(m).named_parameters()]
 
     def track(self, module: Any) -> None:
@@ -96,10 +96,10 @@ class Consensus:
               timeout_s: float | None = None) -> None:
         import torch
         t0 = time.perf_counter()
-        from scout_slurm.bootstrap.replay import replica_layout
+        from scout_slurm.bootstrap.frameworks import replica_layout
         from scout_slurm.bootstrap.replicas import vote_groups
         if self.groups is None:  # the start banner (bootstrap.patches) set them when it saw the models
-            from scout_slurm.bootstrap.replay import optimizer_not_voted
+            from scout_slurm.bootstrap.frameworks import optimizer_not_voted
             self.groups, how = replica_layout(self.modules, self.world)
             self.optimizer_skipped = optimizer_not_voted(self.modules)
             if self.rank == 0:

@@ -27,7 +27,8 @@ from scout_slurm.task import progress as progress_mod
 if TYPE_CHECKING:
     from scout_slurm.bootstrap.consensus import Consensus
     from scout_slurm.bootstrap.finite import FiniteWatch
-    from scout_slurm.bootstrap.replay import Replay, RootTracker
+    from scout_slurm.bootstrap.frameworks import RootTracker
+    from scout_slurm.bootstrap.replay import Replay
     from scout_slurm.bootstrap.timing import Timing
     from scout_slurm.inject.fire import Injector
 
@@ -109,6 +110,7 @@ class Runtime:
         c = Consensus(every=cfg.consensus_every, restart=cfg.restart, **common)
         c.on_vote = self.write_coverage
         self.consensus = c
+        self._agree_on_hasher(c.side)
         if cfg.at_rest != "off":
             self.guard.run("at-rest witness", self._start_atrest, common)
         if cfg.update_replay != "off":
@@ -118,6 +120,19 @@ class Runtime:
         if cfg.finite_check:
             self.guard.run("non-finite watch", self._start_finite)
 
+    def _agree_on_hasher(self, side: Any) -> None:
+        """Every rank signs with the same hasher: xxh3 where every rank has xxhash, else blake2b-64
+        on all (a rank without xxhash would otherwise differ from every vote and be called corrupt)."""
+        import torch
+        from scout_slurm.bootstrap import signing
+        mine = torch.tensor([1 if signing.HASH_NAME == "xxh3_64" else 0], dtype=torch.int64)
+        every = [torch.zeros_like(mine) for _ in range(self.world)]
+        self.originals["all_gather"](every, mine, group=side)
+        if signing.HASH_NAME == "xxh3_64" and not all(int(t.item()) for t in every):
+            signing.use_fallback()
+            if self.rank == 0:
+                say("scout: not every rank has xxhash: every rank signs with blake2b-64 (exact, slower)")
+
     def _start_atrest(self, common: dict) -> None:
         from scout_slurm.bootstrap.atrest import AtRest
         c = self.consensus
@@ -126,7 +141,7 @@ class Runtime:
         c.presigned = self.presigned
 
     def _start_update(self, common: dict) -> None:
-        from scout_slurm.bootstrap.replay import replica_layout
+        from scout_slurm.bootstrap.frameworks import replica_layout
         from scout_slurm.bootstrap.update import UpdateReplay
         c = self.consensus
         injector = self.injector
@@ -162,7 +177,7 @@ class Runtime:
 
     def _start_root_tracker(self) -> None:
         if self.root_tracker is None:  # also without votes: the banner names the framework, forwards beat
-            from scout_slurm.bootstrap.replay import RootTracker
+            from scout_slurm.bootstrap.frameworks import RootTracker
             self.root_tracker = RootTracker(self.on_root)
 
     def _order_witnesses(self) -> None:
@@ -244,7 +259,7 @@ class Runtime:
         """A model (DDP or FSDP2 root) ran its first forward: votes, replay and compute faults attach."""
         w = self.writer
         if w is not None:  # a forward is progress: an evaluation loop without collectives is not idle
-            from scout_slurm.bootstrap.replay import inner
+            from scout_slurm.bootstrap.frameworks import inner
             inner(module).register_forward_pre_hook(_beat_hook(w))
         if self.consensus is not None:
             self.guard.run("state vote", self.consensus.track, module)
@@ -254,7 +269,7 @@ class Runtime:
             self.guard.run("in-situ replay", self.replay.add_root, module, compiled=compiled)
         inj = self.injector
         if inj is not None and inj.fault.is_compute and (inj.fault.rank is None or inj.fault.rank == self.rank):
-            from scout_slurm.bootstrap.replay import attach_compute_fault
+            from scout_slurm.inject.fire import attach_compute_fault
             said = attach_compute_fault(module, inj.fault, self.rank, self.restart, self.current_step,
                                         lambda what: inj.compute_fired_once(what, self.current_step()),
                                         lambda: self.replay is not None and self.replay.replaying)
@@ -263,7 +278,7 @@ class Runtime:
     def first_weight(self, optimizer: Any) -> Any:
         """The first parameter of the model this rank holds: under DeepSpeed ZeRO the optimizer's
         parameters are this rank's flat partition (held by no other rank), so the model's own."""
-        from scout_slurm.bootstrap.replay import inner, is_deepspeed
+        from scout_slurm.bootstrap.frameworks import inner, is_deepspeed
         for root in (self.consensus.modules if self.consensus is not None else []):
             if is_deepspeed(root):
                 return next(inner(root).parameters())

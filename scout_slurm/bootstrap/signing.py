@@ -58,6 +58,13 @@ new_hasher = _xxhash.xxh3_64 if _xxhash is not None else _Blake2b64
 HASH_NAME = "xxh3_64" if _xxhash is not None else _Blake2b64.name
 
 
+def use_fallback() -> None:
+    """Sign with blake2b-64 from now on in this process: when not every rank of the job has xxhash
+    (ranks that sign differently would outvote each other), every rank uses the one all have."""
+    global new_hasher, HASH_NAME
+    new_hasher, HASH_NAME = _Blake2b64, _Blake2b64.name
+
+
 def byte_view(t: Any) -> memoryview:
     """The bytes of a tensor's values in row-major order, as a read-only memoryview: zero-copy for
     a contiguous CPU tensor (a copy is made first of a non-contiguous one or one on another

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from scout_slurm.bootstrap.exitpolicy import Ending, end, ends
-from scout_slurm.bootstrap.replay import say
+from scout_slurm.bootstrap.frameworks import say
 
 ELEMENTWISE = ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad")
 ALIGN = 1024          # slice starts, in elements (fused Adam's vector path differs on a misaligned slice)

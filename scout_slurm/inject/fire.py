@@ -155,3 +155,29 @@ FIRE: dict[str, Callable[[Injector, Any], None]] = {
 def say(line: str) -> None:
     sys.stderr.write(line + "\n")
     sys.stderr.flush()
+
+
+def attach_compute_fault(root: Any, fault: Any, rank: int, restart: int, current_step: Callable[[], int],
+                         on_fire: Callable[[str], None], replaying: Callable[[], bool] = lambda: False) -> str:
+    """Hang the fault's forward hook on the named layer (default: the first with weights)."""
+    from scout_slurm.bootstrap.frameworks import parameterised_leaves
+    from scout_slurm.inject.corrupt import compute_fault_hook, local_gradient_fault_hook
+    leaves = parameterised_leaves([root])
+    if not leaves:
+        return "no layer with weights: compute fault not attached"
+    if fault.layer:
+        match = [(n, m) for n, m in leaves if n == fault.layer]
+        if not match:
+            return (f"compute fault: layer {fault.layer!r} not found; layers with weights: "
+                    f"{', '.join(n for n, _ in leaves)}")
+        name, layer = match[0]
+    else:
+        name, layer = leaves[0]
+    if fault.target == "local_gradients":
+        weight = next((p for p in layer.parameters(recurse=False) if p.requires_grad), None)
+        if weight is None:
+            return f"compute fault: layer {name!r} has no trainable weight"
+        weight.register_hook(local_gradient_fault_hook(fault, rank, restart, current_step, on_fire))
+    else:
+        layer.register_forward_hook(compute_fault_hook(fault, rank, restart, current_step, on_fire, replaying))
+    return f"compute fault ({fault.kind} into {fault.target}) attached to layer {name!r}"

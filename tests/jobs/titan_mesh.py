@@ -33,7 +33,7 @@ def main() -> int:
     for block in model.layers.values() if hasattr(model.layers, "values") else model.layers:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    from scout_slurm.bootstrap.replay import is_fsdp, replica_layout
+    from scout_slurm.bootstrap.frameworks import is_fsdp, replica_layout
     groups, how = replica_layout([model], world)
     print("TITAN " + json.dumps({"rank": rank, "fsdp": is_fsdp(model), "mesh": list(mesh.mesh_dim_names),
                                  "params": sum(p.numel() for p in model.parameters()), "groups": [list(g) for g in groups], "how": how}), flush=True)

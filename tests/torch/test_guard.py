@@ -76,3 +76,20 @@ def test_a_check_failing_inside_scout_never_reaches_the_job(tmp_path, without_sc
     if check not in ("coverage record", "process group start"):
         coverage = json.loads(coverage_path.read_text())
         assert any(off.startswith(f"{check}: ") for off in coverage["checks_off"]), coverage
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "eager"])
+def test_a_compiled_ddp_job_gets_the_same_bits_with_scout(tmp_path, backend):
+    """DDP wrapped in torch.compile: scout's parts stay out of the graphs (the job crashed at its
+    first forward before), and the numbers are the job's own."""
+    args = ["--compile", backend]
+    bare = run_ranks([str(TRAIN), *ARGS, *args, "--out", str(tmp_path / "bare.txt")], bare_env(),
+                     cwd=tmp_path / "bare", deadline_s=180)
+    run_dir = tmp_path / "run"
+    scouted = run_ranks([str(TRAIN), *ARGS, *args, "--out", str(tmp_path / "scout.txt")], _scout_env(run_dir),
+                        cwd=tmp_path / "scout", deadline_s=180)
+    assert [r.returncode for r in bare + scouted] == [0] * 4, [r.stderr[-2000:] for r in scouted]
+    assert (tmp_path / "scout.txt").read_text() == (tmp_path / "bare.txt").read_text()
+    assert not any("failed inside scout" in r.stderr or "global hooks" in r.stderr for r in scouted)
+    coverage = json.loads((run_dir / "votes.json").read_text())
+    assert coverage["votes"] >= 2 and coverage["checks_off"] == [], coverage
