@@ -73,6 +73,7 @@ class Runtime:
         self.busy_depth = 0                # nested checkpoint saves/loads (the record's busy mark)
         self.busy_lock = threading.Lock()
         self.installed: Any = None         # the patches' handle (bootstrap.patches.InstalledHooks)
+        self.pending_off: list[tuple[str, str, bool]] = []   # checks switched off before the rank was known
         self.is_compiling: Any = lambda: False   # torch.compiler.is_compiling once torch.distributed started
 
     # -- the job's place, once torch.distributed has started -------------------------------------
@@ -88,6 +89,9 @@ class Runtime:
             self.rank, self.world = rank, world
             atexit.register(self.writer.deactivate)
             atexit.register(self.at_exit)  # runs first (last registered)
+            pending, self.pending_off = self.pending_off, []
+            for off in pending:
+                self.guard.run("coverage record", self._record_check_off, *off)
         if self.injector is None and self.config.inject is not None:
             from scout_slurm.inject.fire import Injector
             self.injector = Injector(self.config.inject, rank=self.rank, restart=self.restart,
@@ -127,7 +131,10 @@ class Runtime:
         from scout_slurm.bootstrap import signing
         mine = torch.tensor([1 if signing.HASH_NAME == "xxh3_64" else 0], dtype=torch.int64)
         every = [torch.zeros_like(mine) for _ in range(self.world)]
-        self.originals["all_gather"](every, mine, group=side)
+        # torch's own call, not in the progress record: every rank has just left the rendezvous, and the
+        # record's collective numbers stay the job's own from its first collective on
+        gather = self.originals["all_gather"]
+        getattr(gather, "__scout_original__", gather)(every, mine, group=side)
         if signing.HASH_NAME == "xxh3_64" and not all(int(t.item()) for t in every):
             signing.use_fallback()
             if self.rank == 0:
@@ -323,6 +330,9 @@ class Runtime:
         """A check switched off: in the lowest rank's coverage record; a failure of scout's own code
         also as a finding of the rank (an exchange that failed because a peer ended is the peer's
         evidence, found elsewhere)."""
+        if self.rank < 0:   # before the rank is known (a patch at install): recorded once it is (`open`)
+            self.pending_off.append((check, why, exchange))
+            return
         if self.rank == 0:
             self.write_coverage(force=True)
         if exchange:

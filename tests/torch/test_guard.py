@@ -19,8 +19,9 @@ from test_bootstrap import TRAIN, bare_env, run_ranks, scout_env  # noqa: E402
 pytestmark = [pytest.mark.torch]
 
 ARGS = ["--steps", "12", "--ckpt-every", "5", "--step-sleep", "0"]
-# what only the lowest rank meets in this job: it alone saves checkpoints and writes the coverage record
-RANK0_ONLY = {"checkpoint record", "busy mark", "coverage record"}
+# what only the lowest rank meets in this job: it alone writes the coverage record (every rank patches
+# renames and reads a checkpoint back, so the checkpoint record and busy mark are met on every rank)
+RANK0_ONLY = {"coverage record"}
 # every 5 steps: votes, replay, at-rest, update replay and timing rounds all run within 12 steps
 FAST = dict(SCOUT_CONSENSUS_EVERY="5", SCOUT_TIMING_EVERY="5")
 
@@ -40,7 +41,8 @@ def without_scout(tmp_path_factory) -> str:
 
 
 def _scout_env(run_dir: Path, **extra: str) -> dict[str, str]:
-    (run_dir / "findings").mkdir(parents=True, exist_ok=True)
+    for sub in ("findings", "ranks"):   # as scout-task makes them
+        (run_dir / sub).mkdir(parents=True, exist_ok=True)
     return scout_env(run_dir, SCOUT_RUN_DIR=str(run_dir), SCOUT_CHECKPOINTS_DIR=str(run_dir / "checkpoints"),
                      **FAST, **extra)
 
@@ -59,11 +61,11 @@ def test_a_check_failing_inside_scout_never_reaches_the_job(tmp_path, without_sc
     final, ranks = _train(tmp_path, _scout_env(run_dir, SCOUT_BREAK=check))
     assert final == without_scout, f"{check} failing inside scout changed the job's numbers"
     loud = f"scout: ERROR: scout's {check} failed inside scout"
-    expected = [0] if check in RANK0_ONLY else [0, 1]
     for r in ranks:
-        said = r.stderr.count(loud)
-        assert said == (1 if r.rank in expected else 0), (r.rank, r.stderr[-3000:])
+        assert r.stderr.count(loud) <= 1, (r.rank, r.stderr[-3000:])   # once, however often it is met
         assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    expected = [r.rank for r in ranks if loud in r.stderr]
+    assert expected == ([0] if check in RANK0_ONLY else [0, 1]), [r.stderr[-3000:] for r in ranks]
     # the evidence: a finding per rank that met it (the verdict lists these as checks not run)...
     slug = "".join(ch if ch.isalnum() else "-" for ch in check)
     for rank in expected:
