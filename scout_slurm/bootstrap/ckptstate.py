@@ -626,8 +626,8 @@ WATCH: CheckpointWatch | None = None
 
 def install(handle: Any, state: Any) -> None:
     """Called once from the hooks at init_process_group (every rank): the watch, its side group,
-    and the patches it needs (torch.load, DCP save/load, LR schedulers, DistributedSampler epochs,
-    an optimizer pre-step hook, and destroy_process_group for a save after the last step)."""
+    and the patches it needs (torch.load, DCP save/load, LR schedulers, DistributedSampler epochs, its
+    witness before each optimizer step, and destroy_process_group for a save after the last step)."""
     global WATCH
     import torch
     import torch.distributed as dist
@@ -682,15 +682,9 @@ def install(handle: Any, state: Any) -> None:
         return original_set_epoch(self, epoch)
     handle.patch(DistributedSampler, "set_epoch", scout_set_epoch)
 
-    from torch.optim.optimizer import register_optimizer_step_pre_hook
-
-    from scout_slurm.bootstrap.selfcost import timed
-
-    @timed
-    def pre_step(optimizer, args, kwargs):
-        guard.run("checkpoint watch", watch.before_step, optimizer)
-    h = register_optimizer_step_pre_hook(torch.compiler.disable(pre_step))
-    handle.on_remove(h.remove)
+    # before each step, the exchange of a save since the last one: a witness of the runtime's, last
+    state.checkpoint_watch = watch
+    state.order_witnesses()
 
     c10d = dist.distributed_c10d
     current_destroy = c10d.destroy_process_group

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 from scout_slurm.bootstrap import selfcost
 from scout_slurm.bootstrap.guard import Guard
 from scout_slurm.bootstrap.selfcost import COST
-from scout_slurm.bootstrap.witnesses import (AtRestWitness, FiniteWitness, ReplayWitness, StateVoteWitness,
-                                             TimingWitness, UpdateWitness, Witness)
+from scout_slurm.bootstrap.witnesses import (AtRestWitness, CheckpointWitness, FiniteWitness, ReplayWitness,
+                                             StateVoteWitness, TimingWitness, UpdateWitness, Witness)
 from scout_slurm.jobconfig import JobConfig
 from scout_slurm.task import progress as progress_mod
 
@@ -66,6 +66,7 @@ class Runtime:
         self.update: Any = None
         self.root_tracker: RootTracker | None = None
         self.witnesses: list[Witness] = []
+        self.checkpoint_watch: Any = None  # bootstrap.ckptstate's watch, once installed
         self.injector: Injector | None = None
         self.coverage_written: tuple | None = None
         self.final_vote = ""               # what the end-of-training vote did ("": not reached yet)
@@ -99,7 +100,7 @@ class Runtime:
         self.guard.run("state vote", self._start_consensus)
         self.guard.run("timing votes", self._start_timing)
         self.guard.run("model tracker", self._start_root_tracker)
-        self._order_witnesses()
+        self.order_witnesses()
 
     def _side_ops(self) -> tuple[Any, Any]:
         return self.originals["all_gather"], self.originals["barrier"]
@@ -187,11 +188,11 @@ class Runtime:
             from scout_slurm.bootstrap.frameworks import RootTracker
             self.root_tracker = RootTracker(self.on_root)
 
-    def _order_witnesses(self) -> None:
+    def order_witnesses(self) -> None:
         """Their order at a step's end: the at-rest seal first (the state exactly as the optimizer
         left it), the update replay, the non-finite note, the state vote, the timing vote last (the
         others' work is not the job's time). Before a step: the at-rest check, the update's inputs,
-        the replay (while the weights are those this step's forward used)."""
+        the replay (while the weights are those this step's forward used), the checkpoint watch."""
         w: list[Witness] = []
         if self.atrest is not None:
             w.append(AtRestWitness(self.atrest, self._side_ops))
@@ -205,6 +206,8 @@ class Runtime:
             w.append(StateVoteWitness(self.consensus, self._side_ops))
         if self.timing is not None:
             w.append(TimingWitness(self.timing))
+        if self.checkpoint_watch is not None:
+            w.append(CheckpointWitness(self.checkpoint_watch))
         self.witnesses = w
 
     # -- optimizer steps -----------------------------------------------------------------------------

@@ -144,3 +144,15 @@ class TimingWitness(_Quiet):
 
     def after_step(self, step: int, optimizer: Any) -> None:
         self.timing.after_step(step)
+
+
+class CheckpointWitness(_Quiet):
+    """Before each step: a checkpoint saved since the last one is exchanged among the replicas
+    (their signatures at the save agree or not: bootstrap.ckptstate). Last before a step."""
+    name = "checkpoint watch"
+
+    def __init__(self, watch: Any) -> None:
+        self.watch = watch
+
+    def before_step(self, step: int, optimizer: Any) -> None:
+        self.watch.before_step(optimizer)
