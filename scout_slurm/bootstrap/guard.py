@@ -19,6 +19,11 @@ WITNESSES = ("state vote", "at-rest witness", "update replay", "in-situ replay",
 CHECKS = ENTRY_POINTS + WITNESSES
 
 
+# set on an exception that belongs to the job although raised from scout's code (an injected `raise`
+# fault, scout_slurm.inject): the guard lets it through
+JOBS_OWN = "__scout_jobs_own__"
+
+
 class ScoutFault(RuntimeError):
     """Raised inside a check on purpose (SCOUT_BREAK): a stand-in for a bug of scout's, so tests can
     show that the guard keeps it out of the job (scout_slurm.inject)."""
@@ -52,6 +57,8 @@ class Guard:
                 raise ScoutFault(f"SCOUT_BREAK made {check!r} fail")
             return fn(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - the point of the guard: scout's failure is never the job's
+            if getattr(exc, JOBS_OWN, False):
+                raise   # the job's own (an injected fault stands for one): it reaches the job as it would
             self.fail(check, exc)
             return None
 

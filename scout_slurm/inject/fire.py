@@ -140,7 +140,11 @@ def _segv(inj: Injector, optimizer: Any) -> None:
 
 
 def _raise(inj: Injector, optimizer: Any) -> NoReturn:
-    raise RuntimeError(f"scout injected exception at step {inj.fault.step}")
+    """An exception in the job's step: marked as the job's, so scout's guard lets it through."""
+    from scout_slurm.bootstrap.guard import JOBS_OWN
+    exc = RuntimeError(f"scout injected exception at step {inj.fault.step}")
+    setattr(exc, JOBS_OWN, True)
+    raise exc
 
 
 # what each kind of fault does, by name (inject.spec lists the kinds)

@@ -95,3 +95,14 @@ def test_a_compiled_ddp_job_gets_the_same_bits_with_scout(tmp_path, backend):
     assert not any("failed inside scout" in r.stderr or "global hooks" in r.stderr for r in scouted)
     coverage = json.loads((run_dir / "votes.json").read_text())
     assert coverage["votes"] >= 2 and coverage["checks_off"] == [], coverage
+
+
+def test_the_jobs_own_exception_still_reaches_the_job(tmp_path):
+    """An exception of the job's step (the injected `raise` fault stands for one; it fires from
+    scout's optimizer hook) is not scout's failure: it propagates to the job unchanged, and no check
+    is switched off for it."""
+    ranks = run_ranks([str(TRAIN), *ARGS, "--timeout", "10"], _scout_env(tmp_path / "run", SCOUT_INJECT="raise,rank=1,step=3"),
+                      cwd=tmp_path / "cwd", deadline_s=120)
+    assert ranks[1].returncode not in (0, None), ranks[1].stderr[-2000:]
+    assert "RuntimeError: scout injected exception at step 3" in ranks[1].stderr, ranks[1].stderr[-2000:]
+    assert not any("failed inside scout" in r.stderr for r in ranks), [r.stderr[-2000:] for r in ranks]
