@@ -17,18 +17,8 @@ from scout_slurm.remediation.eligibility import CheckpointStatus, assess
 from scout_slurm.evidence.checkfiles import file_problem
 from scout_slurm.remediation.records import Agreement, CheckpointNote
 
-def _bootstrap_helpers():
-    """The rank runner of test_bootstrap.py (one copy; tests/torch is not a package: `torch` is taken)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("_scout_test_bootstrap", Path(__file__).with_name("test_bootstrap.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up while it executes
-    spec.loader.exec_module(mod)
-    return mod
-
-
-_tb = _bootstrap_helpers()
-JOBS, TRAIN, run_ranks, scout_env = _tb.JOBS, _tb.TRAIN, _tb.run_ranks, _tb.scout_env
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the rank runner of test_bootstrap.py, one copy
+from test_bootstrap import JOBS, TRAIN, run_ranks, scout_env  # noqa: E402
 
 pytestmark = [pytest.mark.torch]
 

@@ -19,6 +19,8 @@ import subprocess
 
 import pytest
 
+import scriptclock
+
 from scout_slurm.config import WatchdogConfig
 from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.records import (ChildState, CollectiveEntry, FindingKind, ProgressSnapshot,
@@ -121,25 +123,8 @@ def test_snapshots_of_ranks_past_init_are_ordered_by_progress_alone_as_before():
 
 # ---- the real watchdog loop on a scripted clock ---------------------------------------------------
 
-class Script:
-    """A fake monotonic clock that moves only when the watchdog sleeps, running scripted events."""
-
-    def __init__(self, events: list[tuple[float, object]]) -> None:
-        self.t = 0.0
-        self.events = sorted(events, key=lambda e: e[0])
-
-    def clock(self) -> float:
-        return self.t
-
-    def wall(self) -> float:
-        return WALL0 + self.t
-
-    def sleep(self, dt: float) -> None:
-        assert dt > 0
-        self.t = round(self.t + dt, 6)
-        while self.events and self.events[0][0] <= self.t:
-            self.events.pop(0)[1]()
-        assert self.t < 90, "the watchdog never returned"
+def Script(events: list[tuple[float, object]]) -> scriptclock.Script:
+    return scriptclock.Script(events, wall0=WALL0, limit_s=90)
 
 
 @pytest.fixture

@@ -14,6 +14,8 @@ import subprocess
 
 import pytest
 
+import scriptclock
+
 from scout_slurm.config import WatchdogConfig
 from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.records import (ChildState, ExitRecord, Finding, FindingKind, ProgressSnapshot,
@@ -31,26 +33,8 @@ WALL0 = 1.8e9
 WORLD = 3
 
 
-class Script:
-    """A fake monotonic clock that moves only when the watchdog sleeps, running the scripted
-    events (the training rank advancing, peers publishing, the child ending) as it passes them."""
-
-    def __init__(self, events: list[tuple[float, object]]) -> None:
-        self.t = 0.0
-        self.events = sorted(events, key=lambda e: e[0])
-
-    def clock(self) -> float:
-        return self.t
-
-    def wall(self) -> float:
-        return WALL0 + self.t
-
-    def sleep(self, dt: float) -> None:
-        assert dt > 0
-        self.t = round(self.t + dt, 6)
-        while self.events and self.events[0][0] <= self.t:
-            self.events.pop(0)[1]()
-        assert self.t < 60, "the watchdog never returned"
+def Script(events: list[tuple[float, object]]) -> scriptclock.Script:
+    return scriptclock.Script(events, wall0=WALL0, limit_s=60)
 
 
 @pytest.fixture
