@@ -30,12 +30,19 @@ from scout_slurm.task import progress as progress_mod
 _log = logging.getLogger("scout.bootstrap")
 
 STACK_SIGNAL = signal.SIGRTMIN + 5
-COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-               "reduce_scatter_tensor", "barrier", "all_to_all", "all_to_all_single", "reduce", "gather",
-               "scatter", "send", "recv", "all_gather_object", "broadcast_object_list")
+# torch.distributed's Python collectives (those a torch lacks are skipped). FSDP2 on torch 2.13 calls
+# all_gather_single and reduce_scatter_single; all_gather_into_tensor and reduce_scatter_tensor forward
+# to them there: a collective called from inside another's wrapper is the outer one's, recorded once.
+COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "all_gather_single",
+               "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "barrier", "all_to_all",
+               "all_to_all_single", "reduce", "gather", "scatter", "send", "recv", "all_gather_object",
+               "broadcast_object_list")
 # Set while a user's DDP comm hook runs: the collectives it calls are the bucket's own, already
 # counted as one ddp_bucket_all_reduce, so the wrappers pass them through untouched.
 _IN_USER_COMM_HOOK = threading.local()
+# Set while a wrapped collective runs on this thread: one torch forwards to (all_gather_into_tensor to
+# all_gather_single, all_gather_object to all_gather) is part of it, not a second collective.
+_IN_COLLECTIVE = threading.local()
 _INSTALL_LOCK = threading.Lock()
 # the runtime of this process, once installed (None: scout is not watching this process)
 RUNTIME: Runtime | None = None
@@ -116,7 +123,7 @@ def _wrap_collective(rt: Runtime, name: str, fn: Callable) -> Callable:
     def scout_collective(*args, **kwargs):
         w = rt.writer
         if w is None or rt.is_compiling() or getattr(_IN_USER_COMM_HOOK, "active", False) \
-                or not guard.on("collective record"):
+                or getattr(_IN_COLLECTIVE, "active", False) or not guard.on("collective record"):
             return fn(*args, **kwargs)
         inj = rt.injector
         if name == "all_reduce" and inj is not None and inj.skip_next_all_reduce:
@@ -129,9 +136,11 @@ def _wrap_collective(rt: Runtime, name: str, fn: Callable) -> Callable:
         t0 = selfcost.clock() if timed else 0
         seq = guard.run("collective record", enter, args, kwargs)
         t1 = selfcost.clock() if timed else 0
+        _IN_COLLECTIVE.active = True
         try:
             return fn(*args, **kwargs)
         finally:
+            _IN_COLLECTIVE.active = False
             t2 = selfcost.clock() if timed else 0
             if seq is not None:
                 guard.run("collective record", w.leave, seq)

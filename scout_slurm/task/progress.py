@@ -34,7 +34,8 @@ SIZE = _HEADER.size + RING * _ENTRY.size
 OPS = ("none", "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
        "reduce_scatter_tensor", "barrier", "all_to_all", "all_to_all_single", "reduce", "gather",
        "scatter", "send", "recv", "all_gather_object", "broadcast_object_list", "ddp_bucket_all_reduce",
-       "other", "scout_vote")  # scout_vote: scout's own collectives on its side group (votes, replay; peers wait there)
+       "other", "scout_vote",  # scout_vote: scout's own collectives on its side group (votes, replay; peers wait there)
+       "all_gather_single", "reduce_scatter_single")  # FSDP2's on torch 2.13 (appended: codes stay as written)
 OP_CODES = {name: i for i, name in enumerate(OPS)}
 _OTHER = OP_CODES["other"]
 FLAG_ACTIVE = 1

@@ -195,3 +195,21 @@ def test_inductor_compiled_ddp_runs_checked(lab, clean_drains):
     assert shown["kind"] == "clean", (shown, out[-3000:])
     cov = json.loads((sj.folder(lab, job).run_dir(0) / "votes.json").read_text())
     assert cov["votes"] >= 2 and cov["checks_off"] == [], cov
+
+
+@pytest.mark.timeout(300)
+def test_fsdp2_rank_asleep_in_its_step_is_a_hang_named_by_rank_and_node(lab, clean_drains):
+    """FSDP2 (`fully_shard`, torch 2.13) calls all_gather_single and reduce_scatter_single: scout's
+    record sees them, so a rank asleep after step 5 (alive, not stopped) is behind its peers, waiting
+    in the next all-gather, and named: before, every rank stood at 0 collectives and the verdict was
+    `inconclusive`."""
+    fsdp2 = JOBS / "train_fsdp2.py"
+    script = sj.batch_script(lab, train=fsdp2, train_args="--steps 400 --timeout 600",
+                             scout_args=f"--scout-stall-floor={STALL_FLOOR} --scout-inject=sleep,rank=1,step=5")
+    job = sj.submit(lab, script, extra=("--no-requeue",))
+    sj.wait_finished(lab, job, timeout=240)
+    shown = sj.show_json(lab, job, restart=0)
+    assert shown["kind"] == "hang", (shown, sj.output(lab, job)[-3000:])
+    assert [(s["rank"], s["node"]) for s in shown["suspects"]] == [(1, sj.places(lab, job)[1].node)], shown
+    peer = sj.folder(lab, job).progress_path(0, 0).read_text()   # a waiting peer's last published progress
+    assert "all_gather_single" in peer or "reduce_scatter_single" in peer, peer[-2000:]

@@ -377,3 +377,33 @@ def test_exit_fault_gives_its_code_on_the_named_rank(tmp_path):
     r0 = read_progress(tmp_path, 0)
     assert r0.opt_steps == 2 and not r0.active
     assert r0.coll_entered == r0.coll_completed == 3  # step 2's logging all_reduce never came
+
+
+_FORWARDING_JOB = textwrap.dedent("""
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    out = torch.zeros(2 * dist.get_world_size())
+    dist.all_gather_into_tensor(out, torch.ones(2))     # torch 2.13 forwards it to all_gather_single
+    dist.reduce_scatter_tensor(torch.zeros(2), torch.ones(2 * dist.get_world_size()))
+    dist.all_gather_object([None] * dist.get_world_size(), {"rank": dist.get_rank()})  # all_gather inside
+    dist.destroy_process_group()
+""")
+
+
+def test_fsdp2_collectives_recorded_and_forwarded_ones_once(tmp_path):
+    """FSDP2 on torch 2.13 calls all_gather_single and reduce_scatter_single: in the record (before,
+    every FSDP2 rank stood at 0 collectives). A collective torch forwards to another is one entry."""
+    runs = run_ranks([str(JOBS / "train_fsdp2.py"), "--steps", "4"], scout_env(tmp_path / "fsdp"), cwd=tmp_path / "a")
+    assert [r.returncode for r in runs] == [0, 0], [r.stderr[-2000:] for r in runs]
+    views = [read_progress(tmp_path / "fsdp", rank) for rank in (0, 1)]
+    ops = [e.op for e in views[0].recent]
+    assert ops.count("all_gather_single") >= 4 and ops.count("reduce_scatter_single") >= 4, ops
+    assert views[0].coll_entered == views[1].coll_entered == views[0].coll_completed > 8, views
+
+    job = tmp_path / "forwarding.py"
+    job.write_text(_FORWARDING_JOB)
+    runs = run_ranks([str(job)], scout_env(tmp_path / "fwd"), cwd=tmp_path / "b")
+    assert [r.returncode for r in runs] == [0, 0], [r.stderr[-2000:] for r in runs]
+    view = read_progress(tmp_path / "fwd", 0)
+    assert [e.op for e in view.recent if e.op != "scout_vote"] == \
+        ["all_gather_into_tensor", "reduce_scatter_tensor", "all_gather_object"], view.recent
