@@ -137,6 +137,10 @@ class JobFolder:
         """A rank of job step `step_id` entered init_process_group (records.RendezvousMark)."""
         return self.progress_dir(restart) / f"rendezvous-step-{int(step_id)}.json"
 
+    def first_collective_path(self, restart: int, step_id: int) -> Path:
+        """A rank of job step `step_id` entered the job's first collective (records.RendezvousMark)."""
+        return self.progress_dir(restart) / f"first-collective-step-{int(step_id)}.json"
+
     def node_tasks_path(self, restart: int, node: str) -> Path:
         """Written by the job (its local rank 0 on `node`): the ranks started there."""
         return self.run_dir(restart) / "tasks" / f"{check_node_name(node)}.json"

@@ -153,8 +153,9 @@ class ProgressSnapshot:
 @dataclass(frozen=True)
 class RendezvousMark:
     """Written once per job step (exclusive create) by the watchdog that first sees its rank enter
-    init_process_group: from then on a rank of that step not there is on the start-up clock
-    (task/stallclock.py). Its presence is what counts; the fields say who and when."""
+    init_process_group (rendezvous-step-S.json), or the job's first collective
+    (first-collective-step-S.json): from then on a rank of that step not there is on the start-up
+    clock (task/stallclock.py). Its presence is what counts; the fields say who and when."""
     KIND: ClassVar[str] = "rendezvous"
     rank: int
     node: str

@@ -29,7 +29,9 @@ never starts torch.distributed (data preparation, an evaluation script) is watch
 only, and a job whose every rank loads for minutes before init is starting, not hung. Once a peer
 waits at the rendezvous, the start-up clock of a rank not there runs from that moment; past the
 limit it is a `startup hang`, and it is behind every rank that entered (localise/stall.py).
-Ranks past init keep the rules below unchanged.
+The same holds after init for the job's first collective (a rank loading a checkpoint between
+init and DDP's first broadcast while its peers wait there; no clock while every rank still loads).
+Ranks past their first collective keep the rules below unchanged.
 """
 
 from __future__ import annotations
@@ -72,26 +74,30 @@ def next_sleep_s(*, now: float, poll_s: float, due: list[float], min_sleep_s: fl
 # loading a checkpoint after a resume) and gets the separate start-up limit; a stall then is a
 # `startup hang`. A rank inside a checkpoint save or load (the bootstrap marks torch.save/torch.load
 # busy in its progress record) is busy, not hung: it too gets the start-up limit. Before
-# init_process_group the start-up clock runs only while a peer waits at the rendezvous (idle_from).
+# init_process_group, and after it before the job's first collective, the start-up clock runs only
+# while a peer waits at that point (idle_from).
 
 PHASE_STARTUP = "startup"
 PHASE_TRAINING = "training"
 PHASE_CHECKPOINT = "checkpoint I/O"
 
 
-def idle_from(*, last_change: float, entered_init: bool, peer_at_init_since: float | None, now: float) -> float:
+def idle_from(*, last_change: float, entered_init: bool, peer_at_init_since: float | None, now: float,
+              entered_collective: bool = True, peer_in_collective_since: float | None = None) -> float:
     """The moment from which a rank's idle time counts (idle = now - this).
 
-    A rank that entered init_process_group (waiting at the rendezvous, or past it): its last
-    change, as always. A rank that has not: no clock while no rank of its step has entered init
-    (`peer_at_init_since` None: idle stays 0, so it is never watchful, never stalled, and reads to
-    its peers as still starting); once one has, from when this watchdog learnt it (its own
-    monotonic clock: wall clocks of other nodes are never compared), or its own later change."""
-    if entered_init:
-        return last_change
-    if peer_at_init_since is None:
-        return now
-    return max(last_change, peer_at_init_since)
+    The start-up has two points every rank of a job step passes: init_process_group's rendezvous,
+    then the job's first collective. A rank not yet at one of them is on no clock while no rank of
+    its step has reached it (`peer_..._since` None: idle stays 0, so it is never watchful, never
+    stalled, and reads to its peers as still starting: every rank loading a checkpoint for minutes,
+    before or after init, is a slow start, not a hang); once one has, from when this watchdog learnt
+    it (its own monotonic clock: wall clocks of other nodes are never compared), or its own later
+    change. A rank past both: its last change, as always."""
+    if not entered_init:
+        return now if peer_at_init_since is None else max(last_change, peer_at_init_since)
+    if not entered_collective:
+        return now if peer_in_collective_since is None else max(last_change, peer_in_collective_since)
+    return last_change
 
 
 def armed(*, opt_steps: int, coll_completed: int, arm_after_collectives: int) -> bool:

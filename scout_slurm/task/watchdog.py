@@ -101,13 +101,22 @@ class RankTracker:
         """Has the process called init_process_group (the bootstrap marks it before the rendezvous)?"""
         return self.view is not None and self.view.entered_init
 
-    def idle_s(self, now: float, peer_at_init_since: float | None) -> float:
-        """Seconds on the stall clock (stallclock.idle_from: none before init while no peer waits there)."""
-        return now - self.idle_since(now, peer_at_init_since)
+    def entered_collective(self) -> bool:
+        """Has the process entered a collective (the job's first, or one of scout's after it)?"""
+        return self.view is not None and self.view.coll_entered > 0
 
-    def idle_since(self, now: float, peer_at_init_since: float | None) -> float:
+    def idle_s(self, now: float, peer_at_init_since: float | None,
+               peer_in_collective_since: float | None = None) -> float:
+        """Seconds on the stall clock (stallclock.idle_from: none before init, or before the first
+        collective, while no peer waits there)."""
+        return now - self.idle_since(now, peer_at_init_since, peer_in_collective_since)
+
+    def idle_since(self, now: float, peer_at_init_since: float | None,
+                   peer_in_collective_since: float | None = None) -> float:
         return stallclock.idle_from(last_change=self.last_change, entered_init=self.entered_init(),
-                                    peer_at_init_since=peer_at_init_since, now=now)
+                                    peer_at_init_since=peer_at_init_since, now=now,
+                                    entered_collective=self.entered_collective(),
+                                    peer_in_collective_since=peer_in_collective_since)
 
     def watched(self) -> bool:
         v = self.view
@@ -169,6 +178,10 @@ class Watchdog:
         self.peer_at_init_since: float | None = None
         self.entered_init = False           # a rank of this task entered init (its step is marked)
         self.next_rendezvous_look = 0.0
+        # the same for the job's first collective: when this watchdog learnt a rank of its step entered one
+        self.peer_in_collective_since: float | None = None
+        self.entered_collective = False
+        self.next_first_collective_look = 0.0
         self.init_line = init_line          # said once, when this task's rank enters init (shim.init_banner)
         self.decided_here: dict[int, ProgressSnapshot] | None = None  # the snapshots, when this watchdog decided
 
@@ -234,10 +247,39 @@ class Watchdog:
             if view is not None:
                 tracker.observe(view, now)
         self._follow_rendezvous(now)
+        self._follow_first_collective(now)
         self._sample_history(now)
 
     def _idle(self, tracker: RankTracker, now: float) -> float:
-        return tracker.idle_s(now, self.peer_at_init_since)
+        return tracker.idle_s(now, self.peer_at_init_since, self.peer_in_collective_since)
+
+    def _follow_first_collective(self, now: float) -> None:
+        """Learn when a rank of this job step entered the job's first collective, as for the
+        rendezvous (`_follow_rendezvous`): from this task's own record, said once a step in the
+        evidence folder; or from that mark, looked for at most once a publish interval."""
+        if self.entered_collective or not self.trackers:
+            return
+        path = self.folder.first_collective_path(self.ctx.restart, self.ctx.step_id)
+        mine = [t.rank for t in self.trackers.values() if t.entered_collective()]
+        if mine:
+            self.entered_collective = True
+            if self.peer_in_collective_since is None:
+                self.peer_in_collective_since = now
+            if not path.exists():
+                try:
+                    create_record_exclusive(path, RendezvousMark(rank=mine[0], node=self.ctx.node,
+                                                                 step_id=self.ctx.step_id, at=self.wall()))
+                except (ScoutError, OSError) as exc:
+                    # the peers' clocks then wait for their own ranks' first collective: later, never sooner
+                    log.warning("watchdog.first_collective_unwritten", rank=self.ctx.rank, path=str(path),
+                                error=str(exc))
+            return
+        if self.peer_in_collective_since is not None or now < self.next_first_collective_look:
+            return
+        self.next_first_collective_look = now + self.cfg.publish_interval_s
+        if path.exists():
+            self.peer_in_collective_since = now
+            log.info("watchdog.peer_in_first_collective", rank=self.ctx.rank, path=str(path))
 
     def _follow_rendezvous(self, now: float) -> None:
         """Learn when a rank of this job step entered init_process_group (task/stallclock.py): from
@@ -397,7 +439,7 @@ class Watchdog:
         for t in self.trackers.values():
             if t.watched():
                 threshold = t.threshold_s(self.cfg)
-                since = t.idle_since(now, self.peer_at_init_since)
+                since = t.idle_since(now, self.peer_at_init_since, self.peer_in_collective_since)
                 # just past the moment: the rules compare with '>'
                 due.append(since + stallclock.confirm_from_s(threshold, confirm_s) + stallclock.MIN_SLEEP_S)
                 due.append(since + threshold + stallclock.MIN_SLEEP_S)

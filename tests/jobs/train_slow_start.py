@@ -35,6 +35,8 @@ def main() -> int:
     ap.add_argument("--slow-save", type=float, default=0.0, help="at step 10 rank 0 saves for this long")
     ap.add_argument("--eval-seconds", type=float, default=0.0, help="at step 10 every rank evaluates this long")
     ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--load-after-init", type=float, default=0.0,
+                    help="seconds spent after init_process_group, before the job's first collective (a barrier)")
     ap.add_argument("--before-init", action="store_true",
                     help="sleep before init_process_group (the rank from RANK, as scout-task sets it)")
     args = ap.parse_args()
@@ -45,6 +47,11 @@ def main() -> int:
         time.sleep(args.startup_sleep)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
     rank = dist.get_rank()
+    if args.load_after_init and args.sleep_rank in (-1, rank):
+        print(f"rank {rank}: loading after init_process_group ({args.load_after_init:g} s)", flush=True)
+        time.sleep(args.load_after_init)
+    if args.load_after_init:
+        dist.barrier()   # the job's first collective: where the others wait for a rank still loading
     ddp = DDP(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
     dist.barrier()
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)

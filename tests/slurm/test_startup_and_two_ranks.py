@@ -191,3 +191,28 @@ def test_a_rank_asleep_before_init_while_its_peers_wait_is_a_startup_hang_said_o
     started = place.started_at
     print(f"\nSTARTUP HANG BEFORE INIT: named {d.at - started:.1f} s after rank 1 started (start-up limit "
           f"{STARTUP_LIMIT:g} s); the job's line: {loud[0]}")
+
+
+@pytest.mark.timeout(300)
+def test_loading_after_init_is_a_slow_start_for_all_and_a_startup_hang_for_one(lab, clean_drains):
+    """Issue 38: every rank loading for 3 x the start-up limit between init_process_group and the
+    job's first collective (a large checkpoint read from a parallel file system) completes untouched;
+    one rank loading while its peers wait in that first collective is a startup hang on that rank."""
+    pre = f"export SCOUT_WATCHDOG_STARTUP_GRACE_S={STARTUP_LIMIT:g}"
+    seconds = 3 * STARTUP_LIMIT
+    everyone = sj.submit(lab, sj.batch_script(lab, train=SLOW_START, pre=pre,
+                                              train_args=f"--load-after-init {seconds:g} --startup-sleep 0 --steps 10",
+                                              scout_args=f"--scout-stall-floor={STALL_FLOOR}"), extra=("--no-requeue",))
+    one = sj.submit(lab, sj.batch_script(lab, train=SLOW_START, pre=pre,
+                                         train_args="--load-after-init 3600 --sleep-rank 2 --startup-sleep 0",
+                                         scout_args=f"--scout-stall-floor={STALL_FLOOR}"), extra=("--no-requeue",))
+    info = sj.wait_completed(lab, everyone, timeout=200)
+    out = sj.output(lab, everyone)
+    assert info.state == "COMPLETED" and info.exit_code == 0, (info, out[-3000:])
+    assert sj.decision(lab, everyone) is None and "stalled first" not in out, out[-3000:]
+    sj.wait_finished(lab, one, timeout=200)
+    d = sj.decision(lab, one)
+    assert d is not None and d.culprits == (2,) and d.phase == "startup", (d, sj.output(lab, one)[-3000:])
+    shown = sj.show_json(lab, one, restart=0)
+    assert shown["kind"] == "hang", shown
+    assert [(s["rank"], s["node"]) for s in shown["suspects"]] == [(2, sj.places(lab, one)[2].node)], shown

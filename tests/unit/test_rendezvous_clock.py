@@ -53,6 +53,19 @@ def test_idle_before_init_counts_only_once_a_peer_waits_at_the_rendezvous(entere
     assert now - since == pytest.approx(expected_idle)
 
 
+@pytest.mark.parametrize("in_collective,peer_since,now,expected_idle", [
+    (False, None, 900.0, 0.0),      # past init, every rank still loading (no collective anywhere): no clock
+    (False, 100.0, 103.0, 3.0),     # a peer entered the job's first collective at 100: from then on
+    (False, 2.0, 103.0, 63.0),      # ...or from the rank's own later change
+    (True, None, 103.0, 63.0),      # past its first collective: its last change, as always
+])
+def test_idle_after_init_before_the_first_collective_counts_only_once_a_peer_waits_in_one(
+        in_collective, peer_since, now, expected_idle):
+    since = stallclock.idle_from(last_change=40.0, entered_init=True, peer_at_init_since=10.0, now=now,
+                                 entered_collective=in_collective, peer_in_collective_since=peer_since)
+    assert now - since == pytest.approx(expected_idle)
+
+
 # ---- the record ---------------------------------------------------------------------------------
 
 def test_the_bootstraps_mark_sets_entered_init_on_the_shims_record_before_any_writer(tmp_path):
