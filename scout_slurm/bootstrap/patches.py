@@ -238,8 +238,8 @@ def _ending(rt: Runtime) -> None:
 
 # -- DDP -------------------------------------------------------------------------------------------
 
-def _patch_ddp(rt: Runtime, handle: InstalledHooks, original_all_reduce: Callable) -> None:
-    from torch.nn.parallel import DistributedDataParallel as DDP
+def _default_comm_hook(rt: Runtime, original_all_reduce: Callable) -> Callable:
+    """DDP's all-reduce of a bucket, recorded: for a DDP whose group scout could not wrap."""
     guard = rt.guard
 
     def scout_default_hook(state, bucket):  # no annotations: DDP checks them
@@ -259,30 +259,44 @@ def _patch_ddp(rt: Runtime, handle: InstalledHooks, original_all_reduce: Callabl
                 guard.run("DDP hooks", w.leave, seq)
             return f.value()[0]
         return fut.then(done)
+    return scout_default_hook
 
+
+def _recorded_user_hook(rt: Runtime, hook: Callable) -> Callable:
+    """A job's own DDP comm hook, its bucket recorded as one collective (the collectives the hook
+    calls pass the wrappers untouched)."""
+    guard = rt.guard
+
+    def composed(st, bucket):
+        w = rt.writer if guard.on("DDP hooks") else None
+        seq = guard.run("DDP hooks", w.enter, "ddp_bucket_all_reduce", _nbytes(bucket.buffer()), rt.world,
+                        _pg_seq(rt)) if w is not None else None
+        _IN_USER_COMM_HOOK.active = True
+        try:
+            fut = hook(st, bucket)
+        finally:
+            _IN_USER_COMM_HOOK.active = False
+
+        def done(f):
+            if seq is not None:
+                guard.run("DDP hooks", w.leave, seq)
+            return f.value()
+        return fut.then(done)
+    return composed
+
+
+def _patch_ddp(rt: Runtime, handle: InstalledHooks, original_all_reduce: Callable) -> None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    guard = rt.guard
+    scout_default_hook = _default_comm_hook(rt, original_all_reduce)
     original_register = DDP.register_comm_hook
 
     @functools.wraps(original_register)
     def scout_register_comm_hook(self, state, hook):
-        def composed(st, bucket):
-            w = rt.writer if guard.on("DDP hooks") else None
-            seq = guard.run("DDP hooks", w.enter, "ddp_bucket_all_reduce", _nbytes(bucket.buffer()), rt.world,
-                            _pg_seq(rt)) if w is not None else None
-            _IN_USER_COMM_HOOK.active = True
-            try:
-                fut = hook(st, bucket)
-            finally:
-                _IN_USER_COMM_HOOK.active = False
-
-            def done(f):
-                if seq is not None:
-                    guard.run("DDP hooks", w.leave, seq)
-                return f.value()
-            return fut.then(done)
         self._scout_hooked = True
         from scout_slurm.bootstrap import pgwrap
         pgwrap.USER_HOOKS = True   # the recording wrapper asks whether a bucket is this hook's from now on
-        return original_register(self, state, composed)
+        return original_register(self, state, _recorded_user_hook(rt, hook))
 
     def wrapped_group(kwargs: dict) -> None:
         # DDP reduces through a recording wrapper of its group: its own C++ path stays (no comm hook, no
