@@ -62,6 +62,7 @@ def main() -> int:
         s = best_of(sign, args.repeats)
         rates[name] = nbytes / s / 1e9
         print(f"  {name:<24} {rates[name]:6.2f} GB/s  {s * 1e3:8.1f} ms per signature")
+        print(f"SUMMARY\tsignature of {nbytes / 1e6:.0f} MB, {name}\t{rates[name]:.2f} GB/s\t-")
     if len(rates) == 2:
         a, b = rates.values()
         print(f"  the fallback is {a / b:.1f}x slower than xxh3_64 over the same bytes")
