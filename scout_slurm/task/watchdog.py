@@ -105,6 +105,12 @@ class RankTracker:
         """Has the process entered a collective (the job's first, or one of scout's after it)?"""
         return self.view is not None and self.view.coll_entered > 0
 
+    def between_init_and_first_collective(self) -> bool:
+        """Past init_process_group (its record's writer opened when init returned) and in no collective
+        yet. A rank still waiting at the rendezvous is not: its clock runs as a waiting rank's."""
+        v = self.view
+        return v is not None and v.pid > 0 and v.coll_entered == 0
+
     def idle_s(self, now: float, peer_at_init_since: float | None,
                peer_in_collective_since: float | None = None) -> float:
         """Seconds on the stall clock (stallclock.idle_from: none before init, or before the first
@@ -115,7 +121,7 @@ class RankTracker:
                    peer_in_collective_since: float | None = None) -> float:
         return stallclock.idle_from(last_change=self.last_change, entered_init=self.entered_init(),
                                     peer_at_init_since=peer_at_init_since, now=now,
-                                    entered_collective=self.entered_collective(),
+                                    entered_collective=not self.between_init_and_first_collective(),
                                     peer_in_collective_since=peer_in_collective_since)
 
     def watched(self) -> bool:

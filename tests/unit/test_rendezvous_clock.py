@@ -272,3 +272,24 @@ def test_rank_0_says_what_is_on_when_it_enters_even_after_a_peer_marked_the_step
     assert code == 128 + signal.SIGKILL
     assert read_record(folder.rendezvous_path(0, 0), RendezvousMark, root=folder.root) == peer   # the first word stays
     assert capsys.readouterr().err.count("rank 0 entered init_process_group") == 1
+
+
+def test_a_rank_waiting_at_the_rendezvous_keeps_its_clock_and_one_past_init_waits_for_a_first_collective(tmp_path):
+    """The first-collective rule applies past init only: a rank still inside init_process_group (its
+    record marked, no writer yet) waits at the rendezvous and its clock runs from its last change."""
+    from scout_slurm.task.watchdog import RankTracker
+    path = tmp_path / "rank-0.bin"
+    progress.create(path)
+    progress.mark_entering_init(tmp_path)
+    tracker = RankTracker(0, path, last_change=40.0)
+    tracker.observe(progress.read(path), 40.0)
+    assert tracker.idle_s(100.0, 10.0, None) == pytest.approx(60.0)   # at the rendezvous: as always
+    w = progress.ProgressWriter(path, rank=0, world_size=2)           # init returned, no collective yet
+    tracker.observe(progress.read(path), 50.0)
+    assert tracker.idle_s(100.0, 10.0, None) == 0.0                    # every rank may still be loading
+    assert tracker.idle_s(100.0, 10.0, 90.0) == pytest.approx(10.0)    # a peer waits in a collective since 90
+    seq = w.enter("barrier", 0, 2)
+    tracker.observe(progress.read(path), 95.0)
+    assert tracker.idle_s(100.0, 10.0, None) == pytest.approx(5.0)     # in its first collective: as always
+    w.leave(seq)
+    w.deactivate()
