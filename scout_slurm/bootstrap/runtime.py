@@ -369,14 +369,11 @@ class Runtime:
             self.guard.run("coverage record", self._write_coverage, force)
 
     def _write_coverage(self, force: bool) -> None:
+        # what each check did, also one the guard switched off (up to then); `checks_off` says which stopped
         g = self.guard
-        c = self.consensus if g.on("state vote") else None
-        r = self.replay if g.on("in-situ replay") else None
-        t = self.timing if g.on("timing votes") else None
-        u = self.update if g.on("update replay") else None
-        a = self.atrest if g.on("at-rest witness") else None
-        at_rest_stopped = a.off if a is not None else (f"failed inside scout ({g.off['at-rest witness']})"[:200]
-                                                        if "at-rest witness" in g.off else "")
+        c, r, t, u, a = self.consensus, self.replay, self.timing, self.update, self.atrest
+        at_rest_stopped = (a.off if a is not None else "") or (
+            f"switched off by scout's guard ({g.off['at-rest witness']})"[:200] if "at-rest witness" in g.off else "")
         key = (c.votes if c else 0, r.replays if r else None, r.failed_rounds if r else 0, t.rounds if t else 0,
                self.final_vote, u.rounds if u is not None and not (u.off and not u.rounds) else None,
                a.checks if a is not None else None, at_rest_stopped, tuple(sorted(g.off)))

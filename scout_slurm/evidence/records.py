@@ -296,7 +296,8 @@ class VoteCoverage:
     update_rounds: int | None = None  # optimizer update replays so far (None: off or not needed)
     at_rest_windows: int | None = None  # at-rest witness windows so far (None: off, or a record from before it)
     at_rest_stopped: str = ""           # why the witness stopped during the run ("": it ran on)
-    # scout's checks switched off on the lowest rank because they failed inside scout ("check: why")
+    # scout's checks the guard switched off on the lowest rank ("check: why": a failure of scout's own
+    # code, or an exchange with the other ranks that failed)
     checks_off: tuple[str, ...] = ()
     schema_version: int = 2
     OLDEST_SCHEMA_VERSION: ClassVar[int] = 1
@@ -332,7 +333,7 @@ class VoteCoverage:
             out.append(f"at-rest witness ({every(self.votes_every)}): {windows}"
                        + (f", then stopped: {self.at_rest_stopped}" if self.at_rest_stopped else ""))
         out.append(f"timing votes ({every(self.timing_every)}): {self.timing_rounds} rounds")
-        out += [f"not run from where it failed inside scout: {off}" for off in self.checks_off]
+        out += [f"stopped during the run (scout's guard switched it off): {off}" for off in self.checks_off]
         if self.steps >= 0:
             out.append(f"optimizer steps in this run: up to step {self.steps}")
         return tuple(out)
