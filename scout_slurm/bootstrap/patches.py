@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from scout_slurm.bootstrap import selfcost
+from scout_slurm.bootstrap.guard import ScoutFault
 from scout_slurm.bootstrap.importhook import PatchAfterImport
-from scout_slurm.bootstrap.runtime import Runtime, digest_from_storage, say
+from scout_slurm.bootstrap.runtime import Runtime, say
 from scout_slurm.bootstrap.selfcost import COST
 from scout_slurm.jobconfig import JobConfig
 from scout_slurm.task import progress as progress_mod
@@ -303,7 +304,15 @@ def _patch_ddp(rt: Runtime, handle: InstalledHooks, original_all_reduce: Callabl
         # extra pass over the gradients) and each bucket still lands in the progress record (pgwrap)
         from scout_slurm.bootstrap import pgwrap
         group = kwargs.get("process_group") or rt.default_pg
-        kwargs["process_group"] = pgwrap.wrap(group, lambda: rt.writer, _in_user_comm_hook)
+        kwargs["process_group"] = pgwrap.wrap(group, recording_writer, _in_user_comm_hook,
+                                              lambda exc: guard.fail("collective record", exc))
+
+    def recording_writer() -> Any:
+        # the recording group runs on DDP's hot path with the guard's rule inlined (pgwrap): SCOUT_BREAK
+        # reaches it here, so the chaos test covers that path too
+        if "collective record" in guard.broken:
+            raise ScoutFault("SCOUT_BREAK made 'collective record' fail")
+        return rt.writer
 
     original_init = DDP.__init__
 
@@ -387,25 +396,16 @@ def _note_checkpoint(rt: Runtime, path: str | os.PathLike, step: int | None, sav
     from scout_slurm.remediation.records import CheckpointNote
     target = os.path.abspath(os.fspath(path))
     try:
-        size = os.stat(target).st_size
+        size, sha = ckptstate.digest_from_storage(target)
     except OSError:
         return
     if step is None:
         # steps of this run, counted from the checkpoint it resumed from
         step = (rt.writer.steps + rt.config.step_offset) if rt.writer is not None else -1
     note = CheckpointNote(path=target, step=int(step), rank=rt.rank, restart=rt.restart, saved_at=time.time(),
-                          size_bytes=size, sha256=digest_from_storage(target), versions=ckptstate_versions())
+                          size_bytes=size, sha256=sha, versions=ckptstate._versions_text())
     notes_dir.mkdir(parents=True, exist_ok=True)
     write_record(notes_dir / f"run-{rt.restart}-step-{int(step)}-rank-{rt.rank}.json", note)
-
-
-def ckptstate_versions() -> str:
-    import platform
-
-    import scout_slurm
-    torch = sys.modules.get("torch")
-    return (f"python {platform.python_version()}, torch {getattr(torch, '__version__', '?')}, "
-            f"scout {getattr(scout_slurm, '__version__', '?')}")
 
 
 def _patch_save(rt: Runtime, handle: InstalledHooks) -> None:

@@ -58,11 +58,15 @@ class RecordingGroup(ProcessGroup):
     """Wraps one of the job's groups for DDP; `writer()` gives the progress record (None: not yet),
     `passing()` is true while a user's comm hook runs (its collectives are counted by that hook)."""
 
-    def __init__(self, pg: Any, writer: Callable[[], ProgressWriter | None], passing: Callable[[], bool]) -> None:
+    def __init__(self, pg: Any, writer: Callable[[], ProgressWriter | None], passing: Callable[[], bool],
+                 on_error: Callable[[Exception], None] | None = None) -> None:
         super().__init__(pg.rank(), pg.size())
         self._pg = pg
         self._writer = writer
         self._passing = passing
+        # scout's part failed (`_failed`): the wrapper only passes the job's collectives on from then on
+        self._on_error = on_error
+        self._off = False
         self._size = pg.size()
         self._open: list[tuple[int, Any, int]] = []  # (seq, work, torch's seq) entered in the running backward
         self._w: ProgressWriter | None = None   # the progress record, once there is one
@@ -86,7 +90,26 @@ class RecordingGroup(ProcessGroup):
 
     def allreduce(self, tensors, opts=None):  # noqa: ANN001 - the reducer's call, passed on unchanged
         inner = self._pg.allreduce(tensors, opts) if opts is not None else self._pg.allreduce(tensors)
-        # from here on scout's own work (the launch above is the job's), once a bucket: kept short
+        if self._off:
+            return inner
+        try:   # from here on scout's own work (the launch above is the job's): never into DDP's reducer
+            return self._record(tensors, inner)
+        except Exception as exc:  # noqa: BLE001 - the guard's rule (bootstrap.guard), inlined on the hot path
+            self._failed(exc)
+            return inner
+
+    def _failed(self, exc: Exception) -> None:
+        """scout's part of this wrapper raised: off for the rest of the job, said once by the guard."""
+        self._off = True
+        self._open, self._late = [], []
+        if self._on_error is not None:
+            try:
+                self._on_error(exc)
+            except Exception:  # noqa: BLE001 - nothing of scout's reaches the job
+                pass
+
+    def _record(self, tensors: Any, inner: Any) -> Any:
+        """The bucket's entry in the progress record, once a bucket: kept short."""
         w = self._w or self._writer()
         if w is None or (USER_HOOKS and self._passing()):
             return inner
@@ -128,6 +151,12 @@ class RecordingGroup(ProcessGroup):
         (when the backward launched its last bucket) and waits for them: still on the training
         thread, so that no Python of scout's runs on gloo's threads (a gloo thread that takes the
         GIL while the interpreter ends aborts the process)."""
+        try:
+            self._leave_opened()
+        except Exception as exc:  # noqa: BLE001 - an autograd callback of scout's: never into the job's backward
+            self._failed(exc)
+
+    def _leave_opened(self) -> None:
         opened, self._open = self._open, []
         if not opened or self._w is None:
             return
@@ -146,7 +175,10 @@ class RecordingGroup(ProcessGroup):
         """The final callback after DDP's (a DDP that raised there drops it: `settle` then)."""
         late, self._late = self._late, []
         if late:
-            _leave_when_done(self._w, late)
+            try:
+                _leave_when_done(self._w, late)
+            except Exception as exc:  # noqa: BLE001 - as in _backward_done
+                self._failed(exc)
 
     def settle(self) -> None:
         """At DDP's next forward: buckets of a backward that raised (its final callbacks were
@@ -243,13 +275,15 @@ def recording(pg: Any) -> RecordingGroup | None:
     return _RECORDING.get(id(pg))
 
 
-def wrap(pg: Any, writer: Callable[[], ProgressWriter | None], passing: Callable[[], bool]) -> Any:
-    """The recording wrapper around `pg`: one per group, shared by every DDP built on it."""
+def wrap(pg: Any, writer: Callable[[], ProgressWriter | None], passing: Callable[[], bool],
+         on_error: Callable[[Exception], None] | None = None) -> Any:
+    """The recording wrapper around `pg`: one per group, shared by every DDP built on it.
+    `on_error(exc)`: scout's part of it failed (then it only passes the job's collectives on)."""
     if isinstance(pg, RecordingGroup):
         return pg
     group = recording(pg)
     if group is None or group.wrapped is not pg:  # (an id outlives its group only when the wrapper did not)
-        group = RecordingGroup(pg, writer, passing)
+        group = RecordingGroup(pg, writer, passing, on_error)
         _register_like(group, pg)
         _RECORDING[id(pg)] = group
     return group

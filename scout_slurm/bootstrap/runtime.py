@@ -9,7 +9,6 @@ from __future__ import annotations
 import atexit
 import gc
 import logging
-import os
 import sys
 import threading
 import time
@@ -469,20 +468,3 @@ def _beat_hook(writer: progress_mod.ProgressWriter) -> Any:
             writer.beat()
     return scout_beat
 
-
-def digest_from_storage(path: str) -> str:
-    """sha256 of the file as storage gives it back after fsync (not of what we meant to write)."""
-    import hashlib
-    try:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        h = hashlib.sha256()
-        with open(path, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-        return h.hexdigest()
-    except OSError:
-        return ""

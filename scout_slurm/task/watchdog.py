@@ -72,6 +72,18 @@ def proc_state(pid: int) -> ChildState:
 
 
 @dataclass
+class StartupPoint:
+    """A point of the start-up every rank of a job step passes (init_process_group, the job's first
+    collective), as one watchdog learnt it: `since`, when (its monotonic clock; None: not yet)."""
+    name: str
+    path: Callable[[int, int], Path]        # the step's mark in the evidence folder (restart, step id)
+    reached: Callable[["RankTracker"], bool]
+    since: float | None = None
+    mine: bool = False                       # a rank of this task passed it (the mark is written)
+    next_look: float = 0.0
+
+
+@dataclass
 class RankTracker:
     """What one rank's record did over time, in this node's monotonic clock."""
     rank: int
@@ -179,15 +191,11 @@ class Watchdog:
         self.health = EvidenceHealth(policy=cfg.on_evidence_loss, grace_s=cfg.evidence_loss_grace_s)
         self.histories: dict[int, HistoryWriter] = {}   # for the report's timeline only
         self.next_history = 0.0
-        # when this watchdog learnt that a rank of its step entered init_process_group (None: not yet);
-        # until then a rank of its own that has not entered it is on no clock (stallclock.idle_from)
-        self.peer_at_init_since: float | None = None
-        self.entered_init = False           # a rank of this task entered init (its step is marked)
-        self.next_rendezvous_look = 0.0
-        # the same for the job's first collective: when this watchdog learnt a rank of its step entered one
-        self.peer_in_collective_since: float | None = None
-        self.entered_collective = False
-        self.next_first_collective_look = 0.0
+        # when this watchdog learnt that a rank of its step entered init_process_group, then the job's
+        # first collective; until then a rank of its own not there is on no clock (stallclock.idle_from)
+        self.rendezvous = StartupPoint("init_process_group", folder.rendezvous_path, RankTracker.entered_init)
+        self.first_collective = StartupPoint("first collective", folder.first_collective_path,
+                                             RankTracker.entered_collective)
         self.init_line = init_line          # said once, when this task's rank enters init (shim.init_banner)
         self.decided_here: dict[int, ProgressSnapshot] | None = None  # the snapshots, when this watchdog decided
 
@@ -252,71 +260,48 @@ class Watchdog:
             view = progress_mod.read(tracker.path)
             if view is not None:
                 tracker.observe(view, now)
-        self._follow_rendezvous(now)
-        self._follow_first_collective(now)
+        self._follow_startup(now)
         self._sample_history(now)
 
     def _idle(self, tracker: RankTracker, now: float) -> float:
-        return tracker.idle_s(now, self.peer_at_init_since, self.peer_in_collective_since)
+        return tracker.idle_s(now, self.rendezvous.since, self.first_collective.since)
 
-    def _follow_first_collective(self, now: float) -> None:
-        """Learn when a rank of this job step entered the job's first collective, as for the
-        rendezvous (`_follow_rendezvous`): from this task's own record, said once a step in the
-        evidence folder; or from that mark, looked for at most once a publish interval."""
-        if self.entered_collective or not self.trackers:
-            return
-        path = self.folder.first_collective_path(self.ctx.restart, self.ctx.step_id)
-        mine = [t.rank for t in self.trackers.values() if t.entered_collective()]
+    def _follow_startup(self, now: float) -> None:
+        """Learn when a rank of this job step passed each point of the start-up (task/stallclock.py):
+        init_process_group, then the job's first collective."""
+        if self._follow(self.rendezvous, now) and self.init_line:
+            _say(self.init_line)   # this task's rank entered init: what else is on, said once
+        self._follow(self.first_collective, now)
+
+    def _follow(self, point: StartupPoint, now: float) -> bool:
+        """From this task's own record (then said once a step in the evidence folder for the other
+        watchdogs), or from that mark, looked for at most once a publish interval while no rank of
+        this task has passed the point (one stat, like the decision check beside it; never after).
+        True when this task's own rank has just passed it."""
+        if point.mine or not self.trackers:
+            return False
+        path = point.path(self.ctx.restart, self.ctx.step_id)
+        mine = [t.rank for t in self.trackers.values() if point.reached(t)]
         if mine:
-            self.entered_collective = True
-            if self.peer_in_collective_since is None:
-                self.peer_in_collective_since = now
+            point.mine = True
+            if point.since is None:
+                point.since = now
             if not path.exists():
                 try:
                     create_record_exclusive(path, RendezvousMark(rank=mine[0], node=self.ctx.node,
                                                                  step_id=self.ctx.step_id, at=self.wall()))
                 except (ScoutError, OSError) as exc:
-                    # the peers' clocks then wait for their own ranks' first collective: later, never sooner
-                    log.warning("watchdog.first_collective_unwritten", rank=self.ctx.rank, path=str(path),
-                                error=str(exc))
-            return
-        if self.peer_in_collective_since is not None or now < self.next_first_collective_look:
-            return
-        self.next_first_collective_look = now + self.cfg.publish_interval_s
+                    # the peers' start-up clocks then wait for their own ranks: later, never sooner
+                    log.warning("watchdog.startup_mark_unwritten", point=point.name, rank=self.ctx.rank,
+                                path=str(path), error=str(exc))
+            return True
+        if point.since is not None or now < point.next_look:
+            return False
+        point.next_look = now + self.cfg.publish_interval_s
         if path.exists():
-            self.peer_in_collective_since = now
-            log.info("watchdog.peer_in_first_collective", rank=self.ctx.rank, path=str(path))
-
-    def _follow_rendezvous(self, now: float) -> None:
-        """Learn when a rank of this job step entered init_process_group (task/stallclock.py): from
-        this task's own record, then said once a step in the evidence folder for the other
-        watchdogs; or from that mark, looked for at most once a publish interval while no rank of
-        this task has entered (one stat, like the decision check beside it; never after)."""
-        if self.entered_init or not self.trackers:
-            return
-        path = self.folder.rendezvous_path(self.ctx.restart, self.ctx.step_id)
-        mine = [t.rank for t in self.trackers.values() if t.entered_init()]
-        if mine:
-            self.entered_init = True
-            if self.peer_at_init_since is None:
-                self.peer_at_init_since = now
-            if self.init_line:
-                _say(self.init_line)
-            if path.exists():
-                return
-            try:
-                create_record_exclusive(path, RendezvousMark(rank=mine[0], node=self.ctx.node,
-                                                             step_id=self.ctx.step_id, at=self.wall()))
-            except (ScoutError, OSError) as exc:
-                # the peers' start-up clocks then wait for their own ranks' init: later, never sooner
-                log.warning("watchdog.rendezvous_unwritten", rank=self.ctx.rank, path=str(path), error=str(exc))
-            return
-        if self.peer_at_init_since is not None or now < self.next_rendezvous_look:
-            return
-        self.next_rendezvous_look = now + self.cfg.publish_interval_s
-        if path.exists():
-            self.peer_at_init_since = now
-            log.info("watchdog.peer_at_rendezvous", rank=self.ctx.rank, path=str(path))
+            point.since = now
+            log.info("watchdog.peer_passed", point=point.name, rank=self.ctx.rank, path=str(path))
+        return False
 
     def _training_pid(self, tracker: RankTracker) -> int:
         v = tracker.view
@@ -445,7 +430,7 @@ class Watchdog:
         for t in self.trackers.values():
             if t.watched():
                 threshold = t.threshold_s(self.cfg)
-                since = t.idle_since(now, self.peer_at_init_since, self.peer_in_collective_since)
+                since = t.idle_since(now, self.rendezvous.since, self.first_collective.since)
                 # just past the moment: the rules compare with '>'
                 due.append(since + stallclock.confirm_from_s(threshold, confirm_s) + stallclock.MIN_SLEEP_S)
                 due.append(since + threshold + stallclock.MIN_SLEEP_S)
