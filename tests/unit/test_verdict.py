@@ -654,3 +654,16 @@ def test_coverage_says_how_many_at_rest_windows_ran_and_why_the_witness_stopped(
     assert "at-rest witness (every 10 steps): 3 windows" in VoteCoverage(**base, at_rest_windows=3).lines()
     stopped = VoteCoverage(**base, at_rest_windows=1, at_rest_stopped="left to the state votes: ...").lines()
     assert "at-rest witness (every 10 steps): 1 window, then stopped: left to the state votes: ..." in stopped
+
+
+def test_a_check_the_guard_switched_off_is_listed_as_not_run_and_names_nobody():
+    """bootstrap.guard writes a check_off finding when one of scout's checks fails inside scout: the
+    verdict says the check did not run (what it did not see), and the rank is no suspect for it."""
+    off = Finding(rank=1, node="n1", kind=FindingKind.CHECK_OFF, at=NOW - 5, step=7,
+                  summary="state vote not run from step 7 on rank 1: it failed inside scout (ValueError: x)")
+    v = localise(evidence(4, exits=[exited(r) for r in range(4)], findings=[off], job_exit_code=0), now=NOW)
+    assert v.suspects == () and v.kind != VerdictKind.SDC
+    assert "scout's check not run: state vote not run from step 7 on rank 1: it failed inside scout " \
+           "(ValueError: x)" in v.reasoning
+    cov = VoteCoverage(restart=0, votes=2, last_clean_step=10, last_vote_step=10, checks_off=("state vote: ValueError: x",))
+    assert "stopped during the run (scout's guard switched it off): state vote: ValueError: x" in cov.lines()
