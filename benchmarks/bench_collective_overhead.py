@@ -60,8 +60,10 @@ def _enter_leave_us(progress_mod, folder: Path, n: int = 200_000) -> tuple[float
 def _wrapper_alone_us(patches, tensor, n: int = 100_000) -> float:
     """The whole wrapper (sizes, sequence number, enter, leave) around a function that does
     nothing, minus that function called bare: the Python cost scout adds to each call."""
+
     def nothing(t, group=None, async_op=False):
         return None
+
     wrapped = patches._wrap_collective("all_reduce", nothing)
     clock = time.perf_counter_ns
     best = {}
@@ -82,7 +84,9 @@ def worker(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)
     folder = Path(args.progress_dir)
-    handle = patches.install(folder)  # torch.distributed is imported: patched now, record opened at init
+    handle = patches.install(
+        folder
+    )  # torch.distributed is imported: patched now, record opened at init
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     wrapped = dist.all_reduce
@@ -98,8 +102,14 @@ def worker(args: argparse.Namespace) -> None:
         while time.perf_counter_ns() < end:
             pass
         return bare(t)
+
     # "again": the bare function once more as a variant of its own, the noise floor of the comparison
-    variants = (("bare", bare), ("wrapped", wrapped), ("again", lambda t: bare(t)), ("control", control))
+    variants = (
+        ("bare", bare),
+        ("wrapped", wrapped),
+        ("again", lambda t: bare(t)),
+        ("control", control),
+    )
     recorded_before = progress_mod.read(folder / f"rank-{rank}.bin").coll_entered
     results = []
     for label, numel in SIZES:
@@ -110,11 +120,17 @@ def worker(args: argparse.Namespace) -> None:
         per_block = max(1, iters // BLOCKS)
         times: dict[str, list[float]] = {name: [] for name, _ in variants}
         for block in range(BLOCKS):
-            for name, fn in (variants if block % 2 == 0 else variants[::-1]):
+            for name, fn in variants if block % 2 == 0 else variants[::-1]:
                 times[name].extend(_timed_calls(fn, tensor, per_block))
-        results.append({"size": label, "bytes": numel * 4, "iters": per_block * BLOCKS,
-                        **{f"{name}_us": statistics.median(ts) for name, ts in times.items()},
-                        **{f"{name}_min_us": min(ts) for name, ts in times.items()}})
+        results.append(
+            {
+                "size": label,
+                "bytes": numel * 4,
+                "iters": per_block * BLOCKS,
+                **{f"{name}_us": statistics.median(ts) for name, ts in times.items()},
+                **{f"{name}_min_us": min(ts) for name, ts in times.items()},
+            }
+        )
     view = progress_mod.read(folder / f"rank-{rank}.bin")
     dist.barrier()
     enter_leave = _enter_leave_us(progress_mod, folder / f"w{rank}") if rank == 0 else None
@@ -122,8 +138,16 @@ def worker(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
     handle.remove()
     if rank == 0:
-        print(json.dumps({"results": results, "enter_leave_us": enter_leave, "wrapper_alone_us": wrapper_alone,
-                          "recorded": view.coll_entered - recorded_before}))
+        print(
+            json.dumps(
+                {
+                    "results": results,
+                    "enter_leave_us": enter_leave,
+                    "wrapper_alone_us": wrapper_alone,
+                    "recorded": view.coll_entered - recorded_before,
+                }
+            )
+        )
 
 
 def launch(args: argparse.Namespace) -> int:
@@ -131,12 +155,27 @@ def launch(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="scout-bench-", dir=args.record_dir) as tmp:
         port = _free_port()
         (Path(tmp) / "w0").mkdir()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SCOUT_") and k != "PYTHONPATH"}
-        env.update(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
-        argv = [sys.executable, __file__, "--worker", "--progress-dir", tmp,
-                "--small-iters", str(args.small_iters), "--large-iters", str(args.large_iters)]
-        procs = [subprocess.Popen(argv, env=dict(env, RANK=str(r)), stdout=subprocess.PIPE, text=True)
-                 for r in range(2)]
+        env = {
+            k: v for k, v in os.environ.items() if not k.startswith("SCOUT_") and k != "PYTHONPATH"
+        }
+        env.update(
+            OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2"
+        )
+        argv = [
+            sys.executable,
+            __file__,
+            "--worker",
+            "--progress-dir",
+            tmp,
+            "--small-iters",
+            str(args.small_iters),
+            "--large-iters",
+            str(args.large_iters),
+        ]
+        procs = [
+            subprocess.Popen(argv, env=dict(env, RANK=str(r)), stdout=subprocess.PIPE, text=True)
+            for r in range(2)
+        ]
         try:
             outs = [p.communicate(timeout=args.timeout)[0] for p in procs]
         finally:
@@ -148,36 +187,55 @@ def launch(args: argparse.Namespace) -> int:
             print(f"a rank failed: exit codes {[p.returncode for p in procs]}", file=sys.stderr)
             return 1
     report = json.loads(outs[0].strip().splitlines()[-1])
-    print(f"gloo all_reduce, 2 ranks on 127.0.0.1, 1 thread each, {os.cpu_count()} CPUs, "
-          f"load average {load_at_start:.1f} at start, {os.getloadavg()[0]:.1f} at end; medians of per-call "
-          f"times, the variants interleaved in {BLOCKS} blocks")
-    print(f"{'size':>6} {'calls':>6} {'bare us/call':>13} {'wrapped us/call':>16} {'ratio':>6} {'diff us':>8} "
-          f"{'bare again':>11} {'control':>8} {'bare min':>9} {'wrapped min':>12}")
+    print(
+        f"gloo all_reduce, 2 ranks on 127.0.0.1, 1 thread each, {os.cpu_count()} CPUs, "
+        f"load average {load_at_start:.1f} at start, {os.getloadavg()[0]:.1f} at end; medians of per-call "
+        f"times, the variants interleaved in {BLOCKS} blocks"
+    )
+    print(
+        f"{'size':>6} {'calls':>6} {'bare us/call':>13} {'wrapped us/call':>16} {'ratio':>6} {'diff us':>8} "
+        f"{'bare again':>11} {'control':>8} {'bare min':>9} {'wrapped min':>12}"
+    )
     for r in report["results"]:
-        print(f"{r['size']:>6} {r['iters']:>6} {r['bare_us']:>13.1f} {r['wrapped_us']:>16.1f} "
-              f"{r['wrapped_us'] / r['bare_us']:>6.3f} {r['wrapped_us'] - r['bare_us']:>8.1f} "
-              f"{r['again_us']:>11.1f} {r['control_us']:>8.1f} {r['bare_min_us']:>9.1f} {r['wrapped_min_us']:>12.1f}")
-    print("bare again: the bare call measured once more as its own variant (how far two identical columns differ: "
-          "the noise floor); control: the bare call after a busy wait as long as the wrapper's own cost (below)")
+        print(
+            f"{r['size']:>6} {r['iters']:>6} {r['bare_us']:>13.1f} {r['wrapped_us']:>16.1f} "
+            f"{r['wrapped_us'] / r['bare_us']:>6.3f} {r['wrapped_us'] - r['bare_us']:>8.1f} "
+            f"{r['again_us']:>11.1f} {r['control_us']:>8.1f} {r['bare_min_us']:>9.1f} {r['wrapped_min_us']:>12.1f}"
+        )
+    print(
+        "bare again: the bare call measured once more as its own variant (how far two identical columns differ: "
+        "the noise floor); control: the bare call after a busy wait as long as the wrapper's own cost (below)"
+    )
     med, best = report["enter_leave_us"]
-    print(f"ProgressWriter.enter+leave: {med:.2f} us per pair (median of 1000-call batches), best batch {best:.2f} us")
-    print(f"whole wrapper around a no-op (sizes, pg sequence number, enter, leave): "
-          f"{report['wrapper_alone_us']:.2f} us per call (best of 3 x 100k)")
+    print(
+        f"ProgressWriter.enter+leave: {med:.2f} us per pair (median of 1000-call batches), best batch {best:.2f} us"
+    )
+    print(
+        f"whole wrapper around a no-op (sizes, pg sequence number, enter, leave): "
+        f"{report['wrapper_alone_us']:.2f} us per call (best of 3 x 100k)"
+    )
     print(f"wrapped calls recorded in rank 0's progress record: {report['recorded']}")
-    for r in report["results"]:   # one line each for run_all.sh's table
-        print(f"SUMMARY\tbootstrap per collective, {r['size']} gloo all_reduce\tratio {r['wrapped_us'] / r['bare_us']:.3f} "
-              f"({r['wrapped_us'] - r['bare_us']:+.1f} us; same call twice: ratio {r['again_us'] / r['bare_us']:.3f}); "
-              f"wrapper alone {report['wrapper_alone_us']:.1f} us\twithin 2 % on 1 KB")
+    for r in report["results"]:  # one line each for run_all.sh's table
+        print(
+            f"SUMMARY\tbootstrap per collective, {r['size']} gloo all_reduce\tratio {r['wrapped_us'] / r['bare_us']:.3f} "
+            f"({r['wrapped_us'] - r['bare_us']:+.1f} us; same call twice: ratio {r['again_us'] / r['bare_us']:.3f}); "
+            f"wrapper alone {report['wrapper_alone_us']:.1f} us\twithin 2 % on 1 KB"
+        )
     return 0
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--small-iters", type=int, default=2000)
     ap.add_argument("--large-iters", type=int, default=100)
     ap.add_argument("--timeout", type=float, default=600.0)
-    ap.add_argument("--record-dir", default="/dev/shm" if os.path.isdir("/dev/shm") else None,
-                    help="where the progress records live (scout-task uses /dev/shm)")
+    ap.add_argument(
+        "--record-dir",
+        default="/dev/shm" if os.path.isdir("/dev/shm") else None,
+        help="where the progress records live (scout-task uses /dev/shm)",
+    )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--progress-dir", help=argparse.SUPPRESS)
     args = ap.parse_args()

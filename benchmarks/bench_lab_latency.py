@@ -28,7 +28,14 @@ import time
 from pathlib import Path
 
 from scout_slurm.evidence.layout import JobFolder
-from scout_slurm.evidence.records import ExitRecord, Finding, FindingKind, RankPlace, StallDecision, Verdict
+from scout_slurm.evidence.records import (
+    ExitRecord,
+    Finding,
+    FindingKind,
+    RankPlace,
+    StallDecision,
+    Verdict,
+)
 from scout_slurm.evidence.store import list_records, read_record
 from scout_slurm.hooks.nodeevidence import NodeEvidence
 from scout_slurm.lab.cluster import CLUSTER_NAME, Lab, LabSpec, free_port_base, lab_site_config
@@ -48,8 +55,12 @@ scout-srun --scout-stall-floor={floor} --scout-inject={inject} {py} {TRAIN} {tra
 
 def submit(lab: Lab, text: str, *extra: str) -> int:
     out = lab.paths.work / "bench-%j.out"
-    return ops.submit_batch(text, ["-N2", "--ntasks-per-node=2", "--open-mode=append", f"--output={out}", *extra],
-                            timeout=20, env=lab.client_env())
+    return ops.submit_batch(
+        text,
+        ["-N2", "--ntasks-per-node=2", "--open-mode=append", f"--output={out}", *extra],
+        timeout=20,
+        env=lab.client_env(),
+    )
 
 
 def wait_for(what: str, ready, timeout: float) -> None:
@@ -62,14 +73,18 @@ def wait_for(what: str, ready, timeout: float) -> None:
 
 
 def records(folder: JobFolder, directory: Path, pattern: str, cls) -> list:
-    found, _ = list_records(directory, pattern, cls, root=folder.root) if directory.exists() else ([], [])
+    found, _ = (
+        list_records(directory, pattern, cls, root=folder.root) if directory.exists() else ([], [])
+    )
     return found
 
 
 def check_named(v: Verdict, kind: str, rank: int, node: str, job: int) -> None:
     named = [(s.rank, s.node) for s in v.suspects]
     if v.kind.value != kind or named != [(rank, node)]:
-        raise SystemExit(f"job {job}: verdict {v.kind.value} naming {named}, expected {kind} naming {[(rank, node)]}")
+        raise SystemExit(
+            f"job {job}: verdict {v.kind.value} naming {named}, expected {kind} naming {[(rank, node)]}"
+        )
 
 
 def resume_drains(lab: Lab) -> None:
@@ -80,7 +95,11 @@ def resume_drains(lab: Lab) -> None:
 
 
 def hang_once(lab: Lab, rank: int, floor: float) -> dict:
-    job = submit(lab, script(f"sleep,rank={rank},step=10", floor, "--steps 400 --step-sleep 0.02"), "--no-requeue")
+    job = submit(
+        lab,
+        script(f"sleep,rank={rank},step=10", floor, "--steps 400 --step-sleep 0.02"),
+        "--no-requeue",
+    )
     folder = JobFolder(lab.paths.evidence, CLUSTER_NAME, job)
     wait_for(f"the verdict of job {job}", folder.verdict_path(0).exists, 240)
     v = read_record(folder.verdict_path(0), Verdict, root=folder.root)
@@ -92,44 +111,78 @@ def hang_once(lab: Lab, rank: int, floor: float) -> dict:
     last = exits[rank].last_progress if rank in exits else None
     threshold = last.threshold_s if last is not None and last.threshold_s > 0 else floor
     fault_at = min(f.at for f in injected)
-    wait_for(f"job {job} to finish", lambda: ops.job_info(job, timeout=10, env=lab.client_env()).is_finished, 120)
-    resume_drains(lab)   # scout drained the culprit's node: the next run needs it
+    wait_for(
+        f"job {job} to finish",
+        lambda: ops.job_info(job, timeout=10, env=lab.client_env()).is_finished,
+        120,
+    )
+    resume_drains(lab)  # scout drained the culprit's node: the next run needs it
     # the timeline, every moment from the evidence (one machine: one wall clock)
     found = records(folder, folder.findings_dir(0), "*.json", Finding)
     suspect = [f.at for f in found if f.kind == FindingKind.STALL_SUSPECT]
-    epilogs = [read_record(folder.node_dir(n) / "epilog.json", NodeEvidence, root=folder.root).collected_at
-               for n in {p.node for p in places.values()} if (folder.node_dir(n) / "epilog.json").exists()]
-    moments = {"last progress": last.published_at - last.idle_s if last is not None else None,
-               "threshold passed": (last.published_at - last.idle_s + threshold) if last is not None else None,
-               "stall suspect": min(suspect) if suspect else None, "decision": d.at,
-               "culprit exited": exits[rank].at if rank in exits else None,
-               "last rank exited": max(e.at for e in exits.values()) if exits else None,
-               "node epilogs done": max(epilogs) if epilogs else None, "verdict": v.created_at}
-    return {"job": job, "threshold": threshold, "decision": d.at - fault_at, "verdict": v.created_at - fault_at,
-            "timeline": {k: (t - fault_at if t is not None else None) for k, t in moments.items()}}
+    epilogs = [
+        read_record(folder.node_dir(n) / "epilog.json", NodeEvidence, root=folder.root).collected_at
+        for n in {p.node for p in places.values()}
+        if (folder.node_dir(n) / "epilog.json").exists()
+    ]
+    moments = {
+        "last progress": last.published_at - last.idle_s if last is not None else None,
+        "threshold passed": (last.published_at - last.idle_s + threshold)
+        if last is not None
+        else None,
+        "stall suspect": min(suspect) if suspect else None,
+        "decision": d.at,
+        "culprit exited": exits[rank].at if rank in exits else None,
+        "last rank exited": max(e.at for e in exits.values()) if exits else None,
+        "node epilogs done": max(epilogs) if epilogs else None,
+        "verdict": v.created_at,
+    }
+    return {
+        "job": job,
+        "threshold": threshold,
+        "decision": d.at - fault_at,
+        "verdict": v.created_at - fault_at,
+        "timeline": {k: (t - fault_at if t is not None else None) for k, t in moments.items()},
+    }
 
 
 def rerun_once(lab: Lab, rank: int, floor: float) -> dict:
     ckpt = lab.paths.work / f"bench-ckpt-{time.time_ns()}"
-    job = submit(lab, script(f"exit,rank={rank},step=25,code=3", floor,
-                             f"--steps 40 --step-sleep 0.02 --ckpt-dir {ckpt} --ckpt-every 10"))
+    job = submit(
+        lab,
+        script(
+            f"exit,rank={rank},step=25,code=3",
+            floor,
+            f"--steps 40 --step-sleep 0.02 --ckpt-dir {ckpt} --ckpt-every 10",
+        ),
+    )
     folder = JobFolder(lab.paths.evidence, CLUSTER_NAME, job)
     wait_for(f"the verdict of job {job}", folder.verdict_path(0).exists, 240)
-    wait_for(f"the rerun of job {job}",
-             lambda: len(records(folder, folder.ranks_dir(1), "rank-*.json", RankPlace)) == 4, 240)
+    wait_for(
+        f"the rerun of job {job}",
+        lambda: len(records(folder, folder.ranks_dir(1), "rank-*.json", RankPlace)) == 4,
+        240,
+    )
     v = read_record(folder.verdict_path(0), Verdict, root=folder.root)
     run0 = {p.rank: p for p in records(folder, folder.ranks_dir(0), "rank-*.json", RankPlace)}
     run1 = records(folder, folder.ranks_dir(1), "rank-*.json", RankPlace)
     check_named(v, "crash", rank, run0[rank].node, job)
     if run0[rank].node in {p.node for p in run1}:
         raise SystemExit(f"job {job}: the rerun used the suspect node {run0[rank].node}")
-    wait_for(f"job {job} to finish", lambda: ops.job_info(job, timeout=10, env=lab.client_env()).is_finished, 240)
+    wait_for(
+        f"job {job} to finish",
+        lambda: ops.job_info(job, timeout=10, env=lab.client_env()).is_finished,
+        240,
+    )
     info = ops.job_info(job, timeout=10, env=lab.client_env())
     if info.state != "COMPLETED":
         raise SystemExit(f"job {job}: the rerun ended {info.state}")
     resume_drains(lab)
-    return {"job": job, "failure_to_verdict": v.created_at - v.first_failure_at,
-            "failure_to_rerun": min(p.started_at for p in run1) - v.first_failure_at}
+    return {
+        "job": job,
+        "failure_to_verdict": v.created_at - v.first_failure_at,
+        "failure_to_rerun": min(p.started_at for p in run1) - v.first_failure_at,
+    }
 
 
 def spread(values: list[float]) -> str:
@@ -137,14 +190,29 @@ def spread(values: list[float]) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--stall-floor", type=float, default=4.0)
-    ap.add_argument("--only", choices=("hang", "rerun"), default=None, help="run one of the two measurements")
-    ap.add_argument("--state-dir", default=None, help="the lab's folder (default: a new one under /tmp, removed)")
+    ap.add_argument(
+        "--only", choices=("hang", "rerun"), default=None, help="run one of the two measurements"
+    )
+    ap.add_argument(
+        "--state-dir",
+        default=None,
+        help="the lab's folder (default: a new one under /tmp, removed)",
+    )
     args = ap.parse_args()
     state = Path(args.state_dir or f"/tmp/scout-bench-lab-{os.getpid()}")
-    lab = Lab(LabSpec(state_dir=state, nodes=4, port_base=free_port_base(6, 40000, 50000), python=sys.executable))
+    lab = Lab(
+        LabSpec(
+            state_dir=state,
+            nodes=4,
+            port_base=free_port_base(6, 40000, 50000),
+            python=sys.executable,
+        )
+    )
     load0 = os.getloadavg()[0]
     confirm_s = confirm_window_s(lab_site_config(lab.spec).watchdog)
     hangs, reruns = [], []
@@ -152,22 +220,34 @@ def main() -> int:
         lab.up()
         for i in range(args.repeats if args.only != "rerun" else 0):
             hangs.append(hang_once(lab, 1 + i % 3, args.stall_floor))
-            print(f"  hang {i + 1}: decision {hangs[-1]['decision']:.2f} s after the fault "
-                  f"(threshold {hangs[-1]['threshold']:.1f} s); "
-                  + ", ".join(f"{k} {'-' if t is None else f'{t:+.2f}'}" for k, t in hangs[-1]["timeline"].items()),
-                  file=sys.stderr, flush=True)
+            print(
+                f"  hang {i + 1}: decision {hangs[-1]['decision']:.2f} s after the fault "
+                f"(threshold {hangs[-1]['threshold']:.1f} s); "
+                + ", ".join(
+                    f"{k} {'-' if t is None else f'{t:+.2f}'}"
+                    for k, t in hangs[-1]["timeline"].items()
+                ),
+                file=sys.stderr,
+                flush=True,
+            )
         for i in range(args.repeats if args.only != "hang" else 0):
             reruns.append(rerun_once(lab, 1 + i % 3, args.stall_floor))
-            print(f"  rerun {i + 1}: {reruns[-1]['failure_to_rerun']:.2f} s", file=sys.stderr, flush=True)
+            print(
+                f"  rerun {i + 1}: {reruns[-1]['failure_to_rerun']:.2f} s",
+                file=sys.stderr,
+                flush=True,
+            )
     finally:
         try:
             lab.down()
         finally:
             if not args.state_dir:
                 shutil.rmtree(state, ignore_errors=True)
-    print(f"lab: 4 slurmd on this machine, 2 nodes x 2 ranks, stall floor {args.stall_floor:g} s, confirmation "
-          f"window {confirm_s:g} s; {args.repeats} runs each; {os.cpu_count()} CPUs, load average {load0:.1f} at "
-          f"start, {os.getloadavg()[0]:.1f} at end")
+    print(
+        f"lab: 4 slurmd on this machine, 2 nodes x 2 ranks, stall floor {args.stall_floor:g} s, confirmation "
+        f"window {confirm_s:g} s; {args.repeats} runs each; {os.cpu_count()} CPUs, load average {load0:.1f} at "
+        f"start, {os.getloadavg()[0]:.1f} at end"
+    )
     print(f"{'what':<44} {'median (min, max)':>30}")
     if hangs:
         print("hang timeline, seconds after the fault:")
@@ -176,18 +256,34 @@ def main() -> int:
             if got:
                 print(f"{'  ' + k:<44} {spread(got):>30}")
         print(f"{'hang: fault -> stall decision':<44} {spread([h['decision'] for h in hangs]):>30}")
-        print(f"{'hang: decision - threshold':<44} {spread([h['decision'] - h['threshold'] for h in hangs]):>30}")
-        print(f"{'hang: fault -> verdict (controller Epilog)':<44} {spread([h['verdict'] for h in hangs]):>30}")
-        print(f"{'hang: verdict - threshold':<44} {spread([h['verdict'] - h['threshold'] for h in hangs]):>30}")
-        print(f"SUMMARY\thang detection, fault to verdict (lab)\tthreshold "
-              f"+ {spread([h['verdict'] - h['threshold'] for h in hangs])} (stall decision at threshold "
-              f"+ {spread([h['decision'] - h['threshold'] for h in hangs])})\tthreshold + 2 s")
+        print(
+            f"{'hang: decision - threshold':<44} {spread([h['decision'] - h['threshold'] for h in hangs]):>30}"
+        )
+        print(
+            f"{'hang: fault -> verdict (controller Epilog)':<44} {spread([h['verdict'] for h in hangs]):>30}"
+        )
+        print(
+            f"{'hang: verdict - threshold':<44} {spread([h['verdict'] - h['threshold'] for h in hangs]):>30}"
+        )
+        print(
+            f"SUMMARY\thang detection, fault to verdict (lab)\tthreshold "
+            f"+ {spread([h['verdict'] - h['threshold'] for h in hangs])} (stall decision at threshold "
+            f"+ {spread([h['decision'] - h['threshold'] for h in hangs])})\tthreshold + 2 s"
+        )
     if reruns:
-        print(f"{'crash: failure -> verdict':<44} {spread([r['failure_to_verdict'] for r in reruns]):>30}")
-        print(f"{'crash: failure -> rerun started elsewhere':<44} {spread([r['failure_to_rerun'] for r in reruns]):>30}")
-        print(f"SUMMARY\tfailure to rerun on other nodes (lab)\t{spread([r['failure_to_rerun'] for r in reruns])}\t")
-    print("threshold: the stall threshold the culprit's watchdog applied (max of the floor and 10 x its step time). "
-          "The rerun time includes Slurm's own requeue (the job is held while its nodes finish their Epilogs).")
+        print(
+            f"{'crash: failure -> verdict':<44} {spread([r['failure_to_verdict'] for r in reruns]):>30}"
+        )
+        print(
+            f"{'crash: failure -> rerun started elsewhere':<44} {spread([r['failure_to_rerun'] for r in reruns]):>30}"
+        )
+        print(
+            f"SUMMARY\tfailure to rerun on other nodes (lab)\t{spread([r['failure_to_rerun'] for r in reruns])}\t"
+        )
+    print(
+        "threshold: the stall threshold the culprit's watchdog applied (max of the floor and 10 x its step time). "
+        "The rerun time includes Slurm's own requeue (the job is held while its nodes finish their Epilogs)."
+    )
     return 0
 
 

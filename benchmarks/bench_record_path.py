@@ -28,8 +28,12 @@ BLOCKS = 10
 
 
 def _module_from_git(ref: str, path: str, name: str):
-    text = subprocess.run(["git", "-C", str(ROOT), "show", f"{ref}:{path}"], check=True, capture_output=True,
-                          text=True).stdout
+    text = subprocess.run(
+        ["git", "-C", str(ROOT), "show", f"{ref}:{path}"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     tmp = Path(tempfile.mkdtemp()) / f"{name}.py"
     tmp.write_text(text)
     spec = importlib.util.spec_from_file_location(name, tmp)
@@ -54,6 +58,7 @@ def _per_call_us(fns: dict, calls: int) -> dict[str, float]:
 
 def record_only(before_ref: str, calls: int) -> dict[str, float]:
     from scout_slurm.task import progress as now
+
     old = _module_from_git(before_ref, "scout_slurm/task/progress.py", "progress_before")
     d = Path(tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
     writers = {}
@@ -63,6 +68,7 @@ def record_only(before_ref: str, calls: int) -> dict[str, float]:
 
     def pair(w):
         return lambda: w.leave(w.enter("ddp_bucket_all_reduce", 4096, 2, 7))
+
     return _per_call_us({k: pair(w) for k, w in writers.items()}, calls)
 
 
@@ -72,6 +78,7 @@ def bucket_paths(calls: int, kbs: list[int]) -> dict[str, dict[str, float]]:
 
     from scout_slurm.bootstrap import pgwrap
     from scout_slurm.task import progress
+
     torch.set_num_threads(1)
     store = dist.HashStore()
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
@@ -89,42 +96,64 @@ def bucket_paths(calls: int, kbs: list[int]) -> dict[str, dict[str, float]]:
 
         def before():  # scout's comm hook as it was (bootstrap/patches.py, scout_default_hook), one bucket
             t.mul_(1.0 / 1)
-            seq = w.enter("ddp_bucket_all_reduce", t.numel() * t.element_size(), 1, pg._get_sequence_number_for_group())
+            seq = w.enter(
+                "ddp_bucket_all_reduce",
+                t.numel() * t.element_size(),
+                1,
+                pg._get_sequence_number_for_group(),
+            )
             fut = dist.all_reduce(t, group=pg, async_op=True).get_future()
 
             def done(f):
                 w.leave(seq)
                 return f.value()[0]
+
             fut.then(done).wait()
 
         def now():
             group.allreduce([t]).wait()
-        got = _per_call_us({"bare": bare, "before": before, "now": now}, calls if kb < 1024 else max(BLOCKS, calls // 20))
+
+        got = _per_call_us(
+            {"bare": bare, "before": before, "now": now},
+            calls if kb < 1024 else max(BLOCKS, calls // 20),
+        )
         out[f"{kb} KB"] = got
     dist.destroy_process_group()
     return out
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--calls", type=int, default=3000)
-    ap.add_argument("--before", default="main", help="the git revision whose progress record is 'before'")
+    ap.add_argument(
+        "--before", default="main", help="the git revision whose progress record is 'before'"
+    )
     ap.add_argument("--kb", default="1,4096", help="bucket sizes in KB")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     rec = record_only(args.before, args.calls)
-    print(f"per-collective CPU of scout's recording, thread CPU per call, median of {BLOCKS} alternating blocks; "
-          f"load average {os.getloadavg()[0]:.1f}")
-    print(f"progress record enter+leave: before ({args.before}) {rec['before']:.2f} us, now {rec['now']:.2f} us")
+    print(
+        f"per-collective CPU of scout's recording, thread CPU per call, median of {BLOCKS} alternating blocks; "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        f"progress record enter+leave: before ({args.before}) {rec['before']:.2f} us, now {rec['now']:.2f} us"
+    )
     added = []
     for size, got in bucket_paths(args.calls, [int(k) for k in args.kb.split(",")]).items():
         before, now = got["before"] - got["bare"], got["now"] - got["bare"]
         added.append(f"{size}: {before:.0f} -> {now:.0f} us")
-        print(f"one DDP bucket of {size} on a 1-rank gloo group: bare launch+wait {got['bare']:.1f} us; scout's added "
-              f"CPU: before (comm hook: scale, record, launch from Python) {before:.1f} us, now "
-              f"(recording wrapper) {now:.1f} us")
-    print(f"SUMMARY\tCPU to record one DDP bucket, before ({args.before}) -> now\t{'; '.join(added)}; progress record "
-          f"{rec['before']:.2f} -> {rec['now']:.2f} us\tcut")
+        print(
+            f"one DDP bucket of {size} on a 1-rank gloo group: bare launch+wait {got['bare']:.1f} us; scout's added "
+            f"CPU: before (comm hook: scale, record, launch from Python) {before:.1f} us, now "
+            f"(recording wrapper) {now:.1f} us"
+        )
+    print(
+        f"SUMMARY\tCPU to record one DDP bucket, before ({args.before}) -> now\t{'; '.join(added)}; progress record "
+        f"{rec['before']:.2f} -> {rec['now']:.2f} us\tcut"
+    )
     return 0
 
 

@@ -26,7 +26,7 @@ def signature(t: torch.Tensor) -> int:
     """xxh3_64 of dtype, shape and the bytes, read in place (a contiguous tensor is not copied)."""
     h = xxhash.xxh3_64()
     h.update(f"{t.dtype}|{tuple(t.shape)}|".encode())
-    flat = t.detach().reshape(-1)                 # a view when contiguous; a copy only when not
+    flat = t.detach().reshape(-1)  # a view when contiguous; a copy only when not
     h.update(memoryview(flat.view(torch.uint8).numpy()))
     return h.intdigest()
 
@@ -45,7 +45,9 @@ def best_of(fn, repeats: int) -> float:
 def check(t: torch.Tensor) -> None:
     """The view is zero-copy, the digest is stable, and it sees one flipped bit, dtype and shape."""
     flat = t.reshape(-1)
-    assert flat.view(torch.uint8).numpy().ctypes.data == t.data_ptr(), "the byte view copied the tensor"
+    assert flat.view(torch.uint8).numpy().ctypes.data == t.data_ptr(), (
+        "the byte view copied the tensor"
+    )
     digest = signature(t)
     assert signature(t) == digest
     assert signature(t.view(torch.int32)) != digest, "dtype is not in the digest"
@@ -61,7 +63,9 @@ def check(t: torch.Tensor) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--sizes", default="1e6,1e7,1e8", help="float32 element counts")
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
@@ -83,21 +87,31 @@ def main() -> int:
         rows.append((n, nbytes, sig_s, copy_s, copy1_s))
         del t
         gc.collect()
-    print(f"xxhash {xxhash.VERSION} xxh3_64 vs torch {torch.__version__} empty_like+copy_, float32 on the CPU, "
-          f"{os.cpu_count()} CPUs, torch threads {threads}; best of {args.repeats}; load average {load0:.1f} at "
-          f"start, {os.getloadavg()[0]:.1f} at end")
-    print(f"{'elements':>12} {'MB':>7} {'signature GB/s':>15} {'copy GB/s':>10} {'ratio':>6} "
-          f"{'copy 1-thread GB/s':>19} {'ratio':>6} {'signature ms':>13} {'copy ms':>8}")
+    print(
+        f"xxhash {xxhash.VERSION} xxh3_64 vs torch {torch.__version__} empty_like+copy_, float32 on the CPU, "
+        f"{os.cpu_count()} CPUs, torch threads {threads}; best of {args.repeats}; load average {load0:.1f} at "
+        f"start, {os.getloadavg()[0]:.1f} at end"
+    )
+    print(
+        f"{'elements':>12} {'MB':>7} {'signature GB/s':>15} {'copy GB/s':>10} {'ratio':>6} "
+        f"{'copy 1-thread GB/s':>19} {'ratio':>6} {'signature ms':>13} {'copy ms':>8}"
+    )
     for n, nbytes, sig_s, copy_s, copy1_s in rows:
         sig, copy, copy1 = nbytes / sig_s / 1e9, nbytes / copy_s / 1e9, nbytes / copy1_s / 1e9
-        print(f"{n:>12,} {nbytes / 1e6:>7.0f} {sig:>15.2f} {copy:>10.2f} {sig / copy:>6.2f} {copy1:>19.2f} "
-              f"{sig / copy1:>6.2f} {sig_s * 1e3:>13.2f} {copy_s * 1e3:>8.2f}")
-    print("GB/s: the tensor's bytes over the best time. ratio: signature rate / copy rate (target >= 0.5). The copy "
-          "includes allocating its destination, as a snapshot of a tensor would. Checked: the byte view shares the "
-          "tensor's memory, and the digest changes with one flipped bit, with the dtype and with the shape.")
+        print(
+            f"{n:>12,} {nbytes / 1e6:>7.0f} {sig:>15.2f} {copy:>10.2f} {sig / copy:>6.2f} {copy1:>19.2f} "
+            f"{sig / copy1:>6.2f} {sig_s * 1e3:>13.2f} {copy_s * 1e3:>8.2f}"
+        )
+    print(
+        "GB/s: the tensor's bytes over the best time. ratio: signature rate / copy rate (target >= 0.5). The copy "
+        "includes allocating its destination, as a snapshot of a tensor would. Checked: the byte view shares the "
+        "tensor's memory, and the digest changes with one flipped bit, with the dtype and with the shape."
+    )
     n, nbytes, sig_s, copy_s, _ = rows[-1]
-    print(f"SUMMARY\tsignature vs copy, {n:,} float32 (CPU)\t{nbytes / sig_s / 1e9:.1f} vs {nbytes / copy_s / 1e9:.1f} GB/s, "
-          f"ratio {copy_s / sig_s:.2f}; on GPU: not measured (no GPU here)\t>= 0.5")
+    print(
+        f"SUMMARY\tsignature vs copy, {n:,} float32 (CPU)\t{nbytes / sig_s / 1e9:.1f} vs {nbytes / copy_s / 1e9:.1f} GB/s, "
+        f"ratio {copy_s / sig_s:.2f}; on GPU: not measured (no GPU here)\t>= 0.5"
+    )
     return 0
 
 

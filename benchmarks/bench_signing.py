@@ -31,10 +31,17 @@ def best_of(fn, repeats: int) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--mb", type=float, default=64.0)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--small", type=int, default=20000, help="small tensors (10 floats each) for the per-tensor cost")
+    ap.add_argument(
+        "--small",
+        type=int,
+        default=20000,
+        help="small tensors (10 floats each) for the per-tensor cost",
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
     t = torch.randn(int(args.mb * 1e6 / 4), dtype=torch.float32)
@@ -42,23 +49,29 @@ def main() -> int:
     hashers = {"blake2b-64 (fallback)": signing._Blake2b64}
     try:
         import xxhash
+
         hashers = {"xxh3_64 (xxhash)": xxhash.xxh3_64, **hashers}
     except ImportError:
         print("xxhash is not importable here: the fallback only")
     try:
         import numpy  # noqa: F401
+
         has_numpy = True
     except ImportError:
         has_numpy = False
     load0 = os.getloadavg()[0]
-    print(f"torch {torch.__version__}, {nbytes / 1e6:.0f} MB float32, one thread, best of {args.repeats}; "
-          f"{os.cpu_count()} CPUs, load average {load0:.1f}")
+    print(
+        f"torch {torch.__version__}, {nbytes / 1e6:.0f} MB float32, one thread, best of {args.repeats}; "
+        f"{os.cpu_count()} CPUs, load average {load0:.1f}"
+    )
     rates = {}
     for name, hasher in hashers.items():
+
         def sign(hasher=hasher):
             h = hasher()
             h.update(signing.byte_view(t))
             return h.intdigest()
+
         s = best_of(sign, args.repeats)
         rates[name] = nbytes / s / 1e9
         print(f"  {name:<24} {rates[name]:6.2f} GB/s  {s * 1e3:8.1f} ms per signature")
@@ -70,7 +83,9 @@ def main() -> int:
     small = [torch.randn(10) for _ in range(args.small)]
     views = {"ctypes (signing.byte_view)": signing.byte_view}
     if has_numpy:
-        views["numpy (before signing.py)"] = lambda x: memoryview(x.contiguous().reshape(-1).view(torch.uint8).numpy())
+        views["numpy (before signing.py)"] = lambda x: memoryview(
+            x.contiguous().reshape(-1).view(torch.uint8).numpy()
+        )
         for x in small[:100]:  # the same bytes, else the timing means nothing
             assert bytes(views["numpy (before signing.py)"](x)) == bytes(signing.byte_view(x))
     for name, view in views.items():

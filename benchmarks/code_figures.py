@@ -30,7 +30,12 @@ def functions(path: Path) -> list[tuple[int, str]]:
     out = []
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            out.append((node.end_lineno - node.lineno + 1, f"{path.relative_to(ROOT)}:{node.lineno} {node.name}"))
+            out.append(
+                (
+                    node.end_lineno - node.lineno + 1,
+                    f"{path.relative_to(ROOT)}:{node.lineno} {node.name}",
+                )
+            )
     return out
 
 
@@ -39,8 +44,12 @@ def reads_environment(path: Path) -> int:
     tree = ast.parse(path.read_text(), str(path))
     count = 0
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "os" \
-                and node.attr in ("environ", "getenv"):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "os"
+            and node.attr in ("environ", "getenv")
+        ):
             count += 1
     return count
 
@@ -52,7 +61,9 @@ def startup(command: list[str], runs: int) -> tuple[float, float]:
         times = []
         for _ in range(runs):
             t0 = time.perf_counter()
-            subprocess.run(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+            subprocess.run(
+                command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False
+            )
             times.append(time.perf_counter() - t0)
     return statistics.median(times), min(times)
 
@@ -63,19 +74,25 @@ def main() -> None:
     ap.add_argument("--startup-runs", type=int, default=10)
     args = ap.parse_args()
     mods = modules()
-    sizes = sorted(((len(p.read_text().splitlines()), str(p.relative_to(ROOT))) for p in mods), reverse=True)
+    sizes = sorted(
+        ((len(p.read_text().splitlines()), str(p.relative_to(ROOT))) for p in mods), reverse=True
+    )
     print(f"modules: {len(mods)}, lines: {sum(n for n, _ in sizes)}")
     print(f"largest modules (top {args.top}):")
-    for n, name in sizes[:args.top]:
+    for n, name in sizes[: args.top]:
         print(f"  {n:5d}  {name}")
     funcs = sorted((f for p in mods for f in functions(p)), reverse=True)
-    print(f"longest functions (top {args.top}; {sum(1 for n, _ in funcs if n > 60)} of {len(funcs)} over 60 lines):")
-    for n, name in funcs[:args.top]:
+    print(
+        f"longest functions (top {args.top}; {sum(1 for n, _ in funcs if n > 60)} of {len(funcs)} over 60 lines):"
+    )
+    for n, name in funcs[: args.top]:
         print(f"  {n:5d}  {name}")
     env = [(reads_environment(p), str(p.relative_to(ROOT))) for p in mods]
     env = sorted((e for e in env if e[0]), reverse=True)
     boot = sum(n for n, name in env if "/bootstrap/" in name)
-    print(f"modules reading os.environ: {len(env)} ({sum(n for n, _ in env)} reads; under bootstrap/: {boot})")
+    print(
+        f"modules reading os.environ: {len(env)} ({sum(n for n, _ in env)} reads; under bootstrap/: {boot})"
+    )
     for n, name in env:
         print(f"  {n:5d}  {name}")
     bindir = Path(sys.executable).parent
@@ -85,13 +102,23 @@ def main() -> None:
             print(f"{hook}: not installed in {bindir}")
             continue
         med, best = startup([str(exe)], args.startup_runs)
-        print(f"SUMMARY {hook} start-up with nothing to do: median {med * 1000:.0f} ms, best {best * 1000:.0f} ms "
-              f"({args.startup_runs} runs)")
+        print(
+            f"SUMMARY {hook} start-up with nothing to do: median {med * 1000:.0f} ms, best {best * 1000:.0f} ms "
+            f"({args.startup_runs} runs)"
+        )
     for mod in ("scout_slurm.hooks.epilog", "scout_slurm.hooks.controller", "scout_slurm.cli"):
-        out = subprocess.run([sys.executable, "-c", f"import sys, {mod}; "
-                              "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch','numpy','scout_slurm.lab'}), "
-                              "sorted(m for m in sys.modules if m.startswith(('scout_slurm.lab','scout_slurm.acceptance','scout_slurm.inject'))))"],
-                             capture_output=True, text=True, check=False)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                f"import sys, {mod}; "
+                "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch','numpy','scout_slurm.lab'}), "
+                "sorted(m for m in sys.modules if m.startswith(('scout_slurm.lab','scout_slurm.acceptance','scout_slurm.inject'))))",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         print(f"imports of {mod}: heavy={out.stdout.strip() or out.stderr.strip()[-200:]}")
 
 

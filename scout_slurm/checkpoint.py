@@ -9,4 +9,5 @@ import os
 
 def note(path: str | os.PathLike, *, step: int | None = None) -> None:
     from scout_slurm.bootstrap.patches import note_checkpoint
+
     note_checkpoint(path, step=step)

@@ -36,7 +36,7 @@ class EvidenceConfig:
 
 @dataclass(frozen=True)
 class SlurmConfig:
-    bin_dir: str = ""          # empty: resolve each binary on PATH (then /usr/bin)
+    bin_dir: str = ""  # empty: resolve each binary on PATH (then /usr/bin)
     timeout_s: float = 30.0
     retries: int = 3
     retry_wait_s: float = 2.0
@@ -45,12 +45,12 @@ class SlurmConfig:
 @dataclass(frozen=True)
 class WatchdogConfig:
     poll_interval_s: float = 0.25
-    stall_floor_s: float = 60.0      # never call a stall sooner than this
-    stall_factor: float = 10.0       # ... nor sooner than this many observed step times
+    stall_floor_s: float = 60.0  # never call a stall sooner than this
+    stall_factor: float = 10.0  # ... nor sooner than this many observed step times
     publish_interval_s: float = 1.0
     # a rank that plainly advances publishes its snapshot this often only (task/publishing.py)
     steady_publish_interval_s: float = 10.0
-    grace_s: float = 5.0             # SIGTERM to SIGKILL
+    grace_s: float = 5.0  # SIGTERM to SIGKILL
     # the start-up limit: until training advances (its first optimizer step, or
     # arm_after_collectives completed collectives: 0 never arms on collectives alone) a rank is
     # starting (imports, engine set-up, compiling, a checkpoint load after a resume) and is given
@@ -116,6 +116,7 @@ class DrainConfig:
     """When a suspect node is drained (taken from everyone) rather than only excluded from the
     failed job's own rerun (remediation/plan.py, `drain_decision`). Everything a job writes is the
     job's word, so by default a drain needs evidence the job cannot forge."""
+
     # "corroborated": a root-run check on the node corroborates the verdict's kind, or incidents of
     # at least min_users different users named the node (or a GPU serial on it) within window_s;
     # otherwise the node is excluded from the rerun and put on the watch list.
@@ -146,8 +147,12 @@ class SiteConfig:
 
 
 _SECTION_TYPES = {
-    "evidence": EvidenceConfig, "slurm": SlurmConfig, "watchdog": WatchdogConfig,
-    "prolog": PrologConfig, "epilog": EpilogConfig, "remediation": RemediationConfig,
+    "evidence": EvidenceConfig,
+    "slurm": SlurmConfig,
+    "watchdog": WatchdogConfig,
+    "prolog": PrologConfig,
+    "epilog": EpilogConfig,
+    "remediation": RemediationConfig,
     "drain": DrainConfig,
 }
 
@@ -156,7 +161,16 @@ def _coerce(value: Any, target: type, where: str) -> Any:
     if target is bool:
         if isinstance(value, bool):
             return value
-        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        if isinstance(value, str) and value.lower() in (
+            "1",
+            "true",
+            "yes",
+            "on",
+            "0",
+            "false",
+            "no",
+            "off",
+        ):
             return value.lower() in ("1", "true", "yes", "on")
         raise ConfigError(f"{where}: expected true or false, got {value!r}")
     if target is int:
@@ -188,8 +202,10 @@ def _build_section(name: str, raw: Mapping[str, Any], source: str) -> Any:
     valid = {f.name: f for f in fields(cls)}
     unknown = sorted(set(raw) - set(valid))
     if unknown:
-        raise ConfigError(f"{source}: unknown key(s) {', '.join(unknown)} in [{name}]; "
-                          f"valid keys: {', '.join(sorted(valid))}")
+        raise ConfigError(
+            f"{source}: unknown key(s) {', '.join(unknown)} in [{name}]; "
+            f"valid keys: {', '.join(sorted(valid))}"
+        )
     kwargs = {}
     for key, value in raw.items():
         ftype = _TYPES[valid[key].type] if isinstance(valid[key].type, str) else valid[key].type
@@ -201,8 +217,10 @@ def parse_config(data: Mapping[str, Any], *, source: str = "config") -> SiteConf
     """Validate a parsed TOML mapping into a SiteConfig (pure)."""
     unknown = sorted(set(data) - set(_SECTION_TYPES))
     if unknown:
-        raise ConfigError(f"{source}: unknown section(s) {', '.join(unknown)}; "
-                          f"valid sections: {', '.join(sorted(_SECTION_TYPES))}")
+        raise ConfigError(
+            f"{source}: unknown section(s) {', '.join(unknown)}; "
+            f"valid sections: {', '.join(sorted(_SECTION_TYPES))}"
+        )
     sections = {}
     for name, raw in data.items():
         if not isinstance(raw, Mapping):
@@ -217,42 +235,74 @@ def _check_ranges(cfg: SiteConfig, source: str) -> None:
     # no count, size or duration is negative (nan and inf are no duration either)
     for section in _SECTION_TYPES:
         for key, value in dataclasses.asdict(getattr(cfg, section)).items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and not 0 <= value < math.inf:
-                raise ConfigError(f"{source}: [{section}] {key} must be a finite number >= 0, got {value}")
+            if (
+                isinstance(value, (int, float))
+                and not isinstance(value, bool)
+                and not 0 <= value < math.inf
+            ):
+                raise ConfigError(
+                    f"{source}: [{section}] {key} must be a finite number >= 0, got {value}"
+                )
     if cfg.slurm.timeout_s <= 0:
-        raise ConfigError(f"{source}: [slurm] timeout_s must be positive, got {cfg.slurm.timeout_s}")
+        raise ConfigError(
+            f"{source}: [slurm] timeout_s must be positive, got {cfg.slurm.timeout_s}"
+        )
     r = cfg.remediation
     if not 0.0 <= r.min_confidence <= 1.0:
-        raise ConfigError(f"{source}: [remediation] min_confidence must be within 0..1, got {r.min_confidence}")
+        raise ConfigError(
+            f"{source}: [remediation] min_confidence must be within 0..1, got {r.min_confidence}"
+        )
     if not 0.0 <= r.max_drain_fraction <= 1.0:
-        raise ConfigError(f"{source}: [remediation] max_drain_fraction must be within 0..1, got {r.max_drain_fraction}")
+        raise ConfigError(
+            f"{source}: [remediation] max_drain_fraction must be within 0..1, got {r.max_drain_fraction}"
+        )
     if cfg.epilog.localise_on not in ("controller", "batch-host"):
-        raise ConfigError(f"{source}: [epilog] localise_on must be 'controller' or 'batch-host', "
-                          f"got {cfg.epilog.localise_on!r}")
+        raise ConfigError(
+            f"{source}: [epilog] localise_on must be 'controller' or 'batch-host', "
+            f"got {cfg.epilog.localise_on!r}"
+        )
     if cfg.epilog.checkpoint_check_s <= 0:
-        raise ConfigError(f"{source}: [epilog] checkpoint_check_s must be positive, got {cfg.epilog.checkpoint_check_s}")
+        raise ConfigError(
+            f"{source}: [epilog] checkpoint_check_s must be positive, got {cfg.epilog.checkpoint_check_s}"
+        )
     if cfg.watchdog.stall_floor_s <= 0 or cfg.watchdog.poll_interval_s <= 0:
-        raise ConfigError(f"{source}: [watchdog] stall_floor_s and poll_interval_s must be positive")
+        raise ConfigError(
+            f"{source}: [watchdog] stall_floor_s and poll_interval_s must be positive"
+        )
     if cfg.remediation.on_resume_mismatch not in ("warn", "fatal"):
-        raise ConfigError(f"{source}: [remediation] on_resume_mismatch must be 'warn' or 'fatal', "
-                          f"got {cfg.remediation.on_resume_mismatch!r}")
+        raise ConfigError(
+            f"{source}: [remediation] on_resume_mismatch must be 'warn' or 'fatal', "
+            f"got {cfg.remediation.on_resume_mismatch!r}"
+        )
     if cfg.watchdog.on_bad_setting not in ("disable", "fail"):
-        raise ConfigError(f"{source}: [watchdog] on_bad_setting must be 'disable' or 'fail', "
-                          f"got {cfg.watchdog.on_bad_setting!r}")
+        raise ConfigError(
+            f"{source}: [watchdog] on_bad_setting must be 'disable' or 'fail', "
+            f"got {cfg.watchdog.on_bad_setting!r}"
+        )
     if cfg.drain.drain_on not in ("corroborated", "job-evidence"):
-        raise ConfigError(f"{source}: [drain] drain_on must be 'corroborated' or 'job-evidence', "
-                          f"got {cfg.drain.drain_on!r}")
+        raise ConfigError(
+            f"{source}: [drain] drain_on must be 'corroborated' or 'job-evidence', "
+            f"got {cfg.drain.drain_on!r}"
+        )
     if cfg.drain.min_users < 2:
-        raise ConfigError(f"{source}: [drain] min_users must be at least 2 (one user's jobs are one word), "
-                          f"got {cfg.drain.min_users}")
+        raise ConfigError(
+            f"{source}: [drain] min_users must be at least 2 (one user's jobs are one word), "
+            f"got {cfg.drain.min_users}"
+        )
     if cfg.watchdog.on_evidence_loss not in ("fail", "warn"):
-        raise ConfigError(f"{source}: [watchdog] on_evidence_loss must be 'fail' or 'warn', "
-                          f"got {cfg.watchdog.on_evidence_loss!r}")
+        raise ConfigError(
+            f"{source}: [watchdog] on_evidence_loss must be 'fail' or 'warn', "
+            f"got {cfg.watchdog.on_evidence_loss!r}"
+        )
 
 
 def site_override_names() -> list[str]:
     """Every `SCOUT_<SECTION>_<KEY>` name the site config reads from the environment (pure)."""
-    return [f"SCOUT_{section.upper()}_{f.name.upper()}" for section, cls in _SECTION_TYPES.items() for f in fields(cls)]
+    return [
+        f"SCOUT_{section.upper()}_{f.name.upper()}"
+        for section, cls in _SECTION_TYPES.items()
+        for f in fields(cls)
+    ]
 
 
 def env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
@@ -266,12 +316,16 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
     return out
 
 
-def merge(base: SiteConfig, overrides: Mapping[str, Mapping[str, Any]], *, source: str) -> SiteConfig:
+def merge(
+    base: SiteConfig, overrides: Mapping[str, Mapping[str, Any]], *, source: str
+) -> SiteConfig:
     """Apply overrides (already grouped by section) on top of a config."""
     changes = {}
     for section, values in overrides.items():
         if section not in _SECTION_TYPES:
-            raise ConfigError(f"{source}: unknown section {section}; valid: {', '.join(sorted(_SECTION_TYPES))}")
+            raise ConfigError(
+                f"{source}: unknown section {section}; valid: {', '.join(sorted(_SECTION_TYPES))}"
+            )
         current = dataclasses.asdict(getattr(base, section))
         current.update(values)
         changes[section] = _build_section(section, current, source)
@@ -280,8 +334,12 @@ def merge(base: SiteConfig, overrides: Mapping[str, Mapping[str, Any]], *, sourc
     return cfg
 
 
-def load_config(environ: Mapping[str, str], *, path: str | Path | None = None,
-                flags: Mapping[str, Mapping[str, Any]] | None = None) -> SiteConfig:
+def load_config(
+    environ: Mapping[str, str],
+    *,
+    path: str | Path | None = None,
+    flags: Mapping[str, Mapping[str, Any]] | None = None,
+) -> SiteConfig:
     """Read the site config: defaults < file < environment < flags.
 
     A config file named explicitly (flag or SCOUT_CONFIG) must exist; the default path may not.
@@ -295,19 +353,27 @@ def load_config(environ: Mapping[str, str], *, path: str | Path | None = None,
             fd = os.open(cfg_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
             with open(fd, "rb") as fh:
                 if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-                    raise ConfigError(f"{cfg_path}: the site config is not a regular file; point "
-                                      f"{CONFIG_ENV} at the file itself")
+                    raise ConfigError(
+                        f"{cfg_path}: the site config is not a regular file; point "
+                        f"{CONFIG_ENV} at the file itself"
+                    )
                 raw = fh.read(1024 * 1024 + 1)
             if len(raw) > 1024 * 1024:
-                raise ConfigError(f"{cfg_path}: config file larger than 1 MiB; is this the right file?")
+                raise ConfigError(
+                    f"{cfg_path}: config file larger than 1 MiB; is this the right file?"
+                )
             data = tomllib.loads(raw.decode("utf-8"))
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"{cfg_path}: cannot read the site config ({exc}); fix the file or point "
-                              f"{CONFIG_ENV} at another") from exc
+            raise ConfigError(
+                f"{cfg_path}: cannot read the site config ({exc}); fix the file or point "
+                f"{CONFIG_ENV} at another"
+            ) from exc
         cfg = parse_config(data, source=str(cfg_path))
     elif explicit:
-        raise ConfigError(f"{cfg_path}: site config not found (named by "
-                          f"{'--config' if path else CONFIG_ENV}); create it or unset the variable")
+        raise ConfigError(
+            f"{cfg_path}: site config not found (named by "
+            f"{'--config' if path else CONFIG_ENV}); create it or unset the variable"
+        )
     env = env_overrides(environ)
     if env:
         cfg = merge(cfg, env, source="environment (SCOUT_* variables)")
@@ -326,13 +392,18 @@ class HookConfig:
     """The site config as a hook running as root (or SlurmUser) may use it. `refused` says why
     the file was not trusted; `config` is then SAFE_CONFIG. `source` says where the values came
     from, for the hook's log."""
+
     config: SiteConfig
     refused: str | None
     source: str
 
 
-def load_hook_config(environ: Mapping[str, str], *, path: str | Path | None = None,
-                     trusted_uids: Iterable[int] | None = None) -> HookConfig:
+def load_hook_config(
+    environ: Mapping[str, str],
+    *,
+    path: str | Path | None = None,
+    trusted_uids: Iterable[int] | None = None,
+) -> HookConfig:
     """Read the site config for a privileged hook, trusting it the way sshd trusts its own.
 
     Like `load_config` (defaults < file < environment), but the file, every directory above it,
@@ -344,34 +415,45 @@ def load_hook_config(environ: Mapping[str, str], *, path: str | Path | None = No
     cfg_path = Path(explicit) if explicit else DEFAULT_CONFIG_PATH
     trusted = frozenset({0, os.geteuid()} if trusted_uids is None else trusted_uids)
     try:
-        cfg, source = _read_hook_file(cfg_path, trusted, named_by=(
-            None if not explicit else "the caller" if path else CONFIG_ENV))
+        cfg, source = _read_hook_file(
+            cfg_path,
+            trusted,
+            named_by=(None if not explicit else "the caller" if path else CONFIG_ENV),
+        )
         env = env_overrides(environ)
         if env:
             cfg = merge(cfg, env, source="environment (SCOUT_* variables)")
             names = [f"SCOUT_{s.upper()}_{k.upper()}" for s, keys in env.items() for k in keys]
             source += f" < environment ({', '.join(names)})"
         if cfg.slurm.bin_dir:
-            from scout_slurm.slurm.door import SLURM_COMMANDS  # the door (subprocess, logging) only here
+            from scout_slurm.slurm.door import (
+                SLURM_COMMANDS,
+            )  # the door (subprocess, logging) only here
+
             # checked after the environment: root runs what is there, whoever named it
             try:
                 check_bin_dir(cfg.slurm.bin_dir, trusted, SLURM_COMMANDS)
             except FileNotFoundError:
-                raise ConfigError(f"[slurm] bin_dir {cfg.slurm.bin_dir} (from {source}) does not exist; "
-                                  "fix it, or leave it empty to find Slurm on PATH") from None
-    except ConfigError as exc:   # UntrustedPath is one
+                raise ConfigError(
+                    f"[slurm] bin_dir {cfg.slurm.bin_dir} (from {source}) does not exist; "
+                    "fix it, or leave it empty to find Slurm on PATH"
+                ) from None
+    except ConfigError as exc:  # UntrustedPath is one
         return HookConfig(SAFE_CONFIG, str(exc), f"safe defaults (refused {cfg_path})")
     return HookConfig(cfg, None, source)
 
 
-def _read_hook_file(cfg_path: Path, trusted: frozenset[int], *,
-                    named_by: str | None) -> tuple[SiteConfig, str]:
+def _read_hook_file(
+    cfg_path: Path, trusted: frozenset[int], *, named_by: str | None
+) -> tuple[SiteConfig, str]:
     try:
         raw = read_trusted_file(cfg_path, trusted, max_bytes=MAX_CONFIG_BYTES)
     except FileNotFoundError:
         if named_by:
-            raise ConfigError(f"{cfg_path}: site config not found (named by {named_by}); "
-                              "create it or name another") from None
+            raise ConfigError(
+                f"{cfg_path}: site config not found (named by {named_by}); "
+                "create it or name another"
+            ) from None
         return SiteConfig(), f"defaults ({cfg_path} not present)"
     try:
         data = tomllib.loads(raw.decode("utf-8"))
@@ -398,6 +480,15 @@ def render_toml(cfg: SiteConfig) -> str:
 
 def _toml_str(s: str) -> str:
     # a TOML basic string takes no raw control character (newline, DEL, ...): escape them
-    return '"' + "".join(
-        "\\" + ch if ch in '"\\' else f"\\u{ord(ch):04x}" if ord(ch) < 0x20 or ord(ch) == 0x7F else ch
-        for ch in s) + '"'
+    return (
+        '"'
+        + "".join(
+            "\\" + ch
+            if ch in '"\\'
+            else f"\\u{ord(ch):04x}"
+            if ord(ch) < 0x20 or ord(ch) == 0x7F
+            else ch
+            for ch in s
+        )
+        + '"'
+    )

@@ -19,8 +19,14 @@ class UntrustedPath(ConfigError):
 class SlurmError(ScoutError):
     """A Slurm command failed or printed something we cannot read."""
 
-    def __init__(self, message: str, *, argv: tuple[str, ...] = (), returncode: int | None = None,
-                 stderr: str = "") -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        argv: tuple[str, ...] = (),
+        returncode: int | None = None,
+        stderr: str = "",
+    ) -> None:
         detail = message
         if argv:
             detail += f"\n  command: {' '.join(argv)}"

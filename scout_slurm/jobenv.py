@@ -14,8 +14,10 @@ def _int(name: str, raw: str) -> int:
     # not int() alone: it reads "4711_3" (an array task's id) as 47113, and non-ASCII digits;
     # and at most 18 digits, which int() can always convert and every id or count fits in
     if not re.fullmatch(r"[+-]?[0-9]{1,18}", raw.strip()):
-        raise ConfigError(f"environment variable {name}={raw[:40]!r}{'...' if len(raw) > 40 else ''} "
-                          f"is not an integer of at most 18 digits")
+        raise ConfigError(
+            f"environment variable {name}={raw[:40]!r}{'...' if len(raw) > 40 else ''} "
+            f"is not an integer of at most 18 digits"
+        )
     return int(raw.strip())
 
 
@@ -35,7 +37,9 @@ def _cluster(name: str, raw: str) -> str:
     return raw
 
 
-MAX_NODES = 1_000_000  # far above any cluster; bounds what a corrupted variable can make us allocate
+MAX_NODES = (
+    1_000_000  # far above any cluster; bounds what a corrupted variable can make us allocate
+)
 
 
 def expand_tasks_per_node(spec: str) -> list[int]:
@@ -45,23 +49,30 @@ def expand_tasks_per_node(spec: str) -> list[int]:
         part = part.strip()
         m = re.fullmatch(r"([0-9]{1,9})(?:\(x([0-9]{1,9})\))?", part)
         if not m:
-            raise ConfigError(f"tasks-per-node value {spec!r} is not in Slurm's form (e.g. 2(x3),1)")
+            raise ConfigError(
+                f"tasks-per-node value {spec!r} is not in Slurm's form (e.g. 2(x3),1)"
+            )
         repeat = int(m.group(2) or 1)
         # a job cannot span more nodes than a cluster has: refuse before building a huge list
         if repeat > MAX_NODES or len(out) + repeat > MAX_NODES:
-            raise ConfigError(f"tasks-per-node value {spec!r} names more than {MAX_NODES} nodes; "
-                              f"is the variable corrupted?")
+            raise ConfigError(
+                f"tasks-per-node value {spec!r} names more than {MAX_NODES} nodes; "
+                f"is the variable corrupted?"
+            )
         out.extend([int(m.group(1))] * repeat)
     return out
 
 
-Field = tuple[str, str, Callable[[str, str], object], object]  # field, variable, parser, default (... = required)
+Field = tuple[
+    str, str, Callable[[str, str], object], object
+]  # field, variable, parser, default (... = required)
 _REQUIRED = ...
 
 
 @dataclass(frozen=True)
 class TaskContext:
     """One task of a job step, as the task shim sees it (`srun` sets these)."""
+
     job_id: int
     step_id: int
     rank: int
@@ -79,7 +90,9 @@ class TaskContext:
     def local_world_size(self) -> int:
         counts = expand_tasks_per_node(self.tasks_per_node)
         if self.node_index >= len(counts):
-            raise ConfigError(f"SLURM_NODEID={self.node_index} is outside SLURM_STEP_TASKS_PER_NODE={self.tasks_per_node!r}")
+            raise ConfigError(
+                f"SLURM_NODEID={self.node_index} is outside SLURM_STEP_TASKS_PER_NODE={self.tasks_per_node!r}"
+            )
         return counts[self.node_index]
 
 
@@ -102,17 +115,18 @@ TASK_TABLE: tuple[Field, ...] = (
 @dataclass(frozen=True)
 class HookContext:
     """A Prolog or Epilog run (slurmd side: node set; controller side: node empty)."""
+
     job_id: int
     job_uid: int
     job_user: str
     cluster: str
     restart: int
-    node: str                 # SLURMD_NODENAME; "" in controller hooks
-    job_nodelist: str         # SLURM_JOB_NODELIST (controller) or SLURM_NODELIST (node)
-    exit_code_raw: int        # SLURM_JOB_EXIT_CODE: raw wait status; -1 in a Prolog
-    script_context: str       # prolog_slurmd, epilog_slurmd, epilog_slurmctld, ...
+    node: str  # SLURMD_NODENAME; "" in controller hooks
+    job_nodelist: str  # SLURM_JOB_NODELIST (controller) or SLURM_NODELIST (node)
+    exit_code_raw: int  # SLURM_JOB_EXIT_CODE: raw wait status; -1 in a Prolog
+    script_context: str  # prolog_slurmd, epilog_slurmd, epilog_slurmctld, ...
     work_dir: str
-    job_gid: int = -1         # SLURM_JOB_GID; -1 when Slurm did not say (then the passwd entry's)
+    job_gid: int = -1  # SLURM_JOB_GID; -1 when Slurm did not say (then the passwd entry's)
 
     @property
     def is_controller(self) -> bool:
@@ -144,8 +158,9 @@ def _read(table: tuple[Field, ...], environ: Mapping[str, str], what: str) -> di
         raw = environ.get(var)
         if raw is None or raw == "":
             if default is _REQUIRED:
-                raise ConfigError(f"{what}: environment variable {var} is not set; "
-                                  f"is this running under Slurm?")
+                raise ConfigError(
+                    f"{what}: environment variable {var} is not set; is this running under Slurm?"
+                )
             values[fname] = default
             continue
         values[fname] = parse(var, raw)

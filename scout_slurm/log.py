@@ -50,7 +50,11 @@ class TaskLog:
 
     def _open(self) -> int:
         if self.fd is None:
-            self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
+            self.fd = os.open(
+                self.path,
+                os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o640,
+            )
             self.written = os.fstat(self.fd).st_size
         return self.fd
 
@@ -89,7 +93,9 @@ def level_from_env(default: int = logging.INFO) -> int:
     return value if isinstance(value, int) else default
 
 
-def configure(stream: TextIO | None = None, *, json: bool | None = None, level: int = logging.INFO) -> None:
+def configure(
+    stream: TextIO | None = None, *, json: bool | None = None, level: int = logging.INFO
+) -> None:
     global _configured
     stream = stream or _CurrentStderr()
     if json is None:
@@ -99,7 +105,9 @@ def configure(stream: TextIO | None = None, *, json: bool | None = None, level: 
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
-    renderer = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
+    renderer = (
+        structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
+    )
     structlog.configure(
         processors=[*processors, structlog.processors.format_exc_info, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(level),

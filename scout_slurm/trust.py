@@ -45,26 +45,40 @@ def _uids(trusted_uids: Collection[int]) -> str:
     return ", ".join(str(u) for u in sorted(trusted_uids))
 
 
-def _mode_problem(path: str, st: os.stat_result, trusted_uids: Collection[int], *, fix_mode: str,
-                  sticky_ok: bool = False) -> str | None:
+def _mode_problem(
+    path: str,
+    st: os.stat_result,
+    trusted_uids: Collection[int],
+    *,
+    fix_mode: str,
+    sticky_ok: bool = False,
+) -> str | None:
     wrong = []
     if st.st_uid not in trusted_uids:
-        wrong.append(f"owned by uid {st.st_uid}, not by a trusted owner (uid {_uids(trusted_uids)})")
+        wrong.append(
+            f"owned by uid {st.st_uid}, not by a trusted owner (uid {_uids(trusted_uids)})"
+        )
     # a root-owned sticky directory (/tmp): others may add entries but not replace root's
     if st.st_mode & 0o022 and not (sticky_ok and st.st_uid == 0 and st.st_mode & stat.S_ISVTX):
         wrong.append("writable by group or others")
     if not wrong:
         return None
-    return (f"{path} ({_found(st)}) is {' and '.join(wrong)}, so someone other than root could change "
-            f"what root runs with; fix: chown root:root {path} && chmod {fix_mode} {path}")
+    return (
+        f"{path} ({_found(st)}) is {' and '.join(wrong)}, so someone other than root could change "
+        f"what root runs with; fix: chown root:root {path} && chmod {fix_mode} {path}"
+    )
 
 
-def file_problem(path: str, st: os.stat_result, trusted_uids: Collection[int], *,
-                 max_bytes: int) -> str | None:
+def file_problem(
+    path: str, st: os.stat_result, trusted_uids: Collection[int], *, max_bytes: int
+) -> str | None:
     """Why root must not read the file at `path` that has this stat, or None (pure)."""
     if not stat.S_ISREG(st.st_mode):
-        what = ("name the file itself: a link is not followed" if stat.S_ISLNK(st.st_mode)
-                else "put the file itself there")
+        what = (
+            "name the file itself: a link is not followed"
+            if stat.S_ISLNK(st.st_mode)
+            else "put the file itself there"
+        )
         return f"{path} {file_type_words(st.st_mode)} ({_found(st)}), not a regular file; {what}"
     if problem := _mode_problem(path, st, trusted_uids, fix_mode="644"):
         return problem
@@ -76,12 +90,15 @@ def file_problem(path: str, st: os.stat_result, trusted_uids: Collection[int], *
 def command_problem(path: str, st: os.stat_result, trusted_uids: Collection[int]) -> str | None:
     """Why root must not run the program at `path` that has this stat, or None (pure)."""
     if not stat.S_ISREG(st.st_mode):
-        return f"{path} {file_type_words(st.st_mode)} ({_found(st)}), not a regular file; reinstall it"
+        return (
+            f"{path} {file_type_words(st.st_mode)} ({_found(st)}), not a regular file; reinstall it"
+        )
     return _mode_problem(path, st, trusted_uids, fix_mode="755")
 
 
-def directory_problem(path: str, st: os.stat_result, trusted_uids: Collection[int], *,
-                      sticky_ok: bool = True) -> str | None:
+def directory_problem(
+    path: str, st: os.stat_result, trusted_uids: Collection[int], *, sticky_ok: bool = True
+) -> str | None:
     """Why root must not trust what lies in directory `path` that has this stat, or None (pure).
 
     `sticky_ok`: a root-owned directory with the sticky bit passes although others may write it
@@ -97,16 +114,19 @@ def link_problem(path: str, st: os.stat_result, trusted_uids: Collection[int]) -
     if st.st_uid in trusted_uids:
         return None
     # in a sticky directory (/tmp) the link's owner may replace it at will
-    return (f"{path} is a symbolic link owned by uid {st.st_uid}, not by a trusted owner "
-            f"(uid {_uids(trusted_uids)}); fix: chown -h root:root {path}, or name the real path")
+    return (
+        f"{path} is a symbolic link owned by uid {st.st_uid}, not by a trusted owner "
+        f"(uid {_uids(trusted_uids)}); fix: chown -h root:root {path}, or name the real path"
+    )
 
 
 def _parts(path: str) -> list[str]:
     return [p for p in path.split("/") if p not in ("", ".")]
 
 
-def resolve_trusted(path: str | os.PathLike[str], trusted_uids: Collection[int], *,
-                    follow_last: bool) -> tuple[str, os.stat_result]:
+def resolve_trusted(
+    path: str | os.PathLike[str], trusted_uids: Collection[int], *, follow_last: bool
+) -> tuple[str, os.stat_result]:
     """The real path of `path` and the lstat of its last component, once every directory on the
     way from / has passed `directory_problem` (checked with lstat, top down).
 
@@ -129,7 +149,7 @@ def resolve_trusted(path: str | os.PathLike[str], trusted_uids: Collection[int],
     while todo:
         name = todo.pop(0)
         if name == "..":
-            if done:   # `done` holds no link, so its parent is the lexical one
+            if done:  # `done` holds no link, so its parent is the lexical one
                 done.pop()
             continue
         current = "/" + "/".join([*done, name])
@@ -139,7 +159,9 @@ def resolve_trusted(path: str | os.PathLike[str], trusted_uids: Collection[int],
                 raise UntrustedPath(problem)
             links += 1
             if links > MAX_LINKS:
-                raise UntrustedPath(f"{text}: more than {MAX_LINKS} symbolic links on the way; is there a loop?")
+                raise UntrustedPath(
+                    f"{text}: more than {MAX_LINKS} symbolic links on the way; is there a loop?"
+                )
             target = _readlink(current)
             if target.startswith("/"):
                 done = []
@@ -172,8 +194,9 @@ def _readlink(path: str) -> str:
         raise UntrustedPath(f"{path}: cannot read the symbolic link: {e.strerror or e}") from None
 
 
-def read_trusted_file(path: str | os.PathLike[str], trusted_uids: Collection[int], *,
-                      max_bytes: int) -> bytes:
+def read_trusted_file(
+    path: str | os.PathLike[str], trusted_uids: Collection[int], *, max_bytes: int
+) -> bytes:
     """The bytes of `path`, read only if root can trust them (see `file_problem`).
 
     Raises FileNotFoundError when it (or a directory on the way) does not exist, UntrustedPath
@@ -206,7 +229,9 @@ def read_trusted_file(path: str | os.PathLike[str], trusted_uids: Collection[int
     finally:
         os.close(fd)
     if total > max_bytes:
-        raise UntrustedPath(f"{shown} grew past {max_bytes} bytes while being read; is this the right file?")
+        raise UntrustedPath(
+            f"{shown} grew past {max_bytes} bytes while being read; is this the right file?"
+        )
     return b"".join(chunks)
 
 
@@ -221,8 +246,10 @@ def check_bin_dir(bin_dir: str, trusted_uids: Collection[int], commands: Iterabl
     for name in sorted(commands):
         # a command that is a link is resolved by the same rule as a directory: exec follows it
         try:
-            cmd_real, cst = resolve_trusted(os.path.join(real, name), trusted_uids, follow_last=True)
+            cmd_real, cst = resolve_trusted(
+                os.path.join(real, name), trusted_uids, follow_last=True
+            )
         except FileNotFoundError:
-            continue   # not installed here: the door says so if it is ever needed
+            continue  # not installed here: the door says so if it is ever needed
         if problem := command_problem(cmd_real, cst, trusted_uids):
             raise UntrustedPath(problem)

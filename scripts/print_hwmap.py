@@ -21,13 +21,22 @@ from scout_slurm.hwmap.collect import collect_hardware_map
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--node", default=socket.gethostname().split(".")[0],
-                    help="Slurm node name to record (default: the short host name)")
-    ap.add_argument("--sys", type=Path, default=Path("/sys"), help="sysfs root (a recorded tree works)")
+    ap.add_argument(
+        "--node",
+        default=socket.gethostname().split(".")[0],
+        help="Slurm node name to record (default: the short host name)",
+    )
+    ap.add_argument(
+        "--sys", type=Path, default=Path("/sys"), help="sysfs root (a recorded tree works)"
+    )
     ap.add_argument("--proc", type=Path, default=Path("/proc"), help="procfs root")
-    ap.add_argument("--budget", type=float, default=15.0, help="seconds before optional parts are skipped")
+    ap.add_argument(
+        "--budget", type=float, default=15.0, help="seconds before optional parts are skipped"
+    )
     args = ap.parse_args(argv)
-    hwmap = collect_hardware_map(args.node, sysfs_root=args.sys, proc_root=args.proc, deadline_s=args.budget)
+    hwmap = collect_hardware_map(
+        args.node, sysfs_root=args.sys, proc_root=args.proc, deadline_s=args.budget
+    )
     json.dump(record_to_obj(hwmap), sys.stdout, indent=2, sort_keys=True)
     sys.stdout.write("\n")
     return 0

@@ -51,19 +51,37 @@ _CSP = re.compile(r'<meta http-equiv="Content-Security-Policy"[^>]*>')
 
 def chromium() -> str:
     """The Chromium binary, or skip the test with the reason (scripts/setup.sh installs it)."""
-    path = shutil.which("chromium") or ("/usr/bin/chromium" if os.access("/usr/bin/chromium", os.X_OK) else None)
+    path = shutil.which("chromium") or (
+        "/usr/bin/chromium" if os.access("/usr/bin/chromium", os.X_OK) else None
+    )
     if path is None:
-        pytest.skip("chromium is not installed (Debian package `chromium`; scripts/setup.sh installs it)")
+        pytest.skip(
+            "chromium is not installed (Debian package `chromium`; scripts/setup.sh installs it)"
+        )
     return path
 
 
 def _run(args: list[str], tmp: Path, timeout: float = 90) -> subprocess.CompletedProcess:
     # a private profile and HOME: nothing of a user's browser is read or written
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp), "LANG": "C.UTF-8"}
-    return subprocess.run([chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                           "--no-first-run", "--disable-extensions", "--force-device-scale-factor=1",
-                           f"--user-data-dir={tmp / 'profile'}", *args],
-                          capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [
+            chromium(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--no-first-run",
+            "--disable-extensions",
+            "--force-device-scale-factor=1",
+            f"--user-data-dir={tmp / 'profile'}",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 def measure(page: str, tmp: Path) -> dict:
@@ -75,8 +93,11 @@ def measure(page: str, tmp: Path) -> dict:
     copy.write_text(text.replace("</body>", _MEASURE + "</body>"), encoding="utf-8")
     res = _run(["--window-size=1100,900", "--dump-dom", copy.as_uri()], tmp)
     m = re.search(r'<pre id="scout-measure">(.*?)</pre>', res.stdout, re.S)
-    assert m, f"chromium did not run the measuring script (rc {res.returncode}):\n{res.stderr[-2000:]}"
+    assert m, (
+        f"chromium did not run the measuring script (rc {res.returncode}):\n{res.stderr[-2000:]}"
+    )
     import html
+
     return json.loads(html.unescape(m.group(1)))
 
 
@@ -85,11 +106,11 @@ class Image:
     width: int
     height: int
     channels: int
-    pixels: bytes    # rows of width * channels bytes, unfiltered
+    pixels: bytes  # rows of width * channels bytes, unfiltered
 
     def pixel(self, x: int, y: int) -> tuple[int, ...]:
         i = (y * self.width + x) * self.channels
-        return tuple(self.pixels[i:i + 3])
+        return tuple(self.pixels[i : i + 3])
 
 
 def decode_png(data: bytes) -> Image:
@@ -97,9 +118,9 @@ def decode_png(data: bytes) -> Image:
     assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
     pos, idat, header = 8, [], None
     while pos < len(data):
-        (length,) = struct.unpack(">I", data[pos:pos + 4])
-        kind = data[pos + 4:pos + 8]
-        body = data[pos + 8:pos + 8 + length]
+        (length,) = struct.unpack(">I", data[pos : pos + 4])
+        kind = data[pos + 4 : pos + 8]
+        body = data[pos + 8 : pos + 8 + length]
         if kind == b"IHDR":
             header = struct.unpack(">IIBBBBB", body)
         elif kind == b"IDAT":
@@ -115,7 +136,7 @@ def decode_png(data: bytes) -> Image:
     prev = bytearray(stride)
     for y in range(height):
         f = raw[y * (stride + 1)]
-        line = bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        line = bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
         if f == 1:
             for i in range(ch, stride):
                 line[i] = (line[i] + line[i - ch]) & 255
@@ -132,7 +153,7 @@ def decode_png(data: bytes) -> Image:
                 p = a + b - c
                 pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
                 line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
-        out[y * stride:(y + 1) * stride] = line
+        out[y * stride : (y + 1) * stride] = line
         prev = line
     return Image(width, height, ch, bytes(out))
 
@@ -143,7 +164,9 @@ def screenshot(page: str, tmp: Path, *, width: int, height: int) -> Image:
     src, png = tmp / "page.html", tmp / "shot.png"
     src.write_text(page, encoding="utf-8")
     res = _run([f"--window-size={width},{height}", f"--screenshot={png}", src.as_uri()], tmp)
-    assert png.exists(), f"chromium wrote no screenshot (rc {res.returncode}):\n{res.stderr[-2000:]}"
+    assert png.exists(), (
+        f"chromium wrote no screenshot (rc {res.returncode}):\n{res.stderr[-2000:]}"
+    )
     return decode_png(png.read_bytes())
 
 
@@ -198,24 +221,48 @@ def assert_incident_page_renders(page: str, tmp: Path, *, world: int, suspects: 
     return m
 
 
-def check_real_incident(lab, job_id: int, tmp: Path, *, restart: int, world: int, suspects: set[int]) -> dict:
+def check_real_incident(
+    lab, job_id: int, tmp: Path, *, restart: int, world: int, suspects: set[int]
+) -> dict:
     """A real incident's page, from `scout show JOBID --html -o FILE` and from the controller's
     bundle: the watchdogs kept each rank's history, and Chromium renders the timeline and tables."""
     import sys
     from scout_slurm.evidence.history import decode_history
     from scout_slurm.evidence.layout import JobFolder
     from scout_slurm.lab.cluster import CLUSTER_NAME
+
     folder = JobFolder(lab.paths.evidence, CLUSTER_NAME, job_id)
     for r in range(world):
         samples, problems = decode_history(folder.history_path(restart, r).read_bytes())
         assert len(samples) >= 4 and not problems, (r, len(samples), problems)
         assert [s.seq for s in samples] == sorted(s.seq for s in samples)
-        assert samples[-1].coll_completed >= samples[0].coll_completed and samples[-1].coll_completed > 0
+        assert (
+            samples[-1].coll_completed >= samples[0].coll_completed
+            and samples[-1].coll_completed > 0
+        )
     kept = folder.report_html_path(restart).read_text(encoding="utf-8")
     assert kept.count('class="rank-row') == world and "badge drained" in kept, kept[:2000]
     tmp.mkdir(parents=True, exist_ok=True)
     out = tmp / f"incident-{job_id}.html"
-    res = subprocess.run([sys.executable, "-m", "scout_slurm.cli", "show", str(job_id), "--restart", str(restart),
-                          "--html", "-o", str(out)], capture_output=True, text=True, env=lab.client_env(), timeout=60)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "scout_slurm.cli",
+            "show",
+            str(job_id),
+            "--restart",
+            str(restart),
+            "--html",
+            "-o",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=lab.client_env(),
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
-    return assert_incident_page_renders(out.read_text(encoding="utf-8"), tmp, world=world, suspects=suspects)
+    return assert_incident_page_renders(
+        out.read_text(encoding="utf-8"), tmp, world=world, suspects=suspects
+    )

@@ -20,6 +20,7 @@ _pick_port_base = free_port_base
 def up_or_skip(cluster: Lab) -> None:
     """Start a lab; skip (saying why) where this machine refuses network namespaces."""
     from scout_slurm.errors import LabError
+
     try:
         cluster.up()
     except LabError as exc:
@@ -34,22 +35,34 @@ def _default_logging():
     """Each test starts with the library's default logging (info, to stderr): a `scout` command run
     in-process sets the operator level (warnings only) for the rest of its process."""
     from scout_slurm.log import configure
+
     configure()
     yield
 
 
 def pytest_addoption(parser):
-    parser.addoption("--slurm-version", default="", metavar="RELEASE",
-                     help="Slurm release of the session lab every tests/slurm test uses: the host's (default), "
-                          "24.11 or 26.05 (run from a cached Debian root, see README 'Slurm versions')")
-    parser.addoption("--slurm-releases", default="24.11,26.05", metavar="LIST",
-                     help="releases the tests marked slurm_release run on (one lab per release per session); "
-                          "'none' skips them")
+    parser.addoption(
+        "--slurm-version",
+        default="",
+        metavar="RELEASE",
+        help="Slurm release of the session lab every tests/slurm test uses: the host's (default), "
+        "24.11 or 26.05 (run from a cached Debian root, see README 'Slurm versions')",
+    )
+    parser.addoption(
+        "--slurm-releases",
+        default="24.11,26.05",
+        metavar="LIST",
+        help="releases the tests marked slurm_release run on (one lab per release per session); "
+        "'none' skips them",
+    )
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slurm_release: runs on each release of --slurm-releases, one lab per release "
-                                       "per session (fixture release_lab)")
+    config.addinivalue_line(
+        "markers",
+        "slurm_release: runs on each release of --slurm-releases, one lab per release "
+        "per session (fixture release_lab)",
+    )
 
 
 def pytest_generate_tests(metafunc):
@@ -63,11 +76,17 @@ def leftovers(cluster: Lab) -> dict[str, list]:
     """What a stopped lab left behind: processes, mounts under its folder, its network namespaces."""
     from scout_slurm.lab.cluster import _processes_in_root, netns_of
     from scout_slurm.lab.roots import mounts_under
+
     namespaces = set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()
-    return {"processes": cluster.running_pids() + _processes_in_root(cluster.paths.rootfs),
-            "mounts": mounts_under(cluster.paths.root),
-            "namespaces": sorted(namespaces & {netns_of(n) for n in cluster.spec.node_names()} if cluster.spec.netns
-                                 else set())}
+    return {
+        "processes": cluster.running_pids() + _processes_in_root(cluster.paths.rootfs),
+        "mounts": mounts_under(cluster.paths.root),
+        "namespaces": sorted(
+            namespaces & {netns_of(n) for n in cluster.spec.node_names()}
+            if cluster.spec.netns
+            else set()
+        ),
+    }
 
 
 def _session_lab(request, slurm: str, tag: str):
@@ -75,9 +94,16 @@ def _session_lab(request, slurm: str, tag: str):
     (and its folder removed) at the end, also when a test or the start itself fails; after the stop
     nothing of it may remain (asserted)."""
     import shutil
+
     state = Path(f"/tmp/scout-lab-test-{os.getpid()}{tag}")
-    spec = LabSpec(state_dir=state, nodes=4, port_base=_pick_port_base(6), python=sys.executable,
-                   cpus_per_node=16, slurm=slurm)  # room for the load test: 20 two-rank jobs at once
+    spec = LabSpec(
+        state_dir=state,
+        nodes=4,
+        port_base=_pick_port_base(6),
+        python=sys.executable,
+        cpus_per_node=16,
+        slurm=slurm,
+    )  # room for the load test: 20 two-rank jobs at once
     cluster = Lab(spec)
     try:
         cluster.up()
@@ -110,6 +136,7 @@ def release_lab(request) -> Lab:
 @pytest.fixture()
 def clean_release_drains(release_lab):
     from scoutjobs import resume_scout_drains
+
     yield
     resume_scout_drains(release_lab)
 
@@ -123,5 +150,6 @@ def lab_env(lab) -> dict[str, str]:
 def clean_drains(lab):
     """Nodes that scout drained during a test are returned to service after it, also on failure."""
     from scoutjobs import resume_scout_drains
+
     yield
     resume_scout_drains(lab)

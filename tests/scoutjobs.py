@@ -12,7 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scout_slurm.evidence.layout import JobFolder
-from scout_slurm.evidence.records import ExitRecord, Finding, FindingKind, RankPlace, StallDecision, Verdict
+from scout_slurm.evidence.records import (
+    ExitRecord,
+    Finding,
+    FindingKind,
+    RankPlace,
+    StallDecision,
+    Verdict,
+)
 from scout_slurm.evidence.store import list_records, read_record
 from scout_slurm.lab.cluster import CLUSTER_NAME, Lab
 from scout_slurm.remediation.records import ActionsRecord
@@ -21,8 +28,16 @@ from scout_slurm.slurm import ops
 TRAIN = Path(__file__).resolve().parent / "jobs" / "train_ddp.py"
 
 
-def batch_script(lab: Lab, *, train_args: str = "--steps 40", scout_args: str = "", srun_args: str = "",
-                 pre: str = "", post: str = "", train: Path = TRAIN) -> str:
+def batch_script(
+    lab: Lab,
+    *,
+    train_args: str = "--steps 40",
+    scout_args: str = "",
+    srun_args: str = "",
+    pre: str = "",
+    post: str = "",
+    train: Path = TRAIN,
+) -> str:
     return f"""#!/bin/bash
 export OMP_NUM_THREADS=1
 export PATH={os.path.dirname(sys.executable)}:$PATH
@@ -35,15 +50,33 @@ exit $rc
 """
 
 
-def submit(lab: Lab, script: str, *, nodes: int = 2, tasks_per_node: int = 2, extra: tuple[str, ...] = (),
-           user: str | None = None) -> int:
+def submit(
+    lab: Lab,
+    script: str,
+    *,
+    nodes: int = 2,
+    tasks_per_node: int = 2,
+    extra: tuple[str, ...] = (),
+    user: str | None = None,
+) -> int:
     """Submit as a site's user would: as the lab's unprivileged job user (`user` picks another of
     the lab's users; "" submits as root), from the lab's shared work folder."""
     out = lab.paths.work / "job-%j.out"
     user = lab.job_user if user is None else user
-    return ops.submit_batch(script, [f"-N{nodes}", f"--ntasks-per-node={tasks_per_node}", "--open-mode=append",
-                                     f"--output={out}", f"--chdir={lab.paths.work}", *extra], timeout=20,
-                            env=lab.client_env(), user=user)
+    return ops.submit_batch(
+        script,
+        [
+            f"-N{nodes}",
+            f"--ntasks-per-node={tasks_per_node}",
+            "--open-mode=append",
+            f"--output={out}",
+            f"--chdir={lab.paths.work}",
+            *extra,
+        ],
+        timeout=20,
+        env=lab.client_env(),
+        user=user,
+    )
 
 
 def output(lab: Lab, job_id: int) -> str:
@@ -62,11 +95,14 @@ def wait_finished(lab: Lab, job_id: int, *, restart: int = 0, timeout: float = 1
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         job = ops.job_info(job_id, timeout=10, env=env)
-        if f.verdict_path(restart).exists() and (job.is_finished or job.restart_count > restart
-                                                  or job.state == "PENDING"):
+        if f.verdict_path(restart).exists() and (
+            job.is_finished or job.restart_count > restart or job.state == "PENDING"
+        ):
             return
         time.sleep(0.5)
-    raise AssertionError(f"job {job_id} run {restart} did not finish within {timeout} s:\n{output(lab, job_id)[-3000:]}")
+    raise AssertionError(
+        f"job {job_id} run {restart} did not finish within {timeout} s:\n{output(lab, job_id)[-3000:]}"
+    )
 
 
 def wait_completed(lab: Lab, job_id: int, *, timeout: float = 240):
@@ -77,7 +113,9 @@ def wait_completed(lab: Lab, job_id: int, *, timeout: float = 240):
         if job.is_finished:
             return job
         time.sleep(0.5)
-    raise AssertionError(f"job {job_id} did not finish within {timeout} s:\n{output(lab, job_id)[-3000:]}")
+    raise AssertionError(
+        f"job {job_id} did not finish within {timeout} s:\n{output(lab, job_id)[-3000:]}"
+    )
 
 
 def show_json(lab: Lab, job_id: int, restart: int | None = None) -> dict:
@@ -128,6 +166,7 @@ def actions(lab: Lab, job_id: int, restart: int = 0) -> ActionsRecord | None:
 
 def wait_progress(lab: Lab, job_id: int, rank: int, *, steps: int, timeout: float = 120) -> None:
     import json as _json
+
     p = folder(lab, job_id).progress_path(0, rank)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -137,7 +176,9 @@ def wait_progress(lab: Lab, job_id: int, rank: int, *, steps: int, timeout: floa
         except (OSError, ValueError):
             pass
         time.sleep(0.2)
-    raise AssertionError(f"rank {rank} of job {job_id} never reached step {steps}:\n{output(lab, job_id)[-3000:]}")
+    raise AssertionError(
+        f"rank {rank} of job {job_id} never reached step {steps}:\n{output(lab, job_id)[-3000:]}"
+    )
 
 
 def resume_scout_drains(lab: Lab) -> list[str]:
@@ -160,7 +201,7 @@ def node_of_rank(job_nodes: tuple[str, ...], rank: int, tasks_per_node: int = 2)
     return sorted(job_nodes, key=lambda n: int(n.lstrip("n")))[rank // tasks_per_node]
 
 
-PLANT = r'''
+PLANT = r"""
 python3 - <<'PY'
 import os, time
 from pathlib import Path
@@ -183,7 +224,7 @@ for i, (path, size, sha) in enumerate(plants):
                                 size_bytes=size, sha256=sha, agreement="agreed"))
 print("planted", len(plants), "checkpoint records")
 PY
-'''
+"""
 
 
 def hostile_checkpoints(lab: Lab, tag: str) -> tuple[str, tuple[str, ...]]:
@@ -192,6 +233,7 @@ def hostile_checkpoints(lab: Lab, tag: str) -> tuple[str, tuple[str, ...]]:
     0600 file (its real digest too) and twelve times one 1 GiB sparse file; and those paths."""
     import hashlib
     import pwd
+
     plant_dir = lab.paths.work / f"plant-{tag}-{time.time_ns()}"
     plant_dir.mkdir(mode=0o777)
     os.chmod(plant_dir, 0o777)
@@ -202,15 +244,25 @@ def hostile_checkpoints(lab: Lab, tag: str) -> tuple[str, tuple[str, ...]]:
     if len(users) > 1:
         os.chown(other, pwd.getpwnam(users[1]).pw_uid, pwd.getpwnam(users[1]).pw_gid)
     os.chmod(other, 0o600)
-    pre = (f"export EVIDENCE={lab.paths.evidence}/scoutlab/$SLURM_JOB_ID PLANT_DIR={plant_dir} "
-           f"SHADOW_SIZE={len(shadow)} SHADOW_SHA={hashlib.sha256(shadow).hexdigest()} "
-           f"OTHER={other} OTHER_SIZE={other.stat().st_size} OTHER_SHA={hashlib.sha256(other.read_bytes()).hexdigest()}")
-    paths = ("/proc/kmsg", str(plant_dir / "ckpt.fifo"), "/etc/shadow", str(other), str(plant_dir / "ckpt.sparse"))
+    pre = (
+        f"export EVIDENCE={lab.paths.evidence}/scoutlab/$SLURM_JOB_ID PLANT_DIR={plant_dir} "
+        f"SHADOW_SIZE={len(shadow)} SHADOW_SHA={hashlib.sha256(shadow).hexdigest()} "
+        f"OTHER={other} OTHER_SIZE={other.stat().st_size} OTHER_SHA={hashlib.sha256(other.read_bytes()).hexdigest()}"
+    )
+    paths = (
+        "/proc/kmsg",
+        str(plant_dir / "ckpt.fifo"),
+        "/etc/shadow",
+        str(other),
+        str(plant_dir / "ckpt.sparse"),
+    )
     return pre, paths
 
 
 def drained_nodes(lab: Lab) -> dict[str, str]:
-    return {n.name: n.reason for n in ops.list_nodes(timeout=10, env=lab.client_env()) if n.is_drained}
+    return {
+        n.name: n.reason for n in ops.list_nodes(timeout=10, env=lab.client_env()) if n.is_drained
+    }
 
 
 def closed_loop(lab: Lab, inject: str, rank: int, kind: str) -> tuple[int, Path]:
@@ -219,20 +271,29 @@ def closed_loop(lab: Lab, inject: str, rank: int, kind: str) -> tuple[int, Path]
     requeued without it and resumed from step 20; `scout show` tells it. Returns (job, final file)."""
     ckpt = lab.paths.work / f"ckpt-{kind}-{time.time_ns()}"
     final = lab.paths.work / f"final-{kind}-{time.time_ns()}.txt"
-    script = batch_script(lab, train_args=f"--steps 40 --ckpt-dir {ckpt} --ckpt-every 10 --momentum 0.9 --out {final}",
-                             scout_args=f"--scout-stall-floor=4 --scout-inject={inject}")
+    script = batch_script(
+        lab,
+        train_args=f"--steps 40 --ckpt-dir {ckpt} --ckpt-every 10 --momentum 0.9 --out {final}",
+        scout_args=f"--scout-stall-floor=4 --scout-inject={inject}",
+    )
     job = submit(lab, script)
     wait_finished(lab, job, restart=0)
     v0 = show_json(lab, job, restart=0)
     node = places(lab, job, 0)[rank].node
-    assert v0["kind"] == kind and [(s["rank"], s["node"]) for s in v0["suspects"]] == [(rank, node)], v0
+    assert v0["kind"] == kind and [(s["rank"], s["node"]) for s in v0["suspects"]] == [
+        (rank, node)
+    ], v0
     drained = drained_nodes(lab)
-    assert node in drained and drained[node].startswith(f"scout: {kind} rank {rank} job {job} run 0"), drained
+    assert node in drained and drained[node].startswith(
+        f"scout: {kind} rank {rank} job {job} run 0"
+    ), drained
     assert list(drained) == [node]
     info = wait_completed(lab, job)
     # a message in full: pytest cuts the repr of a tuple to a line
     if not (info.state == "COMPLETED" and info.restart_count == 1):
-        time.sleep(3)   # the controller Epilog's verdict on the rerun, if it wrote one, says why it failed
+        time.sleep(
+            3
+        )  # the controller Epilog's verdict on the rerun, if it wrote one, says why it failed
         vpath = folder(lab, job).verdict_path(1)
         why = show_json(lab, job, restart=1) if vpath.exists() else "no verdict for run 1"
         raise AssertionError(f"{info}\nrun 1: {why}\n{output(lab, job)[-6000:]}")
@@ -246,8 +307,13 @@ def closed_loop(lab: Lab, inject: str, rank: int, kind: str) -> tuple[int, Path]
     assert acts.status.value == "applied"
     assert [a.kind.value for a in acts.actions] == ["drain", "requeue", "exclude", "resume_from"]
     # scout show tells the story of the failed run: verdict, suspects, actions
-    text = subprocess.run([sys.executable, "-m", "scout_slurm.cli", "show", str(job), "--restart", "0"],
-                          capture_output=True, text=True, env=lab.client_env(), timeout=60).stdout
+    text = subprocess.run(
+        [sys.executable, "-m", "scout_slurm.cli", "show", str(job), "--restart", "0"],
+        capture_output=True,
+        text=True,
+        env=lab.client_env(),
+        timeout=60,
+    ).stdout
     assert f"rank {rank} on node {node}: {kind}" in text and f"[done] drain node {node}" in text
     assert f"[done] requeue job {job}" in text and "step-20.pt" in text
     assert show_json(lab, job, restart=1)["kind"] == "clean"

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 
 class Script:
-    def __init__(self, events: list[tuple[float, object]], *, wall0: float, limit_s: float = 60.0) -> None:
+    def __init__(
+        self, events: list[tuple[float, object]], *, wall0: float, limit_s: float = 60.0
+    ) -> None:
         self.t = 0.0
         self.events = sorted(events, key=lambda e: e[0])
         self.wall0, self.limit_s = wall0, limit_s

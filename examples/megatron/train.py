@@ -2,6 +2,7 @@
 ColumnParallelLinear and a RowParallelLinear (both return `(output, bias)` tuples) wrapped in
 torch's own DDP. Megatron's own DistributedDataParallel, `model_parallel_cuda_manual_seed` and
 GPTModel need CUDA, so they are not used here."""
+
 from __future__ import annotations
 
 import argparse
@@ -20,10 +21,18 @@ class Block(torch.nn.Module):
     def __init__(self, config: TransformerConfig, hidden: int) -> None:
         super().__init__()
         init = torch.nn.init.xavier_normal_
-        self.fc1 = ColumnParallelLinear(hidden, 4 * hidden, config=config, init_method=init, bias=True,
-                                        gather_output=True)
-        self.fc2 = RowParallelLinear(4 * hidden, hidden, config=config, init_method=init, bias=True,
-                                     input_is_parallel=False, skip_bias_add=False)
+        self.fc1 = ColumnParallelLinear(
+            hidden, 4 * hidden, config=config, init_method=init, bias=True, gather_output=True
+        )
+        self.fc2 = RowParallelLinear(
+            4 * hidden,
+            hidden,
+            config=config,
+            init_method=init,
+            bias=True,
+            input_is_parallel=False,
+            skip_bias_add=False,
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h, _ = self.fc1(x)
@@ -40,11 +49,18 @@ def main() -> int:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=1, pipeline_model_parallel_size=1
+    )
     rank = dist.get_rank()
     hidden = 32
-    config = TransformerConfig(num_layers=1, hidden_size=hidden, num_attention_heads=4, use_cpu_initialization=True,
-                               perform_initialization=True)
+    config = TransformerConfig(
+        num_layers=1,
+        hidden_size=hidden,
+        num_attention_heads=4,
+        use_cpu_initialization=True,
+        perform_initialization=True,
+    )
     model = Block(config, hidden)
     ddp = DDP(model)
     opt = torch.optim.Adam(ddp.parameters(), lr=1e-3)

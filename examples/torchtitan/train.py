@@ -2,6 +2,7 @@
 tokens (no tokenizer or data set to fetch): a few steps on GPUs. On CPU only the model build, the
 mesh and the FSDP2 wrap run (`--cpu-build-only`): TorchTitan's attention needs a flex BlockMask,
 flex attention has no CPU backward, and its trainer calls CUDA's set_device."""
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,11 @@ def main() -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     import torchtitan.distributed.parallel_dims as parallel_dims
     from torchtitan.models.llama3 import model_registry
+
     parallel_dims.device_type = "cuda" if cuda else "cpu"
-    dims = parallel_dims.ParallelDims(dp_replicate=1, dp_shard=world, cp=1, tp=1, pp=1, ep=1, world_size=world)
+    dims = parallel_dims.ParallelDims(
+        dp_replicate=1, dp_shard=world, cp=1, tp=1, pp=1, ep=1, world_size=world
+    )
     dims.build_mesh()
     mesh = dims.get_mesh("dp_shard")
     torch.manual_seed(0)
@@ -39,7 +43,10 @@ def main() -> int:
     for block in model.layers.values():
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    print(f"rank {rank}: TorchTitan debug model built and wrapped (FSDP2 over {mesh.mesh_dim_names})", flush=True)
+    print(
+        f"rank {rank}: TorchTitan debug model built and wrapped (FSDP2 over {mesh.mesh_dim_names})",
+        flush=True,
+    )
     if not cuda:
         dist.destroy_process_group()
         return 0
@@ -51,12 +58,16 @@ def main() -> int:
     for step in range(1, args.steps + 1):
         tokens = torch.randint(0, 2048, (args.batch, args.seq + 1), device="cuda", generator=gen)
         logits = model(tokens[:, :-1], positions, masks)
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+        loss = torch.nn.functional.cross_entropy(
+            logits.flatten(0, 1).float(), tokens[:, 1:].flatten()
+        )
         opt.zero_grad()
         loss.backward()
         opt.step()
         if rank == 0 and step % 5 == 0:
-            print(f"step {step}: loss {loss.item():.3f} ({time.monotonic() - t0:.1f} s)", flush=True)
+            print(
+                f"step {step}: loss {loss.item():.3f} ({time.monotonic() - t0:.1f} s)", flush=True
+            )
     print(f"rank {rank}: done", flush=True)
     del model, opt
     dist.destroy_process_group()

@@ -22,49 +22,88 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from scout_slurm.acceptance.steps import (CaseRun, CheckpointResult, CheckpointRow, IncidentFiles, LoadResult,
-                                          MapResult, ResumeResult, Status, StepResult, fmt_s, is_right,
-                                          judge_checkpoints, judge_injection, judge_map, judge_measurements,
-                                          judge_naming, judge_resume, judge_training, judge_under_load, naming,
-                                          overall, summary_table)
+from scout_slurm.acceptance.steps import (
+    CaseRun,
+    CheckpointResult,
+    CheckpointRow,
+    IncidentFiles,
+    LoadResult,
+    MapResult,
+    ResumeResult,
+    Status,
+    StepResult,
+    fmt_s,
+    is_right,
+    judge_checkpoints,
+    judge_injection,
+    judge_map,
+    judge_measurements,
+    judge_naming,
+    judge_resume,
+    judge_training,
+    judge_under_load,
+    naming,
+    overall,
+    summary_table,
+)
 from scout_slurm.errors import ScoutError
 from scout_slurm.evidence.layout import JobFolder
-from scout_slurm.evidence.records import Finding, FindingKind, RankPlace, StallDecision, Verdict, is_fault_injection
+from scout_slurm.evidence.records import (
+    Finding,
+    FindingKind,
+    RankPlace,
+    StallDecision,
+    Verdict,
+    is_fault_injection,
+)
 from scout_slurm.evidence.store import list_records, read_record
 from scout_slurm.inject.spec import KINDS
-from scout_slurm.lab.cluster import CLUSTER_NAME, Lab, LabSpec, free_port_base, shape_link, unshape_link
+from scout_slurm.lab.cluster import (
+    CLUSTER_NAME,
+    Lab,
+    LabSpec,
+    free_port_base,
+    shape_link,
+    unshape_link,
+)
 from scout_slurm.log import configure
 from scout_slurm.remediation.plan import is_scout_drain
 from scout_slurm.remediation.records import ResumeInstruction
 from scout_slurm.slurm import ops
 
 TRAIN = Path(__file__).resolve().parent.parent / "lab" / "train_demo.py"
-_DETECTING = {FindingKind.STALL_SUSPECT, FindingKind.HANG, FindingKind.DESYNC, FindingKind.CRASH,
-              FindingKind.SDC, FindingKind.STRAGGLER}
+_DETECTING = {
+    FindingKind.STALL_SUSPECT,
+    FindingKind.HANG,
+    FindingKind.DESYNC,
+    FindingKind.CRASH,
+    FindingKind.SDC,
+    FindingKind.STRAGGLER,
+}
 _RESUMED = re.compile(r"^rank 0: resumed from (\S+) at step (\d+)$", re.M)
 
 
 @dataclass(frozen=True)
 class AcceptanceOptions:
     out_dir: Path
-    quick: bool = False               # fewer steps and no clean run under load (for tests)
-    site: bool = False                # the Slurm cluster SLURM_CONF points at, not a local lab
+    quick: bool = False  # fewer steps and no clean run under load (for tests)
+    site: bool = False  # the Slurm cluster SLURM_CONF points at, not a local lab
     lab_state_dir: Path | None = None  # default: a fresh folder, removed afterwards
-    lab_port_base: int = 0            # 0: a free block
+    lab_port_base: int = 0  # 0: a free block
     nodes: int = 2
     tasks_per_node: int = 2
     partition: str = ""
     account: str = ""
     time_limit: str = ""
-    evidence_root: str = ""           # site: default from the site config
-    workdir: Path | None = None       # checkpoints and job output; every node must see it (site)
+    evidence_root: str = ""  # site: default from the site config
+    workdir: Path | None = None  # checkpoints and job output; every node must see it (site)
     stall_floor_s: float = 4.0
     job_timeout_s: float = 240.0
     load_tcp_mib: float = 64.0
     load_disk_mib: float = 16.0
     python: str = sys.executable
-    side_by_side: bool = True         # two jobs at a time (the lab has four nodes; a job takes two)
-    netns: bool = False               # lab: one network namespace per node, so one node's link can be slowed
+    side_by_side: bool = True  # two jobs at a time (the lab has four nodes; a job takes two)
+    netns: bool = False  # lab: one network namespace per node, so one node's link can be slowed
     schema_version: int = 1
 
 
@@ -74,9 +113,11 @@ class _Where:
     evidence_root: Path
     work: Path
     slow_link_skip: str
-    cluster: str = ""                 # "" on a site: found from the job's evidence folder
-    own_master_port: bool = False     # lab: other labs on this machine reuse job ids, and so scout's ports
-    lab_nodes: int = 0                # netns lab: how many nodes the slow-link job spans
+    cluster: str = ""  # "" on a site: found from the job's evidence folder
+    own_master_port: bool = (
+        False  # lab: other labs on this machine reuse job ids, and so scout's ports
+    )
+    lab_nodes: int = 0  # netns lab: how many nodes the slow-link job spans
 
 
 @dataclass(frozen=True)
@@ -85,7 +126,7 @@ class _Pending:
     job: int
     t0: float
     on_verdict: Callable[[int, JobFolder], None] | None
-    awaited: bool = False             # await_verdict() ran: folder and err below are its answer
+    awaited: bool = False  # await_verdict() ran: folder and err below are its answer
     folder: JobFolder | None = None
     err: str = ""
 
@@ -110,7 +151,9 @@ class Acceptance:
         scout = f"--scout-stall-floor={self.opts.stall_floor_s} --scout-consensus-every={consensus}"
         if inject:
             scout += f" --scout-inject={inject}"
-        if self.where.own_master_port:  # every node is this machine: a port free here is free for rank 0
+        if (
+            self.where.own_master_port
+        ):  # every node is this machine: a port free here is free for rank 0
             pre = f"export MASTER_PORT={_free_port()}\n{pre}"
         return f"""#!/bin/bash
 export OMP_NUM_THREADS=1
@@ -130,14 +173,24 @@ scout-srun {scout} {py} {TRAIN} {train}
             args += f" --out {out}"
         return args
 
-    def submit(self, name: str, script: str, *, requeue: bool, shape: tuple[int, int] | None = None) -> int:
+    def submit(
+        self, name: str, script: str, *, requeue: bool, shape: tuple[int, int] | None = None
+    ) -> int:
         nodes, per_node = shape or (self.opts.nodes, self.opts.tasks_per_node)
-        args = [f"-N{nodes}", f"--ntasks-per-node={per_node}", "--open-mode=append",
-                f"--output={self.where.work / 'job-%j.out'}", f"--job-name=scout-acceptance-{name.replace(' ', '-')}"]
+        args = [
+            f"-N{nodes}",
+            f"--ntasks-per-node={per_node}",
+            "--open-mode=append",
+            f"--output={self.where.work / 'job-%j.out'}",
+            f"--job-name=scout-acceptance-{name.replace(' ', '-')}",
+        ]
         if not requeue:
             args.append("--no-requeue")
-        for flag, value in (("--partition", self.opts.partition), ("--account", self.opts.account),
-                            ("--time", self.opts.time_limit)):
+        for flag, value in (
+            ("--partition", self.opts.partition),
+            ("--account", self.opts.account),
+            ("--time", self.opts.time_limit),
+        ):
             if value:
                 args.append(f"{flag}={value}")
         return ops.submit_batch(script, args, timeout=30, env=self.where.env)
@@ -150,7 +203,11 @@ scout-srun {scout} {py} {TRAIN} {train}
         root = self.where.evidence_root
         if self.where.cluster:
             return JobFolder(root, self.where.cluster, job)
-        hits = [c.name for c in sorted(root.iterdir()) if (c / str(job)).is_dir()] if root.is_dir() else []
+        hits = (
+            [c.name for c in sorted(root.iterdir()) if (c / str(job)).is_dir()]
+            if root.is_dir()
+            else []
+        )
         return JobFolder(root, hits[0], job) if len(hits) == 1 else None
 
     def wait_verdict(self, job: int, restart: int = 0) -> tuple[JobFolder | None, str]:
@@ -165,10 +222,14 @@ scout-srun {scout} {py} {TRAIN} {train}
             if info is not None and info.is_finished:
                 ended_at = ended_at or time.monotonic()
                 if time.monotonic() - ended_at > 60:
-                    return f, (f"job {job} ended {info.state} but no verdict for run {restart} appeared within 60 s "
-                               f"(is the controller Epilog installed? evidence root {self.where.evidence_root})")
+                    return f, (
+                        f"job {job} ended {info.state} but no verdict for run {restart} appeared within 60 s "
+                        f"(is the controller Epilog installed? evidence root {self.where.evidence_root})"
+                    )
             time.sleep(0.5)
-        return self.folder(job), f"no verdict for job {job} run {restart} within {self.opts.job_timeout_s:.0f} s"
+        return self.folder(
+            job
+        ), f"no verdict for job {job} run {restart} within {self.opts.job_timeout_s:.0f} s"
 
     def wait_end(self, job: int) -> str:
         deadline = time.monotonic() + self.opts.job_timeout_s
@@ -194,20 +255,46 @@ scout-srun {scout} {py} {TRAIN} {train}
     def run_case(self, name: str, **kw) -> CaseRun:
         return self.finish_case(self.start_case(name, **kw))
 
-    def start_case(self, name: str, *, inject: str, expected_kind: str, expected_rank: int | None,
-                   train: str, pre: str = "", requeue: bool = False, under_load: bool = False,
-                   on_verdict: Callable[[int, JobFolder], None] | None = None, fault_label: str = "",
-                   expected_on_node: str = "", injected_at: float = 0.0,
-                   shape: tuple[int, int] | None = None) -> _Pending:
+    def start_case(
+        self,
+        name: str,
+        *,
+        inject: str,
+        expected_kind: str,
+        expected_rank: int | None,
+        train: str,
+        pre: str = "",
+        requeue: bool = False,
+        under_load: bool = False,
+        on_verdict: Callable[[int, JobFolder], None] | None = None,
+        fault_label: str = "",
+        expected_on_node: str = "",
+        injected_at: float = 0.0,
+        shape: tuple[int, int] | None = None,
+    ) -> _Pending:
         """Submit one case's job; finish_case() waits for it (two cases may run side by side on
         the lab's four nodes)."""
-        case = CaseRun(name=name, fault=fault_label or inject, expected_kind=expected_kind, expected_rank=expected_rank,
-                       under_load=under_load, expected_on_node=expected_on_node, injected_at=injected_at)
+        case = CaseRun(
+            name=name,
+            fault=fault_label or inject,
+            expected_kind=expected_kind,
+            expected_rank=expected_rank,
+            under_load=under_load,
+            expected_on_node=expected_on_node,
+            injected_at=injected_at,
+        )
         t0 = time.monotonic()
         try:
-            job = self.submit(name, self._script(inject=inject, train=train, pre=pre), requeue=requeue, shape=shape)
+            job = self.submit(
+                name,
+                self._script(inject=inject, train=train, pre=pre),
+                requeue=requeue,
+                shape=shape,
+            )
         except ScoutError as exc:
-            return _Pending(dataclasses.replace(case, error=f"sbatch failed: {exc}"), 0, t0, on_verdict)
+            return _Pending(
+                dataclasses.replace(case, error=f"sbatch failed: {exc}"), 0, t0, on_verdict
+            )
         self.echo(f"  job {job} ({name}{': ' + case.fault if case.fault else ''}) submitted")
         return _Pending(dataclasses.replace(case, job_id=job), job, t0, on_verdict)
 
@@ -236,15 +323,18 @@ scout-srun {scout} {py} {TRAIN} {train}
         if case.fault:
             self._keep_bundle(folder)
         right = is_right(case)
-        self.echo(f"  job {job} ({case.name}) {state} after {time.monotonic() - p.t0:.0f} s: {naming(case)}; "
-                  f"detect {fmt_s(case.detection_s)}, verdict {fmt_s(case.localisation_s)} "
-                  f"({'right' if right[0] else 'WRONG: ' + right[1]})")
+        self.echo(
+            f"  job {job} ({case.name}) {state} after {time.monotonic() - p.t0:.0f} s: {naming(case)}; "
+            f"detect {fmt_s(case.detection_s)}, verdict {fmt_s(case.localisation_s)} "
+            f"({'right' if right[0] else 'WRONG: ' + right[1]})"
+        )
         return case
 
     def _keep_bundle(self, folder: JobFolder) -> None:
         """The incident of the faulty run, for the HTML page (read now: the lab's folder goes)."""
         try:
             from scout_slurm.report.bundle_loader import load_incident_bundle
+
             self.bundles.append(load_incident_bundle(folder, 0))
         except Exception as exc:  # noqa: BLE001 - the page is a view; the steps do not depend on it
             self.echo(f"  note: incident of job {folder.job_id} not drawn: {exc!r}")
@@ -257,8 +347,10 @@ scout-srun {scout} {py} {TRAIN} {train}
                     ops.resume_node(n.name, timeout=20, env=self.where.env)
                     self.drained.append(n.name)
         except ScoutError as exc:  # e.g. a site where this user may not resume nodes: say so, go on
-            self.echo(f"  note: nodes drained for job {folder.job_id} not returned to service ({exc}); "
-                      f"an operator runs `scout undrain NODE`")
+            self.echo(
+                f"  note: nodes drained for job {folder.job_id} not returned to service ({exc}); "
+                f"an operator runs `scout undrain NODE`"
+            )
 
     # -- the steps ---------------------------------------------------------------------------
 
@@ -271,11 +363,19 @@ scout-srun {scout} {py} {TRAIN} {train}
             return MapResult(job, 0, ended, error=(res.stderr or res.stdout).strip()[-500:])
         try:
             obj = json.loads(res.stdout)
-            rows = tuple((int(r["rank"]), str(r["node"]), str(r["nic"]), tuple(r["gpu_uuids"])) for r in obj["ranks"])
+            rows = tuple(
+                (int(r["rank"]), str(r["node"]), str(r["nic"]), tuple(r["gpu_uuids"]))
+                for r in obj["ranks"]
+            )
         except (ValueError, KeyError, TypeError) as exc:
             return MapResult(job, 0, ended, error=f"unreadable JSON: {exc}")
-        return MapResult(job, self.opts.nodes * self.opts.tasks_per_node, ended, rows,
-                         tuple(str(p) for p in obj.get("problems", ())))
+        return MapResult(
+            job,
+            self.opts.nodes * self.opts.tasks_per_node,
+            ended,
+            rows,
+            tuple(str(p) for p in obj.get("problems", ())),
+        )
 
     def query_checkpoints(self, job: int, folder: JobFolder, fault_step: int) -> CheckpointResult:
         res = _scout(self.opts.python, self.where.env, "checkpoints", str(job), "--json")
@@ -285,46 +385,76 @@ scout-srun {scout} {py} {TRAIN} {train}
         except ScoutError:
             pass
         if res.returncode != 0:
-            return CheckpointResult(job, fault_step, fss, error=(res.stderr or res.stdout).strip()[-500:])
+            return CheckpointResult(
+                job, fault_step, fss, error=(res.stderr or res.stdout).strip()[-500:]
+            )
         try:
             obj = json.loads(res.stdout)
-            rows = tuple(CheckpointRow(int(c["run"]), int(c["step"]), str(c["status"]), str(c["reason"]))
-                         for c in obj["checkpoints"])
+            rows = tuple(
+                CheckpointRow(int(c["run"]), int(c["step"]), str(c["status"]), str(c["reason"]))
+                for c in obj["checkpoints"]
+            )
             point = obj.get("recovery_point") or ""
-            steps = [int(c["step"]) for c in obj["checkpoints"] if c["path"] == point and int(c["run"]) == 0]
+            steps = [
+                int(c["step"])
+                for c in obj["checkpoints"]
+                if c["path"] == point and int(c["run"]) == 0
+            ]
         except (ValueError, KeyError, TypeError) as exc:
             return CheckpointResult(job, fault_step, fss, error=f"unreadable JSON: {exc}")
         rule = str(obj.get("rule", ""))
         try:  # what the controller chose for the rerun, with its reason: the rule as applied
             chosen = read_record(folder.resume_path(1), ResumeInstruction, root=folder.root)
-            point, steps, rule = chosen.checkpoint, [chosen.step], f"{chosen.reason} (applied by the controller)"
+            point, steps, rule = (
+                chosen.checkpoint,
+                [chosen.step],
+                f"{chosen.reason} (applied by the controller)",
+            )
         except (ScoutError, OSError):
             pass
         return CheckpointResult(job, fault_step, fss, rows, point, steps[0] if steps else -1, rule)
 
-    def resume_result(self, case: CaseRun, folder: JobFolder, ref: Path, final: Path) -> ResumeResult:
+    def resume_result(
+        self, case: CaseRun, folder: JobFolder, ref: Path, final: Path
+    ) -> ResumeResult:
         info = self._job_info(case.job_id)
         out = self.output(case.job_id)
         resumed = _RESUMED.findall(out)
         chosen = ""
         try:
-            chosen = read_record(folder.resume_path(1), ResumeInstruction, root=folder.root).checkpoint
+            chosen = read_record(
+                folder.resume_path(1), ResumeInstruction, root=folder.root
+            ).checkpoint
         except (ScoutError, OSError):
             pass
         checks: tuple[str, ...] = ()
-        shown = _scout(self.opts.python, self.where.env, "show", str(case.job_id), "--json", "--restart", "1")
+        shown = _scout(
+            self.opts.python, self.where.env, "show", str(case.job_id), "--json", "--restart", "1"
+        )
         if shown.returncode == 0:
             try:
-                checks = tuple(str(f.get("summary", "")) for f in json.loads(shown.stdout).get("resume") or ())
+                checks = tuple(
+                    str(f.get("summary", "")) for f in json.loads(shown.stdout).get("resume") or ()
+                )
             except ValueError:
                 pass
-        compared = ["model", "optimizer"] + (["scheduler"] if self.has_sched else []) + \
-                   (["RNG (torch, python, numpy)"] if self.has_rng else [])
+        compared = (
+            ["model", "optimizer"]
+            + (["scheduler"] if self.has_sched else [])
+            + (["RNG (torch, python, numpy)"] if self.has_rng else [])
+        )
         restarts = info.restart_count if info is not None else len(folder.restarts()) - 1
-        return ResumeResult(job_id=case.job_id, restarts=restarts, final_state=case.final_state,
-                            resumed_from=resumed[-1][0] if resumed else "", recovery_point=chosen,
-                            final_digest=_read_small(final), reference_digest=_read_small(ref),
-                            compared=tuple(compared), resume_check=checks)
+        return ResumeResult(
+            job_id=case.job_id,
+            restarts=restarts,
+            final_state=case.final_state,
+            resumed_from=resumed[-1][0] if resumed else "",
+            recovery_point=chosen,
+            final_digest=_read_small(final),
+            reference_digest=_read_small(ref),
+            compared=tuple(compared),
+            resume_check=checks,
+        )
 
 
 def read_case(case: CaseRun, folder: JobFolder, restart: int) -> CaseRun:
@@ -348,14 +478,25 @@ def read_case(case: CaseRun, folder: JobFolder, restart: int) -> CaseRun:
     except (ScoutError, OSError):
         pass
     named = tuple((s.rank, s.node) for s in verdict.suspects) if verdict else ()
-    components = sorted({f.component for f in findings if f.kind in _DETECTING and f.component
-                         and any(f.rank == r for r, _ in named)})
+    components = sorted(
+        {
+            f.component
+            for f in findings
+            if f.kind in _DETECTING and f.component and any(f.rank == r for r, _ in named)
+        }
+    )
     return dataclasses.replace(
-        case, world_size=max((p.world_size for p in places), default=0),
+        case,
+        world_size=max((p.world_size for p in places), default=0),
         rank_nodes=tuple(sorted((p.rank, p.node) for p in places)),
-        injected_at=min(injected, default=case.injected_at), detected_at=min(detections, default=0.0),
-        verdict_at=verdict.created_at if verdict else 0.0, verdict_kind=verdict.kind.value if verdict else "",
-        named=named, component=",".join(components), incident=incident_files(folder.path))
+        injected_at=min(injected, default=case.injected_at),
+        detected_at=min(detections, default=0.0),
+        verdict_at=verdict.created_at if verdict else 0.0,
+        verdict_kind=verdict.kind.value if verdict else "",
+        named=named,
+        component=",".join(components),
+        incident=incident_files(folder.path),
+    )
 
 
 def incident_files(path: Path, *, limit: int = 100_000) -> IncidentFiles:
@@ -392,24 +533,48 @@ def _read_small(path: Path) -> str:
 
 def _scout(python: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     """The operator's own command, as a buyer would type it."""
-    return subprocess.run([python, "-m", "scout_slurm.cli", *args], capture_output=True, text=True, env=env,
-                          timeout=120)
+    return subprocess.run(
+        [python, "-m", "scout_slurm.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
 
 
 class _LoadGenerators:
     """The TCP and disk load, as child processes tracked by pid; stopped (SIGTERM, then SIGKILL)
     and reaped in stop(), also when the run fails."""
 
-    def __init__(self, python: str, stats_dir: Path, disk_dir: Path, tcp_mib: float, disk_mib: float) -> None:
+    def __init__(
+        self, python: str, stats_dir: Path, disk_dir: Path, tcp_mib: float, disk_mib: float
+    ) -> None:
         self.stats_dir, self.disk_dir = stats_dir, disk_dir
         stats_dir.mkdir(parents=True, exist_ok=True)
         base = [python, "-m", "scout_slurm.acceptance.load"]
         self.procs = [
-            subprocess.Popen(base + ["tcp", "--stats", str(stats_dir / "tcp.json"), "--rate-mib", str(tcp_mib)],
-                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE),
-            subprocess.Popen(base + ["disk", "--stats", str(stats_dir / "disk.json"), "--dir", str(disk_dir),
-                                     "--rate-mib", str(disk_mib)],
-                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)]
+            subprocess.Popen(
+                base + ["tcp", "--stats", str(stats_dir / "tcp.json"), "--rate-mib", str(tcp_mib)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            ),
+            subprocess.Popen(
+                base
+                + [
+                    "disk",
+                    "--stats",
+                    str(stats_dir / "disk.json"),
+                    "--dir",
+                    str(disk_dir),
+                    "--rate-mib",
+                    str(disk_mib),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            ),
+        ]
         self.started = time.monotonic()
 
     @property
@@ -421,8 +586,10 @@ class _LoadGenerators:
         errors = []
         for p in self.procs:
             if p.poll() is not None:
-                errors.append(f"load generator pid {p.pid} had already ended (exit {p.returncode}): "
-                              f"{(p.stderr.read() or b'').decode(errors='replace')[-300:]}")
+                errors.append(
+                    f"load generator pid {p.pid} had already ended (exit {p.returncode}): "
+                    f"{(p.stderr.read() or b'').decode(errors='replace')[-300:]}"
+                )
             else:
                 p.terminate()
         for p in self.procs:
@@ -440,8 +607,16 @@ class _LoadGenerators:
                 return int(json.loads((self.stats_dir / name).read_text())["bytes"])
             except (OSError, ValueError, KeyError):
                 return 0
-        return LoadResult(seconds=seconds, tcp_bytes=moved("tcp.json"), disk_bytes=moved("disk.json"),
-                          disk_path=str(self.disk_dir), pids=self.pids, stopped=stopped, error="; ".join(errors))
+
+        return LoadResult(
+            seconds=seconds,
+            tcp_bytes=moved("tcp.json"),
+            disk_bytes=moved("disk.json"),
+            disk_path=str(self.disk_dir),
+            pids=self.pids,
+            stopped=stopped,
+            error="; ".join(errors),
+        )
 
 
 def run_acceptance(opts: AcceptanceOptions, echo: Callable[[str], None]) -> int:
@@ -457,23 +632,44 @@ def run_acceptance(opts: AcceptanceOptions, echo: Callable[[str], None]) -> int:
     try:
         if opts.site:
             where = _site_where(opts)
-            echo(f"scout acceptance on the site's Slurm (SLURM_CONF={where.env.get('SLURM_CONF', '(default)')}), "
-                 f"evidence {where.evidence_root}, work {where.work}")
+            echo(
+                f"scout acceptance on the site's Slurm (SLURM_CONF={where.env.get('SLURM_CONF', '(default)')}), "
+                f"evidence {where.evidence_root}, work {where.work}"
+            )
         else:
             state = opts.lab_state_dir
             if state is None:
                 state = temp_state = Path(tempfile.mkdtemp(prefix="scout-acceptance-lab-"))
             nodes = max(4, 2 * opts.nodes)  # two jobs side by side
             port = opts.lab_port_base or free_port_base(nodes + 2, 30000, 32000)
-            lab = Lab(LabSpec(state_dir=state, nodes=nodes, port_base=port, python=opts.python, netns=opts.netns))
-            echo(f"starting a local {nodes}-node Slurm lab in {state} (ports {port}..{port + nodes}) ...")
+            lab = Lab(
+                LabSpec(
+                    state_dir=state,
+                    nodes=nodes,
+                    port_base=port,
+                    python=opts.python,
+                    netns=opts.netns,
+                )
+            )
+            echo(
+                f"starting a local {nodes}-node Slurm lab in {state} (ports {port}..{port + nodes}) ..."
+            )
             lab.up()
             lab.paths.work.mkdir(parents=True, exist_ok=True)
-            where = _Where(env=lab.client_env(), evidence_root=lab.paths.evidence, work=lab.paths.work,
-                           cluster=CLUSTER_NAME, own_master_port=not opts.netns, lab_nodes=nodes,
-                           slow_link_skip="" if opts.netns else
-                           ("the local lab runs every node as a `slurmd -N` on 127.0.0.1: there is no per-node link "
-                            "to shape (`scout acceptance --netns` can: one network namespace per node)"))
+            where = _Where(
+                env=lab.client_env(),
+                evidence_root=lab.paths.evidence,
+                work=lab.paths.work,
+                cluster=CLUSTER_NAME,
+                own_master_port=not opts.netns,
+                lab_nodes=nodes,
+                slow_link_skip=""
+                if opts.netns
+                else (
+                    "the local lab runs every node as a `slurmd -N` on 127.0.0.1: there is no per-node link "
+                    "to shape (`scout acceptance --netns` can: one network namespace per node)"
+                ),
+            )
         acc = Acceptance(opts, where, echo)
         steps, cases = _run_steps(acc, echo)
     finally:
@@ -489,22 +685,31 @@ def run_acceptance(opts: AcceptanceOptions, echo: Callable[[str], None]) -> int:
     write_reports(opts, steps, cases, started, finished, passed, echo, bundles=tuple(acc.bundles))
     echo("")
     echo(summary_table(steps).rstrip())
-    echo(f"\nACCEPTANCE {'PASSED' if passed else 'FAILED'} in {finished - started:.0f} s: "
-         f"{sum(s.status is Status.PASS for s in steps)} passed, {sum(s.status is Status.FAIL for s in steps)} failed, "
-         f"{sum(s.status is Status.SKIPPED for s in steps)} skipped; report in {opts.out_dir}")
+    echo(
+        f"\nACCEPTANCE {'PASSED' if passed else 'FAILED'} in {finished - started:.0f} s: "
+        f"{sum(s.status is Status.PASS for s in steps)} passed, {sum(s.status is Status.FAIL for s in steps)} failed, "
+        f"{sum(s.status is Status.SKIPPED for s in steps)} skipped; report in {opts.out_dir}"
+    )
     return 0 if passed else 1
 
 
 def _site_where(opts: AcceptanceOptions) -> _Where:
     from scout_slurm.config import load_config
+
     root = opts.evidence_root or load_config(os.environ).evidence.root
     work = opts.workdir or (opts.out_dir / "work")
     work.mkdir(parents=True, exist_ok=True)
-    return _Where(env=dict(os.environ), evidence_root=Path(root), work=work,
-                  slow_link_skip="scout acceptance does not shape links on a site's production network")
+    return _Where(
+        env=dict(os.environ),
+        evidence_root=Path(root),
+        work=work,
+        slow_link_skip="scout acceptance does not shape links on a site's production network",
+    )
 
 
-def _run_steps(acc: Acceptance, echo: Callable[[str], None]) -> tuple[list[StepResult], list[CaseRun]]:
+def _run_steps(
+    acc: Acceptance, echo: Callable[[str], None]
+) -> tuple[list[StepResult], list[CaseRun]]:
     steps: list[StepResult] = []
     all_cases: list[CaseRun] = []
     work, tag, q = acc.where.work, acc.tag, acc.opts.quick
@@ -529,15 +734,28 @@ def _run_steps(acc: Acceptance, echo: Callable[[str], None]) -> tuple[list[StepR
         ck_holder.append(acc.query_checkpoints(job, folder, fault_step))
 
     echo("[step 1] start: a clean training job across the nodes (also the reference for step 7)")
-    p_clean = acc.start_case("clean", inject="", expected_kind="clean", expected_rank=None,
-                             train=acc._train_args(ckpt=work / f"acceptance-{tag}-ck-clean", out=ref))
+    p_clean = acc.start_case(
+        "clean",
+        inject="",
+        expected_kind="clean",
+        expected_rank=None,
+        train=acc._train_args(ckpt=work / f"acceptance-{tag}-ck-clean", out=ref),
+    )
     if not pair:
         clean = acc.finish_case(p_clean)
-    echo("[step 3c] start: a reversible numerical perturbation (one bit of one weight on rank 0), "
-         "with checkpoints, requeue and resume")
-    p_num = acc.start_case("numerical", inject=f"bitflip,bit=3,rank=0,step={fault_step}", expected_kind="sdc",
-                           expected_rank=0, requeue=True, on_verdict=on_verdict,
-                           train=acc._train_args(ckpt=work / f"acceptance-{tag}-ck-numerical", out=final))
+    echo(
+        "[step 3c] start: a reversible numerical perturbation (one bit of one weight on rank 0), "
+        "with checkpoints, requeue and resume"
+    )
+    p_num = acc.start_case(
+        "numerical",
+        inject=f"bitflip,bit=3,rank=0,step={fault_step}",
+        expected_kind="sdc",
+        expected_rank=0,
+        requeue=True,
+        on_verdict=on_verdict,
+        train=acc._train_args(ckpt=work / f"acceptance-{tag}-ck-numerical", out=final),
+    )
     p_num = acc.await_verdict(p_num)
     if pair:
         clean = acc.finish_case(p_clean)
@@ -552,18 +770,27 @@ def _run_steps(acc: Acceptance, echo: Callable[[str], None]) -> tuple[list[StepR
     # phase B: a process stall (3a) beside a bounded compute slowdown (3b, timing votes)
     stall_rank, slow_rank = 1 % world, world - 1
     echo("[step 3a] start: a process stall (sleep in the training loop)")
-    p_stall = acc.start_case("stall", inject=f"sleep,rank={stall_rank},step=8", expected_kind="hang",
-                             expected_rank=stall_rank, train=acc._train_args(ckpt=None, out=None))
+    p_stall = acc.start_case(
+        "stall",
+        inject=f"sleep,rank={stall_rank},step=8",
+        expected_kind="hang",
+        expected_rank=stall_rank,
+        train=acc._train_args(ckpt=None, out=None),
+    )
     if not pair:
         stall = acc.finish_case(p_stall)
     slow: CaseRun | None = None
     p_slow: _Pending | None = None
     echo("[step 3b] start: a bounded compute slowdown (a delay after every step on one rank)")
     if "delay" in KINDS:
-        p_slow = acc.start_case("slowdown", inject=f"delay,rank={slow_rank},step=6,seconds=0.25",
-                                expected_kind="straggler", expected_rank=slow_rank,
-                                train=acc._train_args(ckpt=None, out=None, steps=16),
-                                pre="export SCOUT_TIMING_EVERY=5")
+        p_slow = acc.start_case(
+            "slowdown",
+            inject=f"delay,rank={slow_rank},step=6,seconds=0.25",
+            expected_kind="straggler",
+            expected_rank=slow_rank,
+            train=acc._train_args(ckpt=None, out=None, steps=16),
+            pre="export SCOUT_TIMING_EVERY=5",
+        )
     if pair:
         stall = acc.finish_case(p_stall)
     all_cases.append(stall)
@@ -573,12 +800,20 @@ def _run_steps(acc: Acceptance, echo: Callable[[str], None]) -> tuple[list[StepR
         all_cases.append(slow)
         report(judge_injection("3b", "inject a bounded compute slowdown", slow))
     else:
-        report(StepResult("3b", "inject a bounded compute slowdown", Status.FAIL,
-                          detail="this version of scout has no `delay` fault kind: no slowdown can be injected"))
+        report(
+            StepResult(
+                "3b",
+                "inject a bounded compute slowdown",
+                Status.FAIL,
+                detail="this version of scout has no `delay` fault kind: no slowdown can be injected",
+            )
+        )
     link: CaseRun | None = None
     echo("[step 3d] start: a slow link")
     if acc.where.slow_link_skip:
-        report(StepResult("3d", "inject a slow link", Status.SKIPPED, detail=acc.where.slow_link_skip))
+        report(
+            StepResult("3d", "inject a slow link", Status.SKIPPED, detail=acc.where.slow_link_skip)
+        )
     else:
         link = slow_link_case(acc)
         all_cases.append(link)
@@ -586,42 +821,101 @@ def _run_steps(acc: Acceptance, echo: Callable[[str], None]) -> tuple[list[StepR
     rerun_clean: CaseRun | None = None
     folder = acc.folder(numeric.job_id) if numeric.job_id else None
     if folder is not None and folder.verdict_path(1).exists():
-        rerun_clean = read_case(CaseRun(name="numerical rerun", fault="", expected_kind="clean", expected_rank=None,
-                                        job_id=numeric.job_id, final_state=numeric.final_state), folder, 1)
+        rerun_clean = read_case(
+            CaseRun(
+                name="numerical rerun",
+                fault="",
+                expected_kind="clean",
+                expected_rank=None,
+                job_id=numeric.job_id,
+                final_state=numeric.final_state,
+            ),
+            folder,
+            1,
+        )
     injected = [c for c in (stall, slow, numeric, link) if c is not None]
     cleans = [c for c in (clean, rerun_clean) if c is not None]
     report(judge_measurements(injected, cleans))
     report(judge_naming(injected))
-    report(judge_checkpoints(ck_holder[0] if ck_holder else
-                             CheckpointResult(numeric.job_id, fault_step, -1,
-                                              error=numeric.error or "no verdict: checkpoints not listed")))
-    report(judge_resume(acc.resume_result(numeric, folder, ref, final) if folder is not None and not numeric.error
-                        else ResumeResult(numeric.job_id, 0, numeric.final_state, "", "", "", "",
-                                          error=numeric.error or "no evidence folder")))
+    report(
+        judge_checkpoints(
+            ck_holder[0]
+            if ck_holder
+            else CheckpointResult(
+                numeric.job_id,
+                fault_step,
+                -1,
+                error=numeric.error or "no verdict: checkpoints not listed",
+            )
+        )
+    )
+    report(
+        judge_resume(
+            acc.resume_result(numeric, folder, ref, final)
+            if folder is not None and not numeric.error
+            else ResumeResult(
+                numeric.job_id,
+                0,
+                numeric.final_state,
+                "",
+                "",
+                "",
+                "",
+                error=numeric.error or "no evidence folder",
+            )
+        )
+    )
 
     # 8: a reduced set again under load
-    echo("[step 8] start: loopback TCP stream and a disk writer in the evidence file system, then "
-         + ("a stall" if q else "a clean run and a stall") + " again")
-    shrink = 4 if q else 1  # quick: a quarter of the rates, so that 2 cores still run the jobs in time
-    gens = _LoadGenerators(acc.opts.python, work / f"acceptance-{tag}-load", acc.where.evidence_root,
-                           acc.opts.load_tcp_mib / shrink, acc.opts.load_disk_mib / shrink)
+    echo(
+        "[step 8] start: loopback TCP stream and a disk writer in the evidence file system, then "
+        + ("a stall" if q else "a clean run and a stall")
+        + " again"
+    )
+    shrink = (
+        4 if q else 1
+    )  # quick: a quarter of the rates, so that 2 cores still run the jobs in time
+    gens = _LoadGenerators(
+        acc.opts.python,
+        work / f"acceptance-{tag}-load",
+        acc.where.evidence_root,
+        acc.opts.load_tcp_mib / shrink,
+        acc.opts.load_disk_mib / shrink,
+    )
     echo(f"  load generators running: pids {', '.join(map(str, gens.pids))}")
     loaded: list[CaseRun] = []
     try:
         pending = []
         if not q:
-            pending.append(acc.start_case("clean under load", inject="", expected_kind="clean", expected_rank=None,
-                                          train=acc._train_args(ckpt=None, out=None), under_load=True))
+            pending.append(
+                acc.start_case(
+                    "clean under load",
+                    inject="",
+                    expected_kind="clean",
+                    expected_rank=None,
+                    train=acc._train_args(ckpt=None, out=None),
+                    under_load=True,
+                )
+            )
             if not pair:
                 loaded.append(acc.finish_case(pending.pop()))
-        pending.append(acc.start_case("stall under load", inject=f"sleep,rank={stall_rank},step=8",
-                                      expected_kind="hang", expected_rank=stall_rank,
-                                      train=acc._train_args(ckpt=None, out=None), under_load=True))
+        pending.append(
+            acc.start_case(
+                "stall under load",
+                inject=f"sleep,rank={stall_rank},step=8",
+                expected_kind="hang",
+                expected_rank=stall_rank,
+                train=acc._train_args(ckpt=None, out=None),
+                under_load=True,
+            )
+        )
         loaded += [acc.finish_case(p) for p in pending]
     finally:
         load = gens.stop()
-    echo(f"  load generators stopped: {load.tcp_bytes >> 20} MiB over TCP, {load.disk_bytes >> 20} MiB to disk "
-         f"in {load.seconds:.0f} s")
+    echo(
+        f"  load generators stopped: {load.tcp_bytes >> 20} MiB over TCP, {load.disk_bytes >> 20} MiB to disk "
+        f"in {load.seconds:.0f} s"
+    )
     all_cases += loaded
     report(judge_under_load(load, loaded))
     if rerun_clean is not None:
@@ -636,28 +930,64 @@ def slow_link_case(acc: Acceptance) -> CaseRun:
     node = "n3"
     shaped, why = shape_link(node)
     if not shaped:
-        return CaseRun(name="slow link", fault=f"slow link on {node}", expected_kind="straggler", expected_rank=None,
-                       expected_on_node=node, error=why)
+        return CaseRun(
+            name="slow link",
+            fault=f"slow link on {node}",
+            expected_kind="straggler",
+            expected_rank=None,
+            expected_on_node=node,
+            error=why,
+        )
     try:
-        p = acc.start_case("slow link", inject="", fault_label=f"{shaped} on {node}'s interface",
-                           expected_kind="straggler", expected_rank=None, expected_on_node=node,
-                           injected_at=time.time(), shape=(acc.where.lab_nodes, 1),
-                           train=acc._train_args(ckpt=None, out=None, steps=11),
-                           pre="export SCOUT_TIMING_EVERY=5 SCOUT_TIMING_PROBE_BYTES=131072")
+        p = acc.start_case(
+            "slow link",
+            inject="",
+            fault_label=f"{shaped} on {node}'s interface",
+            expected_kind="straggler",
+            expected_rank=None,
+            expected_on_node=node,
+            injected_at=time.time(),
+            shape=(acc.where.lab_nodes, 1),
+            train=acc._train_args(ckpt=None, out=None, steps=11),
+            pre="export SCOUT_TIMING_EVERY=5 SCOUT_TIMING_PROBE_BYTES=131072",
+        )
         return acc.finish_case(p)
     finally:
         unshape_link(node)
 
 
-def write_reports(opts: AcceptanceOptions, steps: list[StepResult], cases: list[CaseRun], started: float,
-                  finished: float, passed: bool, echo: Callable[[str], None], bundles: tuple = ()) -> None:
-    obj = {"schema_version": 1, "passed": passed, "started_at": started, "finished_at": finished,
-           "options": {k: str(v) for k, v in dataclasses.asdict(opts).items()},
-           "steps": [dataclasses.asdict(s) | {"status": s.status.value} for s in steps],
-           "cases": [dataclasses.asdict(c) | {"detection_s": c.detection_s, "localisation_s": c.localisation_s,
-                                             "named_as": naming(c), "right": is_right(c)[0]} for c in cases]}
+def write_reports(
+    opts: AcceptanceOptions,
+    steps: list[StepResult],
+    cases: list[CaseRun],
+    started: float,
+    finished: float,
+    passed: bool,
+    echo: Callable[[str], None],
+    bundles: tuple = (),
+) -> None:
+    obj = {
+        "schema_version": 1,
+        "passed": passed,
+        "started_at": started,
+        "finished_at": finished,
+        "options": {k: str(v) for k, v in dataclasses.asdict(opts).items()},
+        "steps": [dataclasses.asdict(s) | {"status": s.status.value} for s in steps],
+        "cases": [
+            dataclasses.asdict(c)
+            | {
+                "detection_s": c.detection_s,
+                "localisation_s": c.localisation_s,
+                "named_as": naming(c),
+                "right": is_right(c)[0],
+            }
+            for c in cases
+        ],
+    }
     (opts.out_dir / "acceptance.json").write_text(json.dumps(obj, indent=2))
-    (opts.out_dir / "acceptance.md").write_text(render_markdown(steps, cases, started, finished, passed))
+    (opts.out_dir / "acceptance.md").write_text(
+        render_markdown(steps, cases, started, finished, passed)
+    )
     try:
         html = render_html(steps, cases, started, finished, opts, bundles)
         (opts.out_dir / "acceptance.html").write_text(html)
@@ -665,32 +995,82 @@ def write_reports(opts: AcceptanceOptions, steps: list[StepResult], cases: list[
         echo(f"note: acceptance.html not written: {exc!r}")
 
 
-def render_markdown(steps: list[StepResult], cases: list[CaseRun], started: float, finished: float,
-                    passed: bool) -> str:
+def render_markdown(
+    steps: list[StepResult], cases: list[CaseRun], started: float, finished: float, passed: bool
+) -> str:
     t = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started))
-    lines = [f"# scout acceptance: {'PASSED' if passed else 'FAILED'}", "",
-             f"Started {t}, took {finished - started:.0f} s.", "", summary_table(steps), "## Cases", "",
-             "| case | job | fault | named | right | to detection | to verdict | incident kept |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# scout acceptance: {'PASSED' if passed else 'FAILED'}",
+        "",
+        f"Started {t}, took {finished - started:.0f} s.",
+        "",
+        summary_table(steps),
+        "## Cases",
+        "",
+        "| case | job | fault | named | right | to detection | to verdict | incident kept |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for c in cases:
         kept = f"{c.incident.files} files, {c.incident.bytes} B" if c.incident else "-"
-        lines.append(f"| {c.name} | {c.job_id} | {c.fault or '-'} | {naming(c)} | {'yes' if is_right(c)[0] else 'NO'} "
-                     f"| {fmt_s(c.detection_s)} | {fmt_s(c.localisation_s)} | {kept} |")
+        lines.append(
+            f"| {c.name} | {c.job_id} | {c.fault or '-'} | {naming(c)} | {'yes' if is_right(c)[0] else 'NO'} "
+            f"| {fmt_s(c.detection_s)} | {fmt_s(c.localisation_s)} | {kept} |"
+        )
     lines += ["", "## Details", ""]
     lines += [f"- **{s.step}** {s.title}: {s.status.value}. {s.detail}" for s in steps]
     return "\n".join(lines) + "\n"
 
 
-def render_html(steps: list[StepResult], cases: list[CaseRun], started: float, finished: float,
-                opts: AcceptanceOptions, bundles: tuple = ()) -> str:
-    from scout_slurm.report.html import AcceptanceCheck, AcceptanceReport, LatencyCase, render_acceptance_html
-    checks = tuple(AcceptanceCheck(step=f"{s.step} {s.title}",
-                                   passed=None if s.status is Status.SKIPPED else s.status is Status.PASS,
-                                   detail=s.detail, measured=s.figures) for s in steps)
-    lat = tuple(LatencyCase(case=c.name, expected=(f"rank {c.expected_rank} on {c.expected_node}, {c.expected_kind}"
-                                                   if c.expected_rank is not None else "nobody"),
-                            named=naming(c), correct=is_right(c)[0], detection_s=c.detection_s,
-                            localisation_s=c.localisation_s, job_id=c.job_id) for c in cases if c.fault)
-    return render_acceptance_html(AcceptanceReport(
-        title="scout acceptance", cluster="local lab" if not opts.site else "site", started_at=started,
-        finished_at=finished, checks=checks, cases=lat, incidents=bundles,
-        notes=tuple(f"{c.name}: job {c.job_id}, {naming(c)}" for c in cases if not c.fault)))
+def render_html(
+    steps: list[StepResult],
+    cases: list[CaseRun],
+    started: float,
+    finished: float,
+    opts: AcceptanceOptions,
+    bundles: tuple = (),
+) -> str:
+    from scout_slurm.report.html import (
+        AcceptanceCheck,
+        AcceptanceReport,
+        LatencyCase,
+        render_acceptance_html,
+    )
+
+    checks = tuple(
+        AcceptanceCheck(
+            step=f"{s.step} {s.title}",
+            passed=None if s.status is Status.SKIPPED else s.status is Status.PASS,
+            detail=s.detail,
+            measured=s.figures,
+        )
+        for s in steps
+    )
+    lat = tuple(
+        LatencyCase(
+            case=c.name,
+            expected=(
+                f"rank {c.expected_rank} on {c.expected_node}, {c.expected_kind}"
+                if c.expected_rank is not None
+                else "nobody"
+            ),
+            named=naming(c),
+            correct=is_right(c)[0],
+            detection_s=c.detection_s,
+            localisation_s=c.localisation_s,
+            job_id=c.job_id,
+        )
+        for c in cases
+        if c.fault
+    )
+    return render_acceptance_html(
+        AcceptanceReport(
+            title="scout acceptance",
+            cluster="local lab" if not opts.site else "site",
+            started_at=started,
+            finished_at=finished,
+            checks=checks,
+            cases=lat,
+            incidents=bundles,
+            notes=tuple(f"{c.name}: job {c.job_id}, {naming(c)}" for c in cases if not c.fault),
+        )
+    )

@@ -22,17 +22,18 @@ class Status(str, enum.Enum):
 
 @dataclass(frozen=True)
 class StepResult:
-    step: str                 # "1", "3a", ...
+    step: str  # "1", "3a", ...
     title: str
     status: Status
-    figures: str = ""         # what was measured, one line
-    detail: str = ""          # why it passed, failed or was skipped
+    figures: str = ""  # what was measured, one line
+    detail: str = ""  # why it passed, failed or was skipped
     schema_version: int = 1
 
 
 @dataclass(frozen=True)
 class IncidentFiles:
     """What the evidence folder of one job kept: files and bytes, and the largest few by name."""
+
     files: int
     bytes: int
     largest: tuple[tuple[str, int], ...] = ()
@@ -43,25 +44,28 @@ class IncidentFiles:
 class CaseRun:
     """One job of the acceptance test, as the rim saw it. `fault` "" is a clean run; expected_*
     say what a right verdict names. Times are wall clock (0: not recorded)."""
-    name: str                              # "clean", "stall", "slowdown", "numerical", "stall under load", ...
-    fault: str                             # the --scout-inject spec, "" for a clean run
-    expected_kind: str                     # a VerdictKind value
-    expected_rank: int | None              # None: nobody should be named
+
+    name: str  # "clean", "stall", "slowdown", "numerical", "stall under load", ...
+    fault: str  # the --scout-inject spec, "" for a clean run
+    expected_kind: str  # a VerdictKind value
+    expected_rank: int | None  # None: nobody should be named
     job_id: int = 0
-    final_state: str = ""                  # the job's Slurm state at the end
+    final_state: str = ""  # the job's Slurm state at the end
     world_size: int = 0
-    rank_nodes: tuple[tuple[int, str], ...] = ()   # (rank, node) from the rank place records
-    injected_at: float = 0.0               # the injection record of the bootstrap
-    detected_at: float = 0.0               # the first stall decision or finding that named someone
-    verdict_at: float = 0.0                # the verdict of the run with the fault
+    rank_nodes: tuple[tuple[int, str], ...] = ()  # (rank, node) from the rank place records
+    injected_at: float = 0.0  # the injection record of the bootstrap
+    detected_at: float = 0.0  # the first stall decision or finding that named someone
+    verdict_at: float = 0.0  # the verdict of the run with the fault
     verdict_kind: str = ""
-    named: tuple[tuple[int, str], ...] = ()        # (rank, node) of the verdict's suspects
-    component: str = ""                    # SDC: weights / optimizer / compute
-    group: tuple[int, ...] = ()            # a pair or group named instead of one rank (inconclusive replay)
+    named: tuple[tuple[int, str], ...] = ()  # (rank, node) of the verdict's suspects
+    component: str = ""  # SDC: weights / optimizer / compute
+    group: tuple[int, ...] = ()  # a pair or group named instead of one rank (inconclusive replay)
     incident: IncidentFiles | None = None
     under_load: bool = False
-    error: str = ""                        # the rim could not run or read it: says what
-    expected_on_node: str = ""             # a node-level fault (a slow link): every rank placed there is expected
+    error: str = ""  # the rim could not run or read it: says what
+    expected_on_node: str = (
+        ""  # a node-level fault (a slow link): every rank placed there is expected
+    )
     schema_version: int = 1
 
     @property
@@ -72,7 +76,11 @@ class CaseRun:
     def expected_node(self) -> str:
         if self.expected_on_node:
             return self.expected_on_node
-        return dict(self.rank_nodes).get(self.expected_rank, "") if self.expected_rank is not None else ""
+        return (
+            dict(self.rank_nodes).get(self.expected_rank, "")
+            if self.expected_rank is not None
+            else ""
+        )
 
     @property
     def expected_named(self) -> list[tuple[int, str]]:
@@ -97,10 +105,11 @@ class CaseRun:
 @dataclass(frozen=True)
 class MapResult:
     """`scout map JOB --json`, queried after the job ended."""
+
     job_id: int
     world_size: int
-    job_finished: bool                     # the map was queried after the job left the queue
-    ranks: tuple[tuple[int, str, str, tuple[str, ...]], ...] = ()   # (rank, node, nic, gpu uuids)
+    job_finished: bool  # the map was queried after the job left the queue
+    ranks: tuple[tuple[int, str, str, tuple[str, ...]], ...] = ()  # (rank, node, nic, gpu uuids)
     problems: tuple[str, ...] = ()
     error: str = ""
     schema_version: int = 1
@@ -110,7 +119,7 @@ class MapResult:
 class CheckpointRow:
     run: int
     step: int
-    status: str                            # eligible / candidate / rejected
+    status: str  # eligible / candidate / rejected
     reason: str
     schema_version: int = 1
 
@@ -118,6 +127,7 @@ class CheckpointRow:
 @dataclass(frozen=True)
 class CheckpointResult:
     """`scout checkpoints JOB --json` of the numerical case, and the step of the fault."""
+
     job_id: int
     fault_step: int
     first_suspect_step: int
@@ -132,15 +142,18 @@ class CheckpointResult:
 @dataclass(frozen=True)
 class ResumeResult:
     """The rerun after the numerical case against an uninterrupted run of the same job."""
+
     job_id: int
     restarts: int
     final_state: str
-    resumed_from: str                      # the file the rerun said it resumed from ("" if none)
-    recovery_point: str                    # the file the recovery rule chose
-    final_digest: str                      # model, optimizer, scheduler and RNG digest of the rerun
-    reference_digest: str                  # the same of the uninterrupted run
-    compared: tuple[str, ...] = ()         # what the digests cover
-    resume_check: tuple[str, ...] = ()     # scout's own check of the restored state (summaries), if any
+    resumed_from: str  # the file the rerun said it resumed from ("" if none)
+    recovery_point: str  # the file the recovery rule chose
+    final_digest: str  # model, optimizer, scheduler and RNG digest of the rerun
+    reference_digest: str  # the same of the uninterrupted run
+    compared: tuple[str, ...] = ()  # what the digests cover
+    resume_check: tuple[
+        str, ...
+    ] = ()  # scout's own check of the restored state (summaries), if any
     error: str = ""
     schema_version: int = 1
 
@@ -148,17 +161,19 @@ class ResumeResult:
 @dataclass(frozen=True)
 class LoadResult:
     """What the background load generators did while the reduced set ran."""
+
     seconds: float
     tcp_bytes: int
     disk_bytes: int
     disk_path: str
     pids: tuple[int, ...] = ()
-    stopped: bool = True                   # every generator was stopped and reaped
+    stopped: bool = True  # every generator was stopped and reaped
     error: str = ""
     schema_version: int = 1
 
 
 # -- formatting ----------------------------------------------------------------------------
+
 
 def fmt_s(x: float | None) -> str:
     return "-" if x is None else f"{x:.1f} s"
@@ -203,8 +218,11 @@ def is_right(case: CaseRun) -> tuple[bool, str]:
         return False, f"expected {case.expected_kind}, verdict said {case.verdict_kind}"
     want = case.expected_named
     if not want or not case.expected_node:
-        return False, (f"no rank was placed on node {case.expected_on_node}" if case.expected_on_node
-                       else f"no place record for rank {case.expected_rank}: cannot tell its node")
+        return False, (
+            f"no rank was placed on node {case.expected_on_node}"
+            if case.expected_on_node
+            else f"no place record for rank {case.expected_rank}: cannot tell its node"
+        )
     said = ", ".join(f"rank {r} on {n}" for r, n in want)
     if sorted(case.named) != want:
         return False, f"expected {said}, verdict named {naming(case)}"
@@ -213,24 +231,50 @@ def is_right(case: CaseRun) -> tuple[bool, str]:
 
 # -- the steps -----------------------------------------------------------------------------
 
-def judge_training(clean: CaseRun | None, *, min_nodes: int = 2, expected_world: int = 0) -> StepResult:
+
+def judge_training(
+    clean: CaseRun | None, *, min_nodes: int = 2, expected_world: int = 0
+) -> StepResult:
     title = f"training job across >= {min_nodes} nodes completes"
     if clean is None:
         return StepResult("1", title, Status.FAIL, detail="no clean training job was run")
     if clean.error:
         return StepResult("1", title, Status.FAIL, detail=clean.error)
     nodes = sorted({n for _, n in clean.rank_nodes})
-    figures = (f"job {clean.job_id}: {clean.final_state or '?'}, {len(clean.rank_nodes)} ranks on "
-               f"{len(nodes)} nodes ({','.join(nodes) or '-'})")
+    figures = (
+        f"job {clean.job_id}: {clean.final_state or '?'}, {len(clean.rank_nodes)} ranks on "
+        f"{len(nodes)} nodes ({','.join(nodes) or '-'})"
+    )
     if clean.final_state != "COMPLETED":
-        return StepResult("1", title, Status.FAIL, figures, f"the job ended {clean.final_state or 'unknown'}, not COMPLETED")
+        return StepResult(
+            "1",
+            title,
+            Status.FAIL,
+            figures,
+            f"the job ended {clean.final_state or 'unknown'}, not COMPLETED",
+        )
     if len(nodes) < min_nodes:
-        return StepResult("1", title, Status.FAIL, figures, f"ranks ran on {len(nodes)} node(s), fewer than {min_nodes}")
-    if expected_world and (clean.world_size != expected_world or len(clean.rank_nodes) != expected_world):
-        return StepResult("1", title, Status.FAIL, figures,
-                          f"expected {expected_world} ranks, the job recorded {len(clean.rank_nodes)} "
-                          f"(world size {clean.world_size})")
-    return StepResult("1", title, Status.PASS, figures, "every rank recorded its place; the job completed")
+        return StepResult(
+            "1",
+            title,
+            Status.FAIL,
+            figures,
+            f"ranks ran on {len(nodes)} node(s), fewer than {min_nodes}",
+        )
+    if expected_world and (
+        clean.world_size != expected_world or len(clean.rank_nodes) != expected_world
+    ):
+        return StepResult(
+            "1",
+            title,
+            Status.FAIL,
+            figures,
+            f"expected {expected_world} ranks, the job recorded {len(clean.rank_nodes)} "
+            f"(world size {clean.world_size})",
+        )
+    return StepResult(
+        "1", title, Status.PASS, figures, "every rank recorded its place; the job completed"
+    )
 
 
 def judge_map(m: MapResult | None) -> StepResult:
@@ -238,28 +282,43 @@ def judge_map(m: MapResult | None) -> StepResult:
     if m is None:
         return StepResult("2", title, Status.FAIL, detail="the map was not queried")
     if m.error:
-        return StepResult("2", title, Status.FAIL, detail=f"`scout map {m.job_id} --json`: {m.error}")
+        return StepResult(
+            "2", title, Status.FAIL, detail=f"`scout map {m.job_id} --json`: {m.error}"
+        )
     ranks = {r for r, *_ in m.ranks}
     gpus = sorted({g for *_, gs in m.ranks for g in gs})
     nics = sorted({nic for _, _, nic, _ in m.ranks if nic})
-    figures = (f"job {m.job_id}: {len(ranks)} of {m.world_size} ranks, nodes "
-               f"{','.join(sorted({n for _, n, _, _ in m.ranks}))}, NICs {','.join(nics) or '-'}, "
-               f"GPUs {len(gpus) if gpus else 'none (CPU job)'}")
+    figures = (
+        f"job {m.job_id}: {len(ranks)} of {m.world_size} ranks, nodes "
+        f"{','.join(sorted({n for _, n, _, _ in m.ranks}))}, NICs {','.join(nics) or '-'}, "
+        f"GPUs {len(gpus) if gpus else 'none (CPU job)'}"
+    )
     if not m.job_finished:
-        return StepResult("2", title, Status.FAIL, figures, "the job had not ended when the map was queried")
+        return StepResult(
+            "2", title, Status.FAIL, figures, "the job had not ended when the map was queried"
+        )
     missing = sorted(set(range(m.world_size)) - ranks)
     if m.world_size <= 0 or missing:
-        return StepResult("2", title, Status.FAIL, figures, f"ranks missing from the map: {missing or 'all'}")
+        return StepResult(
+            "2", title, Status.FAIL, figures, f"ranks missing from the map: {missing or 'all'}"
+        )
     no_node = [r for r, n, _, _ in m.ranks if not n]
     no_nic = [r for r, _, nic, _ in m.ranks if not nic]
     if no_node or no_nic:
-        return StepResult("2", title, Status.FAIL, figures,
-                          f"ranks without a node: {no_node}; without a NIC: {no_nic}")
+        return StepResult(
+            "2",
+            title,
+            Status.FAIL,
+            figures,
+            f"ranks without a node: {no_node}; without a NIC: {no_nic}",
+        )
     note = "; problems noted: " + "; ".join(m.problems[:3]) if m.problems else ""
     return StepResult("2", title, Status.PASS, figures, "every rank has its node and NIC" + note)
 
 
-def judge_injection(step: str, title: str, case: CaseRun | None, *, skip_reason: str = "") -> StepResult:
+def judge_injection(
+    step: str, title: str, case: CaseRun | None, *, skip_reason: str = ""
+) -> StepResult:
     """One injected fault: it fired (the bootstrap recorded it) and a verdict followed."""
     if skip_reason:
         return StepResult(step, title, Status.SKIPPED, detail=skip_reason)
@@ -269,9 +328,13 @@ def judge_injection(step: str, title: str, case: CaseRun | None, *, skip_reason:
         return StepResult(step, title, Status.FAIL, detail=case.error)
     figures = f"job {case.job_id}: {case.fault}"
     if case.injected_at <= 0:
-        return StepResult(step, title, Status.FAIL, figures, "no injection record: the fault never fired")
+        return StepResult(
+            step, title, Status.FAIL, figures, "no injection record: the fault never fired"
+        )
     if not case.verdict_kind:
-        return StepResult(step, title, Status.FAIL, figures, "the fault fired but no verdict was written")
+        return StepResult(
+            step, title, Status.FAIL, figures, "the fault fired but no verdict was written"
+        )
     return StepResult(step, title, Status.PASS, figures, f"fired; verdict {case.verdict_kind}")
 
 
@@ -279,8 +342,14 @@ def judge_measurements(injected: Sequence[CaseRun], clean: Sequence[CaseRun]) ->
     title = "time to detection and localisation, false positives, what the incident kept"
     parts, problems = [], []
     for c in injected:
-        kept = (f"{c.incident.files} files, {fmt_bytes(c.incident.bytes)}" if c.incident else "nothing read")
-        parts.append(f"{c.name}: detect {fmt_s(c.detection_s)}, verdict {fmt_s(c.localisation_s)}, kept {kept}")
+        kept = (
+            f"{c.incident.files} files, {fmt_bytes(c.incident.bytes)}"
+            if c.incident
+            else "nothing read"
+        )
+        parts.append(
+            f"{c.name}: detect {fmt_s(c.detection_s)}, verdict {fmt_s(c.localisation_s)}, kept {kept}"
+        )
         if c.detection_s is None:
             problems.append(f"{c.name}: no detection time (injection or detection record missing)")
         if c.localisation_s is None:
@@ -298,7 +367,9 @@ def judge_measurements(injected: Sequence[CaseRun], clean: Sequence[CaseRun]) ->
         problems.append(f"{c.name} (job {c.job_id}): {is_right(c)[1]}")
     if problems:
         return StepResult("4", title, Status.FAIL, figures, "; ".join(problems))
-    return StepResult("4", title, Status.PASS, figures, "every case measured; clean runs named nobody")
+    return StepResult(
+        "4", title, Status.PASS, figures, "every case measured; clean runs named nobody"
+    )
 
 
 def judge_naming(injected: Sequence[CaseRun]) -> StepResult:
@@ -312,7 +383,9 @@ def judge_naming(injected: Sequence[CaseRun]) -> StepResult:
         if not ok:
             wrong.append(f"{c.name}: {why}")
     status = Status.FAIL if wrong else Status.PASS
-    return StepResult("5", title, status, "; ".join(lines), "; ".join(wrong) or "every fault named right")
+    return StepResult(
+        "5", title, status, "; ".join(lines), "; ".join(wrong) or "every fault named right"
+    )
 
 
 def judge_checkpoints(ck: CheckpointResult | None) -> StepResult:
@@ -324,9 +397,11 @@ def judge_checkpoints(ck: CheckpointResult | None) -> StepResult:
     first_run = [r for r in ck.rows if r.run == 0]
     before = [r for r in first_run if r.step < ck.fault_step]
     after = [r for r in first_run if r.step >= ck.fault_step]
-    figures = (f"job {ck.job_id}: fault at step {ck.fault_step}, first suspect step {ck.first_suspect_step}; "
-               + ", ".join(f"step {r.step} {r.status}" for r in sorted(first_run, key=lambda r: r.step))
-               + f"; recovery point step {ck.recovery_step if ck.recovery_step >= 0 else '?'}")
+    figures = (
+        f"job {ck.job_id}: fault at step {ck.fault_step}, first suspect step {ck.first_suspect_step}; "
+        + ", ".join(f"step {r.step} {r.status}" for r in sorted(first_run, key=lambda r: r.step))
+        + f"; recovery point step {ck.recovery_step if ck.recovery_step >= 0 else '?'}"
+    )
     problems = []
     if not before:
         problems.append("no checkpoint before the fault")
@@ -334,7 +409,9 @@ def judge_checkpoints(ck: CheckpointResult | None) -> StepResult:
         problems.append("no checkpoint after the fault")
     bad = [r for r in after if r.step >= ck.first_suspect_step and r.status == "eligible"]
     if bad:
-        problems.append(f"checkpoints after the first suspect step are eligible: {[r.step for r in bad]}")
+        problems.append(
+            f"checkpoints after the first suspect step are eligible: {[r.step for r in bad]}"
+        )
     if ck.first_suspect_step < 0:
         problems.append("the verdict gave no first suspect step")
     if not ck.rule:
@@ -342,22 +419,30 @@ def judge_checkpoints(ck: CheckpointResult | None) -> StepResult:
     if ck.recovery_step < 0:
         problems.append("no recovery point was chosen")
     elif ck.first_suspect_step >= 0 and ck.recovery_step >= ck.first_suspect_step:
-        problems.append(f"recovery point step {ck.recovery_step} is not before the first suspect step")
+        problems.append(
+            f"recovery point step {ck.recovery_step} is not before the first suspect step"
+        )
     elif ck.recovery_step >= ck.fault_step:
-        problems.append(f"recovery point step {ck.recovery_step} holds the fault (injected at step {ck.fault_step})")
+        problems.append(
+            f"recovery point step {ck.recovery_step} holds the fault (injected at step {ck.fault_step})"
+        )
     if problems:
         return StepResult("6", title, Status.FAIL, figures, "; ".join(problems))
     return StepResult("6", title, Status.PASS, figures, f"rule: {ck.rule}")
 
 
 def judge_resume(r: ResumeResult | None) -> StepResult:
-    title = "resume; model, optimizer, scheduler and RNG state equal the expected record (bit for bit)"
+    title = (
+        "resume; model, optimizer, scheduler and RNG state equal the expected record (bit for bit)"
+    )
     if r is None:
         return StepResult("7", title, Status.FAIL, detail="no resumed run")
     if r.error:
         return StepResult("7", title, Status.FAIL, detail=r.error)
-    figures = (f"job {r.job_id}: {r.restarts} restart(s), {r.final_state}; resumed from {r.resumed_from or '-'}; "
-               f"compared {', '.join(r.compared) or '-'}")
+    figures = (
+        f"job {r.job_id}: {r.restarts} restart(s), {r.final_state}; resumed from {r.resumed_from or '-'}; "
+        f"compared {', '.join(r.compared) or '-'}"
+    )
     problems = []
     if r.final_state != "COMPLETED":
         problems.append(f"the resumed run ended {r.final_state or 'unknown'}")
@@ -375,24 +460,40 @@ def judge_resume(r: ResumeResult | None) -> StepResult:
     if mismatch:
         problems.append("scout's restored-state check: " + "; ".join(mismatch))
     verified = [s for s in r.resume_check if resume_outcome(s) is ResumeOutcome.VERIFIED]
-    check = (f"; scout's own restored-state check: {len(verified)} of {len(r.resume_check)} rank records say "
-             f"resume verified ({r.resume_check[0]})" if r.resume_check
-             else "; scout's own restored-state check: none recorded")
+    check = (
+        f"; scout's own restored-state check: {len(verified)} of {len(r.resume_check)} rank records say "
+        f"resume verified ({r.resume_check[0]})"
+        if r.resume_check
+        else "; scout's own restored-state check: none recorded"
+    )
     if problems:
         return StepResult("7", title, Status.FAIL, figures, "; ".join(problems) + check)
-    return StepResult("7", title, Status.PASS, figures,
-                      "the final state digest equals the uninterrupted run's" + check)
+    return StepResult(
+        "7",
+        title,
+        Status.PASS,
+        figures,
+        "the final state digest equals the uninterrupted run's" + check,
+    )
 
 
 def judge_under_load(load: LoadResult | None, cases: Sequence[CaseRun]) -> StepResult:
     title = "repeated (reduced set) under network and storage load"
     if load is None:
         return StepResult("8", title, Status.FAIL, detail="no load was started")
-    rate = (lambda n: f"{n / load.seconds / (1 << 20):.0f} MiB/s") if load.seconds > 0 else (lambda n: "-")
-    figures = (f"loopback TCP {fmt_bytes(load.tcp_bytes)} ({rate(load.tcp_bytes)}), disk "
-               f"{fmt_bytes(load.disk_bytes)} ({rate(load.disk_bytes)}) in {load.seconds:.0f} s; "
-               + "; ".join(f"{c.name}: {naming(c)}, detect {fmt_s(c.detection_s)}, verdict {fmt_s(c.localisation_s)}"
-                           for c in cases))
+    rate = (
+        (lambda n: f"{n / load.seconds / (1 << 20):.0f} MiB/s")
+        if load.seconds > 0
+        else (lambda n: "-")
+    )
+    figures = (
+        f"loopback TCP {fmt_bytes(load.tcp_bytes)} ({rate(load.tcp_bytes)}), disk "
+        f"{fmt_bytes(load.disk_bytes)} ({rate(load.disk_bytes)}) in {load.seconds:.0f} s; "
+        + "; ".join(
+            f"{c.name}: {naming(c)}, detect {fmt_s(c.detection_s)}, verdict {fmt_s(c.localisation_s)}"
+            for c in cases
+        )
+    )
     problems = []
     if load.error:
         problems.append(load.error)
@@ -415,13 +516,19 @@ def judge_under_load(load: LoadResult | None, cases: Sequence[CaseRun]) -> StepR
 
 def overall(steps: Sequence[StepResult]) -> bool:
     """Passed: at least one step ran and every step that was not skipped passed."""
-    return any(s.status is Status.PASS for s in steps) and all(s.status is not Status.FAIL for s in steps)
+    return any(s.status is Status.PASS for s in steps) and all(
+        s.status is not Status.FAIL for s in steps
+    )
 
 
 def summary_table(steps: Sequence[StepResult]) -> str:
     """The closing table, plain text for the terminal (Markdown pipes)."""
     rows = ["| step | result | figures |", "|---|---|---|"]
     for s in steps:
-        result = s.status.value if s.status is Status.PASS else f"{s.status.value} ({s.detail.replace('|', '/')})"
+        result = (
+            s.status.value
+            if s.status is Status.PASS
+            else f"{s.status.value} ({s.detail.replace('|', '/')})"
+        )
         rows.append(f"| {s.step} {s.title} | {result} | {s.figures.replace('|', '/')} |")
     return "\n".join(rows) + "\n"

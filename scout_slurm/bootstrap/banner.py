@@ -27,19 +27,36 @@ def model_banner(rt: Any) -> str:
     elif not any(len(g) >= 2 for g in groups):
         voted = "no state votes (no two ranks hold the same state)"
     else:
-        voted = (f"voted every {c.every} steps: weights, " + ("" if skipped else "optimizer state, ")
-                 + "where NaN/Inf began" + (f" ({skipped})" if skipped else ""))
+        voted = (
+            f"voted every {c.every} steps: weights, "
+            + ("" if skipped else "optimizer state, ")
+            + "where NaN/Inf began"
+            + (f" ({skipped})" if skipped else "")
+        )
     compiled = r.compiled_reason() if r is not None and hasattr(r, "compiled_reason") else ""
-    replayed = ("in-situ replay off" if r is None else "nothing replayed (no model seen)" if not roots
-                else f"in-situ replay not run: {compiled}" if compiled
-                else f"replayed every {r.every} steps (layers below)")
-    timed = f"step timing voted every {t.rules.every} steps" if t is not None else "timing votes off"
-    rest = ("at-rest witness off" if a is None else
-            f"at-rest witness in its first window, then left to the state votes if they sign all the optimizer "
-            f"holds ({min(len(g) for g in groups)}+ replicas)"
-            if a.mode == "auto" and c is not None and rt.votes_cover_rest() else
-            f"each rank's own weights and optimizer state re-signed at rest across one step in {a.every}")
-    return (f"scout: framework: {framework_seen(roots)}; replica groups {[list(g) for g in groups]}"
-            + (f" ({how})" if how else " (no model seen: all ranks taken as replicas)")
-            + f"; {voted}; {replayed}; {rest}; {timed}; stalls timed from this first optimizer step on "
-            "(before it, the start-up limit)")
+    replayed = (
+        "in-situ replay off"
+        if r is None
+        else "nothing replayed (no model seen)"
+        if not roots
+        else f"in-situ replay not run: {compiled}"
+        if compiled
+        else f"replayed every {r.every} steps (layers below)"
+    )
+    timed = (
+        f"step timing voted every {t.rules.every} steps" if t is not None else "timing votes off"
+    )
+    rest = (
+        "at-rest witness off"
+        if a is None
+        else f"at-rest witness in its first window, then left to the state votes if they sign all the optimizer "
+        f"holds ({min(len(g) for g in groups)}+ replicas)"
+        if a.mode == "auto" and c is not None and rt.votes_cover_rest()
+        else f"each rank's own weights and optimizer state re-signed at rest across one step in {a.every}"
+    )
+    return (
+        f"scout: framework: {framework_seen(roots)}; replica groups {[list(g) for g in groups]}"
+        + (f" ({how})" if how else " (no model seen: all ranks taken as replicas)")
+        + f"; {voted}; {replayed}; {rest}; {timed}; stalls timed from this first optimizer step on "
+        "(before it, the start-up limit)"
+    )

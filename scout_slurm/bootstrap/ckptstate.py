@@ -51,6 +51,7 @@ from typing import Any, Callable
 from scout_slurm.remediation.signatures import COMPONENTS
 
 from scout_slurm.bootstrap.exitpolicy import Ending, end, ends
+
 # signing.py signs for every bootstrap module; its helpers keep their old names here
 from scout_slurm.bootstrap.signing import bytes_sig as _bytes_sig
 from scout_slurm.bootstrap.signing import byte_view, optimizer_tensors, state_signature
@@ -59,12 +60,16 @@ from scout_slurm.bootstrap.signing import sig_hex as _sig_hex
 # what the bootstrap swallows to keep the job running, for a debugging session (stdlib logging: the
 # job's Python may lack structlog, and configuring it here would change the job's own logging)
 _log = logging.getLogger("scout.bootstrap")
-DATA_POSITION = "scout's global optimizer step; the DistributedSampler epoch when the script sets one"
+DATA_POSITION = (
+    "scout's global optimizer step; the DistributedSampler epoch when the script sets one"
+)
 EXCHANGE_EVERY = 50  # steps between checkpoint exchanges when the state votes are off
 FOLLOWED_MAX = 4096  # recorded checkpoints whose renames are followed (the newest); older ones keep their names
 
 
-def signatures_now(optimizers: list[Any], schedulers: list[Any], step: int, sampler_epoch: int | None) -> dict[str, str]:
+def signatures_now(
+    optimizers: list[Any], schedulers: list[Any], step: int, sampler_epoch: int | None
+) -> dict[str, str]:
     """This rank's state now, one hex signature per component ("" where there is none)."""
     import random
 
@@ -72,16 +77,32 @@ def signatures_now(optimizers: list[Any], schedulers: list[Any], step: int, samp
 
     out = dict.fromkeys(COMPONENTS, "")
     if optimizers:
-        params = [(f"o{oi}.g{gi}.p{pi}", p) for oi, o in enumerate(optimizers)
-                  for gi, g in enumerate(o.param_groups) for pi, p in enumerate(g["params"])]
+        params = [
+            (f"o{oi}.g{gi}.p{pi}", p)
+            for oi, o in enumerate(optimizers)
+            for gi, g in enumerate(o.param_groups)
+            for pi, p in enumerate(g["params"])
+        ]
         out["model"] = _sig_hex(state_signature(params))
-        tensors = [(f"o{oi}.{n}", t) for oi, o in enumerate(optimizers) for n, t in optimizer_tensors(o)]
-        hyper = [[(k, v) for k, v in sorted(g.items()) if k != "params"] for o in optimizers for g in o.param_groups]
-        scalars = [sorted((k, v) for k, v in o.state.get(p, {}).items() if not torch.is_tensor(v))
-                   for o in optimizers for g in o.param_groups for p in g["params"]]
+        tensors = [
+            (f"o{oi}.{n}", t) for oi, o in enumerate(optimizers) for n, t in optimizer_tensors(o)
+        ]
+        hyper = [
+            [(k, v) for k, v in sorted(g.items()) if k != "params"]
+            for o in optimizers
+            for g in o.param_groups
+        ]
+        scalars = [
+            sorted((k, v) for k, v in o.state.get(p, {}).items() if not torch.is_tensor(v))
+            for o in optimizers
+            for g in o.param_groups
+            for p in g["params"]
+        ]
         out["optimizer"] = _bytes_sig([_sig_hex(state_signature(tensors)), hyper, scalars])
     if schedulers:
-        out["scheduler"] = _bytes_sig([sorted((k, v) for k, v in s.state_dict().items()) for s in schedulers])
+        out["scheduler"] = _bytes_sig(
+            [sorted((k, v) for k, v in s.state_dict().items()) for s in schedulers]
+        )
     out["rng_cpu"] = _bytes_sig([byte_view(torch.get_rng_state())])  # no numpy: the job may lack it
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         out["rng_cuda"] = _bytes_sig([byte_view(s) for s in torch.cuda.get_rng_state_all()])
@@ -101,6 +122,7 @@ def software_versions():
 
     import scout_slurm
     from scout_slurm.remediation.records import SoftwareVersions
+
     nccl = None
     try:
         if torch.cuda.is_available():
@@ -109,8 +131,13 @@ def software_versions():
     except Exception as exc:  # noqa: BLE001 - a build without NCCL
         _log.debug("no NCCL version (a build without NCCL?): %r", exc)
         nccl = None
-    return SoftwareVersions(python=platform.python_version(), torch=torch.__version__, cuda=torch.version.cuda,
-                            nccl=nccl, scout=getattr(scout_slurm, "__version__", "?"))
+    return SoftwareVersions(
+        python=platform.python_version(),
+        torch=torch.__version__,
+        cuda=torch.version.cuda,
+        nccl=nccl,
+        scout=getattr(scout_slurm, "__version__", "?"),
+    )
 
 
 def digest_from_storage(path: str) -> tuple[int, str]:
@@ -135,6 +162,7 @@ def files_of(path: str):
     """Every file of a checkpoint (a file, or a DCP folder walked without following links),
     digested from storage; with the checkpoint's total size and its one sha256."""
     from scout_slurm.remediation.records import CheckpointFile
+
     if os.path.isdir(path):
         files = []
         for dirpath, dirnames, names in os.walk(path, followlinks=False):
@@ -144,7 +172,9 @@ def files_of(path: str):
                 if os.path.islink(full) or not os.path.isfile(full):
                     continue
                 size, sha = digest_from_storage(full)
-                files.append(CheckpointFile(name=os.path.relpath(full, path), size_bytes=size, sha256=sha))
+                files.append(
+                    CheckpointFile(name=os.path.relpath(full, path), size_bytes=size, sha256=sha)
+                )
     else:
         size, sha = digest_from_storage(path)
         files = [CheckpointFile(name="", size_bytes=size, sha256=sha)]
@@ -172,23 +202,47 @@ def combined_sha(files) -> str:
 
 
 class CheckpointWatch:
-    def __init__(self, *, rank: int, world: int, side: Any, notes_dir: Path | None, run_dir: Path | None,
-                 restart: int, offset: int, all_gather: Callable, all_reduce: Callable, groups: Callable[[], Any],
-                 completed_steps: Callable[[], int], resume: str = "", resume_mismatch: str = "warn",
-                 node: str = "", exchange_every: int = EXCHANGE_EVERY) -> None:
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world: int,
+        side: Any,
+        notes_dir: Path | None,
+        run_dir: Path | None,
+        restart: int,
+        offset: int,
+        all_gather: Callable,
+        all_reduce: Callable,
+        groups: Callable[[], Any],
+        completed_steps: Callable[[], int],
+        resume: str = "",
+        resume_mismatch: str = "warn",
+        node: str = "",
+        exchange_every: int = EXCHANGE_EVERY,
+    ) -> None:
         self.rank, self.world, self.side = rank, world, side
-        self.notes_dir, self.run_dir, self.restart, self.offset = notes_dir, run_dir, restart, offset
+        self.notes_dir, self.run_dir, self.restart, self.offset = (
+            notes_dir,
+            run_dir,
+            restart,
+            offset,
+        )
         self.all_gather, self.all_reduce = all_gather, all_reduce
         self.groups, self.completed_steps = groups, completed_steps
-        self.exchange_every = max(1, exchange_every)  # the votes' K: the exchange rides on the vote steps
+        self.exchange_every = max(
+            1, exchange_every
+        )  # the votes' K: the exchange rides on the vote steps
         self.optimizers: list[weakref.ref] = []
         self.schedulers: list[weakref.ref] = []  # creation order: the same on every rank
         self.sampler_epoch: int | None = None
         self.pending: list[tuple[Path, Any]] = []
         self.prev_votes = 0
         self.prev_replay = 0
-        self.resume = resume                    # SCOUT_RESUME_CHECKPOINT
-        self.resume_mismatch = resume_mismatch  # SCOUT_RESUME_MISMATCH: "fatal" ends the rank (bootstrap.exitpolicy)
+        self.resume = resume  # SCOUT_RESUME_CHECKPOINT
+        self.resume_mismatch = (
+            resume_mismatch  # SCOUT_RESUME_MISMATCH: "fatal" ends the rank (bootstrap.exitpolicy)
+        )
         self.node = node
         self.resume_loaded = False
         self.resume_done = not self.resume
@@ -197,9 +251,13 @@ class CheckpointWatch:
         # renames followed: canonical path of a checkpoint this rank recorded in this run -> its note
         # files; `names` holds every component of those paths (and of hidden saves), so that a rename
         # of anything else ends at one set lookup
-        self.lock = threading.Lock()  # pending and the followed paths: a rename may come from another thread
+        self.lock = (
+            threading.Lock()
+        )  # pending and the followed paths: a rename may come from another thread
         self.followed: dict[str, list[Path]] = {}
-        self.hidden: dict[str, tuple[str, int, str]] = {}  # canonical hidden name -> (saver, step, name written)
+        self.hidden: dict[
+            str, tuple[str, int, str]
+        ] = {}  # canonical hidden name -> (saver, step, name written)
         self.names: set[str] = set()
 
     # -- what the job has ------------------------------------------------------------------------
@@ -212,8 +270,13 @@ class CheckpointWatch:
             self.schedulers.append(weakref.ref(sched))
 
     def _sharded(self) -> bool:
-        return any(hasattr(p, "placements") for o in (r() for r in self.optimizers) if o is not None
-                   for g in o.param_groups for p in g["params"])
+        return any(
+            hasattr(p, "placements")
+            for o in (r() for r in self.optimizers)
+            if o is not None
+            for g in o.param_groups
+            for p in g["params"]
+        )
 
     def global_step(self) -> int:
         return self.completed_steps() - self.init_steps + self.offset
@@ -224,8 +287,16 @@ class CheckpointWatch:
         return signatures_now(opts, scheds, self.global_step(), self.sampler_epoch)
 
     # -- saves ------------------------------------------------------------------------------------
-    def saved(self, path: str, *, saver: str, step: int | None, ranks_saved: tuple[int, ...] | None = None,
-              per_rank: list[dict[str, str]] | None = None, saved_as: str = "") -> None:
+    def saved(
+        self,
+        path: str,
+        *,
+        saver: str,
+        step: int | None,
+        ranks_saved: tuple[int, ...] | None = None,
+        per_rank: list[dict[str, str]] | None = None,
+        saved_as: str = "",
+    ) -> None:
         """Record a checkpoint this rank wrote. per_rank: every rank's signatures when the save was
         collective (DCP); else the exchange follows at the next step. saved_as: the name it was
         written under, when that was a hidden one since renamed to `path`."""
@@ -233,24 +304,42 @@ class CheckpointWatch:
             return
         from scout_slurm.evidence.store import write_record
         from scout_slurm.remediation.records import CheckpointNote
+
         target = os.path.abspath(os.fspath(path))
         try:
             files, size, sha = files_of(target)
         except OSError as exc:
-            sys.stderr.write(f"scout: checkpoint {target} not recorded: cannot re-read it ({exc.strerror})\n")
+            sys.stderr.write(
+                f"scout: checkpoint {target} not recorded: cannot re-read it ({exc.strerror})\n"
+            )
             return
         step = self.global_step() if step is None else int(step)
         mine = self.now()
-        note = CheckpointNote(path=target, step=step, rank=self.rank, restart=self.restart, saved_at=time.time(),
-                              size_bytes=size, sha256=sha, versions=_versions_text(), saver=saver, files=files,
-                              world=self.world, ranks_saved=ranks_saved or (self.rank,),
-                              agreement="not exchanged: the replicas' signatures follow at the step after the next state vote",
-                              data_position=DATA_POSITION, software=software_versions(),
-                              coverage=self._coverage(), saved_as=saved_as)
+        note = CheckpointNote(
+            path=target,
+            step=step,
+            rank=self.rank,
+            restart=self.restart,
+            saved_at=time.time(),
+            size_bytes=size,
+            sha256=sha,
+            versions=_versions_text(),
+            saver=saver,
+            files=files,
+            world=self.world,
+            ranks_saved=ranks_saved or (self.rank,),
+            agreement="not exchanged: the replicas' signatures follow at the step after the next state vote",
+            data_position=DATA_POSITION,
+            software=software_versions(),
+            coverage=self._coverage(),
+            saved_as=saved_as,
+        )
         if per_rank is not None:
             note = self._with_exchange(note, mine, per_rank, at_save=True)
         elif self.world < 2 or self.side is None:
-            note = self._with_exchange(note, mine, [mine], at_save=False, why="one rank: nothing to compare")
+            note = self._with_exchange(
+                note, mine, [mine], at_save=False, why="one rank: nothing to compare"
+            )
         else:
             note = self._with_exchange(note, mine, None, at_save=False)
         dest = self.notes_dir / f"run-{self.restart}-step-{step}-rank-{self.rank}.json"
@@ -268,17 +357,31 @@ class CheckpointWatch:
     def saved_collective(self, path: str, *, saver: str) -> None:
         """A save every rank made together (DCP): sign and exchange now; the lowest rank records it."""
         import torch
+
         mine = self.now()
         if self.side is not None and self.world >= 2:
-            vec = torch.tensor([int(mine[c], 16) if mine[c] else -1 for c in COMPONENTS], dtype=torch.int64)
+            vec = torch.tensor(
+                [int(mine[c], 16) if mine[c] else -1 for c in COMPONENTS], dtype=torch.int64
+            )
             got = [torch.zeros_like(vec) for _ in range(self.world)]
             self.all_gather(got, vec, group=self.side)
-            per_rank = [{c: (_sig_hex(int(g[i])) if int(g[i]) >= 0 else "") for i, c in enumerate(COMPONENTS)}
-                        for g in got]
+            per_rank = [
+                {
+                    c: (_sig_hex(int(g[i])) if int(g[i]) >= 0 else "")
+                    for i, c in enumerate(COMPONENTS)
+                }
+                for g in got
+            ]
         else:
             per_rank = [mine]
         if self.rank == 0:
-            self.saved(path, saver=saver, step=None, ranks_saved=tuple(range(self.world)), per_rank=per_rank)
+            self.saved(
+                path,
+                saver=saver,
+                step=None,
+                ranks_saved=tuple(range(self.world)),
+                per_rank=per_rank,
+            )
         elif self.notes_dir is not None:
             # the lowest rank records it; when the script has another rank rename the folder (after its
             # barrier: the record is written by then), that rank follows it in the lowest rank's note
@@ -286,14 +389,23 @@ class CheckpointWatch:
             with self.lock:
                 self._follow(canonical(path), dest)
 
-    def _with_exchange(self, note, mine: dict[str, str], per_rank: list[dict[str, str]] | None, *, at_save: bool,
-                       why: str = "", later: int = -1):
+    def _with_exchange(
+        self,
+        note,
+        mine: dict[str, str],
+        per_rank: list[dict[str, str]] | None,
+        *,
+        at_save: bool,
+        why: str = "",
+        later: int = -1,
+    ):
         """`later`: the step the signatures in `per_rank` are of, when training moved on since the save
         (-1: they are the save's own state)."""
         import dataclasses
 
         from scout_slurm.remediation.records import StateSignature
         from scout_slurm.remediation.signatures import agree, agreement_text
+
         groups = self.groups()
         if per_rank is not None and groups is None and not why and self._sharded():
             # FSDP/HSDP ranks hold different shards: comparing them as replicas would reject every save
@@ -307,8 +419,11 @@ class CheckpointWatch:
                 majority, agreed = mine[c], False
             if not mine[c] and not any(values):
                 continue
-            sigs.append(StateSignature(component=c, saved=mine[c], per_rank=values, majority=majority,
-                                       agreed=agreed))
+            sigs.append(
+                StateSignature(
+                    component=c, saved=mine[c], per_rank=values, majority=majority, agreed=agreed
+                )
+            )
         sigs = tuple(sigs)
         if per_rank is not None and not why and groups and not any(len(g) >= 2 for g in groups):
             why = "no replicas to compare (every rank holds a state of its own)"
@@ -318,35 +433,55 @@ class CheckpointWatch:
             agreement = f"not exchanged: {why}"
         else:
             agreement = _at_step(agreement_text(sigs, groups), note.step, later)
-        return dataclasses.replace(note, signatures=sigs, agreement=agreement, exchanged_at_save=at_save)
+        return dataclasses.replace(
+            note, signatures=sigs, agreement=agreement, exchanged_at_save=at_save
+        )
 
     def _coverage(self):
         from scout_slurm.remediation.records import CoverageSince
+
         cov = None
         if self.run_dir is not None and (self.run_dir / "votes.json").exists():
             try:
                 from scout_slurm.evidence.store import read_record
                 from scout_slurm.remediation.records import VoteCoverage
+
                 cov = read_record(self.run_dir / "votes.json", VoteCoverage)
             except Exception as exc:  # noqa: BLE001 - coverage is evidence, never a reason to fail the save
-                sys.stderr.write(f"scout: the run's coverage record {self.run_dir / 'votes.json'} is unreadable "
-                                 f"({exc!r}); the checkpoint record says no coverage\n")
+                sys.stderr.write(
+                    f"scout: the run's coverage record {self.run_dir / 'votes.json'} is unreadable "
+                    f"({exc!r}); the checkpoint record says no coverage\n"
+                )
                 cov = None
         if cov is None:
-            return CoverageSince(votes=0, replay_rounds=0, last_clean_step=-1, last_vote_step=-1,
-                                 verdicts="no state votes recorded in this run; no replay coverage recorded")
+            return CoverageSince(
+                votes=0,
+                replay_rounds=0,
+                last_clean_step=-1,
+                last_vote_step=-1,
+                verdicts="no state votes recorded in this run; no replay coverage recorded",
+            )
         votes = cov.votes - self.prev_votes
         self.prev_votes = cov.votes
         replay = getattr(cov, "replay_rounds", None)  # cumulative in the run; None: replay off
         replay_since = (replay - self.prev_replay) if replay is not None else 0
         self.prev_replay = replay if replay is not None else self.prev_replay
-        clean = "clean" if cov.last_clean_step == cov.last_vote_step else (
-            f"not clean: the last vote at step {cov.last_vote_step}, the last clean one at step {cov.last_clean_step}")
+        clean = (
+            "clean"
+            if cov.last_clean_step == cov.last_vote_step
+            else (
+                f"not clean: the last vote at step {cov.last_vote_step}, the last clean one at step {cov.last_clean_step}"
+            )
+        )
         if votes == 0:
             clean = f"no vote since the previous record ({clean} before)"
-        return CoverageSince(votes=votes, replay_rounds=int(replay_since), last_clean_step=cov.last_clean_step,
-                             last_vote_step=cov.last_vote_step,
-                             verdicts=clean + ("" if replay is not None else "; replay off: no replay coverage"))
+        return CoverageSince(
+            votes=votes,
+            replay_rounds=int(replay_since),
+            last_clean_step=cov.last_clean_step,
+            last_vote_step=cov.last_vote_step,
+            verdicts=clean + ("" if replay is not None else "; replay off: no replay coverage"),
+        )
 
     def exchange(self) -> None:
         """Collective on the side group (every rank, same point): finish the records of saves made
@@ -356,29 +491,44 @@ class CheckpointWatch:
         if self.side is None or self.world < 2:
             return
         import torch
+
         saved = 1 if self.pending else 0
         count = torch.tensor([saved], dtype=torch.int64)
-        self.all_reduce(count, group=self.side)      # SUM: how many ranks saved
+        self.all_reduce(count, group=self.side)  # SUM: how many ranks saved
         if not int(count[0]):
             return
         mine = self.now()
-        vec = torch.tensor([saved] + [int(mine[c], 16) if mine[c] else -1 for c in COMPONENTS], dtype=torch.int64)
+        vec = torch.tensor(
+            [saved] + [int(mine[c], 16) if mine[c] else -1 for c in COMPONENTS], dtype=torch.int64
+        )
         got = [torch.zeros_like(vec) for _ in range(self.world)]
         self.all_gather(got, vec, group=self.side)
         self.exchanges += 1
         savers = tuple(r for r, g in enumerate(got) if int(g[0]))
-        per_rank = [{c: (_sig_hex(int(g[i + 1])) if int(g[i + 1]) >= 0 else "") for i, c in enumerate(COMPONENTS)}
-                    for g in got]
+        per_rank = [
+            {
+                c: (_sig_hex(int(g[i + 1])) if int(g[i + 1]) >= 0 else "")
+                for i, c in enumerate(COMPONENTS)
+            }
+            for g in got
+        ]
         import dataclasses
 
         from scout_slurm.evidence.store import write_record
+
         step = self.global_step()
-        with self.lock:  # a rename meanwhile has updated the pending note: it is written with its new name
+        with (
+            self.lock
+        ):  # a rename meanwhile has updated the pending note: it is written with its new name
             for dest, note in self.pending:
                 saved_values = {s.component: s.saved for s in note.signatures}
-                done = self._with_exchange(dataclasses.replace(note, ranks_saved=savers),
-                                           {c: saved_values.get(c, "") for c in COMPONENTS}, per_rank,
-                                           at_save=False, later=step if step > note.step else -1)
+                done = self._with_exchange(
+                    dataclasses.replace(note, ranks_saved=savers),
+                    {c: saved_values.get(c, "") for c in COMPONENTS},
+                    per_rank,
+                    at_save=False,
+                    later=step if step > note.step else -1,
+                )
                 try:
                     write_record(dest, done)
                 except Exception as exc:  # noqa: BLE001
@@ -391,10 +541,12 @@ class CheckpointWatch:
         files = self.followed.pop(key, [])
         if dest not in files:
             files.append(dest)
-        self.followed[key] = files   # newest last
+        self.followed[key] = files  # newest last
         self.names |= _components(key)
-        if len(self.followed) > FOLLOWED_MAX:  # the oldest quarter forgotten at once: the filter is rebuilt rarely
-            for old in list(self.followed)[:len(self.followed) - FOLLOWED_MAX * 3 // 4]:
+        if (
+            len(self.followed) > FOLLOWED_MAX
+        ):  # the oldest quarter forgotten at once: the filter is rebuilt rarely
+            for old in list(self.followed)[: len(self.followed) - FOLLOWED_MAX * 3 // 4]:
                 del self.followed[old]
             self._rename_filter()
 
@@ -412,7 +564,7 @@ class CheckpointWatch:
             self.hidden[key] = (saver, self.global_step(), os.path.abspath(os.fspath(path)))
             self.names |= _components(key)
             if len(self.hidden) > FOLLOWED_MAX:
-                for old in list(self.hidden)[:len(self.hidden) - FOLLOWED_MAX * 3 // 4]:
+                for old in list(self.hidden)[: len(self.hidden) - FOLLOWED_MAX * 3 // 4]:
                     del self.hidden[old]
                 self._rename_filter()
 
@@ -429,11 +581,16 @@ class CheckpointWatch:
         hidden = None
         with self.lock:
             inside = old + os.sep
-            hits = [(k, new + k[len(old):], shown + k[len(old):]) for k in self.followed
-                    if k == old or k.startswith(inside)]
+            hits = [
+                (k, new + k[len(old) :], shown + k[len(old) :])
+                for k in self.followed
+                if k == old or k.startswith(inside)
+            ]
             for key, new_key, new_path in hits:
                 files = self.followed.pop(key)
-                self.followed.pop(new_key, None)  # a checkpoint replaced at that name: its record no longer holds
+                self.followed.pop(
+                    new_key, None
+                )  # a checkpoint replaced at that name: its record no longer holds
                 for dest in files:
                     self._renamed(dest, key, new_path)
                 self.followed[new_key] = files
@@ -460,6 +617,7 @@ class CheckpointWatch:
             if canonical(note.path) != key:
                 return None
             return dataclasses.replace(note, path=new_path, saved_as=note.saved_as or note.path)
+
         for i, (d, note) in enumerate(self.pending):
             if d == dest and (done := moved_note(note)) is not None:
                 self.pending[i] = (d, done)
@@ -468,7 +626,9 @@ class CheckpointWatch:
             if done is not None:
                 write_record(dest, done)
         except Exception as exc:  # noqa: BLE001 - never break the job for a note
-            sys.stderr.write(f"scout: the record {dest.name} still names the checkpoint's old name: {exc!r}\n")
+            sys.stderr.write(
+                f"scout: the record {dest.name} still names the checkpoint's old name: {exc!r}\n"
+            )
 
     # -- the resume -------------------------------------------------------------------------------
     def loaded(self, path: Any) -> None:
@@ -499,69 +659,114 @@ class CheckpointWatch:
             except Exception as exc:  # noqa: BLE001 - verification is evidence; never break the job
                 sys.stderr.write(f"scout: resume not verified: {exc!r}\n")
         done = self.completed_steps()
-        if done > 0 and done % self.exchange_every == 0:  # the step after a vote step, the same on every rank
+        if (
+            done > 0 and done % self.exchange_every == 0
+        ):  # the step after a vote step, the same on every rank
             self.exchange()
 
     def _verify(self) -> None:
         from scout_slurm.remediation.signatures import compare
+
         if not self.resume_loaded:
-            self._finding(False, f"this rank did not load the resume checkpoint {self.resume} before its first "
-                                 f"optimizer step (no torch.load / dcp.load of that path was seen)", (), info=True)
+            self._finding(
+                False,
+                f"this rank did not load the resume checkpoint {self.resume} before its first "
+                f"optimizer step (no torch.load / dcp.load of that path was seen)",
+                (),
+                info=True,
+            )
             return
         note = self._record_of(self.resume)
         if note is None:
-            self._finding(False, f"no checkpoint record for {self.resume}: the restored state cannot be checked",
-                          (), info=True)
+            self._finding(
+                False,
+                f"no checkpoint record for {self.resume}: the restored state cannot be checked",
+                (),
+                info=True,
+            )
             return
         if not note.signatures:
-            self._finding(False, f"the record of {self.resume} (schema version {note.schema_version}) holds no "
-                                 f"state signatures: the restored state cannot be checked", (), info=True)
+            self._finding(
+                False,
+                f"the record of {self.resume} (schema version {note.schema_version}) holds no "
+                f"state signatures: the restored state cannot be checked",
+                (),
+                info=True,
+            )
             return
         same, bad, unchecked = compare(note, self.rank, self.now())
-        details = tuple([f"matches: {', '.join(same) or 'nothing'}"] +
-                        ([f"not recorded for this rank: {', '.join(unchecked)}"] if unchecked else []) + bad)
+        details = tuple(
+            [f"matches: {', '.join(same) or 'nothing'}"]
+            + ([f"not recorded for this rank: {', '.join(unchecked)}"] if unchecked else [])
+            + bad
+        )
         # the replicated state (model, optimizer, scheduler, data position) must come back exactly; an
         # RNG stream the script does not save and restore differs too, and matters only if it draws from it
         state_bad = [b.split(":")[0] for b in bad if not b.startswith("rng_")]
         rng_bad = [b.split(":")[0] for b in bad if b.startswith("rng_")]
         if state_bad:
-            self._finding(False, f"RESUME MISMATCH: rank {self.rank}'s state restored from {note.path} (step "
-                                 f"{note.step}) differs from its record in {len(bad)} component(s): "
-                                 + ", ".join(state_bad + rng_bad), details)
+            self._finding(
+                False,
+                f"RESUME MISMATCH: rank {self.rank}'s state restored from {note.path} (step "
+                f"{note.step}) differs from its record in {len(bad)} component(s): "
+                + ", ".join(state_bad + rng_bad),
+                details,
+            )
         elif rng_bad:
-            self._finding(True, f"resume verified: rank {self.rank} restored {note.path} (step {note.step}); "
-                                f"{', '.join(same)} equal the record; RNG streams differ from the record: "
-                                f"{', '.join(rng_bad)} (not restored by the script: the run is not bit-exact if it "
-                                f"draws from them)", details)
-            sys.stderr.write(f"scout: resumed rank {self.rank}: RNG streams differ from the checkpoint record: "
-                             f"{', '.join(rng_bad)}\n")
+            self._finding(
+                True,
+                f"resume verified: rank {self.rank} restored {note.path} (step {note.step}); "
+                f"{', '.join(same)} equal the record; RNG streams differ from the record: "
+                f"{', '.join(rng_bad)} (not restored by the script: the run is not bit-exact if it "
+                f"draws from them)",
+                details,
+            )
+            sys.stderr.write(
+                f"scout: resumed rank {self.rank}: RNG streams differ from the checkpoint record: "
+                f"{', '.join(rng_bad)}\n"
+            )
         else:
-            self._finding(True, f"resume verified: rank {self.rank} restored {note.path} (step {note.step}); "
-                                f"{', '.join(same)} equal the record", details)
+            self._finding(
+                True,
+                f"resume verified: rank {self.rank} restored {note.path} (step {note.step}); "
+                f"{', '.join(same)} equal the record",
+                details,
+            )
 
     def _record_of(self, path: str):
         if self.notes_dir is None or not self.notes_dir.is_dir():
             return None
         from scout_slurm.evidence.store import list_records
         from scout_slurm.remediation.records import CheckpointNote
+
         target = os.path.realpath(path)
         try:
             notes, _ = list_records(self.notes_dir, "*.json", CheckpointNote)
         except Exception as exc:  # noqa: BLE001 - an unreadable folder: the resume is not checked, and says so
-            sys.stderr.write(f"scout: the checkpoint records in {self.notes_dir} are unreadable ({exc!r}); "
-                             f"the resume from {path} is not checked against its record\n")
+            sys.stderr.write(
+                f"scout: the checkpoint records in {self.notes_dir} are unreadable ({exc!r}); "
+                f"the resume from {path} is not checked against its record\n"
+            )
             return None
         mine = [n for n in notes if os.path.realpath(n.path) == target]
         return max(mine, key=lambda n: n.saved_at) if mine else None
 
-    def _finding(self, ok: bool, summary: str, details: tuple[str, ...], *, info: bool = False) -> None:
+    def _finding(
+        self, ok: bool, summary: str, details: tuple[str, ...], *, info: bool = False
+    ) -> None:
         fatal = not ok and not info and ends(Ending.RESUME_MISMATCH, self.resume_mismatch)
         if not ok and not info:
             bar = "!" * 78
-            sys.stderr.write(f"{bar}\nscout: {summary}\n" + "".join(f"scout:   {d}\n" for d in details) +
-                             (f"scout: SCOUT_RESUME_MISMATCH=fatal: ending this rank (exit {Ending.RESUME_MISMATCH.code})\n"
-                              if fatal else "scout: the job continues (SCOUT_RESUME_MISMATCH=fatal would end it)\n")
-                             + f"{bar}\n")
+            sys.stderr.write(
+                f"{bar}\nscout: {summary}\n"
+                + "".join(f"scout:   {d}\n" for d in details)
+                + (
+                    f"scout: SCOUT_RESUME_MISMATCH=fatal: ending this rank (exit {Ending.RESUME_MISMATCH.code})\n"
+                    if fatal
+                    else "scout: the job continues (SCOUT_RESUME_MISMATCH=fatal would end it)\n"
+                )
+                + f"{bar}\n"
+            )
         elif not ok:
             sys.stderr.write(f"scout: {summary}\n")
         sys.stderr.flush()
@@ -569,11 +774,23 @@ class CheckpointWatch:
             try:
                 from scout_slurm.evidence.records import Finding, FindingKind
                 from scout_slurm.evidence.store import write_record
-                name = "resume-verified" if ok else ("resume-unchecked" if info else "resume-mismatch")
-                write_record(self.run_dir / "findings" / f"{name}-rank-{self.rank}.json",
-                             Finding(rank=self.rank, node=self.node, kind=FindingKind.INFO,
-                                     at=time.time(), summary=summary, details=details, step=self.global_step(),
-                                     component="resume"))
+
+                name = (
+                    "resume-verified" if ok else ("resume-unchecked" if info else "resume-mismatch")
+                )
+                write_record(
+                    self.run_dir / "findings" / f"{name}-rank-{self.rank}.json",
+                    Finding(
+                        rank=self.rank,
+                        node=self.node,
+                        kind=FindingKind.INFO,
+                        at=time.time(),
+                        summary=summary,
+                        details=details,
+                        step=self.global_step(),
+                        component="resume",
+                    ),
+                )
             except Exception as exc:  # noqa: BLE001
                 sys.stderr.write(f"scout: resume finding not written: {exc!r}\n")
         if fatal:
@@ -587,15 +804,27 @@ def _at_step(text: str, saved_step: int, later: int) -> str:
     if later < 0:
         return text
     if text.startswith("agreed"):
-        return f"agreed at step {later}, the first exchange after the save at step {saved_step}" + text[len("agreed"):]
-    return (f"not exchanged at the save: the replicas' signatures at step {later}, the first exchange after the "
-            f"save at step {saved_step}, {text}")
+        return (
+            f"agreed at step {later}, the first exchange after the save at step {saved_step}"
+            + text[len("agreed") :]
+        )
+    return (
+        f"not exchanged at the save: the replicas' signatures at step {later}, the first exchange after the "
+        f"save at step {saved_step}, {text}"
+    )
 
 
 def _state_init_step(optimizer: Any) -> bool:
     try:
-        return not optimizer.state and all(float(g["lr"]) == 0.0 for g in optimizer.param_groups if "lr" in g)
-    except (AttributeError, KeyError, TypeError, ValueError) as exc:  # an optimizer of unusual shape
+        return not optimizer.state and all(
+            float(g["lr"]) == 0.0 for g in optimizer.param_groups if "lr" in g
+        )
+    except (
+        AttributeError,
+        KeyError,
+        TypeError,
+        ValueError,
+    ) as exc:  # an optimizer of unusual shape
         _log.debug("optimizer %s: the step is taken as real (%r)", type(optimizer).__name__, exc)
         return False
 
@@ -631,55 +860,73 @@ def install(handle: Any, state: Any) -> None:
     global WATCH
     import torch
     import torch.distributed as dist
+
     if state.checkpoints_dir is None or WATCH is not None:
         return
     side = None
     cfg = state.config
     if state.world >= 2 and cfg.checkpoint_agreement:
         # the votes' side group when there is one; else scout's own (never the training communicators)
-        side = state.consensus.side if state.consensus is not None else dist.new_group(backend="gloo")
+        side = (
+            state.consensus.side if state.consensus is not None else dist.new_group(backend="gloo")
+        )
     run_dir = cfg.run_dir
 
     def groups():
         c = state.consensus
         return getattr(c, "groups", None) if c is not None else None
 
-    watch = CheckpointWatch(rank=state.rank, world=state.world, side=side, notes_dir=state.checkpoints_dir,
-                            run_dir=run_dir, restart=state.restart, offset=cfg.step_offset,
-                            resume=cfg.resume_checkpoint, resume_mismatch=cfg.resume_mismatch.value, node=cfg.node,
-                            all_gather=state.originals["all_gather"], all_reduce=state.originals["all_reduce"],
-                            groups=groups,
-                            completed_steps=lambda: state.writer.steps if state.writer is not None else 0,
-                            exchange_every=cfg.consensus_every if cfg.consensus_every > 0 else EXCHANGE_EVERY)
+    watch = CheckpointWatch(
+        rank=state.rank,
+        world=state.world,
+        side=side,
+        notes_dir=state.checkpoints_dir,
+        run_dir=run_dir,
+        restart=state.restart,
+        offset=cfg.step_offset,
+        resume=cfg.resume_checkpoint,
+        resume_mismatch=cfg.resume_mismatch.value,
+        node=cfg.node,
+        all_gather=state.originals["all_gather"],
+        all_reduce=state.originals["all_reduce"],
+        groups=groups,
+        completed_steps=lambda: state.writer.steps if state.writer is not None else 0,
+        exchange_every=cfg.consensus_every if cfg.consensus_every > 0 else EXCHANGE_EVERY,
+    )
     WATCH = watch
     handle.on_remove(_forget)
 
     original_load = torch.load
 
-    guard = state.guard   # bootstrap.guard: a failure of the watch never reaches the job's call
+    guard = state.guard  # bootstrap.guard: a failure of the watch never reaches the job's call
 
     def scout_load(f, *args, **kwargs):
         if isinstance(f, (str, os.PathLike)):
             guard.run("checkpoint watch", watch.loaded, f)
         return original_load(f, *args, **kwargs)
+
     scout_load.__wrapped__ = original_load
     handle.patch(torch, "load", scout_load)
 
     from torch.optim import lr_scheduler
+
     base = getattr(lr_scheduler, "LRScheduler", None) or lr_scheduler._LRScheduler
     original_sched_init = base.__init__
 
     def scout_sched_init(self, *args, **kwargs):
         original_sched_init(self, *args, **kwargs)
         guard.run("checkpoint watch", watch.see_scheduler, self)
+
     handle.patch(base, "__init__", scout_sched_init)
 
     from torch.utils.data.distributed import DistributedSampler
+
     original_set_epoch = DistributedSampler.set_epoch
 
     def scout_set_epoch(self, epoch):
         watch.sampler_epoch = int(epoch)
         return original_set_epoch(self, epoch)
+
     handle.patch(DistributedSampler, "set_epoch", scout_set_epoch)
 
     # before each step, the exchange of a save since the last one: a witness of the runtime's, last
@@ -693,6 +940,7 @@ def install(handle: Any, state: Any) -> None:
         if (not args or args[0] is None) and kwargs.get("group") is None:
             guard.run("checkpoint watch", watch.exchange)  # a save after the last optimizer step
         return current_destroy(*args, **kwargs)
+
     for owner in (dist, c10d):
         if getattr(owner, "destroy_process_group", None) is current_destroy:
             handle.patch(owner, "destroy_process_group", scout_destroy)
@@ -701,7 +949,10 @@ def install(handle: Any, state: Any) -> None:
         _patch_dcp(handle, sys.modules["torch.distributed.checkpoint"], guard)
     else:
         from scout_slurm.bootstrap.importhook import PatchAfterImport
-        finder = PatchAfterImport({"torch.distributed.checkpoint": lambda m: _patch_dcp(handle, m, guard)})
+
+        finder = PatchAfterImport(
+            {"torch.distributed.checkpoint": lambda m: _patch_dcp(handle, m, guard)}
+        )
         sys.meta_path.insert(0, finder)
         handle.on_remove(lambda: finder in sys.meta_path and sys.meta_path.remove(finder))
 
@@ -733,6 +984,7 @@ def _wrap_dcp_save(fn: Callable, io_key: str, label: str, guard: Any) -> Callabl
         if w is not None and path is not None and not kwargs.get("no_dist"):
             guard.run("checkpoint watch", w.saved_collective, path, saver=label)
         return result
+
     return scout_dcp_save
 
 
@@ -746,4 +998,5 @@ def _wrap_dcp_load(fn: Callable, guard: Any) -> Callable:
         if w is not None and path is not None:
             guard.run("checkpoint watch", w.loaded, path)
         return fn(*args, **kwargs)
+
     return scout_dcp_load

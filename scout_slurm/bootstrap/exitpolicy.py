@@ -14,9 +14,12 @@ from scout_slurm.task import exitcodes
 
 class Ending(enum.Enum):
     """Why scout ends a rank from inside the job: the value is the exit code the Epilogs read."""
-    SDC = exitcodes.SDC_CULPRIT                   # the replicas' majority outvoted this rank's numbers
-    STRAGGLER = exitcodes.STRAGGLER_ENDED         # timing votes confirmed this rank as a straggler
-    RESUME_MISMATCH = exitcodes.RESUME_MISMATCH   # the restored state differs from its checkpoint record
+
+    SDC = exitcodes.SDC_CULPRIT  # the replicas' majority outvoted this rank's numbers
+    STRAGGLER = exitcodes.STRAGGLER_ENDED  # timing votes confirmed this rank as a straggler
+    RESUME_MISMATCH = (
+        exitcodes.RESUME_MISMATCH
+    )  # the restored state differs from its checkpoint record
 
     @property
     def code(self) -> int:

@@ -25,15 +25,15 @@ from typing import Any, Callable
 
 from scout_slurm.evidence.records import VoteOutcome
 
-NONE = -1            # "this rank has seen no non-finite loss" in the exchanged vector
+NONE = -1  # "this rank has seen no non-finite loss" in the exchanged vector
 _MAX_CHECKED = 4096  # backward roots larger than this (not a loss) are not checked: cost
 
 
 @dataclass(frozen=True)
 class NonfiniteVote:
-    outcome: VoteOutcome          # NONE, NAMED or INCONCLUSIVE
-    step: int = NONE              # the earliest step at which any rank's loss was non-finite
-    ranks: tuple[int, ...] = ()   # the ranks non-finite at that step
+    outcome: VoteOutcome  # NONE, NAMED or INCONCLUSIVE
+    step: int = NONE  # the earliest step at which any rank's loss was non-finite
+    ranks: tuple[int, ...] = ()  # the ranks non-finite at that step
     explanation: str = ""
 
 
@@ -46,15 +46,23 @@ def first_nonfinite(first_steps: list[int]) -> NonfiniteVote:
     ranks = tuple(r for r, s in enumerate(first_steps) if s == step)
     world = len(first_steps)
     if 2 * len(ranks) < world:
-        return NonfiniteVote(VoteOutcome.NAMED, step, ranks,
-                             f"at step {step} the loss was non-finite on rank(s) {list(ranks)} only; the other "
-                             f"{world - len(ranks)} rank(s) were finite then")
+        return NonfiniteVote(
+            VoteOutcome.NAMED,
+            step,
+            ranks,
+            f"at step {step} the loss was non-finite on rank(s) {list(ranks)} only; the other "
+            f"{world - len(ranks)} rank(s) were finite then",
+        )
     if len(ranks) == world:
-        why = (f"every rank's loss became non-finite at the same step {step}: the training itself diverged (or "
-               "corrupted state was already shared); no rank is named")
+        why = (
+            f"every rank's loss became non-finite at the same step {step}: the training itself diverged (or "
+            "corrupted state was already shared); no rank is named"
+        )
     else:
-        why = (f"{len(ranks)} of {world} ranks went non-finite at the same step {step} (not a strict minority): "
-               f"ranks {list(ranks)}; no rank is named")
+        why = (
+            f"{len(ranks)} of {world} ranks went non-finite at the same step {step} (not a strict minority): "
+            f"ranks {list(ranks)}; no rank is named"
+        )
     return NonfiniteVote(VoteOutcome.INCONCLUSIVE, step, ranks, why)
 
 
@@ -63,9 +71,9 @@ class FiniteWatch:
 
     def __init__(self, *, offset: int = 0, on_first: Callable[[int], None] | None = None) -> None:
         self.offset = offset
-        self.on_first = on_first        # called once, with the global step, when this rank first sees one
+        self.on_first = on_first  # called once, with the global step, when this rank first sees one
         self.first_bad = NONE
-        self._acc: Any = None            # this step's flags, and-ed (a bool tensor where the loss lives)
+        self._acc: Any = None  # this step's flags, and-ed (a bool tensor where the loss lives)
         self._steps: list[tuple[int, Any]] = []
         self._original: Any = None
 
@@ -73,6 +81,7 @@ class FiniteWatch:
         """Note every backward's roots, inside `guard` (bootstrap.guard: a failure switches the
         watch off and never reaches the job's backward)."""
         import torch.autograd
+
         original = torch.autograd.backward
         self._original = original
 
@@ -81,16 +90,20 @@ class FiniteWatch:
             if guard.on("non-finite watch") and not torch.compiler.is_compiling():
                 guard.run("non-finite watch", self._note, tensors)
             return original(tensors, *args, **kwargs)
+
         handle.patch(torch.autograd, "backward", scout_backward)
 
     def _note(self, tensors: Any) -> None:
         import torch
+
         roots = (tensors,) if isinstance(tensors, torch.Tensor) else tuple(tensors or ())
         for t in roots:
             if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() <= _MAX_CHECKED:
-                if t.numel() == 1 and t.device.type == "cpu":   # a CPU loss: read at once, no tensor op
+                if (
+                    t.numel() == 1 and t.device.type == "cpu"
+                ):  # a CPU loss: read at once, no tensor op
                     ok: Any = math.isfinite(t.item())
-                else:   # kept as a tensor where it lives: read once per vote (no sync per step on a GPU)
+                else:  # kept as a tensor where it lives: read once per vote (no sync per step on a GPU)
                     ok = torch.isfinite(t.detach()).all()
                 self._acc = ok if self._acc is None else (self._acc & ok)
 

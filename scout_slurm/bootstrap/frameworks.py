@@ -19,8 +19,10 @@ def say(msg: str) -> None:
 
 # ---- the models the script built --------------------------------------------------------------
 
+
 def is_ddp(m: Any) -> bool:
     from torch.nn.parallel import DistributedDataParallel
+
     return isinstance(m, DistributedDataParallel)
 
 
@@ -50,7 +52,9 @@ def is_root(m: Any) -> bool:
 
 def is_compiled(m: Any) -> bool:
     """A module the job compiled: wrapped by torch.compile, or compiled in place (`Module.compile()`)."""
-    return type(m).__name__ == "OptimizedModule" or getattr(m, "_compiled_call_impl", None) is not None
+    return (
+        type(m).__name__ == "OptimizedModule" or getattr(m, "_compiled_call_impl", None) is not None
+    )
 
 
 def inner(root: Any) -> Any:
@@ -73,10 +77,12 @@ def megatron_coordinates() -> str:
     ps = sys.modules.get("megatron.core.parallel_state")
     if ps is None or not ps.model_parallel_is_initialized():
         return ""
-    return (f"Megatron-Core parallel_state tp={ps.get_tensor_model_parallel_world_size()} "
-            f"pp={ps.get_pipeline_model_parallel_world_size()} cp={ps.get_context_parallel_world_size()} "
-            f"dp={ps.get_data_parallel_world_size()} (this rank: tp {ps.get_tensor_model_parallel_rank()}, "
-            f"pp {ps.get_pipeline_model_parallel_rank()}, cp {ps.get_context_parallel_rank()})")
+    return (
+        f"Megatron-Core parallel_state tp={ps.get_tensor_model_parallel_world_size()} "
+        f"pp={ps.get_pipeline_model_parallel_world_size()} cp={ps.get_context_parallel_world_size()} "
+        f"dp={ps.get_data_parallel_world_size()} (this rank: tp {ps.get_tensor_model_parallel_rank()}, "
+        f"pp {ps.get_pipeline_model_parallel_rank()}, cp {ps.get_context_parallel_rank()})"
+    )
 
 
 def framework_seen(roots: list[Any]) -> str:
@@ -95,18 +101,28 @@ def framework_seen(roots: list[Any]) -> str:
         if module in sys.modules and not any(what in n for n in names):
             names.append(f"{what} imported")
     coords = megatron_coordinates()
-    return ", ".join(names + ([coords] if coords else [])) or "no DDP, FSDP2 or DeepSpeed model seen"
+    return (
+        ", ".join(names + ([coords] if coords else [])) or "no DDP, FSDP2 or DeepSpeed model seen"
+    )
 
 
 def megatron_tensor_parallel(m: Any) -> int:
     """The tensor-parallel size of a Megatron-Core parallel layer (1: not one, or not split)."""
     layers = sys.modules.get("megatron.core.tensor_parallel.layers")
-    kinds = tuple(getattr(layers, n) for n in ("ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding")
-                  if layers is not None and hasattr(layers, n))
+    kinds = tuple(
+        getattr(layers, n)
+        for n in ("ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding")
+        if layers is not None and hasattr(layers, n)
+    )
     if not kinds or not isinstance(m, kinds):
         return 1
     from megatron.core import parallel_state
-    return parallel_state.get_tensor_model_parallel_world_size() if parallel_state.model_parallel_is_initialized() else 1
+
+    return (
+        parallel_state.get_tensor_model_parallel_world_size()
+        if parallel_state.model_parallel_is_initialized()
+        else 1
+    )
 
 
 def optimizer_not_voted(roots: list[Any]) -> str:
@@ -114,8 +130,10 @@ def optimizer_not_voted(roots: list[Any]) -> str:
     with pure data parallelism no two ranks hold the same partition."""
     for root in roots:
         if is_deepspeed(root) and zero_stage(root) >= 1:
-            return (f"optimizer state not voted: DeepSpeed ZeRO-{zero_stage(root)} partitions it over the "
-                    "data-parallel ranks (no two ranks hold the same partition)")
+            return (
+                f"optimizer state not voted: DeepSpeed ZeRO-{zero_stage(root)} partitions it over the "
+                "data-parallel ranks (no two ranks hold the same partition)"
+            )
     return ""
 
 
@@ -129,7 +147,10 @@ def parameterised_leaves(roots: list[Any]) -> list[tuple[str, Any]]:
     out = []
     for ri, root in enumerate(roots):
         for name, m in inner(root).named_modules():
-            if next(m.children(), None) is None and next(m.parameters(recurse=False), None) is not None:
+            if (
+                next(m.children(), None) is None
+                and next(m.parameters(recurse=False), None) is not None
+            ):
                 out.append((f"m{ri}.{name}" if len(roots) > 1 else name, m))
     return out
 
@@ -149,34 +170,49 @@ def replica_layout(roots: list[Any], world: int) -> tuple[list[tuple[int, ...]],
                 if not rep:
                     names = getattr(p.device_mesh, "mesh_dim_names", None)
                     mesh = f"{mesh} (dimensions {tuple(names)})" if names else mesh
-                    return groups, (f"FSDP2 over mesh {mesh} with no replicated dimension: no rank holds a copy of "
-                                    "another's shards, so there are no state votes; in-situ replay still compares "
-                                    "compute across all ranks on the layer all-gathered over scout's side group")
+                    return groups, (
+                        f"FSDP2 over mesh {mesh} with no replicated dimension: no rank holds a copy of "
+                        "another's shards, so there are no state votes; in-situ replay still compares "
+                        "compute across all ranks on the layer all-gathered over scout's side group"
+                    )
                 names = getattr(p.device_mesh, "mesh_dim_names", None)
                 named = f" (dimensions {tuple(names)})" if names else ""
-                return groups, (f"HSDP mesh {mesh}{named}, placements {tuple(str(x) for x in p.placements)}: ranks "
-                                f"with the same shard coordinate hold the same shards: replica groups {groups}")
+                return groups, (
+                    f"HSDP mesh {mesh}{named}, placements {tuple(str(x) for x in p.placements)}: ranks "
+                    f"with the same shard coordinate hold the same shards: replica groups {groups}"
+                )
     for root in roots:
         if is_ddp(root):
             import torch.distributed as dist
+
             ranks = tuple(sorted(dist.get_process_group_ranks(root.process_group)))
             return [ranks], f"DDP over ranks {list(ranks)}: every rank holds the same state"
-    return [tuple(range(world))], "no DDP, FSDP2 or DeepSpeed model seen: all ranks taken as replicas"
+    return [
+        tuple(range(world))
+    ], "no DDP, FSDP2 or DeepSpeed model seen: all ranks taken as replicas"
 
 
 def _deepspeed_layout(root: Any, world: int) -> tuple[list[tuple[int, ...]], str]:
     """ZeRO 0-2 keep the full parameters on every data-parallel rank; ZeRO-3 partitions them (as
     pure FSDP: no rank holds a copy of another's partition)."""
     import torch.distributed as dist
+
     stage = zero_stage(root)
     group = getattr(root, "data_parallel_group", None) or getattr(root, "dp_process_group", None)
-    ranks = tuple(sorted(dist.get_process_group_ranks(group))) if group is not None else tuple(range(world))
+    ranks = (
+        tuple(sorted(dist.get_process_group_ranks(group)))
+        if group is not None
+        else tuple(range(world))
+    )
     if stage >= 3:
         return [(r,) for r in range(world)], (
             f"DeepSpeed ZeRO-3 over ranks {list(ranks)}: parameters and optimizer state are partitioned, no rank "
-            "holds a copy of another's: no state votes (as pure FSDP)")
-    return [ranks], (f"DeepSpeed ZeRO-{stage} over data-parallel ranks {list(ranks)}: every rank holds the same "
-                     "parameters (weights voted)")
+            "holds a copy of another's: no state votes (as pure FSDP)"
+        )
+    return [ranks], (
+        f"DeepSpeed ZeRO-{stage} over data-parallel ranks {list(ranks)}: every rank holds the same "
+        "parameters (weights voted)"
+    )
 
 
 class RootTracker:
@@ -189,20 +225,28 @@ class RootTracker:
 
         import torch
         from torch.nn.modules.module import register_module_forward_pre_hook
+
         self.roots: list[Any] = []
-        self.compiled: list[Any] = []   # modules the job runs through torch.compile (an OptimizedModule)
+        self.compiled: list[
+            Any
+        ] = []  # modules the job runs through torch.compile (an OptimizedModule)
         self.on_root = on_root
         self._is_compiling = torch.compiler.is_compiling
         # torch warns, at each call of a compiled module, that a global hook fires an extra time for it:
         # this hook ignores the compiled wrapper, and the warning would be scout's in the job's output
-        self._quiet = ("ignore", re.compile(r"Using `torch.compile\(module\)` when there are global hooks"),
-                       UserWarning, None, 0)
+        self._quiet = (
+            "ignore",
+            re.compile(r"Using `torch.compile\(module\)` when there are global hooks"),
+            UserWarning,
+            None,
+            0,
+        )
         warnings.filters.insert(0, self._quiet)
         warnings._filters_mutated()
         self.handle = register_module_forward_pre_hook(self._seen)
 
     def _seen(self, module: Any, args: Any) -> None:
-        if self._is_compiling():   # traced inside a compiled model: nothing of scout's in the graph
+        if self._is_compiling():  # traced inside a compiled model: nothing of scout's in the graph
             return
         if type(module).__name__ == "OptimizedModule":
             # torch.compile(model): the model's own call is traced, its hooks with it; seen here instead
@@ -228,6 +272,7 @@ class RootTracker:
             self.handle.remove()
             self.handle = None
             import warnings
+
             if self._quiet in warnings.filters:
                 warnings.filters.remove(self._quiet)
                 warnings._filters_mutated()

@@ -12,10 +12,27 @@ from typing import Any, Callable
 
 # The checks the guard knows by name: scout's entry points inside the user's calls, then the
 # witnesses. A name is what the loud line, the finding and the verdict say.
-ENTRY_POINTS = ("collective record", "process group start", "end of training", "DDP hooks", "optimizer hooks",
-                "checkpoint record", "busy mark", "model tracker", "coverage record", "banner")
-WITNESSES = ("state vote", "at-rest witness", "update replay", "in-situ replay", "non-finite watch", "timing votes",
-             "checkpoint watch")
+ENTRY_POINTS = (
+    "collective record",
+    "process group start",
+    "end of training",
+    "DDP hooks",
+    "optimizer hooks",
+    "checkpoint record",
+    "busy mark",
+    "model tracker",
+    "coverage record",
+    "banner",
+)
+WITNESSES = (
+    "state vote",
+    "at-rest witness",
+    "update replay",
+    "in-situ replay",
+    "non-finite watch",
+    "timing votes",
+    "checkpoint watch",
+)
 CHECKS = ENTRY_POINTS + WITNESSES
 
 
@@ -34,9 +51,14 @@ class Guard:
     `record(check, why)` keeps the evidence (the runtime sets it once the run folder is known);
     `broken`: checks made to fail on purpose (SCOUT_BREAK, testing only)."""
 
-    def __init__(self, *, say: Callable[[str], None], rank: Callable[[], int] = lambda: -1,
-                 broken: frozenset[str] = frozenset()) -> None:
-        self.off: dict[str, str] = {}            # check -> why it was switched off
+    def __init__(
+        self,
+        *,
+        say: Callable[[str], None],
+        rank: Callable[[], int] = lambda: -1,
+        broken: frozenset[str] = frozenset(),
+    ) -> None:
+        self.off: dict[str, str] = {}  # check -> why it was switched off
         # record(check, why, exchange): keeps the evidence; `exchange`: a failed exchange with peers
         self.record: Callable[[str, str, bool], None] | None = None
         self.broken = broken
@@ -58,14 +80,16 @@ class Guard:
             return fn(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - the point of the guard: scout's failure is never the job's
             if getattr(exc, JOBS_OWN, False):
-                raise   # the job's own (an injected fault stands for one): it reaches the job as it would
+                raise  # the job's own (an injected fault stands for one): it reaches the job as it would
             self.fail(check, exc)
             return None
 
     def fail(self, check: str, exc: BaseException) -> None:
         """Switch `check` off for the rest of the job: said once, recorded once."""
         frames = traceback.extract_tb(exc.__traceback__)
-        where = f" at {frames[-1].filename.rsplit('/', 2)[-1]}:{frames[-1].lineno}" if frames else ""
+        where = (
+            f" at {frames[-1].filename.rsplit('/', 2)[-1]}:{frames[-1].lineno}" if frames else ""
+        )
         why = f"{type(exc).__name__}: {exc}"[:300] + where
         exchange = exchange_failed(exc, frames)
         if exchange:
@@ -76,11 +100,17 @@ class Guard:
             self.off[check] = why
         rank = self._rank()
         where_rank = f"rank {rank}" if rank >= 0 else "this process"
-        if exchange:   # a peer ended or the network failed: not a bug of scout's, and the job will see it too
-            self._say(f"scout: {check} stopped on {where_rank}: {why}; a rank left or the network failed")
+        if (
+            exchange
+        ):  # a peer ended or the network failed: not a bug of scout's, and the job will see it too
+            self._say(
+                f"scout: {check} stopped on {where_rank}: {why}; a rank left or the network failed"
+            )
         else:
-            self._say(f"scout: ERROR: scout's {check} failed inside scout on {where_rank} and is off for the rest of "
-                      f"this job; the job goes on as without it ({why})")
+            self._say(
+                f"scout: ERROR: scout's {check} failed inside scout on {where_rank} and is off for the rest of "
+                f"this job; the job goes on as without it ({why})"
+            )
         if self.record is not None:
             try:
                 self.record(check, why, exchange)
@@ -93,7 +123,9 @@ def exchange_failed(exc: BaseException, frames: traceback.StackSummary | None = 
     side group): a peer that ended or a broken connection, not a bug in scout's own code (pure)."""
     frames = frames if frames is not None else traceback.extract_tb(exc.__traceback__)
     return isinstance(exc, RuntimeError) and any(
-        f.filename.replace("\\", "/").endswith("torch/distributed/distributed_c10d.py") for f in frames[-3:])
+        f.filename.replace("\\", "/").endswith("torch/distributed/distributed_c10d.py")
+        for f in frames[-3:]
+    )
 
 
 def parse_broken(text: str) -> frozenset[str]:
@@ -103,5 +135,7 @@ def parse_broken(text: str) -> frozenset[str]:
         return frozenset(CHECKS)
     unknown = sorted(names - set(CHECKS))
     if unknown:
-        raise ValueError(f"SCOUT_BREAK={text!r}: unknown check(s) {unknown}; valid: all, {', '.join(CHECKS)}")
+        raise ValueError(
+            f"SCOUT_BREAK={text!r}: unknown check(s) {unknown}; valid: all, {', '.join(CHECKS)}"
+        )
     return frozenset(names)

@@ -32,5 +32,6 @@ class PatchAfterImport(importlib.abc.MetaPathFinder):
                 patch(module)
             except Exception as exc:  # noqa: BLE001 - never break the import
                 sys.stderr.write(f"scout: cannot hook {fullname}: {exc!r}\n")
+
         loader.exec_module = exec_module
         return spec

@@ -34,10 +34,26 @@ STACK_SIGNAL = signal.SIGRTMIN + 5
 # torch.distributed's Python collectives (those a torch lacks are skipped). FSDP2 on torch 2.13 calls
 # all_gather_single and reduce_scatter_single; all_gather_into_tensor and reduce_scatter_tensor forward
 # to them there: a collective called from inside another's wrapper is the outer one's, recorded once.
-COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "all_gather_single",
-               "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single", "barrier", "all_to_all",
-               "all_to_all_single", "reduce", "gather", "scatter", "send", "recv", "all_gather_object",
-               "broadcast_object_list")
+COLLECTIVES = (
+    "all_reduce",
+    "broadcast",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_single",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "reduce_scatter_single",
+    "barrier",
+    "all_to_all",
+    "all_to_all_single",
+    "reduce",
+    "gather",
+    "scatter",
+    "send",
+    "recv",
+    "all_gather_object",
+    "broadcast_object_list",
+)
 # Set while a user's DDP comm hook runs: the collectives it calls are the bucket's own, already
 # counted as one ddp_bucket_all_reduce, so the wrappers pass them through untouched.
 _IN_USER_COMM_HOOK = threading.local()
@@ -77,6 +93,7 @@ class InstalledHooks:
 def _outside_graphs(fn: Callable) -> Callable:
     """`fn` (scout's own part of a patched call) run as it is, never traced into a compiled graph."""
     import torch
+
     return torch.compiler.disable(fn) if hasattr(torch, "compiler") else fn
 
 
@@ -96,7 +113,12 @@ def _group_size(rt: Runtime, group: Any) -> int:
     try:
         if group is not None and hasattr(group, "size"):
             return int(group.size())
-    except (AttributeError, TypeError, ValueError, RuntimeError) as exc:  # a group torch no longer knows
+    except (
+        AttributeError,
+        TypeError,
+        ValueError,
+        RuntimeError,
+    ) as exc:  # a group torch no longer knows
         _log.debug("size of group %r unknown: %r", group, exc)
     return rt.world
 
@@ -107,24 +129,37 @@ def _pg_seq(rt: Runtime) -> int:
         return -1
     try:
         return int(pg._get_sequence_number_for_group())
-    except (AttributeError, TypeError, ValueError, RuntimeError) as exc:  # private API; progress works without it
+    except (
+        AttributeError,
+        TypeError,
+        ValueError,
+        RuntimeError,
+    ) as exc:  # private API; progress works without it
         _log.debug("no sequence number from the default group: %r", exc)
         return -1
 
 
 # -- collectives -----------------------------------------------------------------------------------
 
+
 def _wrap_collective(rt: Runtime, name: str, fn: Callable) -> Callable:
     guard = rt.guard
 
     def enter(args: tuple, kwargs: dict) -> int:
-        return rt.writer.enter(name, _nbytes(args[0]) if args else 0, _group_size(rt, kwargs.get("group")), _pg_seq(rt))
+        return rt.writer.enter(
+            name, _nbytes(args[0]) if args else 0, _group_size(rt, kwargs.get("group")), _pg_seq(rt)
+        )
 
     @functools.wraps(fn)
     def scout_collective(*args, **kwargs):
         w = rt.writer
-        if w is None or rt.is_compiling() or getattr(_IN_USER_COMM_HOOK, "active", False) \
-                or getattr(_IN_COLLECTIVE, "active", False) or not guard.on("collective record"):
+        if (
+            w is None
+            or rt.is_compiling()
+            or getattr(_IN_USER_COMM_HOOK, "active", False)
+            or getattr(_IN_COLLECTIVE, "active", False)
+            or not guard.on("collective record")
+        ):
             return fn(*args, **kwargs)
         inj = rt.injector
         if name == "all_reduce" and inj is not None and inj.skip_next_all_reduce:
@@ -132,7 +167,9 @@ def _wrap_collective(rt: Runtime, name: str, fn: Callable) -> Callable:
             return None  # injected desync: this rank silently skips one all_reduce
         group = kwargs.get("group")
         if group is not None and type(group).__name__ == "RecordingGroup":
-            kwargs["group"] = group.wrapped  # `ddp.process_group` passed by the job: recorded here, once
+            kwargs["group"] = (
+                group.wrapped
+            )  # `ddp.process_group` passed by the job: recorded here, once
         timed = COST.sample()
         t0 = selfcost.clock() if timed else 0
         seq = guard.run("collective record", enter, args, kwargs)
@@ -147,6 +184,7 @@ def _wrap_collective(rt: Runtime, name: str, fn: Callable) -> Callable:
                 guard.run("collective record", w.leave, seq)
             if timed:
                 COST.sampled_ns += t1 - t0 + selfcost.clock() - t2
+
     scout_collective.__scout_original__ = fn
     return scout_collective
 
@@ -155,16 +193,20 @@ def _scout_side(rt: Runtime, fn: Callable) -> Callable:
     """scout's own collectives on its side group, in the progress record as `scout_vote`: when a
     rank never arrives, the ranks waiting there are seen inside a collective and the missing one
     behind. Called from scout's code only (already inside the guard)."""
+
     @functools.wraps(fn)
     def scout_side_collective(*args, **kwargs):
         w = rt.writer
         if w is None:
             return fn(*args, **kwargs)
-        seq = w.enter("scout_vote", _nbytes(args[0]) if args else 0, _group_size(rt, kwargs.get("group")))
+        seq = w.enter(
+            "scout_vote", _nbytes(args[0]) if args else 0, _group_size(rt, kwargs.get("group"))
+        )
         try:
             return fn(*args, **kwargs)
         finally:
             w.leave(seq)
+
     scout_side_collective.__scout_original__ = fn
     return scout_side_collective
 
@@ -173,12 +215,17 @@ def _patch_distributed(rt: Runtime, handle: InstalledHooks, dist: Any) -> None:
     c10d = dist.distributed_c10d
     original_init = c10d.init_process_group
     original_all_reduce = c10d.all_reduce
-    rt.originals.update(all_gather=_scout_side(rt, c10d.all_gather), barrier=_scout_side(rt, c10d.barrier),
-                        all_reduce=_scout_side(rt, original_all_reduce), broadcast=_scout_side(rt, c10d.broadcast))
+    rt.originals.update(
+        all_gather=_scout_side(rt, c10d.all_gather),
+        barrier=_scout_side(rt, c10d.barrier),
+        all_reduce=_scout_side(rt, original_all_reduce),
+        broadcast=_scout_side(rt, c10d.broadcast),
+    )
     late_done: list[bool] = []
 
     def opened() -> None:
         import torch
+
         # torch.compile traces a collective it meets into a functional one: scout's part is left out
         # (a constant while tracing, so the graph holds torch's own call alone). Bound here: torch is
         # whole by now (torch.distributed is patched while torch itself is still being imported)
@@ -186,10 +233,12 @@ def _patch_distributed(rt: Runtime, handle: InstalledHooks, dist: Any) -> None:
         rt.open(c10d.get_rank(), c10d.get_world_size(), c10d._get_default_group())
         if not late_done:
             late_done.append(True)
-            for check, patch in (("DDP hooks", lambda: _patch_ddp(rt, handle, original_all_reduce)),
-                                 ("optimizer hooks", lambda: _patch_optimizer(rt, handle)),
-                                 ("checkpoint record", lambda: _patch_save(rt, handle)),
-                                 ("busy mark", lambda: _patch_busy(rt, handle))):
+            for check, patch in (
+                ("DDP hooks", lambda: _patch_ddp(rt, handle, original_all_reduce)),
+                ("optimizer hooks", lambda: _patch_optimizer(rt, handle)),
+                ("checkpoint record", lambda: _patch_save(rt, handle)),
+                ("busy mark", lambda: _patch_busy(rt, handle)),
+            ):
                 rt.guard.run(check, patch)
 
     @functools.wraps(original_init)
@@ -239,6 +288,7 @@ def _ending(rt: Runtime) -> None:
 
 # -- DDP -------------------------------------------------------------------------------------------
 
+
 def _default_comm_hook(rt: Runtime, original_all_reduce: Callable) -> Callable:
     """DDP's all-reduce of a bucket, recorded: for a DDP whose group scout could not wrap."""
     guard = rt.guard
@@ -251,15 +301,22 @@ def _default_comm_hook(rt: Runtime, original_all_reduce: Callable) -> Callable:
         # as DDP's built-in path does (gradient times 1/size while filling the bucket), not div_:
         # x / 3 and x * (1/3) round differently, and the job must get the same bits as without scout
         tensor.mul_(1.0 / size)
-        seq = guard.run("DDP hooks", w.enter, "ddp_bucket_all_reduce", _nbytes(tensor), size, _pg_seq(rt)) \
-            if w is not None else None
+        seq = (
+            guard.run(
+                "DDP hooks", w.enter, "ddp_bucket_all_reduce", _nbytes(tensor), size, _pg_seq(rt)
+            )
+            if w is not None
+            else None
+        )
         fut = original_all_reduce(tensor, group=state, async_op=True).get_future()
 
         def done(f):
             if seq is not None:
                 guard.run("DDP hooks", w.leave, seq)
             return f.value()[0]
+
         return fut.then(done)
+
     return scout_default_hook
 
 
@@ -270,8 +327,18 @@ def _recorded_user_hook(rt: Runtime, hook: Callable) -> Callable:
 
     def composed(st, bucket):
         w = rt.writer if guard.on("DDP hooks") else None
-        seq = guard.run("DDP hooks", w.enter, "ddp_bucket_all_reduce", _nbytes(bucket.buffer()), rt.world,
-                        _pg_seq(rt)) if w is not None else None
+        seq = (
+            guard.run(
+                "DDP hooks",
+                w.enter,
+                "ddp_bucket_all_reduce",
+                _nbytes(bucket.buffer()),
+                rt.world,
+                _pg_seq(rt),
+            )
+            if w is not None
+            else None
+        )
         _IN_USER_COMM_HOOK.active = True
         try:
             fut = hook(st, bucket)
@@ -282,12 +349,15 @@ def _recorded_user_hook(rt: Runtime, hook: Callable) -> Callable:
             if seq is not None:
                 guard.run("DDP hooks", w.leave, seq)
             return f.value()
+
         return fut.then(done)
+
     return composed
 
 
 def _patch_ddp(rt: Runtime, handle: InstalledHooks, original_all_reduce: Callable) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
+
     guard = rt.guard
     scout_default_hook = _default_comm_hook(rt, original_all_reduce)
     original_register = DDP.register_comm_hook
@@ -296,16 +366,24 @@ def _patch_ddp(rt: Runtime, handle: InstalledHooks, original_all_reduce: Callabl
     def scout_register_comm_hook(self, state, hook):
         self._scout_hooked = True
         from scout_slurm.bootstrap import pgwrap
-        pgwrap.USER_HOOKS = True   # the recording wrapper asks whether a bucket is this hook's from now on
+
+        pgwrap.USER_HOOKS = (
+            True  # the recording wrapper asks whether a bucket is this hook's from now on
+        )
         return original_register(self, state, _recorded_user_hook(rt, hook))
 
     def wrapped_group(kwargs: dict) -> None:
         # DDP reduces through a recording wrapper of its group: its own C++ path stays (no comm hook, no
         # extra pass over the gradients) and each bucket still lands in the progress record (pgwrap)
         from scout_slurm.bootstrap import pgwrap
+
         group = kwargs.get("process_group") or rt.default_pg
-        kwargs["process_group"] = pgwrap.wrap(group, recording_writer, _in_user_comm_hook,
-                                              lambda exc: guard.fail("collective record", exc))
+        kwargs["process_group"] = pgwrap.wrap(
+            group,
+            recording_writer,
+            _in_user_comm_hook,
+            lambda exc: guard.fail("collective record", exc),
+        )
 
     def recording_writer() -> Any:
         # the recording group runs on DDP's hot path with the guard's rule inlined (pgwrap): SCOUT_BREAK
@@ -322,13 +400,13 @@ def _patch_ddp(rt: Runtime, handle: InstalledHooks, original_all_reduce: Callabl
             given = dict(kwargs)
             guard.run("DDP hooks", wrapped_group, kwargs)
             if "process_group" not in given and kwargs.get("process_group") is None:
-                kwargs.pop("process_group", None)   # as the job called it
+                kwargs.pop("process_group", None)  # as the job called it
         original_init(self, module, *args, **kwargs)
 
     def before_forward(ddp: Any) -> None:
         if rt.consensus is not None and guard.on("state vote"):
             guard.run("state vote", rt.consensus.track, ddp)
-        settle = getattr(ddp.process_group, "settle", None)   # the recording wrapper (pgwrap)
+        settle = getattr(ddp.process_group, "settle", None)  # the recording wrapper (pgwrap)
         if settle is not None:
             settle()
         if not getattr(ddp, "_scout_hooked", False):
@@ -357,8 +435,12 @@ def _in_user_comm_hook() -> bool:
 
 # -- the optimizer step ----------------------------------------------------------------------------
 
+
 def _patch_optimizer(rt: Runtime, handle: InstalledHooks) -> None:
-    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+    from torch.optim.optimizer import (
+        register_optimizer_step_post_hook,
+        register_optimizer_step_pre_hook,
+    )
 
     @selfcost.timed
     def scout_pre_step_hook(optimizer, args, kwargs):
@@ -376,7 +458,10 @@ def _patch_optimizer(rt: Runtime, handle: InstalledHooks) -> None:
 
 # -- checkpoints -----------------------------------------------------------------------------------
 
-def note_checkpoint(path: str | os.PathLike, *, step: int | None = None, saver: str = "note") -> None:
+
+def note_checkpoint(
+    path: str | os.PathLike, *, step: int | None = None, saver: str = "note"
+) -> None:
     """Tell scout that a checkpoint was written (the explicit call for custom savers). The
     note goes to the job's evidence folder; the recovery rule picks among these."""
     rt = RUNTIME
@@ -389,11 +474,13 @@ def _note_checkpoint(rt: Runtime, path: str | os.PathLike, step: int | None, sav
     if notes_dir is None:
         return
     from scout_slurm.bootstrap import ckptstate
+
     if ckptstate.WATCH is not None:  # the full record: signatures, replicas' agreement, coverage
         ckptstate.WATCH.saved(os.fspath(path), saver=saver, step=step)
         return
     from scout_slurm.evidence.store import write_record
     from scout_slurm.remediation.records import CheckpointNote
+
     target = os.path.abspath(os.fspath(path))
     try:
         size, sha = ckptstate.digest_from_storage(target)
@@ -402,18 +489,28 @@ def _note_checkpoint(rt: Runtime, path: str | os.PathLike, step: int | None, sav
     if step is None:
         # steps of this run, counted from the checkpoint it resumed from
         step = (rt.writer.steps + rt.config.step_offset) if rt.writer is not None else -1
-    note = CheckpointNote(path=target, step=int(step), rank=rt.rank, restart=rt.restart, saved_at=time.time(),
-                          size_bytes=size, sha256=sha, versions=ckptstate._versions_text())
+    note = CheckpointNote(
+        path=target,
+        step=int(step),
+        rank=rt.rank,
+        restart=rt.restart,
+        saved_at=time.time(),
+        size_bytes=size,
+        sha256=sha,
+        versions=ckptstate._versions_text(),
+    )
     notes_dir.mkdir(parents=True, exist_ok=True)
     write_record(notes_dir / f"run-{rt.restart}-step-{int(step)}-rank-{rt.rank}.json", note)
 
 
 def _patch_save(rt: Runtime, handle: InstalledHooks) -> None:
     import torch
+
     original_save = torch.save
 
     def noted(f: Any) -> None:
         from scout_slurm.bootstrap import ckptstate
+
         if not os.path.basename(os.fspath(f)).startswith("."):
             _note_checkpoint(rt, f, None, "torch.save")
         elif ckptstate.WATCH is not None:
@@ -428,7 +525,10 @@ def _patch_save(rt: Runtime, handle: InstalledHooks) -> None:
         return result
 
     handle.patch(torch, "save", scout_save)
-    from scout_slurm.bootstrap import ckptstate  # DCP saves, loads, schedulers, the replicas' agreement
+    from scout_slurm.bootstrap import (
+        ckptstate,
+    )  # DCP saves, loads, schedulers, the replicas' agreement
+
     rt.guard.run("checkpoint watch", ckptstate.install, handle, rt)
 
 
@@ -437,6 +537,7 @@ def _patch_busy(rt: Runtime, handle: InstalledHooks) -> None:
     reading a large checkpoint is busy, not hung (the watchdog gives it the start-up limit,
     task/stallclock.py). Outermost, so scout's own re-read of a saved file counts too."""
     import torch
+
     guard = rt.guard
 
     def mark(delta: int) -> None:
@@ -456,6 +557,7 @@ def _patch_busy(rt: Runtime, handle: InstalledHooks) -> None:
                 return fn(*args, **kwargs)
             finally:
                 guard.run("busy mark", mark, -1)
+
         return scout_busy
 
     handle.patch(torch, "save", busy(torch.save))
@@ -468,6 +570,7 @@ def _patch_renames(rt: Runtime, handle: InstalledHooks) -> None:
     with. Patched at install, before the script runs, so that a script's `from os import replace`
     gets the patched one too."""
     import shutil
+
     handle.patch(os, "rename", _following_renames(rt, os.rename, returns_dest=False))
     handle.patch(os, "replace", _following_renames(rt, os.replace, returns_dest=False))
     handle.patch(shutil, "move", _following_renames(rt, shutil.move, returns_dest=True))
@@ -481,10 +584,15 @@ def _following_renames(rt: Runtime, fn: Callable, *, returns_dest: bool) -> Call
         if watch is None or not watch.names:  # nothing recorded yet: nothing to follow
             return
         src = args[0] if args else kwargs["src"]
-        dst = result if returns_dest and isinstance(result, (str, bytes, os.PathLike)) else (
-            args[1] if len(args) > 1 else kwargs["dst"])
+        dst = (
+            result
+            if returns_dest and isinstance(result, (str, bytes, os.PathLike))
+            else (args[1] if len(args) > 1 else kwargs["dst"])
+        )
         if not kwargs or (kwargs.get("src_dir_fd") is None and kwargs.get("dst_dir_fd") is None):
-            watch.moved(src, dst)  # relative to a folder descriptor (scout's own records): not followed
+            watch.moved(
+                src, dst
+            )  # relative to a folder descriptor (scout's own records): not followed
 
     @functools.wraps(fn)
     def scout_rename(*args, **kwargs):
@@ -492,18 +600,26 @@ def _following_renames(rt: Runtime, fn: Callable, *, returns_dest: bool) -> Call
         if ckptstate.WATCH is not None:
             rt.guard.run("checkpoint record", follow, args, kwargs, result)
         return result
+
     scout_rename.__scout_original__ = fn
     return scout_rename
 
 
 # -- installing ------------------------------------------------------------------------------------
 
-def install(progress_dir: Path | None, *, restart: int = 0, checkpoints_dir: Path | None = None,
-            config: JobConfig | None = None) -> InstalledHooks:
+
+def install(
+    progress_dir: Path | None,
+    *,
+    restart: int = 0,
+    checkpoints_dir: Path | None = None,
+    config: JobConfig | None = None,
+) -> InstalledHooks:
     """Install the hooks (idempotent). torch.distributed is patched now if already imported,
     else right after it is imported. `config`: the job's settings (default: scout's defaults)."""
     global RUNTIME
     import dataclasses
+
     with _INSTALL_LOCK:
         if RUNTIME is not None:
             return RUNTIME.installed
@@ -534,10 +650,23 @@ def install_from_config(config: JobConfig) -> InstalledHooks:
     """The bootstrap's entry (site/sitecustomize.py): the job's settings, read once by
     `scout_slurm.jobconfig.load()`, passed down from here."""
     if config.stacks_file is not None:
-        fh = open(config.stacks_file, "a", buffering=1)  # kept open for faulthandler for the process's life
+        fh = open(
+            config.stacks_file, "a", buffering=1
+        )  # kept open for faulthandler for the process's life
         faulthandler.register(STACK_SIGNAL, file=fh, all_threads=True, chain=False)
-    return install(config.progress_dir, restart=config.restart, checkpoints_dir=config.checkpoints_dir,
-                   config=config)
+    return install(
+        config.progress_dir,
+        restart=config.restart,
+        checkpoints_dir=config.checkpoints_dir,
+        config=config,
+    )
 
 
-__all__ = ["InstalledHooks", "install", "install_from_config", "note_checkpoint", "say", "STACK_SIGNAL"]
+__all__ = [
+    "InstalledHooks",
+    "install",
+    "install_from_config",
+    "note_checkpoint",
+    "say",
+    "STACK_SIGNAL",
+]

@@ -58,8 +58,13 @@ class RecordingGroup(ProcessGroup):
     """Wraps one of the job's groups for DDP; `writer()` gives the progress record (None: not yet),
     `passing()` is true while a user's comm hook runs (its collectives are counted by that hook)."""
 
-    def __init__(self, pg: Any, writer: Callable[[], ProgressWriter | None], passing: Callable[[], bool],
-                 on_error: Callable[[Exception], None] | None = None) -> None:
+    def __init__(
+        self,
+        pg: Any,
+        writer: Callable[[], ProgressWriter | None],
+        passing: Callable[[], bool],
+        on_error: Callable[[Exception], None] | None = None,
+    ) -> None:
         super().__init__(pg.rank(), pg.size())
         self._pg = pg
         self._writer = writer
@@ -68,18 +73,28 @@ class RecordingGroup(ProcessGroup):
         self._on_error = on_error
         self._off = False
         self._size = pg.size()
-        self._open: list[tuple[int, Any, int]] = []  # (seq, work, torch's seq) entered in the running backward
-        self._w: ProgressWriter | None = None   # the progress record, once there is one
-        self._queued_for = -1   # the backward (autograd graph task) whose final callback will leave them
-        self._late: list[tuple[int, Any, int]] = []  # still in flight at that callback: left after DDP's
+        self._open: list[
+            tuple[int, Any, int]
+        ] = []  # (seq, work, torch's seq) entered in the running backward
+        self._w: ProgressWriter | None = None  # the progress record, once there is one
+        self._queued_for = (
+            -1
+        )  # the backward (autograd graph task) whose final callback will leave them
+        self._late: list[
+            tuple[int, Any, int]
+        ] = []  # still in flight at that callback: left after DDP's
         for device in ("cpu", "cuda"):
             dev = torch.device(device)
             try:
                 backend = pg._get_backend(dev)
             except RuntimeError:  # no backend for that device in this group
                 continue
-            self._register_backend(dev, _BACKENDS.get(backend.name(), ProcessGroup.BackendType.CUSTOM), backend)
-        self._set_default_backend(_BACKENDS.get(pg._get_backend_name(), ProcessGroup.BackendType.CUSTOM))
+            self._register_backend(
+                dev, _BACKENDS.get(backend.name(), ProcessGroup.BackendType.CUSTOM), backend
+            )
+        self._set_default_backend(
+            _BACKENDS.get(pg._get_backend_name(), ProcessGroup.BackendType.CUSTOM)
+        )
 
     @property
     def wrapped(self) -> Any:
@@ -89,10 +104,12 @@ class RecordingGroup(ProcessGroup):
         return self._pg.name()
 
     def allreduce(self, tensors, opts=None):  # noqa: ANN001 - the reducer's call, passed on unchanged
-        inner = self._pg.allreduce(tensors, opts) if opts is not None else self._pg.allreduce(tensors)
+        inner = (
+            self._pg.allreduce(tensors, opts) if opts is not None else self._pg.allreduce(tensors)
+        )
         if self._off:
             return inner
-        try:   # from here on scout's own work (the launch above is the job's): never into DDP's reducer
+        try:  # from here on scout's own work (the launch above is the job's): never into DDP's reducer
             return self._record(tensors, inner)
         except Exception as exc:  # noqa: BLE001 - the guard's rule (bootstrap.guard), inlined on the hot path
             self._failed(exc)
@@ -114,7 +131,7 @@ class RecordingGroup(ProcessGroup):
         if w is None or (USER_HOOKS and self._passing()):
             return inner
         self._w = w
-        n = COST.wrapper_calls   # COST.sample(), inline
+        n = COST.wrapper_calls  # COST.sample(), inline
         COST.wrapper_calls = n + 1
         timed = not n % SAMPLE_EVERY
         t0 = clock() if timed else 0
@@ -123,12 +140,16 @@ class RecordingGroup(ProcessGroup):
         queued = task >= 0 and task == self._queued_for
         # torch's counter moves by one a launch on this group: read once a backward (a call into torch
         # costs more than the rest of this entry here)
-        pg_seq = opened[-1][2] + 1 if queued and opened else self._pg._get_sequence_number_for_group()
+        pg_seq = (
+            opened[-1][2] + 1 if queued and opened else self._pg._get_sequence_number_for_group()
+        )
         seq = w.enter("ddp_bucket_all_reduce", tensors[0].nbytes, self._size, pg_seq)
         if queued or (task >= 0 and self._queue(task)):
             opened.append((seq, inner, pg_seq))
         else:  # not inside a backward: left when it completes (on gloo's thread)
-            inner.get_future().add_done_callback(lambda _f, w=w, seq=seq, me=get_ident(): _left(w, (seq,), me))
+            inner.get_future().add_done_callback(
+                lambda _f, w=w, seq=seq, me=get_ident(): _left(w, (seq,), me)
+            )
         if timed:
             COST.samples += 1
             COST.sampled_ns += clock() - t0
@@ -160,7 +181,7 @@ class RecordingGroup(ProcessGroup):
         opened, self._open = self._open, []
         if not opened or self._w is None:
             return
-        t0 = clock()   # once a backward: always measured (scout's own cost, ranks/cost-R.json)
+        t0 = clock()  # once a backward: always measured (scout's own cost, ranks/cost-R.json)
         if all(work.is_completed() for _, work, _ in opened):
             self._w.leave_many([seq for seq, _, _ in opened])
         else:
@@ -201,22 +222,45 @@ def _leave_when_done(w: ProgressWriter | None, opened: list[tuple[int, Any, int]
     me = get_ident()
     for (seq, work, _), ok in zip(opened, done):
         if not ok:
-            work.get_future().add_done_callback(lambda _f, w=w, seq=seq, me=me: _left(w, (seq,), me))
+            work.get_future().add_done_callback(
+                lambda _f, w=w, seq=seq, me=me: _left(w, (seq,), me)
+            )
 
 
 # The collectives torch's trampoline (PyProcessGroup) looks up as Python overrides, by the names it
 # looks for (newer and older spellings): each is passed on to the wrapped group. `allreduce` is above.
-_PASSED_ON = ("allgather", "all_gather_single", "_allgather_base", "all_gather_single_coalesced",
-              "allgather_into_tensor_coalesced", "allgather_coalesced", "allreduce_coalesced",
-              "all_to_all_single", "alltoall_base", "alltoall", "barrier", "broadcast", "reduce", "gather",
-              "scatter", "reduce_scatter", "reduce_scatter_single", "_reduce_scatter_base",
-              "reduce_scatter_single_coalesced", "reduce_scatter_tensor_coalesced", "send", "recv",
-              "recv_anysource", "monitored_barrier")
+_PASSED_ON = (
+    "allgather",
+    "all_gather_single",
+    "_allgather_base",
+    "all_gather_single_coalesced",
+    "allgather_into_tensor_coalesced",
+    "allgather_coalesced",
+    "allreduce_coalesced",
+    "all_to_all_single",
+    "alltoall_base",
+    "alltoall",
+    "barrier",
+    "broadcast",
+    "reduce",
+    "gather",
+    "scatter",
+    "reduce_scatter",
+    "reduce_scatter_single",
+    "_reduce_scatter_base",
+    "reduce_scatter_single_coalesced",
+    "reduce_scatter_tensor_coalesced",
+    "send",
+    "recv",
+    "recv_anysource",
+    "monitored_barrier",
+)
 
 
 def _passed_on(name: str) -> Callable[..., Any]:
     def collective(self: RecordingGroup, *args: Any, **kwargs: Any) -> Any:
         return getattr(self._pg, name)(*args, **kwargs)
+
     collective.__name__ = collective.__qualname__ = name
     return collective
 
@@ -245,7 +289,7 @@ def _skipped_by_the_compiler() -> None:
     there reads members torch's opaque group does not register (a hard error). Skipped frame by
     frame (no cost per call); frames they call are compiled as usual."""
     skip = getattr(getattr(getattr(torch, "_dynamo", None), "eval_frame", None), "skip_code", None)
-    if skip is None:   # a torch without it: the compiler's own wrapper (a little cost per call)
+    if skip is None:  # a torch without it: the compiler's own wrapper (a little cost per call)
         for name, fn in list(vars(RecordingGroup).items()):
             if callable(fn) and not name.startswith("__"):
                 setattr(RecordingGroup, name, torch.compiler.disable(fn))
@@ -267,7 +311,9 @@ def _left(w: ProgressWriter, seqs: tuple[int, ...] | list[int], registered_on: i
         pass
 
 
-_RECORDING: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # id of a wrapped group -> its wrapper
+_RECORDING: weakref.WeakValueDictionary = (
+    weakref.WeakValueDictionary()
+)  # id of a wrapped group -> its wrapper
 
 
 def recording(pg: Any) -> RecordingGroup | None:
@@ -275,14 +321,20 @@ def recording(pg: Any) -> RecordingGroup | None:
     return _RECORDING.get(id(pg))
 
 
-def wrap(pg: Any, writer: Callable[[], ProgressWriter | None], passing: Callable[[], bool],
-         on_error: Callable[[Exception], None] | None = None) -> Any:
+def wrap(
+    pg: Any,
+    writer: Callable[[], ProgressWriter | None],
+    passing: Callable[[], bool],
+    on_error: Callable[[Exception], None] | None = None,
+) -> Any:
     """The recording wrapper around `pg`: one per group, shared by every DDP built on it.
     `on_error(exc)`: scout's part of it failed (then it only passes the job's collectives on)."""
     if isinstance(pg, RecordingGroup):
         return pg
     group = recording(pg)
-    if group is None or group.wrapped is not pg:  # (an id outlives its group only when the wrapper did not)
+    if (
+        group is None or group.wrapped is not pg
+    ):  # (an id outlives its group only when the wrapper did not)
         group = RecordingGroup(pg, writer, passing, on_error)
         _register_like(group, pg)
         _RECORDING[id(pg)] = group
@@ -293,6 +345,7 @@ def _register_like(group: Any, pg: Any) -> None:
     """torch.distributed's tables know the wrapper as the group it wraps, so a user's comm hook or
     code calling dist.* with `ddp.process_group` works as with the group it passed."""
     from torch.distributed import distributed_c10d as c10d
+
     world = c10d._world
     # not pg_names: destroy_process_group shuts down every group named there, and the wrapped one is
     # shut down once, as itself

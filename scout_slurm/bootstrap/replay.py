@@ -20,8 +20,16 @@ from typing import Any, Callable
 from scout_slurm.bootstrap.signing import state_signature
 from scout_slurm.bootstrap.exitpolicy import Ending, end, ends
 from scout_slurm.evidence.records import VoteOutcome
-from scout_slurm.bootstrap.frameworks import (inner, is_compiled, is_dtensor, is_fsdp, megatron_tensor_parallel,
-                                               parameterised_leaves, replica_layout, say)
+from scout_slurm.bootstrap.frameworks import (
+    inner,
+    is_compiled,
+    is_dtensor,
+    is_fsdp,
+    megatron_tensor_parallel,
+    parameterised_leaves,
+    replica_layout,
+    say,
+)
 from scout_slurm.bootstrap.replicas import GroupVote, replay_plan, shard_group, vote_group
 from scout_slurm.jobconfig import REPLAY_MAX_BYTES
 
@@ -30,12 +38,27 @@ DEFAULT_MAX_BYTES = REPLAY_MAX_BYTES  # SCOUT_REPLAY_MAX_BYTES (scout_slurm.jobc
 
 # ---- replay -----------------------------------------------------------------------------------
 
+
 class Replay:
-    def __init__(self, *, every: int, rank: int, world: int, side: Any, run_dir: Path | None, node: str,
-                 originals: dict[str, Any], current_step: Callable[[], int], max_bytes: int = DEFAULT_MAX_BYTES,
-                 offset: int = 0, sdc_policy: str = "exit") -> None:
+    def __init__(
+        self,
+        *,
+        every: int,
+        rank: int,
+        world: int,
+        side: Any,
+        run_dir: Path | None,
+        node: str,
+        originals: dict[str, Any],
+        current_step: Callable[[], int],
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        offset: int = 0,
+        sdc_policy: str = "exit",
+    ) -> None:
         self.every, self.rank, self.world, self.side = every, rank, world, side
-        self.sdc_policy = sdc_policy  # SCOUT_SDC_POLICY: "exit" ends an outvoted rank (bootstrap.exitpolicy)
+        self.sdc_policy = (
+            sdc_policy  # SCOUT_SDC_POLICY: "exit" ends an outvoted rank (bootstrap.exitpolicy)
+        )
         self.run_dir, self.node = run_dir, node
         self.broadcast, self.all_gather = originals["broadcast"], originals["all_gather"]
         self.barrier = originals["barrier"]
@@ -45,24 +68,28 @@ class Replay:
         self.roots: list[Any] = []
         self.layers: list[tuple[str, Any]] | None = None
         self.groups: list[tuple[int, ...]] = []
-        self.said: set[tuple[str, ...]] = set()   # what was said in the job's output once already
-        self.layer_clean: dict[int, int] = {}     # layer index -> the last step a replay of it passed
-        self.failed_rounds = 0                     # rounds in which some rank could not recompute
+        self.said: set[tuple[str, ...]] = set()  # what was said in the job's output once already
+        self.layer_clean: dict[int, int] = {}  # layer index -> the last step a replay of it passed
+        self.failed_rounds = 0  # rounds in which some rank could not recompute
         self.replaying = False
         self.cap_step = -1
         self.cap: dict[str, Any] | None = None
         self.cap_reason = ""
         self.replays = 0
-        self.trusted: set[tuple[int, str]] = set()   # (layer, "output"/"weight gradient") seen agreeing once
+        self.trusted: set[tuple[int, str]] = (
+            set()
+        )  # (layer, "output"/"weight gradient") seen agreeing once
         # differences seen before their layer was trusted: (layer, what) -> {source: first step}, named
         # when a later comparison on that layer agrees (see `trust`; the same on every rank)
         self.pending: dict[tuple[int, str], dict[int, int]] = {}
         self.last_clean = -1
         self.ready_from = 0  # the capture hooks attach at the first step: replays start at the next
-        self.handles: list[Any] = []   # the capture hooks set for the coming step (`_arm`)
-        self.next_call = 0   # the next step whose `before_step` has work (the caller skips the others)
-        self.compiled = ""   # which model runs compiled ("": none): nothing is replayed then
-        self.guard: Any = None   # the runtime's guard (bootstrap.guard), around the capture hooks
+        self.handles: list[Any] = []  # the capture hooks set for the coming step (`_arm`)
+        self.next_call = (
+            0  # the next step whose `before_step` has work (the caller skips the others)
+        )
+        self.compiled = ""  # which model runs compiled ("": none): nothing is replayed then
+        self.guard: Any = None  # the runtime's guard (bootstrap.guard), around the capture hooks
 
     def add_root(self, root: Any, *, compiled: bool = False) -> None:
         """A model the job trains; `compiled`: the job runs it through torch.compile."""
@@ -76,8 +103,10 @@ class Replay:
         inside the compiled graph, and a hook of scout's there would change the job's graph."""
         if not self.compiled:
             return ""
-        return (f"{self.compiled}: its layers' inputs exist only inside the compiled graph, and capturing them "
-                "would change the job's graph; state votes and timing votes still run")
+        return (
+            f"{self.compiled}: its layers' inputs exist only inside the compiled graph, and capturing them "
+            "would change the job's graph; state votes and timing votes still run"
+        )
 
     # which layers can be replayed: decided once, the same on every rank (same model)
     def _prepare(self, step: int) -> None:
@@ -93,27 +122,45 @@ class Replay:
         skipped = []
         for name, m in parameterised_leaves(self.roots):
             params = list(m.parameters(recurse=False))
-            nbytes = 2 * sum(p.numel() * p.element_size() for p in params)  # full weights and their gradients
-            bad = [p for p in params if is_dtensor(p) and not all(pl.is_replicate() or (pl.is_shard() and pl.dim == 0)
-                                                                  for pl in p.placements)]
+            nbytes = 2 * sum(
+                p.numel() * p.element_size() for p in params
+            )  # full weights and their gradients
+            bad = [
+                p
+                for p in params
+                if is_dtensor(p)
+                and not all(
+                    pl.is_replicate() or (pl.is_shard() and pl.dim == 0) for pl in p.placements
+                )
+            ]
             tp = megatron_tensor_parallel(m)
             if is_fsdp(m):
-                skipped.append(f"{name} (an FSDP unit itself: calling it would all-gather on the training group)")
+                skipped.append(
+                    f"{name} (an FSDP unit itself: calling it would all-gather on the training group)"
+                )
             elif tp > 1:
-                skipped.append(f"{name} (a Megatron tensor-parallel layer over {tp} ranks: its recomputation would "
-                               "run collectives on the training's tensor-parallel group, and each rank holds a "
-                               "different slice of its weights)")
+                skipped.append(
+                    f"{name} (a Megatron tensor-parallel layer over {tp} ranks: its recomputation would "
+                    "run collectives on the training's tensor-parallel group, and each rank holds a "
+                    "different slice of its weights)"
+                )
             elif any(hasattr(p, "ds_tensor") for p in params):
-                skipped.append(f"{name} (DeepSpeed ZeRO-3 partitioned weights: not gathered for a replay)")
+                skipped.append(
+                    f"{name} (DeepSpeed ZeRO-3 partitioned weights: not gathered for a replay)"
+                )
             elif bad:
                 skipped.append(f"{name} (sharded other than along dim 0)")
             elif nbytes > self.max_bytes:
-                skipped.append(f"{name} ({nbytes} bytes of weights and gradients > cap {self.max_bytes})")
+                skipped.append(
+                    f"{name} ({nbytes} bytes of weights and gradients > cap {self.max_bytes})"
+                )
             else:
                 self.layers.append((name, m))
         if self.rank == 0:
-            say(f"in-situ replay every {self.every} steps over layers {[n for n, _ in self.layers]}"
-                + (f"; not replayed: {'; '.join(skipped)}" if skipped else ""))
+            say(
+                f"in-situ replay every {self.every} steps over layers {[n for n, _ in self.layers]}"
+                + (f"; not replayed: {'; '.join(skipped)}" if skipped else "")
+            )
 
     def _say_once(self, key: tuple[str, ...], msg: str) -> None:
         if key not in self.said:
@@ -129,9 +176,15 @@ class Replay:
                 return None
             step = self.current_step()
             plan = self._plan(step)
-            if plan is None or plan.layer_index != idx or plan.source != self.rank or self.cap_step == step:
+            if (
+                plan is None
+                or plan.layer_index != idx
+                or plan.source != self.rank
+                or self.cap_step == step
+            ):
                 return None  # not this layer's turn, or already captured (a layer called twice per step)
             import torch
+
             self.cap_step, self.cap, self.cap_reason = step, None, ""
             tensors: list[Any] = []
             try:
@@ -146,18 +199,31 @@ class Replay:
             if 2 * nbytes > self.max_bytes:
                 self.cap_reason = f"its inputs ({nbytes} bytes) and output gradients exceed the cap"
                 return None
-            self.cap = {"spec": spec, "x": [t.detach().clone() for t in tensors], "rng": torch.get_rng_state(),
-                        "gy": None, "idx": idx, "calls": 0, "gw": {},
-                        "autocast": _autocast_on(tensors)}
+            self.cap = {
+                "spec": spec,
+                "x": [t.detach().clone() for t in tensors],
+                "rng": torch.get_rng_state(),
+                "gy": None,
+                "idx": idx,
+                "calls": 0,
+                "gw": {},
+                "autocast": _autocast_on(tensors),
+            }
             return None
+
         return capture_input
 
     def _post_hook(self, idx: int) -> Callable:
         def capture_output_gradient(module, args, output):
             cap = self.cap
-            if self.replaying or cap is None or self.cap_step != self.current_step() or cap["idx"] != idx:
+            if (
+                self.replaying
+                or cap is None
+                or self.cap_step != self.current_step()
+                or cap["idx"] != idx
+            ):
                 return None
-            cap["calls"] += 1        # a layer called twice a step sums two calls in its weights' gradient
+            cap["calls"] += 1  # a layer called twice a step sums two calls in its weights' gradient
             if "hooked" in cap:
                 return None
             cap["hooked"] = True
@@ -165,16 +231,19 @@ class Replay:
             # the source as a witness: what its hardware computed in training, to set against the
             # recomputations of the same input (its own included)
             cap["out_sig"] = _pos(state_signature((f"out{i}", o) for i, o in enumerate(outs)))
-            cap["gy"] = [None] * len(outs)   # one per tensor output; None where no gradient arrives
+            cap["gy"] = [None] * len(outs)  # one per tensor output; None where no gradient arrives
             for i, o in enumerate(outs):
                 # not a leaf: a layer may return one of its own parameters (Megatron's bias with
                 # skip_bias_add), and a hook on a parameter would stay on it for good
                 if getattr(o, "requires_grad", False) and o.grad_fn is not None:
+
                     def keep(g, i=i):
                         if cap["gy"][i] is None:
                             cap["gy"][i] = g.detach().clone()
+
                     o.register_hook(self._guarded(keep))
             return None
+
         return capture_output_gradient
 
     def _grad_hook(self, idx: int, pname: str) -> Callable:
@@ -188,6 +257,7 @@ class Replay:
             # this rank's own gradient, before any reduction: every arrival of this step, kept
             cap["gw"].setdefault(pname, []).append(g.detach().clone())
             return None
+
         return capture_weight_gradient
 
     def _training_signatures(self, layer: Any, cap: dict | None) -> tuple[int, int, str]:
@@ -198,11 +268,20 @@ class Replay:
         if cap["autocast"]:
             return 0, 0, "the layer ran under autocast in training (the replay does not)"
         if cap["calls"] != 1:
-            return cap["out_sig"], 0, f"the layer ran {cap['calls']} times in the step (its weight gradient sums them)"
+            return (
+                cap["out_sig"],
+                0,
+                f"the layer ran {cap['calls']} times in the step (its weight gradient sums them)",
+            )
         import torch
+
         params = [(n, p) for n, p in layer.named_parameters(recurse=False) if p.requires_grad]
         if not params or any(is_dtensor(p) for _, p in params):
-            return cap["out_sig"], 0, "sharded weights (their gradients are reduced before they are seen)"
+            return (
+                cap["out_sig"],
+                0,
+                "sharded weights (their gradients are reduced before they are seen)",
+            )
         grads = cap["gw"]
         if not grads or any(len(grads.get(n, ())) > 1 for n, _ in params):
             return cap["out_sig"], 0, "the weight gradient did not arrive once, whole"
@@ -210,12 +289,15 @@ class Replay:
         sig = state_signature((n, grads[n][0] if n in grads else none) for n, _ in params)
         return cap["out_sig"], _pos(sig), ""
 
-    def _exchange(self, plan: Any, cap: dict | None) -> tuple[Any, list[Any], list[Any], Any] | None:
+    def _exchange(
+        self, plan: Any, cap: dict | None
+    ) -> tuple[Any, list[Any], list[Any], Any] | None:
         """The source's captured call (argument structure, input tensors, output gradients, RNG
         state), on every rank, in two broadcasts; None when the source has nothing to send this round."""
         import pickle
 
         from scout_slurm.bootstrap.wire import PackError, broadcast_packed
+
         src = plan.source
         blob, tensors = None, []
         if self.rank == src and cap is not None:
@@ -224,9 +306,11 @@ class Replay:
             tensors = [*cap["x"], *(g for g in gy if g is not None), cap["rng"]]
         try:
             got = broadcast_packed(self.broadcast, self.side, self.rank, src, blob, tensors)
-        except PackError as exc:   # the others were told there is nothing to replay
-            self._say_once(("unsent", str(plan.layer_index)), f"replay at step {plan.step}: the captured inputs "
-                           f"cannot be sent ({exc})")
+        except PackError as exc:  # the others were told there is nothing to replay
+            self._say_once(
+                ("unsent", str(plan.layer_index)),
+                f"replay at step {plan.step}: the captured inputs cannot be sent ({exc})",
+            )
             return None
         if got is None:
             return None
@@ -249,10 +333,14 @@ class Replay:
             return
         idx = plan.layer_index
         m = self.layers[idx][1]
-        self.handles = [m.register_forward_pre_hook(self._guarded(self._pre_hook(idx)), with_kwargs=True),
-                        m.register_forward_hook(self._guarded(self._post_hook(idx)))]
+        self.handles = [
+            m.register_forward_pre_hook(self._guarded(self._pre_hook(idx)), with_kwargs=True),
+            m.register_forward_hook(self._guarded(self._post_hook(idx))),
+        ]
         for pname, p in m.named_parameters(recurse=False):
-            if p.requires_grad and not is_dtensor(p):   # FSDP2 reduces its unsharded copies: not seen here
+            if p.requires_grad and not is_dtensor(
+                p
+            ):  # FSDP2 reduces its unsharded copies: not seen here
                 self.handles.append(p.register_hook(self._guarded(self._grad_hook(idx, pname))))
 
     def _guarded(self, hook: Callable) -> Callable:
@@ -267,11 +355,14 @@ class Replay:
             if not guard.on("in-situ replay"):
                 return None
             return guard.run("in-situ replay", hook, *args)
+
         return guarded
 
     def due(self, step: int) -> bool:
         """Whether `before_step(step)` does more than set the capture hooks."""
-        return self.layers is None or (bool(self.layers) and step >= self.ready_from and self._plan(step) is not None)
+        return self.layers is None or (
+            bool(self.layers) and step >= self.ready_from and self._plan(step) is not None
+        )
 
     def before_step(self, step: int) -> None:
         """Called before optimizer step `step` on every rank; replays when the schedule says so,
@@ -301,14 +392,18 @@ class Replay:
         if plan is None:
             return
         import torch
+
         t0 = time.perf_counter()
         name, layer = self.layers[plan.layer_index]
         cap = None
         if self.rank == plan.source:
             cap = self.cap if self.cap_step == step else None
             if cap is None:
-                why = self.cap_reason or 'the layer did not run in this step'
-                self._say_once(("skipped", name, why), f"replay of layer {name!r} at step {step} skipped: {why}")
+                why = self.cap_reason or "the layer did not run in this step"
+                self._say_once(
+                    ("skipped", name, why),
+                    f"replay of layer {name!r} at step {step} skipped: {why}",
+                )
         sent = self._exchange(plan, cap)
         self.cap = None
         if sent is None:
@@ -320,9 +415,14 @@ class Replay:
         if self.rank == plan.source:
             train_out, train_gw, why = self._training_signatures(layer, cap)
             mine[5], mine[6] = train_out, train_gw
-            if why and has_gy and self.rank == 0:   # once a reason for the job, not once a source and layer
-                self._say_once(("witness", why), f"replay of layer {name!r} (and of any layer alike): the source's "
-                               f"training-time {'values not' if not train_out else 'output only'} compared ({why})")
+            if (
+                why and has_gy and self.rank == 0
+            ):  # once a reason for the job, not once a source and layer
+                self._say_once(
+                    ("witness", why),
+                    f"replay of layer {name!r} (and of any layer alike): the source's "
+                    f"training-time {'values not' if not train_out else 'output only'} compared ({why})",
+                )
         # the layer's stored weights (this rank's shard): replicas must agree on them first
         mine[4] = _pos(state_signature(layer.named_parameters(recurse=False)))
         try:
@@ -338,39 +438,68 @@ class Replay:
         failed = [r for r, g in enumerate(gathered) if int(g[0]) != 1]
         if failed:
             self.failed_rounds += 1
-            if self.rank == failed[0]:  # one line for the whole job, the first time this layer fails
-                self._say_once(("failed", name), f"replay of layer {name!r} at step {step}: rank(s) {failed} could "
-                               f"not recompute it ({'rank ' + str(self.rank) + ': ' + error if error else 'no error'}); "
-                               "no vote on this layer (said once; later rounds are counted in the evidence)")
+            if (
+                self.rank == failed[0]
+            ):  # one line for the whole job, the first time this layer fails
+                self._say_once(
+                    ("failed", name),
+                    f"replay of layer {name!r} at step {step}: rank(s) {failed} could "
+                    f"not recompute it ({'rank ' + str(self.rank) + ': ' + error if error else 'no error'}); "
+                    "no vote on this layer (said once; later rounds are counted in the evidence)",
+                )
             return
         stored = [int(g[4]) for g in gathered]
         if any(len(g) >= 2 and len({stored[r] for r in g}) > 1 for g in self.groups):
             # corrupted state, not compute: the state vote names it (with the right component)
             if self.rank == 0:
-                self._say_once(("stored", name), f"replay of layer {name!r} at step {step}: the layer's stored "
-                               "weights differ among replicas; left to the state vote")
+                self._say_once(
+                    ("stored", name),
+                    f"replay of layer {name!r} at step {step}: the layer's stored "
+                    "weights differ among replicas; left to the state vote",
+                )
             return
-        group = tuple(range(self.world))  # same full layer everywhere: every rank is a replica of the compute
-        votes = [vote_group(what, group, [int(g[i]) for g in gathered])
-                 for i, what in ((1, "output"), (2, "input gradient"), (3, "weight gradient")) if has_gy or i == 1]
-        differs, agrees = source_witness([tuple(int(v) for v in g) for g in gathered], plan.source, has_gy)
+        group = tuple(
+            range(self.world)
+        )  # same full layer everywhere: every rank is a replica of the compute
+        votes = [
+            vote_group(what, group, [int(g[i]) for g in gathered])
+            for i, what in ((1, "output"), (2, "input gradient"), (3, "weight gradient"))
+            if has_gy or i == 1
+        ]
+        differs, agrees = source_witness(
+            [tuple(int(v) for v in g) for g in gathered], plan.source, has_gy
+        )
         # a training-time value is trusted to equal the recomputation once it has, for this layer:
         # compiled or fused kernels may compute it differently every time, and that is not a fault
         untrusted = [w for w in differs if (plan.layer_index, w) not in self.trusted]
-        late = trust(self.trusted, self.pending, plan.layer_index, plan.source, step, untrusted, agrees)
+        late = trust(
+            self.trusted, self.pending, plan.layer_index, plan.source, step, untrusted, agrees
+        )
         if untrusted and self.rank == 0:
-            self._say_once(("untrusted", name), f"replay of layer {name!r} at step {step}: the source's training-time "
-                           f"{' and '.join(untrusted)} differs from every recomputation, but no earlier comparison on "
-                           "this layer agreed (compiled or fused kernels may compute it otherwise): named only if a "
-                           "later comparison on this layer agrees")
+            self._say_once(
+                ("untrusted", name),
+                f"replay of layer {name!r} at step {step}: the source's training-time "
+                f"{' and '.join(untrusted)} differs from every recomputation, but no earlier comparison on "
+                "this layer agreed (compiled or fused kernels may compute it otherwise): named only if a "
+                "later comparison on this layer agrees",
+            )
         witness = [w for w in differs if w not in untrusted]
-        self._conclude(votes, plan, name, step, [tuple(int(v) for v in g[1:4]) for g in gathered],
-                       time.perf_counter() - t0, witness, late)
+        self._conclude(
+            votes,
+            plan,
+            name,
+            step,
+            [tuple(int(v) for v in g[1:4]) for g in gathered],
+            time.perf_counter() - t0,
+            witness,
+            late,
+        )
 
     def _full(self, p: Any) -> Any:
         """This rank's full parameter: itself (DDP), or its shard group's local shards gathered over
         scout's side group (FSDP2/HSDP; every rank calls this for the same parameters in order)."""
         import torch
+
         if not is_dtensor(p):
             return p.detach()
         local = p.to_local().detach().contiguous()
@@ -381,20 +510,31 @@ class Replay:
         self.all_gather(sizes, torch.tensor([local.shape[0]], dtype=torch.int64), group=self.side)
         longest = max(int(s) for s in sizes)
         padded = torch.zeros((longest, *p.shape[1:]), dtype=local.dtype)
-        padded[:local.shape[0]] = local
+        padded[: local.shape[0]] = local
         chunks = [torch.empty_like(padded) for _ in range(self.world)]
         self.all_gather(chunks, padded, group=self.side)
         mine = shard_group(p.device_mesh.mesh.tolist(), shard_dims[0], self.rank)
-        return torch.cat([chunks[r][:int(sizes[r])] for r in mine])
+        return torch.cat([chunks[r][: int(sizes[r])] for r in mine])
 
-    def _recompute(self, layer: Any, weights: dict[str, Any], spec: Any, xs: list[Any], gys: list[Any],
-                   rng: Any) -> tuple[int, int, int]:
+    def _recompute(
+        self,
+        layer: Any,
+        weights: dict[str, Any],
+        spec: Any,
+        xs: list[Any],
+        gys: list[Any],
+        rng: Any,
+    ) -> tuple[int, int, int]:
         """The layer's forward (and backward, with the captured output gradients) on these inputs
         with this rank's weights: signatures of every tensor output, every input gradient and the
         weight gradients."""
         import torch
         from torch.func import functional_call
-        was, warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+
+        was, warn = (
+            torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(),
+        )
         with torch.random.fork_rng(devices=[]):
             torch.set_rng_state(rng)
             torch.use_deterministic_algorithms(True, warn_only=True)
@@ -403,7 +543,10 @@ class Replay:
                 with torch.enable_grad():
                     # detached aliases of the weights, not copies: autograd.grad only reads them (their
                     # own leaves: no .grad, none of the job's or DDP's hooks)
-                    params = {n: w.detach().requires_grad_(w.is_floating_point()) for n, w in weights.items()}
+                    params = {
+                        n: w.detach().requires_grad_(w.is_floating_point())
+                        for n, w in weights.items()
+                    }
                     xin = [x.clone().requires_grad_(x.is_floating_point()) for x in xs]
                     args, kwargs = _filled(spec, xin)
                     outs = output_tensors(functional_call(layer, params, tuple(args), dict(kwargs)))
@@ -413,23 +556,42 @@ class Replay:
                         return _pos(sig_out), 0, 0
                     xg = [x for x in xin if x.requires_grad]
                     pg = [(n, p) for n, p in params.items() if p.requires_grad]
-                    grads = torch.autograd.grad([o for o, _ in pairs], xg + [p for _, p in pg],
-                                                grad_outputs=[g for _, g in pairs], allow_unused=True)
+                    grads = torch.autograd.grad(
+                        [o for o, _ in pairs],
+                        xg + [p for _, p in pg],
+                        grad_outputs=[g for _, g in pairs],
+                        allow_unused=True,
+                    )
                     none = torch.zeros(0)
-                    sig_gx = state_signature((f"in{i}", g if g is not None else none)
-                                             for i, g in enumerate(grads[:len(xg)]))
-                    sig_gw = state_signature((n, g if g is not None else none)
-                                             for (n, _), g in zip(pg, grads[len(xg):]))
+                    sig_gx = state_signature(
+                        (f"in{i}", g if g is not None else none)
+                        for i, g in enumerate(grads[: len(xg)])
+                    )
+                    sig_gw = state_signature(
+                        (n, g if g is not None else none) for (n, _), g in zip(pg, grads[len(xg) :])
+                    )
                     return _pos(sig_out), _pos(sig_gx), _pos(sig_gw)
             finally:
                 self.replaying = False
                 torch.use_deterministic_algorithms(was, warn_only=warn)
 
-    def _conclude(self, votes: list[GroupVote], plan: Any, name: str, step: int, sigs: list[tuple[int, ...]],
-                  dt: float, witness: list[str] = (), late: list[tuple[int, int, str]] = ()) -> None:
+    def _conclude(
+        self,
+        votes: list[GroupVote],
+        plan: Any,
+        name: str,
+        step: int,
+        sigs: list[tuple[int, ...]],
+        dt: float,
+        witness: list[str] = (),
+        late: list[tuple[int, int, str]] = (),
+    ) -> None:
         gstep = step + self.offset
-        confirmed = sorted({r for v in votes if v.outcome is VoteOutcome.SDC for r in v.outliers}
-                           | ({plan.source} if witness else set()) | {r for r, _, _ in late})
+        confirmed = sorted(
+            {r for v in votes if v.outcome is VoteOutcome.SDC for r in v.outliers}
+            | ({plan.source} if witness else set())
+            | {r for r, _, _ in late}
+        )
         unsure = [v for v in votes if v.outcome is VoteOutcome.INCONCLUSIVE]
         if not confirmed and not unsure:
             self.last_clean = gstep
@@ -437,70 +599,153 @@ class Replay:
             return
         writer = min((r for r in range(self.world) if r not in confirmed), default=0)
         if self.rank == writer:
-            self._write(votes, confirmed, unsure, plan, name, gstep, sigs, dt, witness,
-                        [(r, st + self.offset, w) for r, st, w in late])
+            self._write(
+                votes,
+                confirmed,
+                unsure,
+                plan,
+                name,
+                gstep,
+                sigs,
+                dt,
+                witness,
+                [(r, st + self.offset, w) for r, st, w in late],
+            )
         # the finding is on disk before the outlier leaves: the Epilogs act on it
         self.barrier(group=self.side)
         if self.rank in confirmed and ends(Ending.SDC, self.sdc_policy):
             voted = any(self.rank in v.outliers for v in votes if v.outcome is VoteOutcome.SDC)
             first = min([at for r, at, _ in late if r == self.rank] or [step])
-            why = (f"rank {self.rank}'s recomputation of layer {name!r} differs from the replicas' majority at step "
-                   f"{step}" if voted else f"rank {self.rank}'s training-time values of layer {name!r} differed from "
-                   f"every recomputation at step {first}")
+            why = (
+                f"rank {self.rank}'s recomputation of layer {name!r} differs from the replicas' majority at step "
+                f"{step}"
+                if voted
+                else f"rank {self.rank}'s training-time values of layer {name!r} differed from "
+                f"every recomputation at step {first}"
+            )
             say(f"{why}; ending this rank (exit {Ending.SDC.code})")
             end(Ending.SDC)
 
-    def _write(self, votes, confirmed, unsure, plan, name, step, sigs, dt, witness=(), late=()) -> None:
+    def _write(
+        self, votes, confirmed, unsure, plan, name, step, sigs, dt, witness=(), late=()
+    ) -> None:
         if self.run_dir is None:
             return
         from scout_slurm.evidence.records import Finding, FindingKind
         from scout_slurm.evidence.store import write_record
+
         now = time.time()
-        per_rank = "; ".join(f"rank {r}: " + "/".join(f"{s:016x}" for s in sig) for r, sig in enumerate(sigs))
+        per_rank = "; ".join(
+            f"rank {r}: " + "/".join(f"{s:016x}" for s in sig) for r, sig in enumerate(sigs)
+        )
         # the onset: only a replay of this same layer that passed clears it (a replay of another layer,
         # or a state vote, says nothing of this layer's compute: a corrupt gradient spreads to every replica)
         cleared = self.layer_clean.get(plan.layer_index, -1)
         since = cleared + 1 if cleared >= 0 else self.offset + 1
-        bound = (f"onset bound: the last replay of layer {name!r} that passed was at step {cleared}" if cleared >= 0
-                 else f"onset bound: no earlier replay of layer {name!r} passed in this run (from step {since})")
-        common = (f"in-situ replay of layer {name!r}, input captured on rank {plan.source} at step {step}",
-                  f"signatures (output/input gradient/weight gradient) {per_rank}",
-                  f"replay took {dt * 1000:.1f} ms", bound,
-                  f"last clean replay of any layer at step {self.last_clean}")
+        bound = (
+            f"onset bound: the last replay of layer {name!r} that passed was at step {cleared}"
+            if cleared >= 0
+            else f"onset bound: no earlier replay of layer {name!r} passed in this run (from step {since})"
+        )
+        common = (
+            f"in-situ replay of layer {name!r}, input captured on rank {plan.source} at step {step}",
+            f"signatures (output/input gradient/weight gradient) {per_rank}",
+            f"replay took {dt * 1000:.1f} ms",
+            bound,
+            f"last clean replay of any layer at step {self.last_clean}",
+        )
         records = []
         for r, at, w in late:  # named now for a difference seen before this layer was trusted
-            records.append((f"sdc-compute-rank-{r}-step-{at}-{w.replace(' ', '-')}.json", Finding(
-                rank=r, node=self.node if r == self.rank else "", kind=FindingKind.SDC, at=now,
-                summary=(f"rank {r}'s training-time {w} of layer {name!r} at step {at} differed from every "
-                         f"recomputation of the same input (all {self.world} ranks agreeing): a transient fault in its "
-                         f"compute, or a corrupted local gradient; named at step {step}, when a comparison on this "
-                         f"layer (rank {plan.source}'s values) agreed, so the layer's kernels do compute alike"),
-                details=(f"in-situ replay of layer {name!r}: the difference at step {at}, with rank {r} the source, "
-                         "came before any comparison on this layer had agreed", *common[2:]),
-                step=at, since_step=at, component="compute")))
+            records.append(
+                (
+                    f"sdc-compute-rank-{r}-step-{at}-{w.replace(' ', '-')}.json",
+                    Finding(
+                        rank=r,
+                        node=self.node if r == self.rank else "",
+                        kind=FindingKind.SDC,
+                        at=now,
+                        summary=(
+                            f"rank {r}'s training-time {w} of layer {name!r} at step {at} differed from every "
+                            f"recomputation of the same input (all {self.world} ranks agreeing): a transient fault in its "
+                            f"compute, or a corrupted local gradient; named at step {step}, when a comparison on this "
+                            f"layer (rank {plan.source}'s values) agreed, so the layer's kernels do compute alike"
+                        ),
+                        details=(
+                            f"in-situ replay of layer {name!r}: the difference at step {at}, with rank {r} the source, "
+                            "came before any comparison on this layer had agreed",
+                            *common[2:],
+                        ),
+                        step=at,
+                        since_step=at,
+                        component="compute",
+                    ),
+                )
+            )
         for r in confirmed:
             what = [v.what for v in votes if r in v.outliers]
             if not what and not (witness and r == plan.source):
-                continue   # named above, for an earlier step
-            if not what:   # named by its own training-time values alone: a transient fault, at this step
-                records.append((f"sdc-compute-rank-{r}-step-{step}.json", Finding(
-                    rank=r, node=self.node if r == self.rank else "", kind=FindingKind.SDC, at=now,
-                    summary=(f"rank {r}'s training-time {' and '.join(witness)} of layer {name!r} at step {step} "
-                             f"differs from every recomputation of the same input ({self.world} ranks, its own "
-                             "included, agree): a transient fault in its compute, or a corrupted local gradient"),
-                    details=common, step=step, since_step=step, component="compute")))
+                continue  # named above, for an earlier step
+            if (
+                not what
+            ):  # named by its own training-time values alone: a transient fault, at this step
+                records.append(
+                    (
+                        f"sdc-compute-rank-{r}-step-{step}.json",
+                        Finding(
+                            rank=r,
+                            node=self.node if r == self.rank else "",
+                            kind=FindingKind.SDC,
+                            at=now,
+                            summary=(
+                                f"rank {r}'s training-time {' and '.join(witness)} of layer {name!r} at step {step} "
+                                f"differs from every recomputation of the same input ({self.world} ranks, its own "
+                                "included, agree): a transient fault in its compute, or a corrupted local gradient"
+                            ),
+                            details=common,
+                            step=step,
+                            since_step=step,
+                            component="compute",
+                        ),
+                    )
+                )
                 continue
-            records.append((f"sdc-compute-rank-{r}-step-{step}.json", Finding(
-                rank=r, node=self.node if r == self.rank else "", kind=FindingKind.SDC, at=now,
-                summary=(f"rank {r}'s recomputation of layer {name!r} ({', '.join(what)}) differs from the majority of "
-                         f"{self.world} replicas at step {step}: compute corruption, which may have begun as early "
-                         f"as step {since} ({bound.split(': ', 1)[1]})"),
-                details=common, step=step, since_step=since, component="compute")))
+            records.append(
+                (
+                    f"sdc-compute-rank-{r}-step-{step}.json",
+                    Finding(
+                        rank=r,
+                        node=self.node if r == self.rank else "",
+                        kind=FindingKind.SDC,
+                        at=now,
+                        summary=(
+                            f"rank {r}'s recomputation of layer {name!r} ({', '.join(what)}) differs from the majority of "
+                            f"{self.world} replicas at step {step}: compute corruption, which may have begun as early "
+                            f"as step {since} ({bound.split(': ', 1)[1]})"
+                        ),
+                        details=common,
+                        step=step,
+                        since_step=since,
+                        component="compute",
+                    ),
+                )
+            )
         for v in unsure:
-            records.append((f"inconclusive-compute-{v.what.replace(' ', '-')}-step-{step}.json", Finding(
-                rank=0, node="", kind=FindingKind.NO_MAJORITY, at=now,
-                summary=f"replay of layer {name!r} at step {step}: inconclusive: {v.explanation}",
-                details=common, step=step, since_step=since, component="compute")))
+            records.append(
+                (
+                    f"inconclusive-compute-{v.what.replace(' ', '-')}-step-{step}.json",
+                    Finding(
+                        rank=0,
+                        node="",
+                        kind=FindingKind.NO_MAJORITY,
+                        at=now,
+                        summary=f"replay of layer {name!r} at step {step}: inconclusive: {v.explanation}",
+                        details=common,
+                        step=step,
+                        since_step=since,
+                        component="compute",
+                    ),
+                )
+            )
         for fname, finding in records:
             try:
                 write_record(self.run_dir / "findings" / fname, finding)
@@ -508,8 +753,15 @@ class Replay:
                 say(f"finding not written: {exc!r}")
 
 
-def trust(trusted: set[tuple[int, str]], pending: dict[tuple[int, str], dict[int, int]], layer: int,
-          source: int, step: int, untrusted: list[str], agrees: list[str]) -> list[tuple[int, int, str]]:
+def trust(
+    trusted: set[tuple[int, str]],
+    pending: dict[tuple[int, str], dict[int, int]],
+    layer: int,
+    source: int,
+    step: int,
+    untrusted: list[str],
+    agrees: list[str],
+) -> list[tuple[int, int, str]]:
     """Update which of a layer's training-time values are trusted to equal the recomputation (pure but
     for the two containers it updates; the same on every rank) and return (source, step, what) for a
     difference seen before the layer was trusted that this round's agreement now makes a finding.
@@ -525,12 +777,14 @@ def trust(trusted: set[tuple[int, str]], pending: dict[tuple[int, str], dict[int
             trusted.add((layer, w))
             held = pending.pop((layer, w), {})
             if len(held) == 1:
-                (r, at), = held.items()
+                ((r, at),) = held.items()
                 late.append((r, at, w))
     return late
 
 
-def source_witness(gathered: list[tuple[int, ...]], source: int, has_gy: bool) -> tuple[list[str], list[str]]:
+def source_witness(
+    gathered: list[tuple[int, ...]], source: int, has_gy: bool
+) -> tuple[list[str], list[str]]:
     """(what of the source's training-time values differs from the recomputations, what agrees)
     (pure): each rank's row is (ok, output, input gradient, weight gradient, stored weights,
     training output, training weight gradient), the last two from the source only (0: not
@@ -549,9 +803,10 @@ def source_witness(gathered: list[tuple[int, ...]], source: int, has_gy: bool) -
 
 def _autocast_on(tensors: list[Any]) -> bool:
     import torch
+
     try:
         return any(torch.is_autocast_enabled(t.device.type) for t in tensors[:1])
-    except TypeError:   # an older torch: no device argument
+    except TypeError:  # an older torch: no device argument
         return torch.is_autocast_enabled()
 
 
@@ -572,6 +827,7 @@ def _placeholders(value: Any, tensors: list[Any]) -> Any:
     """The layer's arguments with every tensor replaced by a slot (the tensors appended to
     `tensors`), so the structure can be sent as bytes; other values must be plain."""
     import torch
+
     if isinstance(value, torch.Tensor):
         tensors.append(value)
         return _Slot(len(tensors) - 1)
@@ -600,6 +856,7 @@ def output_tensors(output: Any) -> list[Any]:
     import dataclasses
 
     import torch
+
     if isinstance(output, torch.Tensor):
         return [output]
     if isinstance(output, (tuple, list)):
@@ -607,7 +864,9 @@ def output_tensors(output: Any) -> list[Any]:
     if isinstance(output, dict):
         return [t for k in output for t in output_tensors(output[k])]
     if dataclasses.is_dataclass(output) and not isinstance(output, type):
-        return [t for f in dataclasses.fields(output) for t in output_tensors(getattr(output, f.name))]
+        return [
+            t for f in dataclasses.fields(output) for t in output_tensors(getattr(output, f.name))
+        ]
     return []
 
 

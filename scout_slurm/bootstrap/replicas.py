@@ -25,6 +25,7 @@ def _coords(mesh: Sequence) -> list[tuple[tuple[int, ...], int]]:
                 walk(child, prefix + (i,))
         else:
             out.append((prefix, int(node)))
+
     walk(mesh, ())
     return out
 
@@ -54,17 +55,21 @@ def shard_group(mesh: Sequence, shard_dim: int, rank: int) -> tuple[int, ...]:
     mine = next((c for c, r in cells if r == rank), None)
     if mine is None:
         raise ValueError(f"shard_group: rank {rank} is not in the mesh")
-    row = [(c[shard_dim], r) for c, r in cells
-           if all(c[d] == mine[d] for d in range(len(mine)) if d != shard_dim)]
+    row = [
+        (c[shard_dim], r)
+        for c, r in cells
+        if all(c[d] == mine[d] for d in range(len(mine)) if d != shard_dim)
+    ]
     return tuple(r for _, r in sorted(row))
 
 
 @dataclass(frozen=True)
 class GroupVote:
     """The outcome of one vote among one replica group."""
-    what: str                    # e.g. "weights", "optimizer state", "replay output"
-    group: tuple[int, ...]       # the ranks that must agree
-    outcome: VoteOutcome         # AGREE, SDC (a strict minority differs) or INCONCLUSIVE
+
+    what: str  # e.g. "weights", "optimizer state", "replay output"
+    group: tuple[int, ...]  # the ranks that must agree
+    outcome: VoteOutcome  # AGREE, SDC (a strict minority differs) or INCONCLUSIVE
     outliers: tuple[int, ...] = ()
     explanation: str = ""
     schema_version: int = 1
@@ -83,17 +88,26 @@ def vote_group(what: str, group: Sequence[int], values: Sequence[int]) -> GroupV
     best, n = max(counts.items(), key=lambda kv: kv[1])
     if n * 2 <= len(group):
         if len(group) == 2:
-            why = (f"ranks {group[0]} and {group[1]} disagree on {what}; with two replicas there is no majority: "
-                   "one of them is wrong, the vote cannot say which")
+            why = (
+                f"ranks {group[0]} and {group[1]} disagree on {what}; with two replicas there is no majority: "
+                "one of them is wrong, the vote cannot say which"
+            )
         else:
             why = f"no strict majority for {what} among ranks {', '.join(map(str, group))}"
         return GroupVote(what, group, VoteOutcome.INCONCLUSIVE, (), why)
     outliers = tuple(r for r in group if values[r] != best)
-    return GroupVote(what, group, VoteOutcome.SDC, outliers,
-                     f"rank(s) {', '.join(map(str, outliers))} differ from {n} of {len(group)} replicas on {what}")
+    return GroupVote(
+        what,
+        group,
+        VoteOutcome.SDC,
+        outliers,
+        f"rank(s) {', '.join(map(str, outliers))} differ from {n} of {len(group)} replicas on {what}",
+    )
 
 
-def vote_groups(what: str, groups: Sequence[Sequence[int]], values: Sequence[int]) -> list[GroupVote]:
+def vote_groups(
+    what: str, groups: Sequence[Sequence[int]], values: Sequence[int]
+) -> list[GroupVote]:
     """One vote per group of two or more ranks (a lone rank has nobody to compare with)."""
     return [vote_group(what, g, values) for g in groups if len(g) >= 2]
 
@@ -101,8 +115,8 @@ def vote_groups(what: str, groups: Sequence[Sequence[int]], values: Sequence[int
 @dataclass(frozen=True)
 class ReplayPlan:
     step: int
-    layer_index: int      # into the sorted list of eligible layers
-    source: int           # the rank whose captured input is broadcast
+    layer_index: int  # into the sorted list of eligible layers
+    source: int  # the rank whose captured input is broadcast
     schema_version: int = 1
 
 

@@ -18,8 +18,16 @@ from typing import TYPE_CHECKING, Any
 from scout_slurm.bootstrap import selfcost
 from scout_slurm.bootstrap.guard import Guard
 from scout_slurm.bootstrap.selfcost import COST
-from scout_slurm.bootstrap.witnesses import (AtRestWitness, CheckpointWitness, FiniteWitness, ReplayWitness,
-                                             StateVoteWitness, TimingWitness, UpdateWitness, Witness)
+from scout_slurm.bootstrap.witnesses import (
+    AtRestWitness,
+    CheckpointWitness,
+    FiniteWitness,
+    ReplayWitness,
+    StateVoteWitness,
+    TimingWitness,
+    UpdateWitness,
+    Witness,
+)
 from scout_slurm.jobconfig import JobConfig
 from scout_slurm.task import progress as progress_mod
 
@@ -39,7 +47,10 @@ def say(line: str) -> None:
     try:
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
-    except (OSError, ValueError):  # a closed or broken stream: nothing more can reach the job's output
+    except (
+        OSError,
+        ValueError,
+    ):  # a closed or broken stream: nothing more can reach the job's output
         pass
 
 
@@ -47,7 +58,9 @@ class Runtime:
     """scout inside one training process. `originals` holds torch's own collectives for scout's
     side-group exchanges (recorded as `scout_vote`, bootstrap.patches fills it)."""
 
-    def __init__(self, config: JobConfig, *, progress_dir: Path | None, checkpoints_dir: Path | None) -> None:
+    def __init__(
+        self, config: JobConfig, *, progress_dir: Path | None, checkpoints_dir: Path | None
+    ) -> None:
         self.config = config
         self.progress_dir, self.checkpoints_dir = progress_dir, checkpoints_dir
         self.restart = config.restart
@@ -55,7 +68,7 @@ class Runtime:
         self.guard = Guard(say=say, rank=lambda: self.rank, broken=config.break_checks)
         self.guard.record = self._record_check_off
         self.writer: progress_mod.ProgressWriter | None = None
-        self.default_pg: Any = None        # the job's default ProcessGroup (for its sequence number)
+        self.default_pg: Any = None  # the job's default ProcessGroup (for its sequence number)
         self.originals: dict[str, Any] = {}
         self.consensus: Consensus | None = None
         self.replay: Replay | None = None
@@ -68,13 +81,17 @@ class Runtime:
         self.checkpoint_watch: Any = None  # bootstrap.ckptstate's watch, once installed
         self.injector: Injector | None = None
         self.coverage_written: tuple | None = None
-        self.final_vote = ""               # what the end-of-training vote did ("": not reached yet)
+        self.final_vote = ""  # what the end-of-training vote did ("": not reached yet)
         self.banner_said = False
-        self.busy_depth = 0                # nested checkpoint saves/loads (the record's busy mark)
+        self.busy_depth = 0  # nested checkpoint saves/loads (the record's busy mark)
         self.busy_lock = threading.Lock()
-        self.installed: Any = None         # the patches' handle (bootstrap.patches.InstalledHooks)
-        self.pending_off: list[tuple[str, str, bool]] = []   # checks switched off before the rank was known
-        self.is_compiling: Any = lambda: False   # torch.compiler.is_compiling once torch.distributed started
+        self.installed: Any = None  # the patches' handle (bootstrap.patches.InstalledHooks)
+        self.pending_off: list[
+            tuple[str, str, bool]
+        ] = []  # checks switched off before the rank was known
+        self.is_compiling: Any = lambda: (
+            False
+        )  # torch.compiler.is_compiling once torch.distributed started
 
     # -- the job's place, once torch.distributed has started -------------------------------------
 
@@ -94,8 +111,15 @@ class Runtime:
                 self.guard.run("coverage record", self._record_check_off, *off)
         if self.injector is None and self.config.inject is not None:
             from scout_slurm.inject.fire import Injector
-            self.injector = Injector(self.config.inject, rank=self.rank, restart=self.restart,
-                                     record=self.record_injection, first_weight=self.first_weight, say=say)
+
+            self.injector = Injector(
+                self.config.inject,
+                rank=self.rank,
+                restart=self.restart,
+                record=self.record_injection,
+                first_weight=self.first_weight,
+                say=say,
+            )
         self.guard.run("state vote", self._start_consensus)
         self.guard.run("timing votes", self._start_timing)
         self.guard.run("model tracker", self._start_root_tracker)
@@ -109,8 +133,15 @@ class Runtime:
         if cfg.consensus_every <= 0 or self.world < 2 or self.consensus is not None:
             return
         from scout_slurm.bootstrap.consensus import Consensus
-        common = dict(rank=self.rank, world=self.world, run_dir=cfg.run_dir, node=cfg.node, offset=cfg.step_offset,
-                      sdc_policy=cfg.sdc_policy.value)
+
+        common = dict(
+            rank=self.rank,
+            world=self.world,
+            run_dir=cfg.run_dir,
+            node=cfg.node,
+            offset=cfg.step_offset,
+            sdc_policy=cfg.sdc_policy.value,
+        )
         c = Consensus(every=cfg.consensus_every, restart=cfg.restart, **common)
         c.on_vote = self.write_coverage
         self.consensus = c
@@ -129,6 +160,7 @@ class Runtime:
         on all (a rank without xxhash would otherwise differ from every vote and be called corrupt)."""
         import torch
         from scout_slurm.bootstrap import signing
+
         mine = torch.tensor([1 if signing.HASH_NAME == "xxh3_64" else 0], dtype=torch.int64)
         every = [torch.zeros_like(mine) for _ in range(self.world)]
         # torch's own call, not in the progress record: every rank has just left the rendezvous, and the
@@ -138,34 +170,57 @@ class Runtime:
         if signing.HASH_NAME == "xxh3_64" and not all(int(t.item()) for t in every):
             signing.use_fallback()
             if self.rank == 0:
-                say("scout: not every rank has xxhash: every rank signs with blake2b-64 (exact, slower)")
+                say(
+                    "scout: not every rank has xxhash: every rank signs with blake2b-64 (exact, slower)"
+                )
 
     def _start_atrest(self, common: dict) -> None:
         from scout_slurm.bootstrap.atrest import AtRest
+
         c = self.consensus
-        self.atrest = AtRest(every=self.config.consensus_every, side=c.side, voted=c.voted_parameters,
-                             mode=self.config.at_rest, covered=self.votes_cover_rest, **common)
+        self.atrest = AtRest(
+            every=self.config.consensus_every,
+            side=c.side,
+            voted=c.voted_parameters,
+            mode=self.config.at_rest,
+            covered=self.votes_cover_rest,
+            **common,
+        )
         c.presigned = self.presigned
 
     def _start_update(self, common: dict) -> None:
         from scout_slurm.bootstrap.frameworks import replica_layout
         from scout_slurm.bootstrap.update import UpdateReplay
+
         c = self.consensus
         injector = self.injector
-        self.update = UpdateReplay(every=self.config.consensus_every, side=c.side, originals=self.originals,
-                                   max_bytes=self.config.update_max_bytes, mode=self.config.update_replay,
-                                   layout=lambda: replica_layout(c.modules, self.world)[0],
-                                   corrupt=injector.corrupt_recomputed_update if injector is not None else None,
-                                   **common)
+        self.update = UpdateReplay(
+            every=self.config.consensus_every,
+            side=c.side,
+            originals=self.originals,
+            max_bytes=self.config.update_max_bytes,
+            mode=self.config.update_replay,
+            layout=lambda: replica_layout(c.modules, self.world)[0],
+            corrupt=injector.corrupt_recomputed_update if injector is not None else None,
+            **common,
+        )
 
     def _start_replay(self, common: dict) -> None:
         from scout_slurm.bootstrap.replay import Replay
-        self.replay = Replay(every=self.config.replay_every, side=self.consensus.side, originals=self.originals,
-                             current_step=self.current_step, max_bytes=self.config.replay_max_bytes, **common)
+
+        self.replay = Replay(
+            every=self.config.replay_every,
+            side=self.consensus.side,
+            originals=self.originals,
+            current_step=self.current_step,
+            max_bytes=self.config.replay_max_bytes,
+            **common,
+        )
         self.replay.guard = self.guard
 
     def _start_finite(self) -> None:
         from scout_slurm.bootstrap.finite import FiniteWatch
+
         finite = FiniteWatch(offset=self.consensus.offset, on_first=self._note_first_nonfinite)
         if self.installed is not None:
             finite.install(self.installed, self.guard)
@@ -176,15 +231,25 @@ class Runtime:
         if self.timing is not None or self.world < 2:
             return
         from scout_slurm.bootstrap.timing import start_timing
+
         cfg = self.config
-        self.timing = start_timing(rank=self.rank, world=self.world,
-                                   side=self.consensus.side if self.consensus is not None else None,
-                                   writer=self.writer, run_dir=cfg.run_dir, node=cfg.node, rules=cfg.timing,
-                                   offset=cfg.step_offset)
+        self.timing = start_timing(
+            rank=self.rank,
+            world=self.world,
+            side=self.consensus.side if self.consensus is not None else None,
+            writer=self.writer,
+            run_dir=cfg.run_dir,
+            node=cfg.node,
+            rules=cfg.timing,
+            offset=cfg.step_offset,
+        )
 
     def _start_root_tracker(self) -> None:
-        if self.root_tracker is None:  # also without votes: the banner names the framework, forwards beat
+        if (
+            self.root_tracker is None
+        ):  # also without votes: the banner names the framework, forwards beat
             from scout_slurm.bootstrap.frameworks import RootTracker
+
             self.root_tracker = RootTracker(self.on_root)
 
     def order_witnesses(self) -> None:
@@ -223,7 +288,7 @@ class Runtime:
             if not self.guard.on(w.name):
                 continue
             paused = timing is not None and w.works_before(step)
-            if paused:   # scout's own work is not the job's compute
+            if paused:  # scout's own work is not the job's compute
                 timing.pause()
             self.guard.run(w.name, w.before_step, step, optimizer)
             if paused:
@@ -237,9 +302,9 @@ class Runtime:
         live = [x for x in self.witnesses if self.guard.on(x.name)]
         timing = self.timing if self.guard.on("timing votes") else None
         if timing is not None and any(x.works_after(step) for x in live):
-            timing.pause()   # resumed by the timing witness, last
+            timing.pause()  # resumed by the timing witness, last
         inj = self.injector
-        if inj is not None:   # outside the guard: an injected fault is the job's, not scout's
+        if inj is not None:  # outside the guard: an injected fault is the job's, not scout's
             inj.update_fault(step, optimizer)
         for x in live:
             if not x.sees_faults:
@@ -267,8 +332,11 @@ class Runtime:
     def on_root(self, module: Any) -> None:
         """A model (DDP or FSDP2 root) ran its first forward: votes, replay and compute faults attach."""
         w = self.writer
-        if w is not None:  # a forward is progress: an evaluation loop without collectives is not idle
+        if (
+            w is not None
+        ):  # a forward is progress: an evaluation loop without collectives is not idle
             from scout_slurm.bootstrap.frameworks import inner
+
             inner(module).register_forward_pre_hook(_beat_hook(w))
         if self.consensus is not None:
             self.guard.run("state vote", self.consensus.track, module)
@@ -277,18 +345,30 @@ class Runtime:
             compiled = tracker is not None and any(module is m for m in tracker.compiled)
             self.guard.run("in-situ replay", self.replay.add_root, module, compiled=compiled)
         inj = self.injector
-        if inj is not None and inj.fault.is_compute and (inj.fault.rank is None or inj.fault.rank == self.rank):
+        if (
+            inj is not None
+            and inj.fault.is_compute
+            and (inj.fault.rank is None or inj.fault.rank == self.rank)
+        ):
             from scout_slurm.inject.fire import attach_compute_fault
-            said = attach_compute_fault(module, inj.fault, self.rank, self.restart, self.current_step,
-                                        lambda what: inj.compute_fired_once(what, self.current_step()),
-                                        lambda: self.replay is not None and self.replay.replaying)
+
+            said = attach_compute_fault(
+                module,
+                inj.fault,
+                self.rank,
+                self.restart,
+                self.current_step,
+                lambda what: inj.compute_fired_once(what, self.current_step()),
+                lambda: self.replay is not None and self.replay.replaying,
+            )
             say(f"scout: {said}")
 
     def first_weight(self, optimizer: Any) -> Any:
         """The first parameter of the model this rank holds: under DeepSpeed ZeRO the optimizer's
         parameters are this rank's flat partition (held by no other rank), so the model's own."""
         from scout_slurm.bootstrap.frameworks import inner, is_deepspeed
-        for root in (self.consensus.modules if self.consensus is not None else []):
+
+        for root in self.consensus.modules if self.consensus is not None else []:
             if is_deepspeed(root):
                 return next(inner(root).parameters())
         return optimizer.param_groups[0]["params"][0]
@@ -300,8 +380,10 @@ class Runtime:
         smallest = min((len(g) for g in c.groups or ()), default=1) if c is not None else 1
         if smallest < 3 or c.optimizer_skipped:
             return ""
-        return (f"left to the state votes: every replica group has {smallest} or more ranks, so a change at rest "
-                "persists into the next vote, which names the rank by majority")
+        return (
+            f"left to the state votes: every replica group has {smallest} or more ranks, so a change at rest "
+            "persists into the next vote, which names the rank by majority"
+        )
 
     def presigned(self, step: int, optimizer: Any) -> tuple[int, int] | None:
         """The at-rest seal of `step`, for the state vote of the same step: unless the fault injector
@@ -313,6 +395,7 @@ class Runtime:
 
     def model_banner(self) -> None:
         from scout_slurm.bootstrap.banner import model_banner
+
         line = model_banner(self)
         if line:
             say(line)
@@ -325,14 +408,26 @@ class Runtime:
             return
         from scout_slurm.evidence.records import Finding
         from scout_slurm.evidence.store import write_record
-        write_record(run_dir / "findings" / name, Finding(rank=self.rank, node=self.config.node, kind=kind,
-                                                          at=time.time(), summary=summary, step=step))
+
+        write_record(
+            run_dir / "findings" / name,
+            Finding(
+                rank=self.rank,
+                node=self.config.node,
+                kind=kind,
+                at=time.time(),
+                summary=summary,
+                step=step,
+            ),
+        )
 
     def _record_check_off(self, check: str, why: str, exchange: bool) -> None:
         """A check switched off: in the lowest rank's coverage record; a failure of scout's own code
         also as a finding of the rank (an exchange that failed because a peer ended is the peer's
         evidence, found elsewhere)."""
-        if self.rank < 0:   # before the rank is known (a patch at install): recorded once it is (`open`)
+        if (
+            self.rank < 0
+        ):  # before the rank is known (a patch at install): recorded once it is (`open`)
             self.pending_off.append((check, why, exchange))
             return
         if self.rank == 0:
@@ -340,26 +435,41 @@ class Runtime:
         if exchange:
             return
         from scout_slurm.evidence.records import FindingKind
+
         slug = "".join(ch if ch.isalnum() else "-" for ch in check)
-        self._finding(f"check-off-{slug}-rank-{self.rank}.json", FindingKind.CHECK_OFF,
-                      f"{check} not run from step {self.current_step()} on rank {self.rank}: it failed inside "
-                      f"scout ({why})", step=self.current_step())
+        self._finding(
+            f"check-off-{slug}-rank-{self.rank}.json",
+            FindingKind.CHECK_OFF,
+            f"{check} not run from step {self.current_step()} on rank {self.rank}: it failed inside "
+            f"scout ({why})",
+            step=self.current_step(),
+        )
 
     def record_injection(self, fault: Any) -> None:
         """An INFO finding with the moment of injection, so detection latency can be measured."""
         from scout_slurm.evidence.records import FindingKind
+
         try:
-            self._finding(f"injected-rank-{self.rank}-{int(time.time() * 1000)}.json", FindingKind.FAULT_INJECTED,
-                          f"fault injected: {fault.kind}", step=fault.step)
+            self._finding(
+                f"injected-rank-{self.rank}-{int(time.time() * 1000)}.json",
+                FindingKind.FAULT_INJECTED,
+                f"fault injected: {fault.kind}",
+                step=fault.step,
+            )
         except Exception as exc:  # noqa: BLE001 - the fault still fires
             say(f"scout: injection not recorded: {exc!r}")
 
     def _note_first_nonfinite(self, gstep: int) -> None:
         """This rank's own note (evidence, not a verdict): the vote decides who was first."""
         from scout_slurm.evidence.records import FindingKind
+
         say(f"scout: rank {self.rank}'s loss is non-finite (NaN/Inf) since step {gstep}")
-        self._finding(f"nonfinite-rank-{self.rank}.json", FindingKind.INFO,
-                      f"rank {self.rank}'s loss is non-finite since step {gstep}", step=gstep)
+        self._finding(
+            f"nonfinite-rank-{self.rank}.json",
+            FindingKind.INFO,
+            f"rank {self.rank}'s loss is non-finite since step {gstep}",
+            step=gstep,
+        )
 
     def write_coverage(self, *, force: bool = False) -> None:
         """The lowest rank's record of which checks ran in this run (runs/N/votes.json), written when
@@ -372,10 +482,21 @@ class Runtime:
         g = self.guard
         c, r, t, u, a = self.consensus, self.replay, self.timing, self.update, self.atrest
         at_rest_stopped = (a.off if a is not None else "") or (
-            f"switched off by scout's guard ({g.off['at-rest witness']})"[:200] if "at-rest witness" in g.off else "")
-        key = (c.votes if c else 0, r.replays if r else None, r.failed_rounds if r else 0, t.rounds if t else 0,
-               self.final_vote, u.rounds if u is not None and not (u.off and not u.rounds) else None,
-               a.checks if a is not None else None, at_rest_stopped, tuple(sorted(g.off)))
+            f"switched off by scout's guard ({g.off['at-rest witness']})"[:200]
+            if "at-rest witness" in g.off
+            else ""
+        )
+        key = (
+            c.votes if c else 0,
+            r.replays if r else None,
+            r.failed_rounds if r else 0,
+            t.rounds if t else 0,
+            self.final_vote,
+            u.rounds if u is not None and not (u.off and not u.rounds) else None,
+            a.checks if a is not None else None,
+            at_rest_stopped,
+            tuple(sorted(g.off)),
+        )
         if key == self.coverage_written and not force:
             return
         self.coverage_written = key
@@ -384,16 +505,33 @@ class Runtime:
             return
         from scout_slurm.evidence.records import VoteCoverage
         from scout_slurm.evidence.store import write_record
-        write_record(run_dir / "votes.json", VoteCoverage(
-            restart=self.restart, votes=key[0], last_clean_step=c.last_clean if c else -1,
-            last_vote_step=c.last_vote_step if c else -1, replay_rounds=key[1], replay_failed_rounds=key[2],
-            timing_rounds=key[3], votes_every=c.every if c else 0, replay_every=r.every if r else 0,
-            timing_every=t.rules.every if t else 0,
-            steps=(self.writer.steps + self.config.step_offset) if self.writer is not None else -1,
-            final_vote=self.final_vote,
-            replicas=max((len(x) for x in c.groups), default=0) if c is not None and c.groups else 0,
-            update_rounds=key[5], at_rest_windows=key[6], at_rest_stopped=key[7],
-            checks_off=tuple(f"{name}: {why}"[:300] for name, why in sorted(g.off.items()))))
+
+        write_record(
+            run_dir / "votes.json",
+            VoteCoverage(
+                restart=self.restart,
+                votes=key[0],
+                last_clean_step=c.last_clean if c else -1,
+                last_vote_step=c.last_vote_step if c else -1,
+                replay_rounds=key[1],
+                replay_failed_rounds=key[2],
+                timing_rounds=key[3],
+                votes_every=c.every if c else 0,
+                replay_every=r.every if r else 0,
+                timing_every=t.rules.every if t else 0,
+                steps=(self.writer.steps + self.config.step_offset)
+                if self.writer is not None
+                else -1,
+                final_vote=self.final_vote,
+                replicas=max((len(x) for x in c.groups), default=0)
+                if c is not None and c.groups
+                else 0,
+                update_rounds=key[5],
+                at_rest_windows=key[6],
+                at_rest_stopped=key[7],
+                checks_off=tuple(f"{name}: {why}"[:300] for name, why in sorted(g.off.items())),
+            ),
+        )
 
     # -- the end ---------------------------------------------------------------------------------------
 
@@ -404,22 +542,36 @@ class Runtime:
         c = self.consensus if self.guard.on("state vote") else None
         raised = sys.exc_info()[0]
         if raised is not None:
-            self.final_vote = f"not made: destroy_process_group ran while {raised.__name__} was raised"
+            self.final_vote = (
+                f"not made: destroy_process_group ran while {raised.__name__} was raised"
+            )
         elif c is None:
-            self.final_vote = ("not made: state votes are off" if self.consensus is None else
-                               "not made: the state vote failed inside scout") if self.world >= 2 \
+            self.final_vote = (
+                (
+                    "not made: state votes are off"
+                    if self.consensus is None
+                    else "not made: the state vote failed inside scout"
+                )
+                if self.world >= 2
                 else "not made: one rank"
+            )
         else:
             timing = self.timing if self.guard.on("timing votes") else None
             if timing is not None:
                 timing.pause()
             try:
-                self.final_vote = c.final_vote(*self._side_ops(), timeout_s=self.config.final_vote_timeout_s)
+                self.final_vote = c.final_vote(
+                    *self._side_ops(), timeout_s=self.config.final_vote_timeout_s
+                )
             except Exception as exc:  # noqa: BLE001 - never break the job's teardown
                 self.final_vote = f"not made: {exc!r}"[:200]
             # every rank is here only when this vote gathered them and none is leaving: then the timing of
             # the steps since the last round counts too
-            if timing is not None and self.final_vote.startswith("at step") and "disagreed" not in self.final_vote:
+            if (
+                timing is not None
+                and self.final_vote.startswith("at step")
+                and "disagreed" not in self.final_vote
+            ):
                 last = timing.last_step
                 try:
                     if timing.final_round(c.steps):
@@ -445,6 +597,7 @@ class Runtime:
         self.witnesses = []
         self.default_pg = None
         from scout_slurm.bootstrap import ckptstate
+
         if ckptstate.WATCH is not None:
             ckptstate.WATCH.side = None
         gc.collect()
@@ -459,6 +612,7 @@ class Runtime:
 
 def _beat_hook(writer: progress_mod.ProgressWriter) -> Any:
     import torch
+
     is_compiling = torch.compiler.is_compiling
 
     def scout_beat(_module: Any, _args: Any) -> None:
@@ -466,5 +620,5 @@ def _beat_hook(writer: progress_mod.ProgressWriter) -> Any:
         # graph break); the collectives and optimizer steps still show progress
         if not is_compiling():
             writer.beat()
-    return scout_beat
 
+    return scout_beat

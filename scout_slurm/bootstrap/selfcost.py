@@ -24,7 +24,7 @@ class Meter:
     def __init__(self) -> None:
         self.hooks_cpu_ns = 0
         self.wrapper_calls = 0
-        self.sampled_ns = 0   # CPU of the timed wrapper calls
+        self.sampled_ns = 0  # CPU of the timed wrapper calls
         self.samples = 0
         self.steps = 0
         self.first_step_ns = 0
@@ -64,6 +64,7 @@ COST = Meter()
 
 def timed(fn: Callable) -> Callable:
     """`fn` (an optimizer hook of scout's) with its CPU added to the meter."""
+
     @functools.wraps(fn)
     def metered(*args, **kwargs):
         t0 = clock()
@@ -71,15 +72,23 @@ def timed(fn: Callable) -> Callable:
             return fn(*args, **kwargs)
         finally:
             COST.hooks_cpu_ns += clock() - t0
+
     return metered
 
 
 def record(rank: int, restart: int) -> Any:
     from scout_slurm.evidence.records import ScoutCost
-    return ScoutCost(rank=rank, restart=restart, steps=COST.steps, hooks_cpu_ns=COST.hooks_cpu_ns,
-                     wrapper_ns=COST.wrapper_ns, wrapper_calls=COST.wrapper_calls,
-                     step_wall_ns=COST.last_step_ns - COST.first_step_ns,
-                     comm_thread_calls=COST.comm_thread_calls)
+
+    return ScoutCost(
+        rank=rank,
+        restart=restart,
+        steps=COST.steps,
+        hooks_cpu_ns=COST.hooks_cpu_ns,
+        wrapper_ns=COST.wrapper_ns,
+        wrapper_calls=COST.wrapper_calls,
+        step_wall_ns=COST.last_step_ns - COST.first_step_ns,
+        comm_thread_calls=COST.comm_thread_calls,
+    )
 
 
 def write(run_dir: Path | None, rank: int, restart: int) -> None:
@@ -89,6 +98,7 @@ def write(run_dir: Path | None, rank: int, restart: int) -> None:
         return
     try:
         from scout_slurm.evidence.store import write_record
+
         write_record(run_dir / "ranks" / f"cost-{rank}.json", record(rank, restart))
     except Exception as exc:  # noqa: BLE001 - evidence of scout's cost is never a reason to fail the job
         sys.stderr.write(f"scout: the record of scout's own cost not written: {exc!r}\n")

@@ -70,6 +70,7 @@ def byte_view(t: Any) -> memoryview:
     a contiguous CPU tensor (a copy is made first of a non-contiguous one or one on another
     device). The view keeps the tensor it reads alive. Needs no numpy."""
     import torch
+
     x = t.detach()
     if x.device.type != "cpu":
         x = x.cpu()
@@ -91,7 +92,9 @@ def tensor_signature(t: Any, h: Any = None) -> int:
     own = h is None
     h = h or new_hasher()
     x = t.detach()
-    if hasattr(x, "to_local") and hasattr(x, "placements"):  # a DTensor (FSDP2/HSDP): this rank's shard
+    if hasattr(x, "to_local") and hasattr(
+        x, "placements"
+    ):  # a DTensor (FSDP2/HSDP): this rank's shard
         x = x.to_local()
     if x.device.type != "cpu":
         x = x.cpu()
@@ -113,6 +116,7 @@ def state_signature(tensors: Iterable[tuple[str, Any]]) -> int:
 def optimizer_tensors(opt: Any) -> list[tuple[str, Any]]:
     """An optimizer's tensor state, named by group, parameter and key, in a fixed order."""
     import torch
+
     out = []
     for gi, group in enumerate(opt.param_groups):
         for pi, p in enumerate(group["params"]):

@@ -37,8 +37,8 @@ from scout_slurm.bootstrap.exitpolicy import Ending, end, ends
 from scout_slurm.bootstrap.frameworks import say
 
 ELEMENTWISE = ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad")
-ALIGN = 1024          # slice starts, in elements (fused Adam's vector path differs on a misaligned slice)
-MAX_SEGMENTS = 64     # slices of parameters a round (small tensors: one each)
+ALIGN = 1024  # slice starts, in elements (fused Adam's vector path differs on a misaligned slice)
+MAX_SEGMENTS = 64  # slices of parameters a round (small tensors: one each)
 DEFAULT_MAX_BYTES = 1 << 20
 _SCALARS = (int, float, bool, str, type(None))
 
@@ -62,7 +62,9 @@ def hyperparameters(group: dict) -> dict | None:
     return out
 
 
-def plan_segments(sizes: list[int], cursor: int, budget: int) -> tuple[list[tuple[int, int, int]], int]:
+def plan_segments(
+    sizes: list[int], cursor: int, budget: int
+) -> tuple[list[tuple[int, int, int]], int]:
     """(param index, lo, hi) slices of the rank's parameters (flat element counts `sizes`) from
     `cursor` (an offset over all of them), at most `budget` elements (at least one slice, at most
     every element once), slice starts aligned to ALIGN within their tensor; and the next cursor (pure)."""
@@ -92,7 +94,7 @@ def decide(recomputed: list[int | None], training: int, source: int) -> tuple[li
     recompute) and the source's training-time one (pure). A strict majority of the recomputations
     is the right result; ranks outside it computed wrongly, and so did the source in training if
     its result is not it."""
-    votes = [(r, s) for r, s in enumerate(recomputed) if s is not None]   # training 0: not known
+    votes = [(r, s) for r, s in enumerate(recomputed) if s is not None]  # training 0: not known
     counts: dict[int, int] = {}
     for _, s in votes:
         counts[s] = counts.get(s, 0) + 1
@@ -100,8 +102,10 @@ def decide(recomputed: list[int | None], training: int, source: int) -> tuple[li
     if best[1] * 2 <= len(votes):
         if len(counts) <= 1 and training in (0, best[0]):
             return [], ""
-        return [], (f"the {len(votes)} recomputations of rank {source}'s update split "
-                    f"{sorted(counts.values(), reverse=True)}: no majority tells which is right")
+        return [], (
+            f"the {len(votes)} recomputations of rank {source}'s update split "
+            f"{sorted(counts.values(), reverse=True)}: no majority tells which is right"
+        )
     right = best[0]
     named = {r for r, s in votes if s != right}
     if training and training != right:
@@ -110,22 +114,36 @@ def decide(recomputed: list[int | None], training: int, source: int) -> tuple[li
 
 
 class UpdateReplay:
-    def __init__(self, *, every: int, rank: int, world: int, side: Any, run_dir: Path | None, node: str,
-                 originals: dict[str, Any], offset: int = 0, sdc_policy: str = "exit",
-                 max_bytes: int = DEFAULT_MAX_BYTES, mode: str = "auto",
-                 layout: Callable[[], list[tuple[int, ...]]] | None = None,
-                 corrupt: Callable[[int, int, int, Any], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        every: int,
+        rank: int,
+        world: int,
+        side: Any,
+        run_dir: Path | None,
+        node: str,
+        originals: dict[str, Any],
+        offset: int = 0,
+        sdc_policy: str = "exit",
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        mode: str = "auto",
+        layout: Callable[[], list[tuple[int, ...]]] | None = None,
+        corrupt: Callable[[int, int, int, Any], None] | None = None,
+    ) -> None:
         self.every, self.rank, self.world, self.side = every, rank, world, side
         self.run_dir, self.node, self.offset, self.sdc_policy = run_dir, node, offset, sdc_policy
         self.broadcast, self.all_gather = originals["broadcast"], originals["all_gather"]
         self.barrier = originals["barrier"]
         self.max_bytes, self.mode, self.layout, self.corrupt = max_bytes, mode, layout, corrupt
-        self.decided = mode != "auto"     # auto: on where some shard has fewer than 3 replicas
+        self.decided = mode != "auto"  # auto: on where some shard has fewer than 3 replicas
         self.off = "" if mode != "off" else "SCOUT_UPDATE_REPLAY=off"
         self.cursor = 0
         self.cap: dict[str, Any] | None = None
         self.trusted = False
-        self.pending: dict[int, int] = {}    # source -> first step its difference was seen, before trust
+        self.pending: dict[
+            int, int
+        ] = {}  # source -> first step its difference was seen, before trust
         self.clean_for: dict[int, int] = {}  # source -> the last step its update passed
         self.rounds = 0
         self.bytes_moved = 0
@@ -149,13 +167,20 @@ class UpdateReplay:
         self.decided = True
         groups = self.layout() if self.layout is not None else []
         smallest = min((len(g) for g in groups), default=1)
-        if smallest >= 3:   # not said in the job's output (the common case); the coverage record omits it
-            self.off = (f"every shard has {smallest} or more replicas: their state votes name a wrong update; "
-                        "SCOUT_UPDATE_REPLAY=on replays it anyway")
+        if (
+            smallest >= 3
+        ):  # not said in the job's output (the common case); the coverage record omits it
+            self.off = (
+                f"every shard has {smallest} or more replicas: their state votes name a wrong update; "
+                "SCOUT_UPDATE_REPLAY=on replays it anyway"
+            )
         else:
-            self._say_once("on", f"optimizer update replay every {self.every} steps (shards with {smallest} "
-                                 f"replica{'s' if smallest != 1 else ''}: no majority for a state vote), at most "
-                                 f"{self.max_bytes} bytes of parameters a round, rotating over the ranks")
+            self._say_once(
+                "on",
+                f"optimizer update replay every {self.every} steps (shards with {smallest} "
+                f"replica{'s' if smallest != 1 else ''}: no majority for a state vote), at most "
+                f"{self.max_bytes} bytes of parameters a round, rotating over the ranks",
+            )
 
     # ---- the source, around its own step -----------------------------------------------------
 
@@ -174,11 +199,19 @@ class UpdateReplay:
 
     def _capture(self, step: int, optimizer: Any) -> dict:
         import torch
+
         name = type(optimizer).__name__
         if name not in ELEMENTWISE or not type(optimizer).__module__.startswith("torch.optim"):
-            return {"why": f"optimizer {type(optimizer).__module__}.{name} is not one scout recomputes "
-                           f"(torch.optim's {', '.join(ELEMENTWISE)})"}
-        params = [(gi, p) for gi, g in enumerate(optimizer.param_groups) for p in g["params"] if p.grad is not None]
+            return {
+                "why": f"optimizer {type(optimizer).__module__}.{name} is not one scout recomputes "
+                f"(torch.optim's {', '.join(ELEMENTWISE)})"
+            }
+        params = [
+            (gi, p)
+            for gi, g in enumerate(optimizer.param_groups)
+            for p in g["params"]
+            if p.grad is not None
+        ]
         groups = [hyperparameters(g) for g in optimizer.param_groups]
         if any(g is None for g in groups):
             return {"why": "a parameter group setting is not a number (a tensor learning rate)"}
@@ -199,13 +232,18 @@ class UpdateReplay:
                         elif lv.numel() == 1:
                             state[k] = ("whole", lv.detach())
                         else:
-                            return {"why": f"optimizer state {k!r} is neither per element nor a scalar"}
+                            return {
+                                "why": f"optimizer state {k!r} is neither per element nor a scalar"
+                            }
                     elif isinstance(v, _SCALARS):
                         state[k] = ("value", v)
                     else:
                         return {"why": f"optimizer state {k!r} is a {type(v).__name__}"}
                 seg = {"param": i, "group": gi, "lo": lo, "hi": hi, "state": {}}
-                for label, t in (("p", lp.detach().reshape(-1)[lo:hi]), ("g", local(p.grad).detach().reshape(-1)[lo:hi])):
+                for label, t in (
+                    ("p", lp.detach().reshape(-1)[lo:hi]),
+                    ("g", local(p.grad).detach().reshape(-1)[lo:hi]),
+                ):
                     seg[label] = len(tensors)
                     tensors.append(t)
                 for k, (how, v) in state.items():
@@ -218,12 +256,21 @@ class UpdateReplay:
             # copies on the CPU (scout's side group is gloo), each with the device type it came from
             devices = [t.device.type for t in tensors]
             tensors = [t.to("cpu", copy=True).contiguous() for t in tensors]
-        return {"step": step, "cls": name, "groups": groups, "segments": segs, "tensors": tensors, "devices": devices,
-                "params": [params[i][1] for i, _, _ in segments], "opt": optimizer}
+        return {
+            "step": step,
+            "cls": name,
+            "groups": groups,
+            "segments": segs,
+            "tensors": tensors,
+            "devices": devices,
+            "params": [params[i][1] for i, _, _ in segments],
+            "opt": optimizer,
+        }
 
     def _training_signature(self, cap: dict) -> int:
         """What the step wrote over the captured slice, signed (the source, right after its step)."""
         from scout_slurm.bootstrap.signing import state_signature
+
         opt = cap["opt"]
         out = []
         for seg, p in zip(cap["segments"], cap["params"]):
@@ -234,7 +281,9 @@ class UpdateReplay:
                 v = st[k]
                 if hasattr(v, "numel"):
                     lv = local(v)
-                    out.append((f"{seg['param']}.{k}", lv.reshape(-1)[lo:hi] if lv.numel() > 1 else lv))
+                    out.append(
+                        (f"{seg['param']}.{k}", lv.reshape(-1)[lo:hi] if lv.numel() > 1 else lv)
+                    )
         return _pos(state_signature(out))
 
     # ---- every rank, right after the step ----------------------------------------------------
@@ -243,6 +292,7 @@ class UpdateReplay:
         if not self.due(step) or self.off:
             return
         import torch
+
         src = self.source(step)
         cap, self.cap = self.cap, None
         training = 0
@@ -264,24 +314,37 @@ class UpdateReplay:
         self.all_gather(rows, row, group=self.side)
         self.rounds += 1
         if err:
-            self._say_once("err", f"rank {self.rank} could not recompute an optimizer update: {err}")
+            self._say_once(
+                "err", f"rank {self.rank} could not recompute an optimizer update: {err}"
+            )
         recomputed = [int(r[1]) if int(r[0]) else None for r in rows]
         named, why = decide(recomputed, int(rows[src][2]), src)
         self._conclude(step, src, named, why, recomputed, int(rows[src][2]), meta)
 
     def _exchange(self, src: int, cap: dict | None) -> tuple[dict, list[Any]] | None:
         from scout_slurm.bootstrap.wire import PackError, broadcast_packed
+
         blob = None
         if self.rank == src:
-            if cap is not None and "why" in cap:   # said by the source, once: every rank turns it off
+            if (
+                cap is not None and "why" in cap
+            ):  # said by the source, once: every rank turns it off
                 say(f"optimizer update replay off: {cap['why']}")
                 self.off = cap["why"]
             elif cap is not None:
-                blob = json.dumps({"cls": cap["cls"], "groups": cap["groups"], "segments": cap["segments"],
-                                   "devices": cap["devices"]}).encode()
+                blob = json.dumps(
+                    {
+                        "cls": cap["cls"],
+                        "groups": cap["groups"],
+                        "segments": cap["segments"],
+                        "devices": cap["devices"],
+                    }
+                ).encode()
         try:
-            got = broadcast_packed(self.broadcast, self.side, self.rank, src, blob, cap["tensors"] if blob else ())
-        except PackError as exc:   # the others were told there is nothing: they turn off below
+            got = broadcast_packed(
+                self.broadcast, self.side, self.rank, src, blob, cap["tensors"] if blob else ()
+            )
+        except PackError as exc:  # the others were told there is nothing: they turn off below
             say(f"optimizer update replay off: its slice cannot be sent ({exc})")
             self.off = f"the slice cannot be sent ({exc})"
             return None
@@ -300,10 +363,13 @@ class UpdateReplay:
         import torch
 
         from scout_slurm.bootstrap.signing import state_signature
+
         if meta["cls"] not in ELEMENTWISE:
             raise ValueError(f"optimizer {meta['cls']!r} is not one scout recomputes")
         cls = getattr(torch.optim, meta["cls"])
-        cuda = torch.device("cuda", torch.cuda.current_device()) if "cuda" in meta["devices"] else None
+        cuda = (
+            torch.device("cuda", torch.cuda.current_device()) if "cuda" in meta["devices"] else None
+        )
         tensors = [t.to(cuda) if kind == "cuda" else t for t, kind in zip(tensors, meta["devices"])]
         by_group: dict[int, list[tuple[dict, Any]]] = {}
         for seg in meta["segments"]:
@@ -312,12 +378,22 @@ class UpdateReplay:
             by_group.setdefault(seg["group"], []).append((seg, q))
         done = []
         for gi, items in sorted(by_group.items()):
-            hyper = {k: (tuple(v) if isinstance(v, list) else v) for k, v in meta["groups"][gi].items()}
+            hyper = {
+                k: (tuple(v) if isinstance(v, list) else v) for k, v in meta["groups"][gi].items()
+            }
             accepted = inspect.signature(cls.__init__).parameters
-            opt = cls([q for _, q in items], **{k: v for k, v in hyper.items() if k in accepted and k != "params"})
-            opt.param_groups[0].update(hyper)   # the group's other keys too (a scheduler's initial_lr)
+            opt = cls(
+                [q for _, q in items],
+                **{k: v for k, v in hyper.items() if k in accepted and k != "params"},
+            )
+            opt.param_groups[0].update(
+                hyper
+            )  # the group's other keys too (a scheduler's initial_lr)
             for seg, q in items:
-                state = {k: (v if how == "value" else tensors[v].clone()) for k, (how, v) in seg["state"].items()}
+                state = {
+                    k: (v if how == "value" else tensors[v].clone())
+                    for k, (how, v) in seg["state"].items()
+                }
                 if state:
                     opt.state[q] = state
             # the step as the class defines it, without optimizer hooks (scout's own, the job's global ones)
@@ -325,7 +401,9 @@ class UpdateReplay:
             with torch.no_grad():
                 step_fn(opt)
             for seg, q in items:
-                if self.corrupt is not None:   # the fault injector's persistent update fault, on this rank
+                if (
+                    self.corrupt is not None
+                ):  # the fault injector's persistent update fault, on this rank
                     self.corrupt(step, seg["param"], seg["lo"], q.data)
                 done.append((seg, q, opt))
         # signed as the source signs its training-time result: segment by segment, parameter then state
@@ -339,9 +417,16 @@ class UpdateReplay:
                     out.append((f"{seg['param']}.{k}", st[k]))
         return _pos(state_signature(out))
 
-
-    def _conclude(self, step: int, src: int, named: list[int], why: str, recomputed: list[int | None],
-                  training: int, meta: dict) -> None:
+    def _conclude(
+        self,
+        step: int,
+        src: int,
+        named: list[int],
+        why: str,
+        recomputed: list[int | None],
+        training: int,
+        meta: dict,
+    ) -> None:
         gstep = step + self.offset
         late: list[tuple[int, int]] = []
         if not named and not why:
@@ -355,18 +440,23 @@ class UpdateReplay:
         elif not self.trusted and not why and named == [src]:
             # the source alone, before any round agreed: held (see the module's docstring)
             self.pending.setdefault(src, gstep)
-            self._say_once(f"held:{src}", f"rank {src}'s optimizer update at step {gstep} differs from every "
-                                          "recomputation of it; held until a round agrees (the job may change "
-                                          "gradients inside its step where scout does not see)")
+            self._say_once(
+                f"held:{src}",
+                f"rank {src}'s optimizer update at step {gstep} differs from every "
+                "recomputation of it; held until a round agrees (the job may change "
+                "gradients inside its step where scout does not see)",
+            )
             return
         confirmed = sorted(set(named) | {r for r, _ in late})
         writer = min((r for r in range(self.world) if r not in confirmed), default=0)
         if self.rank == writer:
             self._write(step, src, named, why, recomputed, training, meta, late)
-        self.barrier(group=self.side)   # the finding is on disk before the rank leaves
+        self.barrier(group=self.side)  # the finding is on disk before the rank leaves
         if self.rank in confirmed and ends(Ending.SDC, self.sdc_policy):
-            say(f"rank {self.rank}'s optimizer update differs from the recomputations of it; "
-                f"ending this rank (exit {Ending.SDC.code})")
+            say(
+                f"rank {self.rank}'s optimizer update differs from the recomputations of it; "
+                f"ending this rank (exit {Ending.SDC.code})"
+            )
             end(Ending.SDC)
 
     def _write(self, step, src, named, why, recomputed, training, meta, late) -> None:
@@ -374,45 +464,103 @@ class UpdateReplay:
             return
         from scout_slurm.evidence.records import Finding, FindingKind
         from scout_slurm.evidence.store import write_record
+
         gstep, now = step + self.offset, time.time()
         elements = sum(s["hi"] - s["lo"] for s in meta["segments"])
-        sigs = "; ".join(f"rank {r}: " + (f"{s:016x}" if s is not None else "none") for r, s in enumerate(recomputed))
-        details = (f"optimizer update replay: {meta['cls']} over {elements} elements of rank {src}'s parameters "
-                   f"({len(meta['segments'])} slices), kept before its step {gstep} and recomputed by all "
-                   f"{self.world} ranks",
-                   f"recomputations {sigs}; rank {src}'s training-time result {training:016x}")
+        sigs = "; ".join(
+            f"rank {r}: " + (f"{s:016x}" if s is not None else "none")
+            for r, s in enumerate(recomputed)
+        )
+        details = (
+            f"optimizer update replay: {meta['cls']} over {elements} elements of rank {src}'s parameters "
+            f"({len(meta['segments'])} slices), kept before its step {gstep} and recomputed by all "
+            f"{self.world} ranks",
+            f"recomputations {sigs}; rank {src}'s training-time result {training:016x}",
+        )
         records = []
         if why:
-            records.append((f"inconclusive-update-rank-{src}-step-{gstep}.json", Finding(
-                rank=src, node="", kind=FindingKind.NO_MAJORITY, at=now,
-                summary=f"optimizer update of rank {src} at step {gstep}: inconclusive: {why}",
-                details=details, step=gstep, since_step=gstep, component="optimizer")))
+            records.append(
+                (
+                    f"inconclusive-update-rank-{src}-step-{gstep}.json",
+                    Finding(
+                        rank=src,
+                        node="",
+                        kind=FindingKind.NO_MAJORITY,
+                        at=now,
+                        summary=f"optimizer update of rank {src} at step {gstep}: inconclusive: {why}",
+                        details=details,
+                        step=gstep,
+                        since_step=gstep,
+                        component="optimizer",
+                    ),
+                )
+            )
         for r in named:
             last = self.clean_for.get(r, -1)
             since = last + 1 if last >= 0 else self.offset + 1
-            if r == src and recomputed[r] is not None and recomputed[r] == next(
-                    (s for q, s in enumerate(recomputed) if q != r and s is not None), None):
-                what = (f"rank {r}'s optimizer update at step {gstep} differs from every recomputation of it "
-                        f"(all {self.world} ranks, its own included, agree): a fault in its update as it ran "
-                        "in training")
+            if (
+                r == src
+                and recomputed[r] is not None
+                and recomputed[r]
+                == next((s for q, s in enumerate(recomputed) if q != r and s is not None), None)
+            ):
+                what = (
+                    f"rank {r}'s optimizer update at step {gstep} differs from every recomputation of it "
+                    f"(all {self.world} ranks, its own included, agree): a fault in its update as it ran "
+                    "in training"
+                )
             elif r == src:
-                what = (f"rank {r}'s optimizer update at step {gstep} and its own recomputation of it differ "
-                        "from the other ranks' recomputations: a fault in its update, repeated")
+                what = (
+                    f"rank {r}'s optimizer update at step {gstep} and its own recomputation of it differ "
+                    "from the other ranks' recomputations: a fault in its update, repeated"
+                )
             else:
-                what = (f"rank {r}'s recomputation of rank {src}'s optimizer update at step {gstep} differs from "
-                        "the majority of the ranks': a fault in its compute, which its own updates share")
-            records.append((f"sdc-update-rank-{r}-step-{gstep}.json", Finding(
-                rank=r, node=self.node if r == self.rank else "", kind=FindingKind.SDC, at=now,
-                summary=what + (f"; its state may be wrong since step {since} (its last update replay that "
-                                f"passed was at step {last})" if last >= 0 else
-                                f"; no earlier update replay of it passed in this run (from step {since})"),
-                details=details, step=gstep, since_step=since, component="optimizer")))
+                what = (
+                    f"rank {r}'s recomputation of rank {src}'s optimizer update at step {gstep} differs from "
+                    "the majority of the ranks': a fault in its compute, which its own updates share"
+                )
+            records.append(
+                (
+                    f"sdc-update-rank-{r}-step-{gstep}.json",
+                    Finding(
+                        rank=r,
+                        node=self.node if r == self.rank else "",
+                        kind=FindingKind.SDC,
+                        at=now,
+                        summary=what
+                        + (
+                            f"; its state may be wrong since step {since} (its last update replay that "
+                            f"passed was at step {last})"
+                            if last >= 0
+                            else f"; no earlier update replay of it passed in this run (from step {since})"
+                        ),
+                        details=details,
+                        step=gstep,
+                        since_step=since,
+                        component="optimizer",
+                    ),
+                )
+            )
         for r, at in late:
-            records.append((f"sdc-update-rank-{r}-step-{at}.json", Finding(
-                rank=r, node=self.node if r == self.rank else "", kind=FindingKind.SDC, at=now,
-                summary=(f"rank {r}'s optimizer update at step {at} differed from every recomputation of it; "
-                         f"named at step {gstep}, when a round agreed (the recomputation is faithful)"),
-                details=details, step=at, since_step=at, component="optimizer")))
+            records.append(
+                (
+                    f"sdc-update-rank-{r}-step-{at}.json",
+                    Finding(
+                        rank=r,
+                        node=self.node if r == self.rank else "",
+                        kind=FindingKind.SDC,
+                        at=now,
+                        summary=(
+                            f"rank {r}'s optimizer update at step {at} differed from every recomputation of it; "
+                            f"named at step {gstep}, when a round agreed (the recomputation is faithful)"
+                        ),
+                        details=details,
+                        step=at,
+                        since_step=at,
+                        component="optimizer",
+                    ),
+                )
+            )
         for fname, finding in records:
             try:
                 write_record(self.run_dir / "findings" / fname, finding)

@@ -14,7 +14,18 @@ from typing import Any, Callable, Sequence
 
 from scout_slurm.bootstrap.signing import byte_view
 
-DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
+DTYPES = (
+    "float32",
+    "float64",
+    "float16",
+    "bfloat16",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "uint8",
+    "bool",
+)
 
 
 def _pad(n: int) -> int:
@@ -24,12 +35,13 @@ def _pad(n: int) -> int:
 def pack(meta: bytes, tensors: Sequence[Any]) -> tuple[list[int], Any]:
     """(header, payload) for `meta` and `tensors` (copied to the CPU where they are elsewhere)."""
     import torch
+
     parts, layout, at = [], [], 0
     for t in tensors:
         x = t.detach()
         if x.device.type != "cpu":
             x = x.cpu()
-        raw = x.contiguous().reshape(-1).view(torch.uint8)   # reshape: a 0-d tensor has no byte view
+        raw = x.contiguous().reshape(-1).view(torch.uint8)  # reshape: a 0-d tensor has no byte view
         dtype = str(x.dtype).replace("torch.", "")
         if dtype not in DTYPES:
             raise ValueError(f"a tensor of dtype {dtype} cannot be sent")
@@ -39,8 +51,13 @@ def pack(meta: bytes, tensors: Sequence[Any]) -> tuple[list[int], Any]:
     lay = json.dumps(layout).encode()
 
     def b(data: bytes) -> list[Any]:
-        return [torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.zeros(0, dtype=torch.uint8),
-                torch.zeros(_pad(len(data)), dtype=torch.uint8)]
+        return [
+            torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            if data
+            else torch.zeros(0, dtype=torch.uint8),
+            torch.zeros(_pad(len(data)), dtype=torch.uint8),
+        ]
+
     payload = torch.cat(b(meta) + b(lay) + parts)
     return [len(meta), len(lay), int(payload.numel())], payload
 
@@ -48,17 +65,20 @@ def pack(meta: bytes, tensors: Sequence[Any]) -> tuple[list[int], Any]:
 def unpack(header: Sequence[int], payload: Any) -> tuple[bytes, list[Any]]:
     """(meta, tensors) from a payload made by `pack`; the tensors are views of it."""
     import torch
+
     m, n = int(header[0]), int(header[1])
     base = m + _pad(m)
     # signing's byte view, not .numpy(): the job's Python may have no numpy
     meta = bytes(byte_view(payload[:m]))
-    layout = json.loads(bytes(byte_view(payload[base:base + n])))
+    layout = json.loads(bytes(byte_view(payload[base : base + n])))
     start = base + n + _pad(n)
     out = []
     for dtype, shape, at, size in layout:
         if dtype not in DTYPES:
             raise ValueError(f"a tensor of dtype {dtype!r} was not expected")
-        out.append(payload[start + at:start + at + size].view(getattr(torch, dtype)).reshape(shape))
+        out.append(
+            payload[start + at : start + at + size].view(getattr(torch, dtype)).reshape(shape)
+        )
     return meta, out
 
 
@@ -66,13 +86,20 @@ class PackError(ValueError):
     """The source could not pack what it meant to send: every rank was told there is nothing."""
 
 
-def broadcast_packed(broadcast: Callable[..., Any], group: Any, rank: int, src: int, meta: bytes | None,
-                     tensors: Sequence[Any] = ()) -> tuple[bytes, list[Any], int] | None:
+def broadcast_packed(
+    broadcast: Callable[..., Any],
+    group: Any,
+    rank: int,
+    src: int,
+    meta: bytes | None,
+    tensors: Sequence[Any] = (),
+) -> tuple[bytes, list[Any], int] | None:
     """`meta` and `tensors` from `src` to every rank (every rank calls it; only `src`'s arguments
     count). Returns (meta, tensors, payload bytes), the source's own tensors on the source, or
     None on every rank when the source had nothing (meta None). A source that cannot pack them
     tells the others there is nothing (none is left waiting for a payload), then raises PackError."""
     import torch
+
     head = torch.zeros(3, dtype=torch.int64)
     payload, failed = None, None
     if rank == src:

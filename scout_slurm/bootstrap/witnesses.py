@@ -14,6 +14,7 @@ class Witness(Protocol):
     the call does scout's own work at that step (the timing votes pause their clock around it).
     `sees_faults`: its end-of-step part runs after an injected fault fires (it must see what the
     fault did); the others run before (the state exactly as the optimizer left it)."""
+
     name: str
     sees_faults: bool
 
@@ -25,6 +26,7 @@ class Witness(Protocol):
 
 class _Quiet:
     """Defaults: no work on either side of a step."""
+
     name = ""
     sees_faults = False
 
@@ -47,6 +49,7 @@ def _every(every: int, step: int) -> bool:
 
 class AtRestWitness(_Quiet):
     """Seals each rank's own state after a step in K and re-signs it before the next one."""
+
     name = "at-rest witness"
 
     def __init__(self, atrest: Any, side_ops: Callable[[], tuple[Any, Any]]) -> None:
@@ -63,12 +66,15 @@ class AtRestWitness(_Quiet):
         return _every(self.atrest.every, step)
 
     def after_step(self, step: int, optimizer: Any) -> None:
-        if _every(self.atrest.every, step):   # first after the step: the state as the optimizer left it
+        if _every(
+            self.atrest.every, step
+        ):  # first after the step: the state as the optimizer left it
             self.atrest.seal(step, optimizer)
 
 
 class UpdateWitness(_Quiet):
     """One rank's update of a slice of its state, recomputed by every rank."""
+
     name = "update replay"
 
     def __init__(self, update: Any) -> None:
@@ -79,7 +85,7 @@ class UpdateWitness(_Quiet):
 
     def before_step(self, step: int, optimizer: Any) -> None:
         if _every(self.update.every, step):
-            self.update.before_step(step, optimizer)   # a slice of the update's inputs
+            self.update.before_step(step, optimizer)  # a slice of the update's inputs
 
     def works_after(self, step: int) -> bool:
         return _every(self.update.every, step)
@@ -91,6 +97,7 @@ class UpdateWitness(_Quiet):
 
 class ReplayWitness(_Quiet):
     """In-situ replay: before the step, while the weights are those this step's forward used."""
+
     name = "in-situ replay"
 
     def __init__(self, replay: Any) -> None:
@@ -100,12 +107,15 @@ class ReplayWitness(_Quiet):
         return self.replay.due(step)
 
     def before_step(self, step: int, optimizer: Any) -> None:
-        if step >= self.replay.next_call:   # only at the steps where it has work (the replay says which)
+        if (
+            step >= self.replay.next_call
+        ):  # only at the steps where it has work (the replay says which)
             self.replay.before_step(step)
 
 
 class FiniteWitness(_Quiet):
     """Where this rank's loss first became NaN/Inf (kept unread until the next vote)."""
+
     name = "non-finite watch"
     sees_faults = True
 
@@ -118,6 +128,7 @@ class FiniteWitness(_Quiet):
 
 class StateVoteWitness(_Quiet):
     """The replicas' signatures of weights and optimizer state, compared by strict majority."""
+
     name = "state vote"
     sees_faults = True
 
@@ -133,6 +144,7 @@ class StateVoteWitness(_Quiet):
 
 class TimingWitness(_Quiet):
     """Step timing voted among ranks (stragglers); last, after every other witness's work."""
+
     name = "timing votes"
     sees_faults = True
 
@@ -149,6 +161,7 @@ class TimingWitness(_Quiet):
 class CheckpointWitness(_Quiet):
     """Before each step: a checkpoint saved since the last one is exchanged among the replicas
     (their signatures at the save agree or not: bootstrap.ckptstate). Last before a step."""
+
     name = "checkpoint watch"
 
     def __init__(self, watch: Any) -> None:

@@ -13,18 +13,31 @@ CASCADE_PATTERNS = re.compile(
     r"Connection closed by peer|Connection reset by peer|Timed out waiting|pair closure|Broken pipe|"
     r"remote process exited|NCCL (communicator was aborted|error)|ProcessGroupNCCL.*(timeout|abort)|"
     r"DistBackendError|connectFullMesh|Socket Timeout|recv operation|send operation|"
-    r"Application timeout caused|watchdog caught collective operation timeout", re.I)
+    r"Application timeout caused|watchdog caught collective operation timeout",
+    re.I,
+)
 
 # The same alternatives spelt out as lower-case literals, except the one with a gap
 # (ProcessGroupNCCL ... timeout|abort), which keeps a regex behind a literal guard.
 _LITERALS = (
-    "connection closed by peer", "connection reset by peer", "timed out waiting", "pair closure",
-    "broken pipe", "remote process exited", "nccl communicator was aborted", "nccl error",
-    "distbackenderror", "connectfullmesh", "socket timeout", "recv operation", "send operation",
-    "application timeout caused", "watchdog caught collective operation timeout",
+    "connection closed by peer",
+    "connection reset by peer",
+    "timed out waiting",
+    "pair closure",
+    "broken pipe",
+    "remote process exited",
+    "nccl communicator was aborted",
+    "nccl error",
+    "distbackenderror",
+    "connectfullmesh",
+    "socket timeout",
+    "recv operation",
+    "send operation",
+    "application timeout caused",
+    "watchdog caught collective operation timeout",
 )
 _GAPPED_GUARD = "processgroupnccl"
-_GAPPED = re.compile(r"ProcessGroupNCCL.*(timeout|abort)", re.I)   # '.' stops at a line end
+_GAPPED = re.compile(r"ProcessGroupNCCL.*(timeout|abort)", re.I)  # '.' stops at a line end
 
 
 def mentions_peer_failure(lines: Sequence[str]) -> bool:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from scout_slurm.remediation.records import CheckpointChecks, CheckpointNote
 
 FULL_DIGEST_LIMIT = 1 << 30  # larger files: size and presence only, within a hook's time budget
-MAX_FOLDER_FILES = 100_000   # a DCP folder: files listed and walked at most
+MAX_FOLDER_FILES = 100_000  # a DCP folder: files listed and walked at most
 
 NO_RECORD = "not verified: no root-owned checkpoint check from the batch host's Epilog"
 NO_RESULT = "not verified by the batch host's Epilog (no result for it)"
@@ -27,9 +27,9 @@ _CHUNK = 1 << 20
 
 @dataclass(frozen=True)
 class FileCheck:
-    problem: str | None            # None: on storage as noted
-    hashed_bytes: int = 0          # re-read and hashed, of the caller's budget
-    size_only: bool = False        # a recorded sha256 was not compared: over the budget left
+    problem: str | None  # None: on storage as noted
+    hashed_bytes: int = 0  # re-read and hashed, of the caller's budget
+    size_only: bool = False  # a recorded sha256 was not compared: over the budget left
 
 
 def file_problem(note: CheckpointNote, *, full_digest_limit: int = FULL_DIGEST_LIMIT) -> str | None:
@@ -76,17 +76,23 @@ def _check_open_file(fd: int, note: CheckpointNote, digest_budget: int) -> FileC
     if not stat.S_ISREG(st.st_mode):
         return FileCheck(f"{path}: not a regular file")
     if st.st_size != note.size_bytes:
-        return FileCheck(f"{path}: {st.st_size} bytes now, {note.size_bytes} when saved: "
-                         f"changed on disk after its record")
+        return FileCheck(
+            f"{path}: {st.st_size} bytes now, {note.size_bytes} when saved: "
+            f"changed on disk after its record"
+        )
     if not note.sha256:
         return FileCheck(None)
     if st.st_size > FULL_DIGEST_LIMIT:
-        return FileCheck(None, size_only=True)   # larger than any hook re-reads: size and presence only
+        return FileCheck(
+            None, size_only=True
+        )  # larger than any hook re-reads: size and presence only
     if st.st_size > digest_budget:
         # "verified" must mean verified: a file a hook could hash is not eligible unhashed (else twelve
         # planted copies of one file would spend the budget and make the rest pass by size alone)
-        return FileCheck(f"{path}: not verified: its sha256 was not re-read, the hashing budget was spent "
-                         f"on newer checkpoints ({max(0, digest_budget)} bytes left, {st.st_size} needed)")
+        return FileCheck(
+            f"{path}: not verified: its sha256 was not re-read, the hashing budget was spent "
+            f"on newer checkpoints ({max(0, digest_budget)} bytes left, {st.st_size} needed)"
+        )
     h = hashlib.sha256()
     total = 0
     try:
@@ -99,52 +105,77 @@ def _check_open_file(fd: int, note: CheckpointNote, digest_budget: int) -> FileC
     except OSError as exc:
         return FileCheck(f"{path}: unreadable ({exc.strerror})", hashed_bytes=total)
     if total != st.st_size:
-        return FileCheck(f"{path}: {total} bytes read of {st.st_size}: changed on disk while being checked",
-                         hashed_bytes=total)
+        return FileCheck(
+            f"{path}: {total} bytes read of {st.st_size}: changed on disk while being checked",
+            hashed_bytes=total,
+        )
     if h.hexdigest() != note.sha256:
-        return FileCheck(f"{path}: sha256 differs from the one recorded after the save: changed on disk "
-                         f"after its record", hashed_bytes=total)
+        return FileCheck(
+            f"{path}: sha256 differs from the one recorded after the save: changed on disk "
+            f"after its record",
+            hashed_bytes=total,
+        )
     return FileCheck(None, hashed_bytes=total)
 
 
 def _folder_check(note: CheckpointNote, digest_budget: int) -> FileCheck:
     """A checkpoint folder (DCP): every recorded file still there, unchanged, and no file added."""
     if len(note.files) > MAX_FOLDER_FILES:
-        return FileCheck(f"{note.path}: the record lists {len(note.files)} files, more than scout checks "
-                         f"({MAX_FOLDER_FILES})")
+        return FileCheck(
+            f"{note.path}: the record lists {len(note.files)} files, more than scout checks "
+            f"({MAX_FOLDER_FILES})"
+        )
     root = os.path.realpath(note.path)
     recorded = {f.name for f in note.files}
-    budget = digest_budget  # bytes re-read in all: a hook's time is bounded, a sharded checkpoint is not
+    budget = (
+        digest_budget  # bytes re-read in all: a hook's time is bounded, a sharded checkpoint is not
+    )
     hashed, size_only = 0, False
     for f in note.files:
         full = os.path.realpath(os.path.join(root, f.name))
         if os.path.commonpath([root, full]) != root or not f.name:
-            return FileCheck(f"{note.path}: recorded file name {f.name!r} leaves the checkpoint folder",
-                             hashed, size_only)
-        one = dataclasses.replace(note, path=full, size_bytes=f.size_bytes, sha256=f.sha256, files=())
+            return FileCheck(
+                f"{note.path}: recorded file name {f.name!r} leaves the checkpoint folder",
+                hashed,
+                size_only,
+            )
+        one = dataclasses.replace(
+            note, path=full, size_bytes=f.size_bytes, sha256=f.sha256, files=()
+        )
         result = check_file(one, digest_budget=budget)
         hashed += result.hashed_bytes
         budget = max(0, budget - result.hashed_bytes)
         size_only = size_only or result.size_only
         if result.problem:
-            return FileCheck(f"{note.path} (one of {len(note.files)} files): {result.problem}", hashed, size_only)
+            return FileCheck(
+                f"{note.path} (one of {len(note.files)} files): {result.problem}", hashed, size_only
+            )
     seen = 0
     for dirpath, dirnames, names in os.walk(root, followlinks=False):
         seen += len(names)
         if seen > MAX_FOLDER_FILES:
-            return FileCheck(f"{note.path}: more than {MAX_FOLDER_FILES} files in the folder now: changed on "
-                             f"disk after its record", hashed, size_only)
+            return FileCheck(
+                f"{note.path}: more than {MAX_FOLDER_FILES} files in the folder now: changed on "
+                f"disk after its record",
+                hashed,
+                size_only,
+            )
         for n in names:
             rel = os.path.relpath(os.path.join(dirpath, n), root)
             if rel not in recorded:
-                return FileCheck(f"{note.path}: file {rel!r} was not there when it was saved: changed on disk "
-                                 f"after its record", hashed, size_only)
+                return FileCheck(
+                    f"{note.path}: file {rel!r} was not there when it was saved: changed on disk "
+                    f"after its record",
+                    hashed,
+                    size_only,
+                )
     return FileCheck(None, hashed, size_only)
 
 
 def note_digest(note: CheckpointNote) -> str:
     """The identity of a note as read: a result recorded about it holds for these bytes only."""
     from scout_slurm.evidence.store import record_to_bytes
+
     return hashlib.sha256(record_to_bytes(note)).hexdigest()
 
 
@@ -152,10 +183,13 @@ def list_checkpoint_notes(folder) -> list[tuple[str, CheckpointNote]]:
     """The job's checkpoint notes with their file names in checkpoints/ (unreadable ones left out)."""
     from scout_slurm.errors import EvidenceError
     from scout_slurm.evidence.store import list_named_records
+
     if not folder.checkpoints_dir.is_dir():
         return []
     try:
-        named, _ = list_named_records(folder.checkpoints_dir, "*.json", CheckpointNote, root=folder.root)
+        named, _ = list_named_records(
+            folder.checkpoints_dir, "*.json", CheckpointNote, root=folder.root
+        )
     except EvidenceError:
         return []
     return named
@@ -166,9 +200,14 @@ def read_checkpoint_checks(folder, restart: int, node: str) -> CheckpointChecks 
     file owned by root, naming this job, this run and this node; else None."""
     from scout_slurm.errors import EvidenceError
     from scout_slurm.evidence.store import read_record
+
     try:
-        record = read_record(folder.checkpoint_checks_path(restart, node), CheckpointChecks,
-                             root=folder.root, owner=0)
+        record = read_record(
+            folder.checkpoint_checks_path(restart, node),
+            CheckpointChecks,
+            root=folder.root,
+            owner=0,
+        )
     except EvidenceError:
         return None
     if record.job_id != folder.job_id or record.restart != restart or record.node != node:
@@ -181,6 +220,7 @@ def find_checkpoint_checks(folder, restart: int) -> CheckpointChecks | None:
     for a reader that does not know which node that was (`scout checkpoints`)."""
     from scout_slurm.errors import EvidenceError
     from scout_slurm.evidence.layout import check_node_name
+
     try:
         names = sorted(os.listdir(folder.nodes_dir))
     except OSError:
@@ -211,7 +251,7 @@ def assess_job(folder, *, current_verdict=None, checks: CheckpointChecks | None)
         checks = None
     found = {(c.note_file, c.note_digest): c for c in checks.results} if checks is not None else {}
     problems: dict[int, str | None] = {}
-    remarks: dict[int, str] = {}   # verified, but not in full (size and presence only)
+    remarks: dict[int, str] = {}  # verified, but not in full (size and presence only)
     for name, note in named:
         if checks is None:
             problems[id(note)] = NO_RECORD
@@ -242,5 +282,9 @@ def assess_job(folder, *, current_verdict=None, checks: CheckpointChecks | None)
     if current_verdict is not None:
         verdicts[current_verdict.restart] = current_verdict
     out = assess([note for _, note in named], coverage, verdicts, lambda note: problems[id(note)])
-    return [dataclasses.replace(a, reason=f"{a.reason}; file {remarks[id(a.note)]}")
-            if id(a.note) in remarks and a.status != CheckpointStatus.REJECTED else a for a in out]
+    return [
+        dataclasses.replace(a, reason=f"{a.reason}; file {remarks[id(a.note)]}")
+        if id(a.note) in remarks and a.status != CheckpointStatus.REJECTED
+        else a
+        for a in out
+    ]

@@ -30,6 +30,7 @@ _CORRUPT = CORRUPT_ADVICE
 
 R = TypeVar("R")
 
+
 class _Invalid(Exception):
     """A record does not match its dataclass; the caller adds where it came from."""
 
@@ -42,6 +43,7 @@ class _Invalid(Exception):
 # Records <-> JSON objects
 # --------------------------------------------------------------------------------------------
 
+
 def record_to_obj(record: Any) -> dict:
     """The JSON object for `record`, checked against its type hints so that what scout writes
     it can always read back."""
@@ -52,8 +54,12 @@ def record_to_obj(record: Any) -> dict:
     kind = getattr(cls, "KIND", None)
     if kind is not None:
         obj[KIND_KEY] = kind
-    _from_obj(cls, obj, f"{cls.__name__} to be written",
-              "a bug in the code that built the record; nothing was written")
+    _from_obj(
+        cls,
+        obj,
+        f"{cls.__name__} to be written",
+        "a bug in the code that built the record; nothing was written",
+    )
     return obj
 
 
@@ -82,8 +88,10 @@ def _from_obj(cls: type[R], obj: Any, source: str, advice: str) -> R:
             if KIND_KEY not in obj:
                 raise _Invalid(f"has no {KIND_KEY!r}, expected {kind!r}")
             if obj[KIND_KEY] != kind:
-                raise _Invalid(f"is a {_show(obj[KIND_KEY])} record, expected {kind!r}",
-                               "check which file was meant")
+                raise _Invalid(
+                    f"is a {_show(obj[KIND_KEY])} record, expected {kind!r}",
+                    "check which file was meant",
+                )
         return _build(cls, obj, "", top=True)
     except _Invalid as e:
         raise EvidenceError(f"{source}: {e}; {e.advice or advice}") from None
@@ -141,12 +149,18 @@ def _check_version(cls: type, obj: dict, where: str) -> None:
     if not _is_int(version) or version < 1:
         raise _Invalid(f"{at}schema_version must be a positive integer, got {_show(version)}")
     if version > known:
-        raise _Invalid(f"{at}{cls.__name__} schema_version {version} is newer than this scout "
-                       f"understands ({known})", "upgrade scout on this node to read it")
+        raise _Invalid(
+            f"{at}{cls.__name__} schema_version {version} is newer than this scout "
+            f"understands ({known})",
+            "upgrade scout on this node to read it",
+        )
     oldest = getattr(cls, "OLDEST_SCHEMA_VERSION", 1)
     if version < oldest:
-        raise _Invalid(f"{at}{cls.__name__} schema_version {version} was written by an older scout; this one "
-                       f"reads versions {oldest} to {known}", "read it with the scout that wrote it")
+        raise _Invalid(
+            f"{at}{cls.__name__} schema_version {version} was written by an older scout; this one "
+            f"reads versions {oldest} to {known}",
+            "read it with the scout that wrote it",
+        )
 
 
 def _is_int(value: Any) -> bool:
@@ -206,8 +220,7 @@ def _value(tp: Any, value: Any, path: str) -> Any:
             return tuple(_value(args[0], v, f"{path}[{i}]") for i, v in enumerate(value))
         if len(value) != len(args):
             raise wrong(f"a list of {len(args)} items")
-        return tuple(_value(a, v, f"{path}[{i}]")
-                     for i, (a, v) in enumerate(zip(args, value)))
+        return tuple(_value(a, v, f"{path}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
     if origin is dict:
         key_tp, val_tp = typing.get_args(tp)
         if key_tp is not str:
@@ -244,6 +257,7 @@ def _value(tp: Any, value: Any, path: str) -> Any:
 # subset of what `_build` accepts and builds the same record; on anything else it raises _Slow
 # and `_from_obj` runs `_build`, which decides and explains.
 
+
 class _Slow(Exception):
     """The fast reader does not decide this object; the full check will."""
 
@@ -253,12 +267,19 @@ def _fast_builder(cls: type, top: bool) -> Any:
     hints = _hints(cls)
     fields = [f for f in dataclasses.fields(cls) if f.init]
     names = {f.name for f in fields}
-    allowed = frozenset(names | ({KIND_KEY} if top and getattr(cls, "KIND", None) is not None else set()))
+    allowed = frozenset(
+        names | ({KIND_KEY} if top and getattr(cls, "KIND", None) is not None else set())
+    )
     known = next((f.default for f in fields if f.name == "schema_version"), None)
     oldest = getattr(cls, "OLDEST_SCHEMA_VERSION", 1)
-    specs = tuple((f.name, _fast_converter(hints[f.name]),
-                   f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
-                  for f in fields)
+    specs = tuple(
+        (
+            f.name,
+            _fast_converter(hints[f.name]),
+            f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
+        )
+        for f in fields
+    )
 
     def build(obj: dict) -> Any:
         if known is not None:
@@ -277,6 +298,7 @@ def _fast_builder(cls: type, top: bool) -> Any:
             return cls(**values)
         except (ValueError, TypeError):
             raise _Slow from None
+
     return build
 
 
@@ -302,10 +324,15 @@ class _Flat:
             params = list(inspect.signature(cls).parameters)
         except (TypeError, ValueError):
             return None
-        if (len(fields) < 2 or params != [f.name for f in fields]   # built positionally
-                or any(k is not int and k is not str for k in kinds)
-                or any(f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
-                       for f in fields)):
+        if (
+            len(fields) < 2
+            or params != [f.name for f in fields]  # built positionally
+            or any(k is not int and k is not str for k in kinds)
+            or any(
+                f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+                for f in fields
+            )
+        ):
             return None
         return _Flat(cls, tuple(f.name for f in fields), kinds)
 
@@ -337,16 +364,19 @@ class _Flat:
 def _fast_converter(tp: Any) -> Any:
     origin = typing.get_origin(tp)
     if tp is bool:
+
         def convert(v: Any) -> Any:
             if v is True or v is False:
                 return v
             raise _Slow
     elif tp is int:
+
         def convert(v: Any) -> Any:
             if type(v) is int and _INT_MIN <= v <= _INT_MAX:
                 return v
             raise _Slow
     elif tp is float:
+
         def convert(v: Any) -> Any:
             t = type(v)
             if t is float:
@@ -356,12 +386,14 @@ def _fast_converter(tp: Any) -> Any:
                 return float(v)
             raise _Slow
     elif tp is str:
+
         def convert(v: Any) -> Any:
             if type(v) is str and (v.isascii() or _encodes(v)):
                 return v
             raise _Slow
     elif isinstance(tp, type) and issubclass(tp, enum.Enum):
         members = {m.value: m for m in tp if type(m.value) is str}
+
         def convert(v: Any) -> Any:
             if type(v) is str:
                 m = members.get(v)
@@ -383,15 +415,24 @@ def _fast_converter(tp: Any) -> Any:
         flat = _Flat.of(item_tp)
 
         if item_tp is str or item_tp is int:
+
             def convert(v: Any) -> Any:
                 # a whole list of plain strings (a stderr tail) or integers checked in C loops
                 if type(v) is list or type(v) is tuple:
-                    if not v or set(map(type, v)) == {item_tp} and (
-                            all(map(str.isascii, v)) if item_tp is str else _INT_MIN <= min(v) and max(v) <= _INT_MAX):
+                    if (
+                        not v
+                        or set(map(type, v)) == {item_tp}
+                        and (
+                            all(map(str.isascii, v))
+                            if item_tp is str
+                            else _INT_MIN <= min(v) and max(v) <= _INT_MAX
+                        )
+                    ):
                         return tuple(v)
                     return tuple([item(x) for x in v])
                 raise _Slow
         else:
+
             def convert(v: Any) -> Any:
                 if type(v) is tuple and set(map(type, v)) <= {item_tp}:
                     # records built already (JSON gives lists, never tuples): a ring shared by the
@@ -417,11 +458,13 @@ def _fast_converter(tp: Any) -> Any:
 
 def _checked(tp: Any) -> Any:
     """The full `_value` check, for the annotations the fast reader has no shortcut for."""
+
     def convert(v: Any) -> Any:
         try:
             return _value(tp, v, "")
         except _Invalid:
             raise _Slow from None
+
     return convert
 
 
@@ -533,8 +576,9 @@ def parse_json_unbounded(data: bytes, source: str) -> tuple[Any, str]:
             obj = _DECODER.decode(text)
     except (ValueError, RecursionError, TypeError) as e:
         if _nesting_exceeds(text, MAX_JSON_DEPTH):
-            raise EvidenceError(f"{source}: JSON nested deeper than {MAX_JSON_DEPTH} levels; "
-                                f"{_CORRUPT}") from None
+            raise EvidenceError(
+                f"{source}: JSON nested deeper than {MAX_JSON_DEPTH} levels; {_CORRUPT}"
+            ) from None
         raise EvidenceError(f"{source}: not valid JSON ({e}); {_CORRUPT}") from None
     return obj, text
 
@@ -542,7 +586,9 @@ def parse_json_unbounded(data: bytes, source: str) -> tuple[Any, str]:
 def check_depth(obj: Any, text: str, source: str) -> None:
     # no deeper than its count of opening brackets (in strings or not): most records skip the walk
     if text.count("{") + text.count("[") > MAX_JSON_DEPTH and _deeper_than(obj, MAX_JSON_DEPTH):
-        raise EvidenceError(f"{source}: JSON nested deeper than {MAX_JSON_DEPTH} levels; {_CORRUPT}")
+        raise EvidenceError(
+            f"{source}: JSON nested deeper than {MAX_JSON_DEPTH} levels; {_CORRUPT}"
+        )
 
 
 def _deeper_than(obj: Any, limit: int) -> bool:
@@ -555,19 +601,23 @@ def _deeper_than(obj: Any, limit: int) -> bool:
             return True
         below = []
         for container in level:
-            for v in (container.values() if type(container) is dict else container):
+            for v in container.values() if type(container) is dict else container:
                 if type(v) is dict or type(v) is list:
                     below.append(v)
         level = below
     return False
+
 
 def decode_record(data: bytes, cls: type[R], *, source: str) -> R:
     """The `cls` record in JSON `data` (`source` names them in errors): the parsed object, depth
     bounded, checked against the dataclass."""
     obj, text = parse_json_unbounded(data, source)
     kind = getattr(cls, "KIND", None)
-    if (type(obj) is dict and (kind is None or obj.get(KIND_KEY) == kind)
-            and _type_depth(cls) <= MAX_JSON_DEPTH):
+    if (
+        type(obj) is dict
+        and (kind is None or obj.get(KIND_KEY) == kind)
+        and _type_depth(cls) <= MAX_JSON_DEPTH
+    ):
         # A record the fast reader accepts matched its type field by field, so the JSON is no
         # deeper than the type: the depth walk (a third of reading an exit record) is not needed.
         try:

@@ -24,16 +24,34 @@ from dataclasses import dataclass, field
 
 from scout_slurm.errors import EvidenceError
 from scout_slurm.evidence.layout import JobFolder, check_node_name
-from scout_slurm.evidence.records import (CollectiveEntry, DigestedRank, ExitRecord, NodeDigest, NodeTasks,
-                                          ProgressSnapshot, RankPlace)
+from scout_slurm.evidence.records import (
+    CollectiveEntry,
+    DigestedRank,
+    ExitRecord,
+    NodeDigest,
+    NodeTasks,
+    ProgressSnapshot,
+    RankPlace,
+)
 from scout_slurm.evidence.cascade import mentions_peer_failure
-from scout_slurm.evidence.codec import KIND_KEY, decode_record, parse_json_unbounded, record_from_obj
-from scout_slurm.evidence.safeio import DIR_LIST, MAX_RECORD_BYTES, open_below, read_at, safe_read_bytes
+from scout_slurm.evidence.codec import (
+    KIND_KEY,
+    decode_record,
+    parse_json_unbounded,
+    record_from_obj,
+)
+from scout_slurm.evidence.safeio import (
+    DIR_LIST,
+    MAX_RECORD_BYTES,
+    open_below,
+    read_at,
+    safe_read_bytes,
+)
 
 MAX_TASKS_PER_NODE = 4096
-MAX_WORLD = 1_000_000         # the largest world the localiser reads (ranks 0 to MAX_WORLD - 1)
-TAIL_KEPT = 3                 # what the verdict quotes of a failed rank's stderr
-BYTES_READ_PER_NODE = 32 * 1024 * 1024   # 8 ranks of real records: ~80 KB
+MAX_WORLD = 1_000_000  # the largest world the localiser reads (ranks 0 to MAX_WORLD - 1)
+TAIL_KEPT = 3  # what the verdict quotes of a failed rank's stderr
+BYTES_READ_PER_NODE = 32 * 1024 * 1024  # 8 ranks of real records: ~80 KB
 
 
 def abridge_tail(lines: tuple[str, ...]) -> tuple[str, ...]:
@@ -47,12 +65,15 @@ def abridge_tail(lines: tuple[str, ...]) -> tuple[str, ...]:
     for line in reversed(lines[:-TAIL_KEPT]):
         if mentions_peer_failure((line,)):
             return (line, *last)
-    return tuple(lines)   # a match no single line makes: keep everything rather than change the answer
+    return tuple(
+        lines
+    )  # a match no single line makes: keep everything rather than change the answer
 
 
 @dataclass
 class _Rings:
     """Distinct rings, as (seq, op, nbytes, group_size) without times, by first appearance."""
+
     index: dict[tuple, int] = field(default_factory=dict)
     rings: list[tuple[CollectiveEntry, ...]] = field(default_factory=list)
 
@@ -77,6 +98,7 @@ class _OverBudget(Exception):
 class _Reader:
     """Reads the job's records for the digest within a byte budget: what a job writes must not
     keep a node in its Epilog, nor make the digest large."""
+
     root: object
     left: int
 
@@ -95,7 +117,9 @@ class _Reader:
         return decode_record(data, cls, source=os.fspath(path))
 
 
-def build_node_digest(folder: JobFolder, restart: int, node: str, *, now: float) -> tuple[NodeDigest | None, str]:
+def build_node_digest(
+    folder: JobFolder, restart: int, node: str, *, now: float
+) -> tuple[NodeDigest | None, str]:
     """The digest of `node`'s ranks for run `restart` (None when there is nothing to digest) and a
     line saying what was left out. Reads the job's files; writes nothing."""
     check_node_name(node)
@@ -105,20 +129,33 @@ def build_node_digest(folder: JobFolder, restart: int, node: str, *, now: float)
     except (EvidenceError, _OverBudget) as exc:
         return None, f"no digest: {str(exc) or 'the tasks file is too big'}"
     if tasks is None:
-        return None, "no digest: the job left no list of this node's ranks (started without scout-srun, or by torchrun)"
+        return (
+            None,
+            "no digest: the job left no list of this node's ranks (started without scout-srun, or by torchrun)",
+        )
     if (tasks.job_id, tasks.restart, tasks.node) != (folder.job_id, restart, node):
-        return None, (f"no digest: the tasks file names job {tasks.job_id}, run {tasks.restart}, node {tasks.node!r}, "
-                      f"not job {folder.job_id}, run {restart}, node {node!r}")
+        return None, (
+            f"no digest: the tasks file names job {tasks.job_id}, run {tasks.restart}, node {tasks.node!r}, "
+            f"not job {folder.job_id}, run {restart}, node {node!r}"
+        )
     ranks = sorted({r for r in tasks.ranks if 0 <= r < MAX_WORLD})
     if not ranks or len(ranks) > MAX_TASKS_PER_NODE:
-        return None, f"no digest: the tasks file lists {len(tasks.ranks)} ranks (1 to {MAX_TASKS_PER_NODE} expected)"
+        return (
+            None,
+            f"no digest: the tasks file lists {len(tasks.ranks)} ranks (1 to {MAX_TASKS_PER_NODE} expected)",
+        )
     rings = _Rings()
     rows: list[DigestedRank] = []
     left: list[int] = []
     for r in ranks:
         try:
             place = reader.optional(folder.rank_place_path(restart, r), RankPlace)
-            if place is None or place.rank != r or place.node != node or place.launcher == "torchrun":
+            if (
+                place is None
+                or place.rank != r
+                or place.node != node
+                or place.launcher == "torchrun"
+            ):
                 left.append(r)
                 continue
             exit_rec = reader.optional(folder.rank_exit_path(restart, r), ExitRecord)
@@ -126,37 +163,64 @@ def build_node_digest(folder: JobFolder, restart: int, node: str, *, now: float)
             if exit_rec is None or exit_rec.last_progress is None:
                 progress = reader.optional(folder.progress_path(restart, r), ProgressSnapshot)
         except EvidenceError:
-            left.append(r)      # the controller reads it again and says what is wrong with it
+            left.append(r)  # the controller reads it again and says what is wrong with it
             continue
         except _OverBudget:
-            return None, (f"no digest: this node's ranks' records exceed {BYTES_READ_PER_NODE >> 20} MiB "
-                          "(real ones take a few KiB a rank); left to the controller")
-        if (exit_rec is not None and exit_rec.rank != r) or (progress is not None and progress.rank != r):
+            return None, (
+                f"no digest: this node's ranks' records exceed {BYTES_READ_PER_NODE >> 20} MiB "
+                "(real ones take a few KiB a rank); left to the controller"
+            )
+        if (exit_rec is not None and exit_rec.rank != r) or (
+            progress is not None and progress.rank != r
+        ):
             left.append(r)
             continue
-        final = exit_rec.last_progress if exit_rec is not None and exit_rec.last_progress is not None else progress
+        final = (
+            exit_rec.last_progress
+            if exit_rec is not None and exit_rec.last_progress is not None
+            else progress
+        )
         ring = rings.add(final.recent) if final is not None else -1
         if exit_rec is not None:
-            exit_rec = dataclasses.replace(exit_rec, stderr_tail=abridge_tail(exit_rec.stderr_tail),
-                                           last_progress=_without_ring(exit_rec.last_progress))
-        rows.append(DigestedRank(rank=r, place=place, exit=exit_rec, progress=_without_ring(progress), ring=ring))
+            exit_rec = dataclasses.replace(
+                exit_rec,
+                stderr_tail=abridge_tail(exit_rec.stderr_tail),
+                last_progress=_without_ring(exit_rec.last_progress),
+            )
+        rows.append(
+            DigestedRank(
+                rank=r, place=place, exit=exit_rec, progress=_without_ring(progress), ring=ring
+            )
+        )
     if not rows:
-        return None, f"no digest: none of the {len(ranks)} listed ranks has a place record of its own on this node"
-    note = f"{len(rows)} rank(s) digested" + (f"; left to the controller: ranks {left[:20]}" if left else "")
-    return NodeDigest(job_id=folder.job_id, restart=restart, node=node, rings=tuple(rings.rings),
-                      ranks=tuple(rows), written_at=now), note
+        return (
+            None,
+            f"no digest: none of the {len(ranks)} listed ranks has a place record of its own on this node",
+        )
+    note = f"{len(rows)} rank(s) digested" + (
+        f"; left to the controller: ranks {left[:20]}" if left else ""
+    )
+    return NodeDigest(
+        job_id=folder.job_id,
+        restart=restart,
+        node=node,
+        rings=tuple(rings.rings),
+        ranks=tuple(rows),
+        written_at=now,
+    ), note
 
 
 # --------------------------------------------------------------------------------------------
 # The controller's side
 # --------------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class DigestsRead:
     places: dict[int, RankPlace]
     exits: dict[int, ExitRecord]
     snapshots: dict[int, ProgressSnapshot]
-    nodes: tuple[str, ...]          # whose digest was used
+    nodes: tuple[str, ...]  # whose digest was used
     problems: tuple[str, ...]
 
     @property
@@ -172,26 +236,37 @@ def _decode_digest(data: bytes, shown: str, interned: dict) -> NodeDigest:
     """A NodeDigest whose ranks' snapshots carry their rings again. Each distinct ring is built
     once for the whole job (`interned`, by its JSON text) and shared by every rank that ran it."""
     obj, _ = parse_json_unbounded(data, shown)
-    if type(obj) is not dict or obj.get(KIND_KEY) != NodeDigest.KIND or type(obj.get("rings")) is not list \
-            or type(obj.get("ranks")) is not list:
-        return record_from_obj(NodeDigest, obj, source=shown)    # refuses it, saying why
+    if (
+        type(obj) is not dict
+        or obj.get(KIND_KEY) != NodeDigest.KIND
+        or type(obj.get("rings")) is not list
+        or type(obj.get("ranks")) is not list
+    ):
+        return record_from_obj(NodeDigest, obj, source=shown)  # refuses it, saying why
     built = []
     for ring in obj["rings"]:
         key = json.dumps(ring, sort_keys=True, separators=(",", ":"))
         if key not in interned:
-            interned[key] = record_from_obj(NodeDigest, dict(obj, rings=[ring], ranks=[]), source=shown).rings[0]
+            interned[key] = record_from_obj(
+                NodeDigest, dict(obj, rings=[ring], ranks=[]), source=shown
+            ).rings[0]
         built.append(interned[key])
     for row in obj["ranks"]:
         if type(row) is not dict:
-            continue                       # the typed build below refuses it
+            continue  # the typed build below refuses it
         index = row.get("ring")
         if index == -1:
             continue
         if type(index) is not int or not 0 <= index < len(built):
-            raise EvidenceError(f"{shown}: rank {row.get('rank')!r} names ring {index!r} of {len(built)}; "
-                                "the digest is not read")
+            raise EvidenceError(
+                f"{shown}: rank {row.get('rank')!r} names ring {index!r} of {len(built)}; "
+                "the digest is not read"
+            )
         exit_obj = row.get("exit")
-        for snap in (exit_obj.get("last_progress") if type(exit_obj) is dict else None, row.get("progress")):
+        for snap in (
+            exit_obj.get("last_progress") if type(exit_obj) is dict else None,
+            row.get("progress"),
+        ):
             if type(snap) is dict and snap.get("recent") == []:
                 snap["recent"] = built[index]
     return record_from_obj(NodeDigest, dict(obj, rings=[]), source=shown)
@@ -210,13 +285,18 @@ def read_node_digests(folder: JobFolder, restart: int) -> DigestsRead:
         return DigestsRead.none()
     shown_dir = os.fspath(nodes_dir)
     try:
-        dir_fd = open_below(os.fspath(folder.root), [folder.cluster, str(folder.job_id), "nodes"], shown_dir, DIR_LIST)
+        dir_fd = open_below(
+            os.fspath(folder.root),
+            [folder.cluster, str(folder.job_id), "nodes"],
+            shown_dir,
+            DIR_LIST,
+        )
     except EvidenceError as exc:
         return DigestsRead.none(str(exc))
     name = f"ranks-{int(restart)}.json"
     interned: dict = {}
     claimed: dict[int, str] = {}
-    refused: set[int] = set()   # read from their files instead
+    refused: set[int] = set()  # read from their files instead
     try:
         with os.scandir(dir_fd) as entries:
             listing = sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
@@ -227,13 +307,17 @@ def read_node_digests(folder: JobFolder, restart: int) -> DigestsRead:
                 continue
             shown = os.path.join(shown_dir, node, name)
             try:
-                node_fd = os.open(node, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+                node_fd = os.open(
+                    node, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd
+                )
             except OSError:
                 continue
             try:
                 st = os.fstat(node_fd)
                 if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
-                    problems.append(f"{os.path.join(shown_dir, node)}: not root's folder; its digest is not read")
+                    problems.append(
+                        f"{os.path.join(shown_dir, node)}: not root's folder; its digest is not read"
+                    )
                     continue
                 try:
                     data = read_at(node_fd, name, shown, 64 * 1024 * 1024, owner=0)
@@ -249,20 +333,30 @@ def read_node_digests(folder: JobFolder, restart: int) -> DigestsRead:
                 problems.append(str(exc))
                 continue
             if (digest.job_id, digest.restart, digest.node) != (folder.job_id, restart, node):
-                problems.append(f"{shown}: names job {digest.job_id}, run {digest.restart}, node {digest.node!r}; "
-                                "not this job's: not read")
+                problems.append(
+                    f"{shown}: names job {digest.job_id}, run {digest.restart}, node {digest.node!r}; "
+                    "not this job's: not read"
+                )
                 continue
             taken = 0
             for row in digest.ranks:
                 r = row.rank
-                if (row.place.rank != r or row.place.node != node or not 0 <= r < MAX_WORLD
-                        or (row.exit is not None and row.exit.rank != r)
-                        or (row.progress is not None and row.progress.rank != r)):
-                    problems.append(f"{shown}: rank {r}'s records do not match it; its files are read instead")
+                if (
+                    row.place.rank != r
+                    or row.place.node != node
+                    or not 0 <= r < MAX_WORLD
+                    or (row.exit is not None and row.exit.rank != r)
+                    or (row.progress is not None and row.progress.rank != r)
+                ):
+                    problems.append(
+                        f"{shown}: rank {r}'s records do not match it; its files are read instead"
+                    )
                     refused.add(r)
                     continue
                 if r in claimed:
-                    problems.append(f"rank {r} is in the digests of {claimed[r]} and {node}: its files are read instead")
+                    problems.append(
+                        f"rank {r} is in the digests of {claimed[r]} and {node}: its files are read instead"
+                    )
                     refused.add(r)
                     continue
                 claimed[r] = node

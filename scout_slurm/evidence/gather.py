@@ -15,8 +15,14 @@ from pathlib import Path
 from scout_slurm.errors import EvidenceError
 from scout_slurm.evidence.digest import MAX_WORLD, DigestsRead, read_node_digests
 from scout_slurm.evidence.layout import JobFolder
-from scout_slurm.evidence.records import (ExitRecord, Finding, ProgressSnapshot, RankPlace, StallDecision,
-                                          VoteCoverage)
+from scout_slurm.evidence.records import (
+    ExitRecord,
+    Finding,
+    ProgressSnapshot,
+    RankPlace,
+    StallDecision,
+    VoteCoverage,
+)
 from scout_slurm.evidence.store import list_records, read_record
 from scout_slurm.localise.verdict import JobEvidence
 
@@ -42,8 +48,14 @@ def cycle_collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def gather_evidence(folder: JobFolder, restart: int, *, job_exit_code: int = -1,
-                    world_size: int | None = None, digests: bool = True) -> JobEvidence:
+def gather_evidence(
+    folder: JobFolder,
+    restart: int,
+    *,
+    job_exit_code: int = -1,
+    world_size: int | None = None,
+    digests: bool = True,
+) -> JobEvidence:
     """The run's evidence. With `digests`, the ranks that node Epilogs digested are read from one
     root-owned file a node (evidence/digest.py) and only the others' files are read; the result
     lists them in `abridged`. The process's cycle collector is left alone: a caller that owns the
@@ -81,12 +93,26 @@ def gather_evidence(folder: JobFolder, restart: int, *, job_exit_code: int = -1,
     # An exit record carries its watchdog's final snapshot, taken after the last one it published:
     # the published one is not read again (a third of the files and bytes at the end of a job).
     # Under torchrun the exit records are per task and every rank's published snapshot is read.
-    name = folder.progress_path(restart, 0).name.replace("0", "{}")   # rank-{}.json, from the layout
-    covered = frozenset() if torchrun else frozenset(
-        name.format(e.rank) for e in exits if e.last_progress is not None and 0 <= e.rank < MAX_WORLD)
-    snaps = [*dig.snapshots.values()] + ([] if whole else many(
-        folder.progress_dir(restart), "rank-*.json", ProgressSnapshot,
-        covered | frozenset(name.format(r) for r in digested)))
+    name = folder.progress_path(restart, 0).name.replace("0", "{}")  # rank-{}.json, from the layout
+    covered = (
+        frozenset()
+        if torchrun
+        else frozenset(
+            name.format(e.rank)
+            for e in exits
+            if e.last_progress is not None and 0 <= e.rank < MAX_WORLD
+        )
+    )
+    snaps = [*dig.snapshots.values()] + (
+        []
+        if whole
+        else many(
+            folder.progress_dir(restart),
+            "rank-*.json",
+            ProgressSnapshot,
+            covered | frozenset(name.format(r) for r in digested),
+        )
+    )
     findings = many(folder.findings_dir(restart), "*.json", Finding)
 
     def one(path: Path, cls):
@@ -103,29 +129,47 @@ def gather_evidence(folder: JobFolder, restart: int, *, job_exit_code: int = -1,
     coverage = one(folder.coverage_path(restart), VoteCoverage)
     if world_size is None:
         sizes = Counter(p.world_size for p in places if 0 < p.world_size <= MAX_WORLD)
-        world_size = sizes.most_common(1)[0][0] if sizes else max(
-            [r.rank + 1 for r in (*places, *exits) if 0 <= r.rank < MAX_WORLD] + [0])
+        world_size = (
+            sizes.most_common(1)[0][0]
+            if sizes
+            else max([r.rank + 1 for r in (*places, *exits) if 0 <= r.rank < MAX_WORLD] + [0])
+        )
         # under torchrun a task starts several ranks: the watchdogs' progress records are per rank
         if torchrun:
             world_size = max([world_size] + [s.rank + 1 for s in snaps if 0 <= s.rank < MAX_WORLD])
+
     def by_rank(records, what):
         out = {}
         for r in records:
             if not 0 <= r.rank < world_size:
-                problems.append(f"{what} for rank {r.rank} outside the world of {world_size}: ignored")
+                problems.append(
+                    f"{what} for rank {r.rank} outside the world of {world_size}: ignored"
+                )
                 continue
             out[r.rank] = r
         return out
+
     if torchrun:
         # place and exit records are per Slurm task; under torchrun the ranks are the workers',
         # known from the watchdogs' per-rank progress records only
-        problems.append("torchrun: ranks are placed by their progress records (one Slurm task per node)")
+        problems.append(
+            "torchrun: ranks are placed by their progress records (one Slurm task per node)"
+        )
         places, exits = [], []
-    return JobEvidence(job_id=folder.job_id, restart=restart, world_size=world_size,
-                       places=by_rank(places, "place"), exits=by_rank(exits, "exit record"),
-                       snapshots=by_rank(snaps, "progress"), findings=tuple(findings), decision=decision,
-                       job_exit_code=job_exit_code, problems=tuple(problems), coverage=coverage,
-                       abridged=frozenset() if torchrun else frozenset(r for r in digested if 0 <= r < world_size))
+    return JobEvidence(
+        job_id=folder.job_id,
+        restart=restart,
+        world_size=world_size,
+        places=by_rank(places, "place"),
+        exits=by_rank(exits, "exit record"),
+        snapshots=by_rank(snaps, "progress"),
+        findings=tuple(findings),
+        decision=decision,
+        job_exit_code=job_exit_code,
+        problems=tuple(problems),
+        coverage=coverage,
+        abridged=frozenset() if torchrun else frozenset(r for r in digested if 0 <= r < world_size),
+    )
 
 
 def with_full_records(ev: JobEvidence, folder: JobFolder, ranks) -> JobEvidence:
@@ -145,7 +189,9 @@ def with_full_records(ev: JobEvidence, folder: JobFolder, ranks) -> JobEvidence:
                     continue
                 exits[r] = e
             if r in snaps:
-                s = read_record(folder.progress_path(ev.restart, r), ProgressSnapshot, root=folder.root)
+                s = read_record(
+                    folder.progress_path(ev.restart, r), ProgressSnapshot, root=folder.root
+                )
                 if s.rank != r:
                     continue
                 snaps[r] = s

@@ -25,10 +25,10 @@ from scout_slurm.evidence.records import ChildState, ProgressSnapshot
 MAGIC = 0x49484353  # "SCHI"
 VERSION = 1
 SLOTS = 112
-MAX_SLOTS = 4096   # a reader never accepts a file claiming more
-_HEADER = struct.Struct("<IHHII")      # magic, version, slot size, slots, reserved
-_BODY = struct.Struct("<IBBHdqq")      # seq, state, flags, pending, wall, opt_steps, coll_completed
-_SLOT = struct.Struct("<IBBHdqqI")     # _BODY + crc32 of it
+MAX_SLOTS = 4096  # a reader never accepts a file claiming more
+_HEADER = struct.Struct("<IHHII")  # magic, version, slot size, slots, reserved
+_BODY = struct.Struct("<IBBHdqq")  # seq, state, flags, pending, wall, opt_steps, coll_completed
+_SLOT = struct.Struct("<IBBHdqqI")  # _BODY + crc32 of it
 MAX_BYTES = _HEADER.size + MAX_SLOTS * _SLOT.size
 _STATES = tuple(ChildState)
 _FLAG_IN_COLLECTIVE = 1
@@ -37,20 +37,25 @@ _FLAG_IN_COLLECTIVE = 1
 @dataclass(frozen=True)
 class ProgressSample:
     seq: int
-    at: float                # wall clock of the rank's node
+    at: float  # wall clock of the rank's node
     opt_steps: int
     coll_completed: int
-    coll_entered: int        # one more than completed while waiting inside a collective
+    coll_entered: int  # one more than completed while waiting inside a collective
     state: ChildState
     in_collective: bool
     schema_version: int = VERSION
 
 
 def sample_of(snap: ProgressSnapshot, seq: int) -> ProgressSample:
-    return ProgressSample(seq=seq, at=snap.published_at, opt_steps=snap.opt_steps,
-                          coll_completed=snap.coll_completed,
-                          coll_entered=max(snap.coll_entered, snap.coll_completed), state=snap.child_state,
-                          in_collective=snap.in_collective)
+    return ProgressSample(
+        seq=seq,
+        at=snap.published_at,
+        opt_steps=snap.opt_steps,
+        coll_completed=snap.coll_completed,
+        coll_entered=max(snap.coll_entered, snap.coll_completed),
+        state=snap.child_state,
+        in_collective=snap.in_collective,
+    )
 
 
 def encode_header(slots: int = SLOTS) -> bytes:
@@ -59,8 +64,15 @@ def encode_header(slots: int = SLOTS) -> bytes:
 
 def encode_slot(s: ProgressSample) -> bytes:
     pending = max(0, min(0xFFFF, s.coll_entered - s.coll_completed))
-    body = _BODY.pack(s.seq & 0xFFFFFFFF, _STATES.index(s.state), _FLAG_IN_COLLECTIVE if s.in_collective else 0, pending,
-                      float(s.at), _clamp64(s.opt_steps), _clamp64(s.coll_completed))
+    body = _BODY.pack(
+        s.seq & 0xFFFFFFFF,
+        _STATES.index(s.state),
+        _FLAG_IN_COLLECTIVE if s.in_collective else 0,
+        pending,
+        float(s.at),
+        _clamp64(s.opt_steps),
+        _clamp64(s.coll_completed),
+    )
     return body + struct.pack("<I", zlib.crc32(body))
 
 
@@ -72,7 +84,9 @@ def _clamp64(v: int) -> int:
     return max(-(2**63), min(2**63 - 1, int(v)))
 
 
-def decode_history(data: bytes, *, source: str = "history") -> tuple[tuple[ProgressSample, ...], list[str]]:
+def decode_history(
+    data: bytes, *, source: str = "history"
+) -> tuple[tuple[ProgressSample, ...], list[str]]:
     """The valid samples of a ring file, oldest first, and what was wrong with it (pure; the
     bytes come from the job and may be anything)."""
     if len(data) < _HEADER.size:
@@ -93,13 +107,23 @@ def decode_history(data: bytes, *, source: str = "history") -> tuple[tuple[Progr
         seq, state, flags, pending, at, steps, done, crc = _SLOT.unpack_from(data, off)
         if seq == 0:
             continue
-        if (zlib.crc32(data[off:off + _BODY.size]) != crc or state >= len(_STATES) or not math.isfinite(at)
-                or slot_offset(seq, slots) != off):
+        if (
+            zlib.crc32(data[off : off + _BODY.size]) != crc
+            or state >= len(_STATES)
+            or not math.isfinite(at)
+            or slot_offset(seq, slots) != off
+        ):
             bad += 1
             continue
-        out[seq] = ProgressSample(seq=seq, at=at, opt_steps=steps, coll_completed=done,
-                                  coll_entered=done + pending, state=_STATES[state],
-                                  in_collective=bool(flags & _FLAG_IN_COLLECTIVE))
+        out[seq] = ProgressSample(
+            seq=seq,
+            at=at,
+            opt_steps=steps,
+            coll_completed=done,
+            coll_entered=done + pending,
+            state=_STATES[state],
+            in_collective=bool(flags & _FLAG_IN_COLLECTIVE),
+        )
     problems = [f"{source}: {bad} damaged sample(s) dropped"] if bad else []
     return tuple(out[k] for k in sorted(out)), problems
 
@@ -114,12 +138,18 @@ class HistoryWriter:
         self.seq = 0
         self.fd: int | None = None
         self.opened_once = False
-        self.failing = False     # the caller's note: the last append failed
+        self.failing = False  # the caller's note: the last append failed
 
     def append(self, snap: ProgressSnapshot) -> None:
         """Raises OSError when the file cannot be written; the caller decides how loud to be."""
         if self.fd is None:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (0 if self.opened_once else os.O_TRUNC)
+            flags = (
+                os.O_WRONLY
+                | os.O_CREAT
+                | os.O_NOFOLLOW
+                | os.O_CLOEXEC
+                | (0 if self.opened_once else os.O_TRUNC)
+            )
             self.fd = os.open(self.path, flags, 0o644)
             self.opened_once = True
             try:
@@ -129,7 +159,9 @@ class HistoryWriter:
                 raise
         self.seq += 1
         try:
-            os.pwrite(self.fd, encode_slot(sample_of(snap, self.seq)), slot_offset(self.seq, self.slots))
+            os.pwrite(
+                self.fd, encode_slot(sample_of(snap, self.seq)), slot_offset(self.seq, self.slots)
+            )
         except OSError:
             self.close()  # reopened on the next sample: the storage may come back
             raise

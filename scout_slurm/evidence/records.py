@@ -13,49 +13,53 @@ from typing import ClassVar
 
 class ChildState(str, enum.Enum):
     STARTING = "starting"
-    RUNNING = "running"          # R or S, advancing or not
-    STOPPED = "stopped"          # T: SIGSTOP
-    DISK_SLEEP = "disk_sleep"    # D: uninterruptible sleep
+    RUNNING = "running"  # R or S, advancing or not
+    STOPPED = "stopped"  # T: SIGSTOP
+    DISK_SLEEP = "disk_sleep"  # D: uninterruptible sleep
     EXITED = "exited"
 
 
 class FindingKind(str, enum.Enum):
-    STALL_SUSPECT = "stall_suspect"   # this rank stopped advancing
-    HANG = "hang"                     # agreed: this rank is behind the others
-    DESYNC = "desync"                 # this rank's collective sequence differs from the majority
-    CRASH = "crash"                   # the process exited abnormally
-    SDC = "sdc"                       # numbers differ from the replicas' majority
+    STALL_SUSPECT = "stall_suspect"  # this rank stopped advancing
+    HANG = "hang"  # agreed: this rank is behind the others
+    DESYNC = "desync"  # this rank's collective sequence differs from the majority
+    CRASH = "crash"  # the process exited abnormally
+    SDC = "sdc"  # numbers differ from the replicas' majority
     STRAGGLER = "straggler"
     INFO = "info"
     # Kinds for what an INFO finding said in words (the bootstrap writes these; readers also accept
     # the words of older records: `is_fault_injection`, `is_no_majority`).
-    NO_MAJORITY = "no_majority"       # replicas disagreed with no strict majority: nobody is named
-    FAULT_INJECTED = "fault_injected"  # the bootstrap injected a test fault (lab, acceptance, benchmarks)
-    CHECK_OFF = "check_off"           # one of scout's checks failed inside scout and was switched off (bootstrap.guard)
+    NO_MAJORITY = "no_majority"  # replicas disagreed with no strict majority: nobody is named
+    FAULT_INJECTED = (
+        "fault_injected"  # the bootstrap injected a test fault (lab, acceptance, benchmarks)
+    )
+    CHECK_OFF = "check_off"  # one of scout's checks failed inside scout and was switched off (bootstrap.guard)
 
 
 class FindingComponent(str, enum.Enum):
     """What a finding is about (`Finding.component`, kept a string on disk: "" when none)."""
+
     WEIGHTS = "weights"
     OPTIMIZER = "optimizer"
-    COMPUTE = "compute"               # in-situ replay, a non-finite loss, a compute straggler
-    COMMUNICATION = "communication"   # a communication straggler
-    TIMING = "timing"                 # a timing vote's own note
-    RESUME = "resume"                 # the restored state against its checkpoint record
+    COMPUTE = "compute"  # in-situ replay, a non-finite loss, a compute straggler
+    COMMUNICATION = "communication"  # a communication straggler
+    TIMING = "timing"  # a timing vote's own note
+    RESUME = "resume"  # the restored state against its checkpoint record
 
 
 class ResumeOutcome(str, enum.Enum):
     """What a resume finding says of the restored state."""
+
     VERIFIED = "verified"
     MISMATCH = "mismatch"
-    OTHER = "other"                   # not checked, or not loaded: said in its summary
+    OTHER = "other"  # not checked, or not loaded: said in its summary
 
 
 # The words older writers put in INFO findings, read in this one place only.
-INJECTED_SUMMARY = "fault injected"          # bootstrap/patches.py: f"fault injected: {fault.kind}"
-NO_MAJORITY_WORD = "inconclusive"            # bootstrap/consensus.py, replay.py: "...: inconclusive: ..."
-RESUME_MISMATCH_WORD = "MISMATCH"            # bootstrap/ckptstate.py: "RESUME MISMATCH: rank ..."
-RESUME_VERIFIED_WORDS = "resume verified"    # bootstrap/ckptstate.py: "resume verified: rank ..."
+INJECTED_SUMMARY = "fault injected"  # bootstrap/patches.py: f"fault injected: {fault.kind}"
+NO_MAJORITY_WORD = "inconclusive"  # bootstrap/consensus.py, replay.py: "...: inconclusive: ..."
+RESUME_MISMATCH_WORD = "MISMATCH"  # bootstrap/ckptstate.py: "RESUME MISMATCH: rank ..."
+RESUME_VERIFIED_WORDS = "resume verified"  # bootstrap/ckptstate.py: "resume verified: rank ..."
 
 
 def resume_outcome(summary: str) -> ResumeOutcome:
@@ -69,12 +73,13 @@ def resume_outcome(summary: str) -> ResumeOutcome:
 
 class VoteOutcome(str, enum.Enum):
     """What one vote among ranks decided (state and replay votes, the non-finite vote, timing spreads)."""
-    AGREE = "agree"                   # every replica gave the same value
-    SDC = "sdc"                       # a strict minority of replicas differs: named
-    NAMED = "named"                   # a strict minority stands out (non-finite onset, timing spread): named
-    NONE = "none"                     # nothing to decide (no rank non-finite)
-    CLEAN = "clean"                   # no rank stands out (timing)
-    INCONCLUSIVE = "inconclusive"     # a difference with no strict majority: nobody is named
+
+    AGREE = "agree"  # every replica gave the same value
+    SDC = "sdc"  # a strict minority of replicas differs: named
+    NAMED = "named"  # a strict minority stands out (non-finite onset, timing spread): named
+    NONE = "none"  # nothing to decide (no rank non-finite)
+    CLEAN = "clean"  # no rank stands out (timing)
+    INCONCLUSIVE = "inconclusive"  # a difference with no strict majority: nobody is named
 
 
 class VerdictKind(str, enum.Enum):
@@ -92,12 +97,12 @@ class VerdictKind(str, enum.Enum):
 
 @dataclass(frozen=True)
 class CollectiveEntry:
-    seq: int          # scout's own count of collectives this rank entered (1-based)
-    op: str           # all_reduce, broadcast, ddp_bucket_all_reduce, ...
+    seq: int  # scout's own count of collectives this rank entered (1-based)
+    op: str  # all_reduce, broadcast, ddp_bucket_all_reduce, ...
     nbytes: int
     group_size: int
-    entered_ns: int   # CLOCK_MONOTONIC on the rank's node
-    left_ns: int      # 0 while still inside
+    entered_ns: int  # CLOCK_MONOTONIC on the rank's node
+    left_ns: int  # 0 while still inside
 
 
 @dataclass(frozen=True)
@@ -118,32 +123,33 @@ class RankPlace:
     master_addr: str
     master_port: int
     started_at: float
-    step_offset: int = 0           # the step this run resumed from: progress counts from here
-    launcher: str = ""             # "torchrun" when the task starts several ranks itself
+    step_offset: int = 0  # the step this run resumed from: progress counts from here
+    launcher: str = ""  # "torchrun" when the task starts several ranks itself
     schema_version: int = 1
 
 
 @dataclass(frozen=True)
 class ProgressSnapshot:
     """What a watchdog publishes about its rank, read by every other watchdog and the localiser."""
+
     KIND: ClassVar[str] = "progress"
     rank: int
     node: str
     pid: int
-    published_at: float            # wall clock of the publishing node
+    published_at: float  # wall clock of the publishing node
     child_state: ChildState
     coll_entered: int
     coll_completed: int
     in_collective: bool
     current_op: str
     opt_steps: int
-    pg_seq: int                    # torch's own counter on the default group, -1 if unknown
-    idle_s: float                  # seconds since the record last advanced (monotonic, local)
-    step_time_s: float             # observed typical time between advances, 0 if unknown
+    pg_seq: int  # torch's own counter on the default group, -1 if unknown
+    idle_s: float  # seconds since the record last advanced (monotonic, local)
+    step_time_s: float  # observed typical time between advances, 0 if unknown
     recent: tuple[CollectiveEntry, ...] = ()
     bootstrap_active: bool = True
-    publish_seq: int = 0           # increases with every publication: liveness without clocks
-    threshold_s: float = 0.0       # the stall threshold this watchdog applies now
+    publish_seq: int = 0  # increases with every publication: liveness without clocks
+    threshold_s: float = 0.0  # the stall threshold this watchdog applies now
     schema_version: int = 1
     # the process called init_process_group (waits at its rendezvous, or is past it); a snapshot
     # without the field comes from a watchdog that ordered ranks by progress alone: read as True
@@ -156,11 +162,12 @@ class RendezvousMark:
     init_process_group (rendezvous-step-S.json), or the job's first collective
     (first-collective-step-S.json): from then on a rank of that step not there is on the start-up
     clock (task/stallclock.py). Its presence is what counts; the fields say who and when."""
+
     KIND: ClassVar[str] = "rendezvous"
     rank: int
     node: str
     step_id: int
-    at: float                      # wall clock of the writing node
+    at: float  # wall clock of the writing node
     schema_version: int = 1
 
 
@@ -170,14 +177,16 @@ class ExitRecord:
     rank: int
     node: str
     pid: int
-    exit_code: int                 # -1 when killed by a signal
-    signal: int                    # 0 when it exited normally
+    exit_code: int  # -1 when killed by a signal
+    signal: int  # 0 when it exited normally
     core_dumped: bool
-    at: float                      # wall clock
-    killed_by_scout: bool          # the watchdog ended it after a stall decision
+    at: float  # wall clock
+    killed_by_scout: bool  # the watchdog ended it after a stall decision
     last_progress: ProgressSnapshot | None
     stderr_tail: tuple[str, ...] = ()
-    external_termination: bool = False   # the shim itself was signalled (scancel, srun, node shutdown)
+    external_termination: bool = (
+        False  # the shim itself was signalled (scancel, srun, node shutdown)
+    )
     # the final "Type: message" line of the last Python traceback in the child's stderr, printed
     # before scout or anyone signalled it ("" when none), and the rank's progress position
     # (collectives entered + completed) when it was printed, -1 unknown: whole even in a digest
@@ -192,6 +201,7 @@ class NodeTasks:
     local rank 0 from SLURM_GTIDS, so that the node Epilog knows which records are its node's
     without listing the whole job's. The job's file: the Epilog checks every rank against its
     place record."""
+
     KIND: ClassVar[str] = "node-tasks"
     job_id: int
     restart: int
@@ -205,10 +215,13 @@ class DigestedRank:
     """One rank's records as its node's Epilog read them, abridged for the controller: the exit
     record's stderr tail keeps its last 3 lines and the last line naming a peer's failure, and the
     final snapshot's collectives are in the digest's `rings` (index `ring`), without their times."""
+
     rank: int
     place: RankPlace
     exit: ExitRecord | None
-    progress: ProgressSnapshot | None   # the published snapshot, only when the exit record carries none
+    progress: (
+        ProgressSnapshot | None
+    )  # the published snapshot, only when the exit record carries none
     ring: int = -1
 
 
@@ -217,6 +230,7 @@ class NodeDigest:
     """`nodes/<node>/ranks-<restart>.json`, written by the node Epilog (root): what the controller
     reads instead of three files a rank. Ranks whose records did not check out are left out, and
     the controller reads their files itself."""
+
     KIND: ClassVar[str] = "node-digest"
     job_id: int
     restart: int
@@ -237,25 +251,29 @@ class Finding:
     summary: str
     details: tuple[str, ...] = ()
     step: int = -1
-    since_step: int = -1           # the earliest step the problem may have begun (SDC: last clean vote + 1)
-    component: str = ""            # SDC: what was found wrong: "weights", "optimizer" or "compute" (replay)
+    since_step: int = -1  # the earliest step the problem may have begun (SDC: last clean vote + 1)
+    component: str = ""  # SDC: what was found wrong: "weights", "optimizer" or "compute" (replay)
     schema_version: int = 1
 
 
 def is_fault_injection(f: Finding) -> bool:
     """The bootstrap's note that it injected a test fault (its time is the fault's)."""
-    return f.kind == FindingKind.FAULT_INJECTED or (f.kind == FindingKind.INFO and f.summary.startswith(INJECTED_SUMMARY))
+    return f.kind == FindingKind.FAULT_INJECTED or (
+        f.kind == FindingKind.INFO and f.summary.startswith(INJECTED_SUMMARY)
+    )
 
 
 def is_no_majority(f: Finding) -> bool:
     """A vote of replicas (state, replay, timing) that found no strict majority: nobody is named."""
-    return f.kind == FindingKind.NO_MAJORITY or (f.kind == FindingKind.INFO and bool(f.component)
-                                                 and NO_MAJORITY_WORD in f.summary)
+    return f.kind == FindingKind.NO_MAJORITY or (
+        f.kind == FindingKind.INFO and bool(f.component) and NO_MAJORITY_WORD in f.summary
+    )
 
 
 @dataclass(frozen=True)
 class StallDecision:
     """Written once (exclusive create) by the first watchdog that decides; the others adopt it."""
+
     KIND: ClassVar[str] = "stall-decision"
     decided_by: int
     at: float
@@ -263,7 +281,7 @@ class StallDecision:
     kind: FindingKind
     reasoning: tuple[str, ...]
     schema_version: int = 1
-    phase: str = "training"   # "startup": no rank had advanced training yet (a startup hang)
+    phase: str = "training"  # "startup": no rank had advanced training yet (a startup hang)
 
 
 @dataclass(frozen=True)
@@ -279,23 +297,28 @@ class Suspect:
 class VoteCoverage:
     """Written by the lowest rank after every round of scout's checks in a run (runs/N/votes.json):
     which checks ran and how far they saw the run sound. Verdicts and checkpoint records quote it."""
+
     KIND: ClassVar[str] = "vote-coverage"
     restart: int
-    votes: int                     # state votes among replicas (the end-of-training one included)
-    last_clean_step: int           # the last step at which every replica's state agreed (-1: none)
+    votes: int  # state votes among replicas (the end-of-training one included)
+    last_clean_step: int  # the last step at which every replica's state agreed (-1: none)
     last_vote_step: int
     replay_rounds: int | None = None  # in-situ replay rounds run so far (None: replay off)
-    replay_failed_rounds: int = 0     # of those, rounds where some rank could not recompute (no vote)
-    timing_rounds: int = 0            # timing votes (stragglers)
-    votes_every: int = 0              # K of each check as the run had it (0: off)
+    replay_failed_rounds: int = 0  # of those, rounds where some rank could not recompute (no vote)
+    timing_rounds: int = 0  # timing votes (stragglers)
+    votes_every: int = 0  # K of each check as the run had it (0: off)
     replay_every: int = 0
     timing_every: int = 0
-    steps: int = -1                   # the last optimizer step this run completed (counted from training's start)
-    final_vote: str = ""              # the end-of-training vote: "" not reached, else what it did
-    replicas: int = 0                 # the largest replica group the votes compared (1: none to compare; 0: unknown)
+    steps: int = -1  # the last optimizer step this run completed (counted from training's start)
+    final_vote: str = ""  # the end-of-training vote: "" not reached, else what it did
+    replicas: int = (
+        0  # the largest replica group the votes compared (1: none to compare; 0: unknown)
+    )
     update_rounds: int | None = None  # optimizer update replays so far (None: off or not needed)
-    at_rest_windows: int | None = None  # at-rest witness windows so far (None: off, or a record from before it)
-    at_rest_stopped: str = ""           # why the witness stopped during the run ("": it ran on)
+    at_rest_windows: int | None = (
+        None  # at-rest witness windows so far (None: off, or a record from before it)
+    )
+    at_rest_stopped: str = ""  # why the witness stopped during the run ("": it ran on)
     # scout's checks the guard switched off on the lowest rank ("check: why": a failure of scout's own
     # code, or an exchange with the other ranks that failed)
     checks_off: tuple[str, ...] = ()
@@ -304,17 +327,25 @@ class VoteCoverage:
 
     @property
     def checks_ran(self) -> bool:
-        return (self.votes > 0 and self.replicas != 1) \
-            or bool(self.replay_rounds and self.replay_rounds > self.replay_failed_rounds) or self.timing_rounds > 0 \
+        return (
+            (self.votes > 0 and self.replicas != 1)
+            or bool(self.replay_rounds and self.replay_rounds > self.replay_failed_rounds)
+            or self.timing_rounds > 0
             or bool(self.update_rounds)
+        )
 
     def lines(self) -> tuple[str, ...]:
         """What ran, in words (one line per kind of check)."""
-        every = (lambda k: f"every {k} steps" if k > 0 else "off")
-        votes = (f"state votes ({every(self.votes_every)}): {self.votes}"
-                 + (f", the last at step {self.last_vote_step}" if self.votes else "")
-                 + (f", every replica agreed up to step {self.last_clean_step}" if self.last_clean_step >= 0 else
-                    (", no vote with replicas agreeing" if self.votes else "")))
+        every = lambda k: f"every {k} steps" if k > 0 else "off"
+        votes = (
+            f"state votes ({every(self.votes_every)}): {self.votes}"
+            + (f", the last at step {self.last_vote_step}" if self.votes else "")
+            + (
+                f", every replica agreed up to step {self.last_clean_step}"
+                if self.last_clean_step >= 0
+                else (", no vote with replicas agreeing" if self.votes else "")
+            )
+        )
         if self.votes and self.replicas == 1:
             votes += " (no replicas to compare: every rank holds a state of its own, so nothing was compared)"
         out = [votes]
@@ -323,17 +354,29 @@ class VoteCoverage:
         if self.replay_rounds is None:
             out.append("in-situ replay: off")
         else:
-            out.append(f"in-situ replay ({every(self.replay_every)}): {self.replay_rounds} rounds"
-                       + (f", {self.replay_failed_rounds} without a vote (a rank could not recompute)"
-                          if self.replay_failed_rounds else ""))
+            out.append(
+                f"in-situ replay ({every(self.replay_every)}): {self.replay_rounds} rounds"
+                + (
+                    f", {self.replay_failed_rounds} without a vote (a rank could not recompute)"
+                    if self.replay_failed_rounds
+                    else ""
+                )
+            )
         if self.update_rounds is not None:
-            out.append(f"optimizer update replay ({every(self.votes_every)}): {self.update_rounds} rounds")
+            out.append(
+                f"optimizer update replay ({every(self.votes_every)}): {self.update_rounds} rounds"
+            )
         if self.at_rest_windows is not None:
             windows = f"{self.at_rest_windows} window{'' if self.at_rest_windows == 1 else 's'}"
-            out.append(f"at-rest witness ({every(self.votes_every)}): {windows}"
-                       + (f", then stopped: {self.at_rest_stopped}" if self.at_rest_stopped else ""))
+            out.append(
+                f"at-rest witness ({every(self.votes_every)}): {windows}"
+                + (f", then stopped: {self.at_rest_stopped}" if self.at_rest_stopped else "")
+            )
         out.append(f"timing votes ({every(self.timing_every)}): {self.timing_rounds} rounds")
-        out += [f"stopped during the run (scout's guard switched it off): {off}" for off in self.checks_off]
+        out += [
+            f"stopped during the run (scout's guard switched it off): {off}"
+            for off in self.checks_off
+        ]
         if self.steps >= 0:
             out.append(f"optimizer steps in this run: up to step {self.steps}")
         return tuple(out)
@@ -345,14 +388,17 @@ class ScoutCost:
     measured there (bootstrap/selfcost.py) and rewritten every 100 steps and at the end: CPU of the
     optimizer hooks (votes, replay, timing, checkpoint records, the coverage record) and of scout's
     collective wrappers and progress record."""
+
     KIND: ClassVar[str] = "scout-cost"
     rank: int
     restart: int
-    steps: int                 # optimizer steps measured: those after the first (its set-up is not a step's cost)
-    hooks_cpu_ns: int          # CPU of the calling thread inside scout's optimizer hooks over those steps
-    wrapper_ns: int            # the same inside scout's collective wrappers (sampled; the collectives excluded)
-    wrapper_calls: int         # collectives recorded over those steps
-    step_wall_ns: int          # wall time of those steps (from the end of the first to the end of the last)
+    steps: int  # optimizer steps measured: those after the first (its set-up is not a step's cost)
+    hooks_cpu_ns: int  # CPU of the calling thread inside scout's optimizer hooks over those steps
+    wrapper_ns: (
+        int  # the same inside scout's collective wrappers (sampled; the collectives excluded)
+    )
+    wrapper_calls: int  # collectives recorded over those steps
+    step_wall_ns: int  # wall time of those steps (from the end of the first to the end of the last)
     comm_thread_calls: int = 0  # times scout's Python ran on gloo's threads (over the whole run; each takes the GIL there)
     schema_version: int = 1
 
@@ -377,8 +423,8 @@ class Verdict:
     suspects: tuple[Suspect, ...]
     confidence: float
     reasoning: tuple[str, ...]
-    first_failure_at: float        # wall clock, 0 when unknown
-    first_suspect_step: int        # -1 when unknown
+    first_failure_at: float  # wall clock, 0 when unknown
+    first_suspect_step: int  # -1 when unknown
     world_size: int
     created_at: float
     # which of scout's checks ran in the run (None: no record of any, e.g. an older job or votes off)

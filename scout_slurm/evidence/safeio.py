@@ -43,8 +43,9 @@ def _fault(fail_at: str | None, step: str) -> None:
         raise OSError(errno.EIO, f"injected failure at {step}")
 
 
-def atomic_write_bytes(path: Path, data: bytes, *, mode: int = 0o644,
-                       _fail_at: str | None = None) -> None:
+def atomic_write_bytes(
+    path: Path, data: bytes, *, mode: int = 0o644, _fail_at: str | None = None
+) -> None:
     """Replace `path` by `data` so that a reader sees the old or the new content, never a part:
     temp file in the same directory, fsync, rename over, fsync the directory."""
     if _fail_at is not None and _fail_at not in _WRITE_STEPS:
@@ -64,8 +65,9 @@ def atomic_write_bytes(path: Path, data: bytes, *, mode: int = 0o644,
             _fault(_fail_at, "fsync_dir")
             os.fsync(dir_fd)
         except OSError as e:
-            raise EvidenceError(f"wrote {shown} but could not make the rename durable: "
-                                f"{e.strerror or e}{_hint(e)}") from e
+            raise EvidenceError(
+                f"wrote {shown} but could not make the rename durable: {e.strerror or e}{_hint(e)}"
+            ) from e
     except OSError as e:
         raise _write_error(shown, e) from e
     finally:
@@ -99,8 +101,10 @@ def _open_parent_for_write(shown: str) -> tuple[int, str]:
     try:
         return os.open(head or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), name
     except FileNotFoundError:
-        raise EvidenceMissing(f"cannot write {shown}: directory {head or '.'} does not exist; "
-                              "create the evidence folder first") from None
+        raise EvidenceMissing(
+            f"cannot write {shown}: directory {head or '.'} does not exist; "
+            "create the evidence folder first"
+        ) from None
     except OSError as e:
         raise _write_error(shown, e) from e
 
@@ -135,7 +139,7 @@ def _write_temp(dir_fd: int, name: str, data: bytes, mode: int, fail_at: str | N
                 os.write(fd, view[: len(view) // 2])
                 _fault(fail_at, "write")
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             _fault(fail_at, "chmod")
             os.fchmod(fd, mode)
             _fault(fail_at, "fsync")
@@ -215,6 +219,7 @@ DIR_PATH = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
 DIR_LIST = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 FILE_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 
+
 def split_under(path: str, root: str | os.PathLike | None, shown: str) -> tuple[str, list[str]]:
     """(trusted base directory, components below it) for `path`. With a root, every component
     below the root is untrusted; without, only the last."""
@@ -254,8 +259,9 @@ def open_below(base: str, parts: list[str], shown: str, final_flags: int) -> int
     return fd
 
 
-def _refusal(e: OSError, dir_fd: int, name: str, shown: str, where: str,
-             *, want_dir: bool) -> EvidenceError:
+def _refusal(
+    e: OSError, dir_fd: int, name: str, shown: str, where: str, *, want_dir: bool
+) -> EvidenceError:
     subject = f"{shown}:" if where == shown else f"{shown}: component {where}"
     if isinstance(e, FileNotFoundError):
         return EvidenceMissing(f"{subject} does not exist")
@@ -273,7 +279,9 @@ def _refusal(e: OSError, dir_fd: int, name: str, shown: str, where: str,
 
 def _check_file(st: os.stat_result, shown: str, max_bytes: int) -> None:
     if not stat.S_ISREG(st.st_mode):
-        raise EvidenceError(f"{shown}: {file_type_words(st.st_mode)}, not a regular file; {_PLANTED}")
+        raise EvidenceError(
+            f"{shown}: {file_type_words(st.st_mode)}, not a regular file; {_PLANTED}"
+        )
     if st.st_nlink != 1:
         # A job could hard-link a file it may not read into its own folder for root to read.
         raise EvidenceError(f"{shown}: has {st.st_nlink} hard links; {_PLANTED}")
@@ -281,8 +289,15 @@ def _check_file(st: os.stat_result, shown: str, max_bytes: int) -> None:
         raise EvidenceError(f"{shown}: is {st.st_size} bytes, limit {max_bytes}; {_CORRUPT}")
 
 
-def read_at(dir_fd: int, name: str, shown: str, max_bytes: int, *, listed_regular: bool = False,
-             owner: int | None = None) -> bytes:
+def read_at(
+    dir_fd: int,
+    name: str,
+    shown: str,
+    max_bytes: int,
+    *,
+    listed_regular: bool = False,
+    owner: int | None = None,
+) -> bytes:
     """The bytes of regular, singly linked file `name` in `dir_fd`, at most `max_bytes`, without
     following a link or blocking on a FIFO; `shown` names it in errors."""
     # lstat first so that a device node or FIFO is never even opened (opening some devices has
@@ -321,13 +336,19 @@ def read_at(dir_fd: int, name: str, shown: str, max_bytes: int, *, listed_regula
     finally:
         os.close(fd)
     if total > max_bytes:
-        raise EvidenceError(f"{shown}: grew past the limit of {max_bytes} bytes while being read; "
-                            f"{_CORRUPT}")
+        raise EvidenceError(
+            f"{shown}: grew past the limit of {max_bytes} bytes while being read; {_CORRUPT}"
+        )
     return b"".join(chunks)
 
 
-def safe_read_bytes(path: Path, *, max_bytes: int = MAX_RECORD_BYTES,
-                    root: Path | None = None, owner: int | None = None) -> bytes:
+def safe_read_bytes(
+    path: Path,
+    *,
+    max_bytes: int = MAX_RECORD_BYTES,
+    root: Path | None = None,
+    owner: int | None = None,
+) -> bytes:
     """The bytes of a regular, singly linked file of at most `max_bytes`. With `root`, no
     component from `root` down to the file may be a symbolic link; without, only the file's
     own name is checked (its directories are trusted). With `owner`, the file must belong to
@@ -387,17 +408,20 @@ def ensure_dir(parent_fd: int, name: str, owner: Owner, shown: Path) -> int:
         except OSError:
             mode = 0
         if stat.S_ISLNK(mode):
-            raise UnsafeFolder(f"{shown} is a symbolic link; refusing to follow it (who planted it?); "
-                               f"remove it") from None
+            raise UnsafeFolder(
+                f"{shown} is a symbolic link; refusing to follow it (who planted it?); remove it"
+            ) from None
         if mode and not stat.S_ISDIR(mode):
             raise UnsafeFolder(f"{shown} exists and is not a directory; remove it") from None
         raise UnsafeFolder(f"{shown}: cannot open: {exc.strerror or exc}") from None
     try:
         st = os.fstat(fd)
         if st.st_uid not in (owner.uid, 0):
-            raise UnsafeFolder(f"{shown} is owned by {_describe_owner(st.st_uid)}, expected "
-                               f"{_describe_owner(owner.uid)}; refusing to use it (root-squashed NFS? "
-                               f"export the evidence root with no_root_squash)")
+            raise UnsafeFolder(
+                f"{shown} is owned by {_describe_owner(st.st_uid)}, expected "
+                f"{_describe_owner(owner.uid)}; refusing to use it (root-squashed NFS? "
+                f"export the evidence root with no_root_squash)"
+            )
         handed = st.st_uid == 0 and (st.st_uid, st.st_gid) != (owner.uid, owner.gid)
         if handed:
             os.fchown(fd, owner.uid, owner.gid)

@@ -14,19 +14,54 @@ from pathlib import Path
 from typing import Any
 
 from scout_slurm.errors import EvidenceError
-from scout_slurm.evidence.codec import (KIND_KEY, MAX_JSON_DEPTH, R, decode_record, record_from_obj,  # noqa: F401
-                                        record_to_bytes, record_to_obj)
-from scout_slurm.evidence.safeio import (DIR_LIST, MAX_RECORD_BYTES, PLANTED_ADVICE, EvidenceMissing,  # noqa: F401
-                                         atomic_write_bytes, create_exclusive, open_below, read_at,
-                                         safe_read_bytes)
+from scout_slurm.evidence.codec import (
+    KIND_KEY,
+    MAX_JSON_DEPTH,
+    R,
+    decode_record,
+    record_from_obj,  # noqa: F401
+    record_to_bytes,
+    record_to_obj,
+)
+from scout_slurm.evidence.safeio import (
+    DIR_LIST,
+    MAX_RECORD_BYTES,
+    PLANTED_ADVICE,
+    EvidenceMissing,  # noqa: F401
+    atomic_write_bytes,
+    create_exclusive,
+    open_below,
+    read_at,
+    safe_read_bytes,
+)
 
-__all__ = ["KIND_KEY", "MAX_JSON_DEPTH", "MAX_RECORD_BYTES", "EvidenceMissing", "atomic_write_bytes",
-           "create_record_exclusive", "decode_record", "list_named_records", "list_records", "read_record",
-           "record_from_obj", "record_to_bytes", "record_to_obj", "safe_read_bytes", "write_record"]
+__all__ = [
+    "KIND_KEY",
+    "MAX_JSON_DEPTH",
+    "MAX_RECORD_BYTES",
+    "EvidenceMissing",
+    "atomic_write_bytes",
+    "create_record_exclusive",
+    "decode_record",
+    "list_named_records",
+    "list_records",
+    "read_record",
+    "record_from_obj",
+    "record_to_bytes",
+    "record_to_obj",
+    "safe_read_bytes",
+    "write_record",
+]
 
 
-def read_record(path: Path, cls: type[R], *, max_bytes: int = MAX_RECORD_BYTES,
-                root: Path | None = None, owner: int | None = None) -> R:
+def read_record(
+    path: Path,
+    cls: type[R],
+    *,
+    max_bytes: int = MAX_RECORD_BYTES,
+    root: Path | None = None,
+    owner: int | None = None,
+) -> R:
     data = safe_read_bytes(path, max_bytes=max_bytes, root=root, owner=owner)
     return decode_record(data, cls, source=os.fspath(path))
 
@@ -70,22 +105,43 @@ def sorted_natural(names: list[str]) -> list[str]:
     return [names[i] for i in order]
 
 
-def list_records(directory: Path, pattern: str, cls: type[R], *, root: Path | None = None,
-                 max_files: int = 100_000, max_bytes: int = MAX_RECORD_BYTES,
-                 exclude: typing.Container[str] = frozenset()) -> tuple[list[R], list[str]]:
+def list_records(
+    directory: Path,
+    pattern: str,
+    cls: type[R],
+    *,
+    root: Path | None = None,
+    max_files: int = 100_000,
+    max_bytes: int = MAX_RECORD_BYTES,
+    exclude: typing.Container[str] = frozenset(),
+) -> tuple[list[R], list[str]]:
     """Every record in `directory` (not below) whose name matches the glob `pattern`, in
     natural name order (rank-2 before rank-10), and one error line per file that could not be
     used. Names starting with "." (temporary files of writers) match only a pattern that
     does; names in `exclude` are not read. Raises EvidenceError only when the directory itself
     is missing or unsafe."""
-    named, errors = list_named_records(directory, pattern, cls, root=root, max_files=max_files,
-                                       max_bytes=max_bytes, exclude=exclude)
+    named, errors = list_named_records(
+        directory,
+        pattern,
+        cls,
+        root=root,
+        max_files=max_files,
+        max_bytes=max_bytes,
+        exclude=exclude,
+    )
     return [record for _, record in named], errors
 
 
-def list_named_records(directory: Path, pattern: str, cls: type[R], *, root: Path | None = None,
-                       max_files: int = 100_000, max_bytes: int = MAX_RECORD_BYTES,
-                       exclude: typing.Container[str] = frozenset()) -> tuple[list[tuple[str, R]], list[str]]:
+def list_named_records(
+    directory: Path,
+    pattern: str,
+    cls: type[R],
+    *,
+    root: Path | None = None,
+    max_files: int = 100_000,
+    max_bytes: int = MAX_RECORD_BYTES,
+    exclude: typing.Container[str] = frozenset(),
+) -> tuple[list[tuple[str, R]], list[str]]:
     """`list_records`, each record with its file name (a result recorded about a file names it)."""
     shown_dir = os.fspath(directory)
     if root is None:
@@ -97,7 +153,9 @@ def list_named_records(directory: Path, pattern: str, cls: type[R], *, root: Pat
         root_n = os.path.normpath(os.path.abspath(os.fspath(root)))
         dir_n = os.path.normpath(os.path.abspath(shown_dir))
         if os.path.commonpath([root_n, dir_n]) != root_n:
-            raise EvidenceError(f"{shown_dir}: is outside the evidence root {root_n}; {PLANTED_ADVICE}")
+            raise EvidenceError(
+                f"{shown_dir}: is outside the evidence root {root_n}; {PLANTED_ADVICE}"
+            )
         rel = os.path.relpath(dir_n, root_n)
         base, parts = root_n, ([] if rel == "." else rel.split(os.sep))
     dir_fd = open_below(base, parts, shown_dir, DIR_LIST)
@@ -116,23 +174,33 @@ def list_named_records(directory: Path, pattern: str, cls: type[R], *, root: Pat
                         continue
                     if matches(name):
                         if len(names) == max_files:
-                            errors.append(f"{shown_dir}: more than {max_files} files match "
-                                          f"{pattern!r}; only {max_files} were read")
+                            errors.append(
+                                f"{shown_dir}: more than {max_files} files match "
+                                f"{pattern!r}; only {max_files} were read"
+                            )
                             break
                         names.append(name)
                         try:
-                            if entry.is_file(follow_symlinks=False):   # d_type: no syscall
+                            if entry.is_file(follow_symlinks=False):  # d_type: no syscall
                                 regular.add(name)
                         except OSError:
-                            pass   # read_at's own lstat decides and says why
+                            pass  # read_at's own lstat decides and says why
         except OSError as e:
             raise EvidenceError(f"{shown_dir}: cannot list: {e.strerror or e}") from None
         prefix = os.path.join(shown_dir, "")
         for name in sorted_natural(names):
             shown = prefix + name
             try:
-                records.append((name, decode_record(read_at(dir_fd, name, shown, max_bytes,
-                                                           listed_regular=name in regular), cls, source=shown)))
+                records.append(
+                    (
+                        name,
+                        decode_record(
+                            read_at(dir_fd, name, shown, max_bytes, listed_regular=name in regular),
+                            cls,
+                            source=shown,
+                        ),
+                    )
+                )
             except EvidenceError as e:
                 errors.append(str(e))
     finally:

@@ -34,6 +34,7 @@ def _job_started(folder: JobFolder, node: str) -> float:
     kernel log lines are attached, so a job must not be able to choose it."""
     import stat as stat_mod
     from scout_slurm.evidence.safeio import DIR_PATH, open_below, split_under
+
     path = os.fspath(folder.node_dir(node) / "hardware-map.json")
     try:
         base, parts = split_under(path, folder.root, path)
@@ -57,15 +58,22 @@ def _node_dir(folder: JobFolder, node: str) -> Path:
     must exist: creating it would fill the local disk under a shared file system that failed to mount."""
     from scout_slurm.evidence.safeio import Owner, UnsafeFolder, ensure_dir
     from scout_slurm.hooks.prolog import ROOT_DIR_MODE
+
     root_owner = Owner(0, 0, ROOT_DIR_MODE)
     try:
         fds = [os.open(folder.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)]
     except OSError as exc:
-        raise UnsafeFolder(f"evidence root {folder.root} does not exist or cannot be opened "
-                           f"({exc.strerror or exc}): mount it, or fix [evidence] root in the site config") from None
+        raise UnsafeFolder(
+            f"evidence root {folder.root} does not exist or cannot be opened "
+            f"({exc.strerror or exc}): mount it, or fix [evidence] root in the site config"
+        ) from None
     try:
-        for name, shown in ((folder.cluster, folder.cluster_dir), (str(folder.job_id), folder.path),
-                            ("nodes", folder.nodes_dir), (node, folder.node_dir(node))):
+        for name, shown in (
+            (folder.cluster, folder.cluster_dir),
+            (str(folder.job_id), folder.path),
+            ("nodes", folder.nodes_dir),
+            (node, folder.node_dir(node)),
+        ):
             fds.append(ensure_dir(fds[-1], name, root_owner, shown))
     finally:
         for fd in fds:
@@ -78,6 +86,7 @@ def _write_digest(folder: JobFolder, restart: int, node: str) -> None:
     Whatever goes wrong here costs only the controller's time: it then reads the ranks' files."""
     import time
     from scout_slurm.evidence.digest import build_node_digest
+
     started = time.monotonic()
     try:
         digest, note = build_node_digest(folder, restart, node, now=time.time())
@@ -89,7 +98,13 @@ def _write_digest(folder: JobFolder, restart: int, node: str) -> None:
     except Exception as exc:  # noqa: BLE001 - never at the cost of the node's own evidence
         log.exception("epilog.digest_bug", node=node, error=repr(exc))
         return
-    log.info("epilog.digest", node=node, restart=restart, note=note, seconds=round(time.monotonic() - started, 3))
+    log.info(
+        "epilog.digest",
+        node=node,
+        restart=restart,
+        note=note,
+        seconds=round(time.monotonic() - started, 3),
+    )
 
 
 def _is_batch_host(ctx) -> bool:
@@ -118,25 +133,49 @@ def _check_checkpoints(folder: JobFolder, ctx, cfg: EpilogConfig) -> None:
     record the controller decides from (hooks/ckptcheck.py): no privileged code opens a path a job
     named. Before epilog.json, which the controller waits for. Failing here costs only eligibility."""
     from scout_slurm.hooks.ckptcheck import write_checkpoint_checks
+
     try:
-        write_checkpoint_checks(folder, ctx.restart, ctx.node, uid=ctx.job_uid, gid=ctx.job_gid,
-                                time_budget_s=cfg.checkpoint_check_s, byte_budget=cfg.checkpoint_check_bytes)
+        write_checkpoint_checks(
+            folder,
+            ctx.restart,
+            ctx.node,
+            uid=ctx.job_uid,
+            gid=ctx.job_gid,
+            time_budget_s=cfg.checkpoint_check_s,
+            byte_budget=cfg.checkpoint_check_bytes,
+        )
     except (ScoutError, OSError) as exc:
-        log.warning("epilog.checkpoint_checks_failed", node=ctx.node, error=str(exc),
-                    consequence="no checkpoint is eligible as a recovery point for this run")
+        log.warning(
+            "epilog.checkpoint_checks_failed",
+            node=ctx.node,
+            error=str(exc),
+            consequence="no checkpoint is eligible as a recovery point for this run",
+        )
     except Exception as exc:  # noqa: BLE001 - never at the cost of the node's own evidence
         log.exception("epilog.checkpoint_checks_bug", node=ctx.node, error=repr(exc))
 
 
-def root_check_if_named(folder: JobFolder, node: str, verdict, cfg: SiteConfig, *, deadline: float) -> None:
+def root_check_if_named(
+    folder: JobFolder, node: str, verdict, cfg: SiteConfig, *, deadline: float
+) -> None:
     """The root checks on this node when `verdict` names it, within what is left until `deadline`
     (time.monotonic) and the site's [drain] root_check_s; recorded whatever their outcome."""
     import time
-    from scout_slurm.hooks.rootcheck import (CORROBORATES, IbBaseline, ib_baseline_path, rootcheck_path,
-                                             run_checks)
+    from scout_slurm.hooks.rootcheck import (
+        CORROBORATES,
+        IbBaseline,
+        ib_baseline_path,
+        rootcheck_path,
+        run_checks,
+    )
+
     if node not in verdict.suspect_nodes:
-        log.info("epilog.root_checks_not_named", node=node, verdict=verdict.kind.value,
-                 why="the verdict does not name this node: no root checks")
+        log.info(
+            "epilog.root_checks_not_named",
+            node=node,
+            verdict=verdict.kind.value,
+            why="the verdict does not name this node: no root checks",
+        )
         return
     if verdict.kind not in CORROBORATES:
         log.info("epilog.root_checks_not_needed", node=node, verdict=verdict.kind.value)
@@ -151,20 +190,40 @@ def root_check_if_named(folder: JobFolder, node: str, verdict, cfg: SiteConfig, 
     baseline = None
     if ib_baseline_path(node_dir, verdict.restart).exists():
         try:
-            read = read_record(ib_baseline_path(node_dir, verdict.restart), IbBaseline, root=folder.root)
+            read = read_record(
+                ib_baseline_path(node_dir, verdict.restart), IbBaseline, root=folder.root
+            )
             baseline = {c.key: c.value for c in read.counters}
         except ScoutError as exc:
             log.warning("epilog.ib_baseline_unreadable", error=str(exc))
-    source = cfg.drain.test_kernel_log.replace("{node}", node) if cfg.drain.test_kernel_log else "/dev/kmsg"
-    checks = run_checks(node, verdict, budget_s=budget, kernel_source=source, since_boot_s=since_boot,
-                        ib_baseline=baseline)
+    source = (
+        cfg.drain.test_kernel_log.replace("{node}", node)
+        if cfg.drain.test_kernel_log
+        else "/dev/kmsg"
+    )
+    checks = run_checks(
+        node,
+        verdict,
+        budget_s=budget,
+        kernel_source=source,
+        since_boot_s=since_boot,
+        ib_baseline=baseline,
+    )
     write_record(rootcheck_path(node_dir, verdict.restart), checks)
-    log.info("epilog.root_checks", node=node, job=verdict.job_id, restart=verdict.restart, seconds=checks.seconds,
-             outcomes=[(o.name, o.status) for o in checks.outcomes], findings=[f.category for f in checks.findings])
+    log.info(
+        "epilog.root_checks",
+        node=node,
+        job=verdict.job_id,
+        restart=verdict.restart,
+        seconds=checks.seconds,
+        outcomes=[(o.name, o.status) for o in checks.outcomes],
+        findings=[f.category for f in checks.findings],
+    )
 
 
 def _uptime() -> float:
     from scout_slurm.hooks.nodeevidence import _uptime as uptime
+
     return uptime()
 
 
@@ -173,16 +232,22 @@ def _root_check_on_suspicion(folder: JobFolder, ctx, cfg: SiteConfig, *, started
     Failing here costs only the corroboration: the node is then excluded, not drained."""
     import time
     from scout_slurm.hooks.rootcheck import wait_for_verdict
+
     deadline = started + cfg.epilog.time_budget_s
     wait = min(cfg.drain.verdict_wait_s, deadline - time.monotonic() - cfg.drain.root_check_s - 2.0)
 
     def check() -> None:
         verdict = wait_for_verdict(folder.verdict_path(ctx.restart), folder.root, max(0.0, wait))
         if verdict is None:
-            log.info("epilog.no_verdict", node=ctx.node, waited_s=round(max(0.0, wait), 1),
-                     consequence="no root checks on this node for this run")
+            log.info(
+                "epilog.no_verdict",
+                node=ctx.node,
+                waited_s=round(max(0.0, wait), 1),
+                consequence="no root checks on this node for this run",
+            )
             return
         root_check_if_named(folder, ctx.node, verdict, cfg, deadline=deadline)
+
     _guarded(ctx.node, check)
 
 
@@ -190,8 +255,12 @@ def _guarded(node: str, fn: Callable[[], None]) -> None:
     try:
         fn()
     except (ScoutError, OSError) as exc:
-        log.warning("epilog.root_checks_failed", node=node, error=str(exc),
-                    consequence="no root corroboration from this node: it is excluded, not drained")
+        log.warning(
+            "epilog.root_checks_failed",
+            node=node,
+            error=str(exc),
+            consequence="no root corroboration from this node: it is excluded, not drained",
+        )
     except Exception as exc:  # noqa: BLE001 - never at the cost of the node
         log.exception("epilog.root_checks_bug", node=node, error=repr(exc))
 
@@ -200,12 +269,19 @@ def _localise_here(folder: JobFolder, ctx, cfg: SiteConfig, *, started: float) -
     """The controller's job-end handling on the batch host ([epilog] localise_on = "batch-host"),
     with this host's own root checks between the verdict and the plan."""
     from scout_slurm.hooks.controller import complete_pending, handle_job_end
+
     holder = f"batch-host {ctx.node}"
     here = None
     if cfg.drain.drain_on == "corroborated":
+
         def here(verdict) -> None:
-            _guarded(ctx.node, lambda: root_check_if_named(folder, ctx.node, verdict, cfg,
-                                                           deadline=started + cfg.epilog.time_budget_s))
+            _guarded(
+                ctx.node,
+                lambda: root_check_if_named(
+                    folder, ctx.node, verdict, cfg, deadline=started + cfg.epilog.time_budget_s
+                ),
+            )
+
     try:
         handle_job_end(ctx, cfg, started=started, holder=holder, root_check_here=here)
     finally:
@@ -220,12 +296,16 @@ def exit_status(hardware_error: bool, cfg: EpilogConfig) -> int:
 
 def run(environ: Mapping[str, str], *, collect: Callable | None = None) -> int:
     import time
-    started = time.monotonic()   # the budget includes reading the config
+
+    started = time.monotonic()  # the budget includes reading the config
     ctx = hook_context(environ)
     hook_cfg = load_hook_config(environ)
     if hook_cfg.refused:
-        log.error("epilog.config_refused", reason=hook_cfg.refused,
-                  consequence="safe defaults (observe only, the default evidence root); exit 0")
+        log.error(
+            "epilog.config_refused",
+            reason=hook_cfg.refused,
+            consequence="safe defaults (observe only, the default evidence root); exit 0",
+        )
     cfg = hook_cfg.config
     if not ctx.node:
         raise ScoutError("scout-epilog runs on a node: SLURMD_NODENAME is not set")
@@ -233,8 +313,14 @@ def run(environ: Mapping[str, str], *, collect: Callable | None = None) -> int:
     if collect is None:
         from scout_slurm.hooks.nodeevidence import collect_node_evidence as collect
     evidence = collect(ctx.node, ctx.job_id, job_started_wall=_job_started(folder, ctx.node))
-    log.info("epilog.node_evidence", job=ctx.job_id, node=ctx.node, kernel_lines=len(evidence.kernel_lines),
-             hardware_error=evidence.hardware_error, problems=list(evidence.problems))
+    log.info(
+        "epilog.node_evidence",
+        job=ctx.job_id,
+        node=ctx.node,
+        kernel_lines=len(evidence.kernel_lines),
+        hardware_error=evidence.hardware_error,
+        problems=list(evidence.problems),
+    )
     # from here on the node's own verdict stands whatever happens to the shared evidence
     try:
         node_dir = _node_dir(folder, ctx.node)
@@ -245,8 +331,11 @@ def run(environ: Mapping[str, str], *, collect: Callable | None = None) -> int:
         write_record(node_dir / "epilog.json", evidence)
         if cfg.epilog.localise_on == "batch-host" and _is_batch_host(ctx):
             _localise_here(folder, ctx, cfg, started=started)
-        elif (cfg.drain.drain_on == "corroborated" and _ran_under_scout(folder, ctx.restart)
-              and (ctx.job_failed or _has_findings(folder, ctx.restart))):
+        elif (
+            cfg.drain.drain_on == "corroborated"
+            and _ran_under_scout(folder, ctx.restart)
+            and (ctx.job_failed or _has_findings(folder, ctx.restart))
+        ):
             _root_check_on_suspicion(folder, ctx, cfg, started=started)
     except ScoutError as exc:
         log.error("epilog.failed", error=str(exc))
@@ -254,8 +343,11 @@ def run(environ: Mapping[str, str], *, collect: Callable | None = None) -> int:
         log.exception("epilog.bug", error=repr(exc))
     code = exit_status(evidence.hardware_error, cfg.epilog)
     if code:
-        log.error("epilog.hardware_error_drain", node=ctx.node,
-                  action="exit 1: Slurm drains this node ([epilog] drain_on_local_hardware_error = true)")
+        log.error(
+            "epilog.hardware_error_drain",
+            node=ctx.node,
+            action="exit 1: Slurm drains this node ([epilog] drain_on_local_hardware_error = true)",
+        )
     return code
 
 

@@ -129,8 +129,9 @@ def _gpu_errors(problems: list[str]) -> list[str]:
             try:
                 h = pynvml.nvmlDeviceGetHandleByIndex(i)
                 uuid = pynvml.nvmlDeviceGetUUID(h)
-                n = pynvml.nvmlDeviceGetTotalEccErrors(h, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-                                                       pynvml.NVML_VOLATILE_ECC)
+                n = pynvml.nvmlDeviceGetTotalEccErrors(
+                    h, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC
+                )
                 if n:
                     errors.append(f"{uuid}: {n} uncorrected volatile ECC errors")
             except pynvml.NVMLError as exc:
@@ -170,6 +171,13 @@ def collect_node_evidence(node: str, job_id: int, *, job_started_wall: float) ->
     gpu = _gpu_errors(problems)
     leftover = _leftovers(job_id)
     hw = any(l.category in HARDWARE_CLASSES for l in lines) or bool(gpu)
-    return NodeEvidence(node=node, job_id=job_id, kernel_lines=tuple(lines), gpu_errors=tuple(gpu),
-                        leftover=tuple(leftover), hardware_error=hw, collected_at=time.time(),
-                        problems=tuple(problems))
+    return NodeEvidence(
+        node=node,
+        job_id=job_id,
+        kernel_lines=tuple(lines),
+        gpu_errors=tuple(gpu),
+        leftover=tuple(leftover),
+        hardware_error=hw,
+        collected_at=time.time(),
+        problems=tuple(problems),
+    )

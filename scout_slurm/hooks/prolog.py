@@ -31,8 +31,8 @@ ROOT_DIR_MODE = 0o755
 # The job's own folders: the job's uid, SlurmUser's group, setgid so that what the job creates in
 # them keeps that group: the controller Epilog (SlurmUser) reads them, nobody else does.
 JOB_DIR_MODE = 0o2750
-RESULTS_DIR_MODE = 0o755   # SlurmUser's: verdicts, actions, reports, resume instructions
-PENDING_DIR_MODE = 0o750   # SlurmUser's: markers of incidents whose handling has not ended
+RESULTS_DIR_MODE = 0o755  # SlurmUser's: verdicts, actions, reports, resume instructions
+PENDING_DIR_MODE = 0o750  # SlurmUser's: markers of incidents whose handling has not ended
 RUN_SUBDIRS = ("ranks", "progress", "findings", "stacks", "tasks")
 
 # Of the time budget: past this share no further part of the map is started, past the next the
@@ -40,14 +40,19 @@ RUN_SUBDIRS = ("ranks", "progress", "findings", "stacks", "tasks")
 STAGE_SHARE = 0.5
 COLLECT_SHARE = 0.75
 
+
 def slurm_user_owner(name: str, log: Any) -> Owner:
     """SlurmUser (the site config's `[evidence] slurm_user`) as the owner of the results and
     pending folders; root when that user does not exist here (then only root hooks write them)."""
     try:
         pw = pwd.getpwnam(name)
     except KeyError:
-        log.warning("prolog.no_slurm_user", slurm_user=name, using="root",
-                    consequence="a controller Epilog that does not run as root cannot read or write this job's evidence")
+        log.warning(
+            "prolog.no_slurm_user",
+            slurm_user=name,
+            using="root",
+            consequence="a controller Epilog that does not run as root cannot read or write this job's evidence",
+        )
         return Owner(0, 0, RESULTS_DIR_MODE)
     return Owner(pw.pw_uid, pw.pw_gid, RESULTS_DIR_MODE)
 
@@ -57,8 +62,14 @@ def _job_owner(uid: int, slurm: Owner) -> Owner:
     return Owner(uid, slurm.gid, JOB_DIR_MODE)
 
 
-def prepare_job_folder(folder: JobFolder, node: str, restart: int, job_owner: Owner,
-                       log: Any, slurm_owner: Owner | None = None) -> Path | None:
+def prepare_job_folder(
+    folder: JobFolder,
+    node: str,
+    restart: int,
+    job_owner: Owner,
+    log: Any,
+    slurm_owner: Owner | None = None,
+) -> Path | None:
     """Create the job's folders; returns this node's folder (root-owned), or None if unsafe.
 
     The evidence root is the site's own (it may be a link the administrator made); every folder
@@ -71,8 +82,10 @@ def prepare_job_folder(folder: JobFolder, node: str, restart: int, job_owner: Ow
         try:
             root_fd = os.open(folder.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except FileNotFoundError:
-            raise UnsafeFolder(f"evidence root {folder.root} does not exist: create it on storage every "
-                               f"node sees, or fix [evidence] root in the site config") from None
+            raise UnsafeFolder(
+                f"evidence root {folder.root} does not exist: create it on storage every "
+                f"node sees, or fix [evidence] root in the site config"
+            ) from None
         fds.append(root_fd)
         cluster_fd = ensure_dir(root_fd, folder.cluster, root_owner, folder.cluster_dir)
         fds.append(cluster_fd)
@@ -80,27 +93,45 @@ def prepare_job_folder(folder: JobFolder, node: str, restart: int, job_owner: Ow
         fds.append(job_fd)
         nodes_fd = ensure_dir(job_fd, "nodes", root_owner, folder.nodes_dir)
         fds.append(nodes_fd)
-        fds.append(ensure_dir(nodes_fd, folder.node_dir(node).name, root_owner, folder.node_dir(node)))
+        fds.append(
+            ensure_dir(nodes_fd, folder.node_dir(node).name, root_owner, folder.node_dir(node))
+        )
         slurm = slurm_owner or root_owner
         try:
             fds.append(ensure_dir(job_fd, folder.results_dir.name, slurm, folder.results_dir))
-            fds.append(ensure_dir(cluster_fd, folder.pending_dir.name,
-                                   Owner(slurm.uid, slurm.gid, PENDING_DIR_MODE), folder.pending_dir))
+            fds.append(
+                ensure_dir(
+                    cluster_fd,
+                    folder.pending_dir.name,
+                    Owner(slurm.uid, slurm.gid, PENDING_DIR_MODE),
+                    folder.pending_dir,
+                )
+            )
         except (OSError, EvidenceError) as exc:
-            log.error("prolog.results_folder_failed", reason=str(exc),
-                      consequence="the controller Epilog may be unable to write its verdict")
+            log.error(
+                "prolog.results_folder_failed",
+                reason=str(exc),
+                consequence="the controller Epilog may be unable to write its verdict",
+            )
         try:
-            run_fd = ensure_dir(job_fd, folder.run_dir(restart).name, job_owner, folder.run_dir(restart))
+            run_fd = ensure_dir(
+                job_fd, folder.run_dir(restart).name, job_owner, folder.run_dir(restart)
+            )
             fds.append(run_fd)
             for sub in RUN_SUBDIRS:
                 fds.append(ensure_dir(run_fd, sub, job_owner, folder.run_dir(restart) / sub))
             fds.append(ensure_dir(job_fd, "checkpoints", job_owner, folder.checkpoints_dir))
         except (OSError, EvidenceError) as exc:
-            log.error("prolog.job_folders_failed", reason=str(exc),
-                      consequence="the job may be unable to write its evidence")
+            log.error(
+                "prolog.job_folders_failed",
+                reason=str(exc),
+                consequence="the job may be unable to write its evidence",
+            )
         return folder.node_dir(node)
     except (OSError, EvidenceError) as exc:
-        log.error("prolog.folder_failed", reason=str(exc), consequence="the hardware map is not written")
+        log.error(
+            "prolog.folder_failed", reason=str(exc), consequence="the hardware map is not written"
+        )
         return None
     finally:
         for fd in fds:
@@ -130,20 +161,42 @@ def _within(fn: Callable[[], Any], seconds: float, name: str) -> tuple[bool, _Ou
     return not thread.is_alive(), outcome
 
 
-def _run(ctx: HookContext, environ: Mapping[str, str], log: Any, *, sysfs_root: Path, proc_root: Path,
-         nvml_loader: Any, clock: Callable[[], float]) -> int:
-    start = time.monotonic()   # the budget includes reading the config (a FIFO or a hung mount there)
+def _run(
+    ctx: HookContext,
+    environ: Mapping[str, str],
+    log: Any,
+    *,
+    sysfs_root: Path,
+    proc_root: Path,
+    nvml_loader: Any,
+    clock: Callable[[], float],
+) -> int:
+    start = (
+        time.monotonic()
+    )  # the budget includes reading the config (a FIFO or a hung mount there)
     hook_cfg = load_hook_config(environ)
     if hook_cfg.refused:
-        log.error("prolog.config_refused", reason=hook_cfg.refused,
-                  consequence="safe defaults (observe only, the default evidence root); exit 0")
+        log.error(
+            "prolog.config_refused",
+            reason=hook_cfg.refused,
+            consequence="safe defaults (observe only, the default evidence root); exit 0",
+        )
     cfg = hook_cfg.config
     budget = cfg.prolog.time_budget_s
-    builder = MapBuilder(ctx.node, sysfs_root=sysfs_root, proc_root=proc_root, nvml_loader=nvml_loader,
-                         clock=clock, deadline_s=budget * STAGE_SHARE)
+    builder = MapBuilder(
+        ctx.node,
+        sysfs_root=sysfs_root,
+        proc_root=proc_root,
+        nvml_loader=nvml_loader,
+        clock=clock,
+        deadline_s=budget * STAGE_SHARE,
+    )
     collecting = _Outcome()
-    collector = threading.Thread(target=lambda: setattr(collecting, "value", builder.run()),
-                                 name="scout-prolog-collect", daemon=True)
+    collector = threading.Thread(
+        target=lambda: setattr(collecting, "value", builder.run()),
+        name="scout-prolog-collect",
+        daemon=True,
+    )
     collector.start()
 
     node_dir: Path | None = None
@@ -151,11 +204,18 @@ def _run(ctx: HookContext, environ: Mapping[str, str], log: Any, *, sysfs_root: 
         folder = JobFolder(Path(cfg.evidence.root), ctx.cluster, ctx.job_id)
         slurm = slurm_user_owner(cfg.evidence.slurm_user, log)
         owner = _job_owner(ctx.job_uid, slurm)
-        done, out = _within(lambda: prepare_job_folder(folder, ctx.node, ctx.restart, owner, log, slurm),
-                            start + budget * COLLECT_SHARE - time.monotonic(), "folders")
+        done, out = _within(
+            lambda: prepare_job_folder(folder, ctx.node, ctx.restart, owner, log, slurm),
+            start + budget * COLLECT_SHARE - time.monotonic(),
+            "folders",
+        )
         if not done:
-            log.error("prolog.folder_timeout", root=cfg.evidence.root, budget_s=budget,
-                      consequence="the hardware map is not written (evidence storage hung?)")
+            log.error(
+                "prolog.folder_timeout",
+                root=cfg.evidence.root,
+                budget_s=budget,
+                consequence="the hardware map is not written (evidence storage hung?)",
+            )
         elif out.error is not None:
             log.error("prolog.folder_failed", reason=f"{type(out.error).__name__}: {out.error}")
         else:
@@ -165,8 +225,10 @@ def _run(ctx: HookContext, environ: Mapping[str, str], log: Any, *, sysfs_root: 
 
     collector.join(max(0.0, start + budget * COLLECT_SHARE - time.monotonic()))
     if collector.is_alive() or collecting.value is None:
-        why = (f"timed out after {time.monotonic() - start:.1f} s (budget {budget:g} s) while "
-               f"collecting {builder.stage}")
+        why = (
+            f"timed out after {time.monotonic() - start:.1f} s (budget {budget:g} s) while "
+            f"collecting {builder.stage}"
+        )
         hwmap = builder.snapshot((why,))
         log.error("prolog.collect_timeout", reason=why)
     else:
@@ -174,17 +236,31 @@ def _run(ctx: HookContext, environ: Mapping[str, str], log: Any, *, sysfs_root: 
 
     if node_dir is not None:
         path = node_dir / MAP_NAME
-        done, out = _within(lambda: store.write_record(path, hwmap, mode=0o644),
-                            start + budget - time.monotonic(), "write")
+        done, out = _within(
+            lambda: store.write_record(path, hwmap, mode=0o644),
+            start + budget - time.monotonic(),
+            "write",
+        )
         if not done:
             log.error("prolog.write_timeout", path=str(path), budget_s=budget)
         elif out.error is not None:
-            log.error("prolog.write_failed", path=str(path), reason=str(out.error),
-                      consequence="no hardware map for this node")
+            log.error(
+                "prolog.write_failed",
+                path=str(path),
+                reason=str(out.error),
+                consequence="no hardware map for this node",
+            )
         else:
-            log.info("prolog.map_written", path=str(path), gpus=len(hwmap.gpus), nics=len(hwmap.nics),
-                     ib_ports=len(hwmap.ib_ports), nvml_status=hwmap.nvml_status,
-                     problems=len(hwmap.problems), duration_s=round(time.monotonic() - start, 3))
+            log.info(
+                "prolog.map_written",
+                path=str(path),
+                gpus=len(hwmap.gpus),
+                nics=len(hwmap.nics),
+                ib_ports=len(hwmap.ib_ports),
+                nvml_status=hwmap.nvml_status,
+                problems=len(hwmap.problems),
+                duration_s=round(time.monotonic() - start, 3),
+            )
         _write_ib_baseline(node_dir, ctx, log)
     for problem in hwmap.problems[:20]:
         log.warning("prolog.map_problem", problem=problem)
@@ -196,30 +272,49 @@ def _write_ib_baseline(node_dir: Path, ctx: HookContext, log: Any) -> None:
     """The InfiniBand error counters at the job's start, for the root checks' deltas (hooks/rootcheck.py);
     nothing on a node without InfiniBand."""
     from scout_slurm.hooks.rootcheck import IbBaseline, IbCounter, ib_baseline_path, ib_counters
+
     counters = ib_counters()
     if not counters:
         return
     try:
-        store.write_record(ib_baseline_path(node_dir, ctx.restart), IbBaseline(
-            ctx.node, time.time(), tuple(IbCounter(k, v) for k, v in counters.items())), mode=0o644)
+        store.write_record(
+            ib_baseline_path(node_dir, ctx.restart),
+            IbBaseline(ctx.node, time.time(), tuple(IbCounter(k, v) for k, v in counters.items())),
+            mode=0o644,
+        )
     except (ScoutError, OSError) as exc:
-        log.warning("prolog.ib_counters_failed", reason=str(exc), consequence="no InfiniBand deltas for this job")
+        log.warning(
+            "prolog.ib_counters_failed",
+            reason=str(exc),
+            consequence="no InfiniBand deltas for this job",
+        )
 
 
 def _exit_code(hwmap: HardwareMap, fail_on_broken_gpu: bool, log: Any) -> int:
     if hwmap.nvml_failed:
         if fail_on_broken_gpu:
-            log.error("prolog.broken_gpu", nvml_status=hwmap.nvml_status,
-                      action="exit 1: Slurm drains this node ([prolog] fail_on_broken_gpu = true)")
+            log.error(
+                "prolog.broken_gpu",
+                nvml_status=hwmap.nvml_status,
+                action="exit 1: Slurm drains this node ([prolog] fail_on_broken_gpu = true)",
+            )
             return 1
-        log.warning("prolog.broken_gpu", nvml_status=hwmap.nvml_status,
-                    action="exit 0 ([prolog] fail_on_broken_gpu = false)")
+        log.warning(
+            "prolog.broken_gpu",
+            nvml_status=hwmap.nvml_status,
+            action="exit 0 ([prolog] fail_on_broken_gpu = false)",
+        )
     return 0
 
 
-def main(*, environ: Mapping[str, str] | None = None, sysfs_root: Path = Path("/sys"),
-         proc_root: Path = Path("/proc"), nvml_loader: Any = None,
-         clock: Callable[[], float] = time.time) -> int:
+def main(
+    *,
+    environ: Mapping[str, str] | None = None,
+    sysfs_root: Path = Path("/sys"),
+    proc_root: Path = Path("/proc"),
+    nvml_loader: Any = None,
+    clock: Callable[[], float] = time.time,
+) -> int:
     """0 unless `[prolog] fail_on_broken_gpu` is set and NVML reported a GPU error (then 1).
 
     The keyword arguments are test seams; Slurm runs it with none.
@@ -233,16 +328,29 @@ def main(*, environ: Mapping[str, str] | None = None, sysfs_root: Path = Path("/
         log.error("prolog.bad_environment", reason=str(exc), consequence="nothing recorded; exit 0")
         return 0
     if not ctx.node:
-        log.error("prolog.bad_environment", reason="SLURMD_NODENAME is not set: is this the node Prolog?",
-                  consequence="nothing recorded; exit 0")
+        log.error(
+            "prolog.bad_environment",
+            reason="SLURMD_NODENAME is not set: is this the node Prolog?",
+            consequence="nothing recorded; exit 0",
+        )
         return 0
     log = log.bind(job_id=ctx.job_id, node=ctx.node, restart=ctx.restart)
     try:
-        return _run(ctx, environ, log, sysfs_root=sysfs_root, proc_root=proc_root,
-                    nvml_loader=nvml_loader, clock=clock)
+        return _run(
+            ctx,
+            environ,
+            log,
+            sysfs_root=sysfs_root,
+            proc_root=proc_root,
+            nvml_loader=nvml_loader,
+            clock=clock,
+        )
     except Exception as exc:  # noqa: BLE001 - a Prolog that raises would drain the node
-        log.exception("prolog.unexpected_error", reason=f"{type(exc).__name__}: {exc}",
-                      consequence="exit 0; please report this")
+        log.exception(
+            "prolog.unexpected_error",
+            reason=f"{type(exc).__name__}: {exc}",
+            consequence="exit 0; please report this",
+        )
         return 0
 
 

@@ -25,17 +25,29 @@ from typing import Callable, ClassVar, Mapping, Sequence
 from scout_slurm.evidence.records import Verdict, VerdictKind
 
 # What each check can find, by category. The kernel's own categories are nodeevidence.py's.
-ECC = "gpu-ecc"                       # uncorrected ECC errors (volatile or aggregate)
-RETIRED = "gpu-retired-pages"         # pages retired, or pending retirement
-REMAPPED = "gpu-remapped-rows"        # row remapping failed or pending
-THROTTLE = "gpu-throttle"             # hardware slowdown / thermal / power brake
-PCIE_REPLAY = "gpu-pcie-replay"       # PCIe replay counter above the threshold
-DCGM = "dcgm-diag"                    # `dcgmi diag -r 1` reported a failure
-SIGNATURE = "compute-signature"       # the CPU/memory self-test computed a wrong result
-IB_ERRORS = "ib-port-errors"          # InfiniBand error counters grew during the job
+ECC = "gpu-ecc"  # uncorrected ECC errors (volatile or aggregate)
+RETIRED = "gpu-retired-pages"  # pages retired, or pending retirement
+REMAPPED = "gpu-remapped-rows"  # row remapping failed or pending
+THROTTLE = "gpu-throttle"  # hardware slowdown / thermal / power brake
+PCIE_REPLAY = "gpu-pcie-replay"  # PCIe replay counter above the threshold
+DCGM = "dcgm-diag"  # `dcgmi diag -r 1` reported a failure
+SIGNATURE = "compute-signature"  # the CPU/memory self-test computed a wrong result
+IB_ERRORS = "ib-port-errors"  # InfiniBand error counters grew during the job
 
-_HARD = frozenset({"nvidia-xid", "machine-check", "edac", "pcie-aer", "gpu-fallen-off", ECC, RETIRED, REMAPPED,
-                   DCGM, SIGNATURE})
+_HARD = frozenset(
+    {
+        "nvidia-xid",
+        "machine-check",
+        "edac",
+        "pcie-aer",
+        "gpu-fallen-off",
+        ECC,
+        RETIRED,
+        REMAPPED,
+        DCGM,
+        SIGNATURE,
+    }
+)
 _LINK = frozenset({"link-down", IB_ERRORS, PCIE_REPLAY})
 # Which root-found categories corroborate which verdict: a machine that computes wrong numbers or
 # logs a hardware error explains a crash, a hang or silent corruption; a flapping link explains a
@@ -45,7 +57,9 @@ CORROBORATES: Mapping[VerdictKind, frozenset[str]] = {
     VerdictKind.HANG: _HARD | _LINK,
     VerdictKind.SDC: _HARD,
     VerdictKind.INFRA: _HARD | _LINK,
-    VerdictKind.STRAGGLER: frozenset({THROTTLE, PCIE_REPLAY, "link-down", IB_ERRORS, "machine-check", "edac"}),
+    VerdictKind.STRAGGLER: frozenset(
+        {THROTTLE, PCIE_REPLAY, "link-down", IB_ERRORS, "machine-check", "edac"}
+    ),
 }
 
 # The self-test: a fixed, deterministic integer workload over a memory buffer (no floating point,
@@ -69,8 +83,8 @@ class RootFinding:
 
 @dataclass(frozen=True)
 class CheckOutcome:
-    name: str                 # kernel-log, compute-signature, nvml, dcgmi-diag, infiniband
-    status: str               # "clean", "found", "not-available", "timed-out", "skipped", "error"
+    name: str  # kernel-log, compute-signature, nvml, dcgmi-diag, infiniband
+    status: str  # "clean", "found", "not-available", "timed-out", "skipped", "error"
     seconds: float
     findings: tuple[RootFinding, ...] = ()
     note: str = ""
@@ -95,13 +109,14 @@ class RootChecks:
 
 @dataclass(frozen=True)
 class IbCounter:
-    key: str                  # hca/port/counter
+    key: str  # hca/port/counter
     value: int
 
 
 @dataclass(frozen=True)
 class IbBaseline:
     """The Prolog's reading of the InfiniBand error counters at the job's start (root-owned)."""
+
     KIND: ClassVar[str] = "ib-counters"
     node: str
     taken_at: float
@@ -126,6 +141,7 @@ def rootcheck_path(node_dir: Path, restart: int) -> Path:
 
 
 # --- the checks -------------------------------------------------------------------------------
+
 
 def compute_signature(nbytes: int = SIGNATURE_BYTES, rounds: int = SIGNATURE_ROUNDS) -> str:
     """Fill a buffer from a 64-bit xorshift, then mix it `rounds` times through big-integer
@@ -154,14 +170,21 @@ def check_signature() -> CheckOutcome:
     got = compute_signature()
     seconds = round(time.monotonic() - started, 3)
     if got == REFERENCE_SIGNATURE:
-        return CheckOutcome("compute-signature", "clean", seconds, note=f"digest {got} as the reference")
-    return CheckOutcome("compute-signature", "found", seconds,
-                        (RootFinding(SIGNATURE, f"digest {got}, reference {REFERENCE_SIGNATURE}"),))
+        return CheckOutcome(
+            "compute-signature", "clean", seconds, note=f"digest {got} as the reference"
+        )
+    return CheckOutcome(
+        "compute-signature",
+        "found",
+        seconds,
+        (RootFinding(SIGNATURE, f"digest {got}, reference {REFERENCE_SIGNATURE}"),),
+    )
 
 
 def check_kernel_log(source: str, since_boot_s: float) -> CheckOutcome:
     """The kernel's log since the job began: `/dev/kmsg`, or the site's test double of it."""
     from scout_slurm.hooks.nodeevidence import HARDWARE_CLASSES, _read_kmsg, parse_kmsg
+
     started = time.monotonic()
     problems: list[str] = []
     if source == "/dev/kmsg":
@@ -170,18 +193,28 @@ def check_kernel_log(source: str, since_boot_s: float) -> CheckOutcome:
     else:
         from scout_slurm.errors import ScoutError
         from scout_slurm.trust import read_trusted_file
-        try:   # root's file, writable by no one else (a planted link or a job's file is refused)
-            raw = read_trusted_file(Path(source), frozenset({0}), max_bytes=4 * 1024 * 1024).decode("utf-8", "replace")
+
+        try:  # root's file, writable by no one else (a planted link or a job's file is refused)
+            raw = read_trusted_file(Path(source), frozenset({0}), max_bytes=4 * 1024 * 1024).decode(
+                "utf-8", "replace"
+            )
         except (OSError, ScoutError) as exc:
-            return CheckOutcome("kernel-log", "error", round(time.monotonic() - started, 3),
-                                note=f"test kernel log {source}: {exc}")
+            return CheckOutcome(
+                "kernel-log",
+                "error",
+                round(time.monotonic() - started, 3),
+                note=f"test kernel log {source}: {exc}",
+            )
         shown = f"{source} (TEST DOUBLE of /dev/kmsg)"
     seconds = round(time.monotonic() - started, 3)
     if problems and not raw:
         return CheckOutcome("kernel-log", "not-available", seconds, note="; ".join(problems))
     wanted = HARDWARE_CLASSES | {"link-down"}
-    found = tuple(RootFinding(line.category, line.text) for line in parse_kmsg(raw.splitlines(), since_boot_s=since_boot_s)
-                  if line.category in wanted)
+    found = tuple(
+        RootFinding(line.category, line.text)
+        for line in parse_kmsg(raw.splitlines(), since_boot_s=since_boot_s)
+        if line.category in wanted
+    )
     return CheckOutcome("kernel-log", "found" if found else "clean", seconds, found, note=shown)
 
 
@@ -201,7 +234,9 @@ def ib_counters(sys_root: Path = Path("/sys/class/infiniband")) -> dict[str, int
         for port in port_names:
             for name in IB_COUNTERS:
                 try:
-                    out[f"{hca}/{port}/{name}"] = int((ports / port / "counters" / name).read_text().split()[0])
+                    out[f"{hca}/{port}/{name}"] = int(
+                        (ports / port / "counters" / name).read_text().split()[0]
+                    )
                 except (OSError, ValueError, IndexError):
                     continue
     return out
@@ -209,8 +244,11 @@ def ib_counters(sys_root: Path = Path("/sys/class/infiniband")) -> dict[str, int
 
 def ib_deltas(before: Mapping[str, int], after: Mapping[str, int]) -> tuple[RootFinding, ...]:
     """Counters that grew between the job's start and now (pure)."""
-    return tuple(RootFinding(IB_ERRORS, f"{key} +{after[key] - before[key]}")
-                 for key in sorted(after) if key in before and after[key] > before[key])
+    return tuple(
+        RootFinding(IB_ERRORS, f"{key} +{after[key] - before[key]}")
+        for key in sorted(after)
+        if key in before and after[key] > before[key]
+    )
 
 
 def check_infiniband(baseline: Mapping[str, int] | None) -> CheckOutcome:
@@ -218,13 +256,24 @@ def check_infiniband(baseline: Mapping[str, int] | None) -> CheckOutcome:
     now = ib_counters()
     seconds = round(time.monotonic() - started, 3)
     if not now:
-        return CheckOutcome("infiniband", "not-available", seconds, note="no InfiniBand port counters here")
+        return CheckOutcome(
+            "infiniband", "not-available", seconds, note="no InfiniBand port counters here"
+        )
     if baseline is None:
-        return CheckOutcome("infiniband", "skipped", seconds,
-                            note="no counters from the job's start on this node: no delta to compare")
+        return CheckOutcome(
+            "infiniband",
+            "skipped",
+            seconds,
+            note="no counters from the job's start on this node: no delta to compare",
+        )
     found = ib_deltas(baseline, now)
-    return CheckOutcome("infiniband", "found" if found else "clean", seconds, found,
-                        note=f"{len(now)} counters compared with the job's start")
+    return CheckOutcome(
+        "infiniband",
+        "found" if found else "clean",
+        seconds,
+        found,
+        note=f"{len(now)} counters compared with the job's start",
+    )
 
 
 def nvml_findings(gpus: Sequence[Mapping]) -> tuple[RootFinding, ...]:
@@ -233,20 +282,30 @@ def nvml_findings(gpus: Sequence[Mapping]) -> tuple[RootFinding, ...]:
     for g in gpus:
         serial = str(g.get("serial", ""))
         who = f"GPU {g.get('index')} {g.get('uuid', '')}"
-        for key, category, what in (("ecc_volatile", ECC, "uncorrected volatile ECC errors"),
-                                    ("ecc_aggregate", ECC, "uncorrected aggregate ECC errors"),
-                                    ("retired_pending", RETIRED, "pages pending retirement"),
-                                    ("retired_dbe", RETIRED, "pages retired for double-bit errors"),
-                                    ("remap_failed", REMAPPED, "row remapping failures"),
-                                    ("remap_pending", REMAPPED, "row remappings pending")):
+        for key, category, what in (
+            ("ecc_volatile", ECC, "uncorrected volatile ECC errors"),
+            ("ecc_aggregate", ECC, "uncorrected aggregate ECC errors"),
+            ("retired_pending", RETIRED, "pages pending retirement"),
+            ("retired_dbe", RETIRED, "pages retired for double-bit errors"),
+            ("remap_failed", REMAPPED, "row remapping failures"),
+            ("remap_pending", REMAPPED, "row remappings pending"),
+        ):
             if int(g.get(key) or 0) > 0:
                 out.append(RootFinding(category, f"{who}: {g[key]} {what}", serial))
         if int(g.get("pcie_replay") or 0) > PCIE_REPLAY_LIMIT:
-            out.append(RootFinding(PCIE_REPLAY, f"{who}: PCIe replay counter {g['pcie_replay']}", serial))
+            out.append(
+                RootFinding(PCIE_REPLAY, f"{who}: PCIe replay counter {g['pcie_replay']}", serial)
+            )
         reasons = int(g.get("throttle") or 0) & _HW_THROTTLE
         if reasons:
-            out.append(RootFinding(THROTTLE, f"{who}: throttle reasons 0x{reasons:x} (hardware slowdown, thermal "
-                                             "or power brake)", serial))
+            out.append(
+                RootFinding(
+                    THROTTLE,
+                    f"{who}: throttle reasons 0x{reasons:x} (hardware slowdown, thermal "
+                    "or power brake)",
+                    serial,
+                )
+            )
     return tuple(out)
 
 
@@ -258,6 +317,7 @@ def _nvml_child() -> None:
     """In a child process (so a hung driver call costs only its time bound): every GPU's error
     counters as JSON on stdout."""
     import pynvml as nv
+
     nv.nvmlInit()
     gpus = []
 
@@ -266,21 +326,33 @@ def _nvml_child() -> None:
             return fn(*args)
         except nv.NVMLError:
             return None
+
     for i in range(nv.nvmlDeviceGetCount()):
         h = nv.nvmlDeviceGetHandleByIndex(i)
         unc = nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
         remap = get(nv.nvmlDeviceGetRemappedRows, h)
-        gpus.append({
-            "index": i, "uuid": _text(get(nv.nvmlDeviceGetUUID, h)), "serial": _text(get(nv.nvmlDeviceGetSerial, h)),
-            "ecc_volatile": get(nv.nvmlDeviceGetTotalEccErrors, h, unc, nv.NVML_VOLATILE_ECC),
-            "ecc_aggregate": get(nv.nvmlDeviceGetTotalEccErrors, h, unc, nv.NVML_AGGREGATE_ECC),
-            "retired_pending": 1 if get(nv.nvmlDeviceGetRetiredPagesPendingStatus, h) else 0,
-            "retired_dbe": len(get(nv.nvmlDeviceGetRetiredPages, h,
-                                   nv.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR) or ()),
-            "remap_pending": remap[2] if remap else 0, "remap_failed": remap[3] if remap else 0,
-            "pcie_replay": get(nv.nvmlDeviceGetPcieReplayCounter, h),
-            "throttle": get(nv.nvmlDeviceGetCurrentClocksThrottleReasons, h),
-        })
+        gpus.append(
+            {
+                "index": i,
+                "uuid": _text(get(nv.nvmlDeviceGetUUID, h)),
+                "serial": _text(get(nv.nvmlDeviceGetSerial, h)),
+                "ecc_volatile": get(nv.nvmlDeviceGetTotalEccErrors, h, unc, nv.NVML_VOLATILE_ECC),
+                "ecc_aggregate": get(nv.nvmlDeviceGetTotalEccErrors, h, unc, nv.NVML_AGGREGATE_ECC),
+                "retired_pending": 1 if get(nv.nvmlDeviceGetRetiredPagesPendingStatus, h) else 0,
+                "retired_dbe": len(
+                    get(
+                        nv.nvmlDeviceGetRetiredPages,
+                        h,
+                        nv.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
+                    )
+                    or ()
+                ),
+                "remap_pending": remap[2] if remap else 0,
+                "remap_failed": remap[3] if remap else 0,
+                "pcie_replay": get(nv.nvmlDeviceGetPcieReplayCounter, h),
+                "throttle": get(nv.nvmlDeviceGetCurrentClocksThrottleReasons, h),
+            }
+        )
     nv.nvmlShutdown()
     print(json.dumps(gpus))
 
@@ -296,14 +368,26 @@ def check_nvml(timeout_s: float) -> CheckOutcome:
     except ImportError:
         return CheckOutcome("nvml", "not-available", 0.0, note="pynvml is not installed")
     try:
-        res = subprocess.run([sys.executable, "-m", "scout_slurm.hooks.rootcheck", "nvml"], capture_output=True,
-                             text=True, timeout=max(0.5, timeout_s), stdin=subprocess.DEVNULL)
+        res = subprocess.run(
+            [sys.executable, "-m", "scout_slurm.hooks.rootcheck", "nvml"],
+            capture_output=True,
+            text=True,
+            timeout=max(0.5, timeout_s),
+            stdin=subprocess.DEVNULL,
+        )
     except subprocess.TimeoutExpired:
-        return CheckOutcome("nvml", "timed-out", round(time.monotonic() - started, 3), note=f"after {timeout_s:.0f} s")
+        return CheckOutcome(
+            "nvml",
+            "timed-out",
+            round(time.monotonic() - started, 3),
+            note=f"after {timeout_s:.0f} s",
+        )
     seconds = round(time.monotonic() - started, 3)
     if res.returncode != 0:
         tail = (res.stderr.strip().splitlines() or [""])[-1][:300]
-        status = "not-available" if "NVMLError_LibraryNotFound" in tail or "Driver" in tail else "error"
+        status = (
+            "not-available" if "NVMLError_LibraryNotFound" in tail or "Driver" in tail else "error"
+        )
         return CheckOutcome("nvml", status, seconds, note=tail)
     try:
         gpus = json.loads(res.stdout)
@@ -312,7 +396,9 @@ def check_nvml(timeout_s: float) -> CheckOutcome:
     if not gpus:
         return CheckOutcome("nvml", "not-available", seconds, note="NVML sees no GPU")
     found = nvml_findings(gpus)
-    return CheckOutcome("nvml", "found" if found else "clean", seconds, found, note=f"{len(gpus)} GPU(s) read")
+    return CheckOutcome(
+        "nvml", "found" if found else "clean", seconds, found, note=f"{len(gpus)} GPU(s) read"
+    )
 
 
 def dcgmi_failures(output: str) -> tuple[RootFinding, ...]:
@@ -331,23 +417,43 @@ def check_dcgmi(timeout_s: float) -> CheckOutcome:
         return CheckOutcome("dcgmi-diag", "not-available", 0.0, note="dcgmi is not installed")
     started = time.monotonic()
     try:
-        res = subprocess.run([exe, "diag", "-r", "1"], capture_output=True, text=True, timeout=max(0.5, timeout_s),
-                             stdin=subprocess.DEVNULL)
+        res = subprocess.run(
+            [exe, "diag", "-r", "1"],
+            capture_output=True,
+            text=True,
+            timeout=max(0.5, timeout_s),
+            stdin=subprocess.DEVNULL,
+        )
     except subprocess.TimeoutExpired:
-        return CheckOutcome("dcgmi-diag", "timed-out", round(time.monotonic() - started, 3),
-                            note=f"after {timeout_s:.0f} s")
+        return CheckOutcome(
+            "dcgmi-diag",
+            "timed-out",
+            round(time.monotonic() - started, 3),
+            note=f"after {timeout_s:.0f} s",
+        )
     seconds = round(time.monotonic() - started, 3)
     found = dcgmi_failures(res.stdout)
     if res.returncode != 0 and not found:
-        return CheckOutcome("dcgmi-diag", "error", seconds, note=(res.stderr or res.stdout).strip()[-300:])
+        return CheckOutcome(
+            "dcgmi-diag", "error", seconds, note=(res.stderr or res.stdout).strip()[-300:]
+        )
     return CheckOutcome("dcgmi-diag", "found" if found else "clean", seconds, found)
 
 
 # --- orchestration -----------------------------------------------------------------------------
 
-def run_checks(node: str, verdict: Verdict, *, budget_s: float, kernel_source: str, since_boot_s: float,
-               ib_baseline: Mapping[str, int] | None, clock: Callable[[], float] = time.monotonic,
-               wall: Callable[[], float] = time.time) -> RootChecks:
+
+def run_checks(
+    node: str,
+    verdict: Verdict,
+    *,
+    budget_s: float,
+    kernel_source: str,
+    since_boot_s: float,
+    ib_baseline: Mapping[str, int] | None,
+    clock: Callable[[], float] = time.monotonic,
+    wall: Callable[[], float] = time.time,
+) -> RootChecks:
     """Each check that fits in what is left of `budget_s`; the rest recorded as skipped."""
     started, at = clock(), wall()
     deadline = started + budget_s
@@ -363,22 +469,40 @@ def run_checks(node: str, verdict: Verdict, *, budget_s: float, kernel_source: s
     for name, least, check in plan:
         left = deadline - clock()
         if left < least:
-            outcomes.append(CheckOutcome(name, "skipped", 0.0, note=f"{left:.1f} s left of the {budget_s:.0f} s budget"))
+            outcomes.append(
+                CheckOutcome(
+                    name, "skipped", 0.0, note=f"{left:.1f} s left of the {budget_s:.0f} s budget"
+                )
+            )
             continue
         try:
             outcomes.append(check(left))
         except Exception as exc:  # noqa: BLE001 - one failing check never costs the others
             outcomes.append(CheckOutcome(name, "error", 0.0, note=repr(exc)[:300]))
-    return RootChecks(node=node, job_id=verdict.job_id, restart=verdict.restart, verdict_kind=verdict.kind,
-                      started_at=at, seconds=round(clock() - started, 3), outcomes=tuple(outcomes))
+    return RootChecks(
+        node=node,
+        job_id=verdict.job_id,
+        restart=verdict.restart,
+        verdict_kind=verdict.kind,
+        started_at=at,
+        seconds=round(clock() - started, 3),
+        outcomes=tuple(outcomes),
+    )
 
 
-def wait_for_verdict(path: Path, root: Path, wait_s: float, *, clock: Callable[[], float] = time.monotonic,
-                     sleep: Callable[[float], None] = time.sleep) -> Verdict | None:
+def wait_for_verdict(
+    path: Path,
+    root: Path,
+    wait_s: float,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Verdict | None:
     """The controller's verdict for this run (results/ is SlurmUser's: the job cannot write
     there), once it appears within `wait_s`; None otherwise."""
     from scout_slurm.errors import EvidenceError
     from scout_slurm.evidence.store import read_record
+
     deadline = clock() + wait_s
     while True:
         if path.exists():

@@ -24,9 +24,16 @@ DEFAULT_DEADLINE_S = 15.0
 class MapBuilder:
     """Collects stage by stage; `snapshot()` is safe to call at any time, from any thread."""
 
-    def __init__(self, node: str, *, sysfs_root: Path = Path("/sys"), proc_root: Path = Path("/proc"),
-                 nvml_loader: nvml.Loader | None = None, clock: Clock = time.time,
-                 deadline_s: float = DEFAULT_DEADLINE_S) -> None:
+    def __init__(
+        self,
+        node: str,
+        *,
+        sysfs_root: Path = Path("/sys"),
+        proc_root: Path = Path("/proc"),
+        nvml_loader: nvml.Loader | None = None,
+        clock: Clock = time.time,
+        deadline_s: float = DEFAULT_DEADLINE_S,
+    ) -> None:
         self.node = node
         self.sysfs_root = Path(sysfs_root)
         self.proc_root = Path(proc_root)
@@ -38,8 +45,16 @@ class MapBuilder:
         self._lock = threading.Lock()
         self._problems: list[str] = []
         self._fields: dict[str, object] = {
-            "hostname": "", "boot_id": "", "kernel": "", "cpu_model": "", "cpu_sockets": 0,
-            "memory_bytes": -1, "gpus": (), "nics": (), "ib_ports": (), "gpu_nic_affinity": (),
+            "hostname": "",
+            "boot_id": "",
+            "kernel": "",
+            "cpu_model": "",
+            "cpu_sockets": 0,
+            "memory_bytes": -1,
+            "gpus": (),
+            "nics": (),
+            "ib_ports": (),
+            "gpu_nic_affinity": (),
             "nvml_status": "not collected",
         }
 
@@ -57,8 +72,12 @@ class MapBuilder:
     def _stage(self, name: str, fn: Callable[[], None], *, optional: bool = True) -> None:
         elapsed = self.clock() - self.started_at
         if optional and elapsed > self.deadline_s:
-            self._add([f"skipped {name}: over the time budget of {self.deadline_s:g} s "
-                       f"after {elapsed:.1f} s"])
+            self._add(
+                [
+                    f"skipped {name}: over the time budget of {self.deadline_s:g} s "
+                    f"after {elapsed:.1f} s"
+                ]
+            )
             return
         self.stage = name
         try:
@@ -106,7 +125,11 @@ class MapBuilder:
         nics: tuple[NicInfo, ...] = self._fields["nics"]  # type: ignore[assignment]
         placed, links = [], []
         for gpu in gpus:
-            numa = sysfs.pci_numa_node(self.sysfs_root, gpu.pci_bus_id, problems) if gpu.pci_bus_id else -1
+            numa = (
+                sysfs.pci_numa_node(self.sysfs_root, gpu.pci_bus_id, problems)
+                if gpu.pci_bus_id
+                else -1
+            )
             placed.append(dataclasses.replace(gpu, numa_node=numa))
             if gpu.uuid:
                 nic, how = sysfs.nearest_nic(gpu.pci_bus_id, nics, self.sysfs_root)
@@ -122,16 +145,39 @@ class MapBuilder:
             f = dict(self._fields)
             problems = tuple(self._problems) + tuple(extra_problems)
         return HardwareMap(
-            node=self.node, hostname=f["hostname"], boot_id=f["boot_id"], kernel=f["kernel"],
-            cpu_model=f["cpu_model"], cpu_sockets=f["cpu_sockets"], memory_bytes=f["memory_bytes"],
-            gpus=f["gpus"], nics=f["nics"], ib_ports=f["ib_ports"], gpu_nic_affinity=f["gpu_nic_affinity"],
-            nvml_status=f["nvml_status"], problems=problems, collected_at=self.started_at,
-            duration_s=round(max(0.0, now - self.started_at), 6))
+            node=self.node,
+            hostname=f["hostname"],
+            boot_id=f["boot_id"],
+            kernel=f["kernel"],
+            cpu_model=f["cpu_model"],
+            cpu_sockets=f["cpu_sockets"],
+            memory_bytes=f["memory_bytes"],
+            gpus=f["gpus"],
+            nics=f["nics"],
+            ib_ports=f["ib_ports"],
+            gpu_nic_affinity=f["gpu_nic_affinity"],
+            nvml_status=f["nvml_status"],
+            problems=problems,
+            collected_at=self.started_at,
+            duration_s=round(max(0.0, now - self.started_at), 6),
+        )
 
 
-def collect_hardware_map(node: str, *, sysfs_root: Path = Path("/sys"), proc_root: Path = Path("/proc"),
-                         nvml_loader: nvml.Loader | None = None, clock: Clock = time.time,
-                         deadline_s: float = DEFAULT_DEADLINE_S) -> HardwareMap:
+def collect_hardware_map(
+    node: str,
+    *,
+    sysfs_root: Path = Path("/sys"),
+    proc_root: Path = Path("/proc"),
+    nvml_loader: nvml.Loader | None = None,
+    clock: Clock = time.time,
+    deadline_s: float = DEFAULT_DEADLINE_S,
+) -> HardwareMap:
     """This node's map; parts that did not fit in `deadline_s` are named in `problems`."""
-    return MapBuilder(node, sysfs_root=sysfs_root, proc_root=proc_root, nvml_loader=nvml_loader,
-                      clock=clock, deadline_s=deadline_s).run()
+    return MapBuilder(
+        node,
+        sysfs_root=sysfs_root,
+        proc_root=proc_root,
+        nvml_loader=nvml_loader,
+        clock=clock,
+        deadline_s=deadline_s,
+    ).run()

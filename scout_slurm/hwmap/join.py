@@ -29,7 +29,12 @@ def rank_nic(gpu_uuids: tuple[str, ...], hwmap: HardwareMap) -> str:
     """The NIC nearest the rank's first GPU; without one, the first InfiniBand interface that is
     up, else the first Ethernet one (a guess: NCCL and gloo may be told otherwise)."""
     for link in hwmap.gpu_nic_affinity:
-        if gpu_uuids and link.gpu_uuid == gpu_uuids[0] and link.how is not Affinity.NONE and link.nic:
+        if (
+            gpu_uuids
+            and link.gpu_uuid == gpu_uuids[0]
+            and link.how is not Affinity.NONE
+            and link.nic
+        ):
             return link.nic
     for kind in (NicKind.INFINIBAND, NicKind.ETHERNET):
         for nic in hwmap.nics:
@@ -46,7 +51,9 @@ def join_with_map(place: RankPlace, hwmap: HardwareMap) -> RankPlace:
 
 def read_node_map(folder: JobFolder, node: str) -> HardwareMap:
     """The Prolog's map of `node`; EvidenceError (a ScoutError) when absent or unsafe."""
-    return read_record(folder.node_dir(node) / MAP_NAME, HardwareMap, max_bytes=MAX_MAP_BYTES, root=folder.root)
+    return read_record(
+        folder.node_dir(node) / MAP_NAME, HardwareMap, max_bytes=MAX_MAP_BYTES, root=folder.root
+    )
 
 
 def join_place(folder: JobFolder, place: RankPlace) -> RankPlace:

@@ -63,7 +63,7 @@ class _Calls:
     def __init__(self, nv: Any) -> None:
         self.nv = nv
         self.problems: list[str] = []
-        self.errors: list[str] = []   # failures other than "not supported"
+        self.errors: list[str] = []  # failures other than "not supported"
 
     def call(self, what: str, fn_name: str, *args: Any, default: Any = None) -> Any:
         try:
@@ -131,9 +131,20 @@ def _read_all(calls: _Calls) -> tuple[GpuInfo, ...]:
         ecc_mode = "unknown"
         if isinstance(ecc, (tuple, list)) and ecc:
             ecc_mode = "enabled" if ecc[0] else "disabled"
-        gpus.append(GpuInfo(index=index, uuid=uuid, serial=serial, pci_bus_id=bus_id, name=name,
-                            driver_version=driver, cuda_driver_version=cuda, ecc_mode=ecc_mode,
-                            numa_node=-1, mig_uuids=_mig_uuids(calls, handle, where)))
+        gpus.append(
+            GpuInfo(
+                index=index,
+                uuid=uuid,
+                serial=serial,
+                pci_bus_id=bus_id,
+                name=name,
+                driver_version=driver,
+                cuda_driver_version=cuda,
+                ecc_mode=ecc_mode,
+                numa_node=-1,
+                mig_uuids=_mig_uuids(calls, handle, where),
+            )
+        )
     return tuple(gpus)
 
 
@@ -185,8 +196,8 @@ def _resolve_one(entry: str, by_pci: Sequence[GpuInfo]) -> str | None:
     if entry.isdigit():
         i = int(entry)
         return by_pci[i].uuid if i < len(by_pci) and by_pci[i].uuid else None
-    if entry.startswith("MIG-GPU-"):       # MIG-GPU-<parent uuid>/<gi>/<ci> (drivers before R470)
-        return _by_prefix(entry[len("MIG-"):].split("/", 1)[0], by_pci, exact=True)
+    if entry.startswith("MIG-GPU-"):  # MIG-GPU-<parent uuid>/<gi>/<ci> (drivers before R470)
+        return _by_prefix(entry[len("MIG-") :].split("/", 1)[0], by_pci, exact=True)
     if entry.startswith("MIG-"):
         for gpu in by_pci:
             if entry in gpu.mig_uuids:
@@ -198,5 +209,9 @@ def _resolve_one(entry: str, by_pci: Sequence[GpuInfo]) -> str | None:
 
 
 def _by_prefix(prefix: str, by_pci: Sequence[GpuInfo], *, exact: bool) -> str | None:
-    matches = [g.uuid for g in by_pci if g.uuid and (g.uuid == prefix if exact else g.uuid.startswith(prefix))]
+    matches = [
+        g.uuid
+        for g in by_pci
+        if g.uuid and (g.uuid == prefix if exact else g.uuid.startswith(prefix))
+    ]
     return matches[0] if len(matches) == 1 else None

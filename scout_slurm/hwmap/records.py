@@ -11,63 +11,64 @@ class NicKind(str, enum.Enum):
     ETHERNET = "ethernet"
     INFINIBAND = "infiniband"
     LOOPBACK = "loopback"
-    VIRTUAL = "virtual"        # bridge, bond, veth, ifb, tun: no device of its own
+    VIRTUAL = "virtual"  # bridge, bond, veth, ifb, tun: no device of its own
 
 
 class Affinity(str, enum.Enum):
     """How near a NIC is to a GPU, best first."""
-    SAME_PCI_SWITCH = "same-pci-switch"   # both below one PCI bridge (switch or root port)
-    SAME_NUMA = "same-numa"               # same NUMA node, or same host bridge when NUMA is unknown
-    NONE = "none"                         # nothing in common, or nothing to compare
+
+    SAME_PCI_SWITCH = "same-pci-switch"  # both below one PCI bridge (switch or root port)
+    SAME_NUMA = "same-numa"  # same NUMA node, or same host bridge when NUMA is unknown
+    NONE = "none"  # nothing in common, or nothing to compare
 
 
 @dataclass(frozen=True)
 class GpuInfo:
-    index: int                 # NVML's index (not CUDA's: see nvml.resolve_visible_uuids)
-    uuid: str                  # GPU-xxxxxxxx-...
-    serial: str                # board serial; "" when NVML does not say
-    pci_bus_id: str            # sysfs form: 0000:04:00.0 (4-digit domain, lower case)
+    index: int  # NVML's index (not CUDA's: see nvml.resolve_visible_uuids)
+    uuid: str  # GPU-xxxxxxxx-...
+    serial: str  # board serial; "" when NVML does not say
+    pci_bus_id: str  # sysfs form: 0000:04:00.0 (4-digit domain, lower case)
     name: str
     driver_version: str
-    cuda_driver_version: str   # "12.4"
-    ecc_mode: str              # "enabled", "disabled", "unknown"
-    numa_node: int             # from sysfs; -1 unknown
-    mig_uuids: tuple[str, ...] = ()   # MIG-... of the instances on this GPU, when MIG is on
+    cuda_driver_version: str  # "12.4"
+    ecc_mode: str  # "enabled", "disabled", "unknown"
+    numa_node: int  # from sysfs; -1 unknown
+    mig_uuids: tuple[str, ...] = ()  # MIG-... of the instances on this GPU, when MIG is on
 
 
 @dataclass(frozen=True)
 class NicInfo:
     name: str
     mac: str
-    pci_address: str           # "" for a virtual interface
-    numa_node: int             # -1 unknown
-    speed_mbps: int            # -1 unknown (link down, virtual, or the driver does not say)
-    operstate: str             # up, down, unknown, ...
+    pci_address: str  # "" for a virtual interface
+    numa_node: int  # -1 unknown
+    speed_mbps: int  # -1 unknown (link down, virtual, or the driver does not say)
+    operstate: str  # up, down, unknown, ...
     kind: NicKind
 
 
 @dataclass(frozen=True)
 class IbPort:
-    hca: str                   # mlx5_0
+    hca: str  # mlx5_0
     port: int
-    guid: str                  # port GUID (from gids/0), else the HCA's node GUID; 0x-prefixed
-    state: str                 # "4: ACTIVE"
-    rate: str                  # "200 Gb/sec (4X HDR)"
-    link_layer: str            # InfiniBand or Ethernet (RoCE)
+    guid: str  # port GUID (from gids/0), else the HCA's node GUID; 0x-prefixed
+    state: str  # "4: ACTIVE"
+    rate: str  # "200 Gb/sec (4X HDR)"
+    link_layer: str  # InfiniBand or Ethernet (RoCE)
 
 
 @dataclass(frozen=True)
 class GpuNic:
     gpu_uuid: str
-    nic: str                   # "" when there is no candidate NIC
+    nic: str  # "" when there is no candidate NIC
     how: Affinity
 
 
 @dataclass(frozen=True)
 class HardwareMap:
     KIND: ClassVar[str] = "hardware-map"
-    node: str                  # Slurm's node name
-    hostname: str              # the kernel's host name (equal for every slurmd -N node on one machine)
+    node: str  # Slurm's node name
+    hostname: str  # the kernel's host name (equal for every slurmd -N node on one machine)
     boot_id: str
     kernel: str
     cpu_model: str
@@ -77,7 +78,7 @@ class HardwareMap:
     nics: tuple[NicInfo, ...]
     ib_ports: tuple[IbPort, ...]
     gpu_nic_affinity: tuple[GpuNic, ...]
-    nvml_status: str           # "ok", "no-library", "no-gpu", "error: ..."
+    nvml_status: str  # "ok", "no-library", "no-gpu", "error: ..."
     problems: tuple[str, ...]  # everything that could not be read, each naming the file or call
     collected_at: float
     duration_s: float

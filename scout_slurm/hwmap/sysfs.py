@@ -17,9 +17,9 @@ from typing import Iterable, Sequence
 
 from scout_slurm.hwmap.records import Affinity, IbPort, NicInfo, NicKind
 
-READ_LIMIT = 64 * 1024          # every sysfs attribute is at most a page; 64 KiB is generous
+READ_LIMIT = 64 * 1024  # every sysfs attribute is at most a page; 64 KiB is generous
 CPUINFO_LIMIT = 8 * 1024 * 1024  # /proc/cpuinfo is ~1.5 KiB per logical CPU
-MAX_ENTRIES = 4096              # interfaces, HCAs or ports listed per directory
+MAX_ENTRIES = 4096  # interfaces, HCAs or ports listed per directory
 
 _PCI_ADDR = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 _PCI_ROOT = re.compile(r"^pci[0-9a-f]{4,8}:[0-9a-f]{2}$")
@@ -46,7 +46,9 @@ def read_small(path: Path, *, limit: int = READ_LIMIT) -> tuple[str, bool]:
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise UnreadableFile(errno.EINVAL, f"not a regular file ({_file_type(mode)})", str(path))
+            raise UnreadableFile(
+                errno.EINVAL, f"not a regular file ({_file_type(mode)})", str(path)
+            )
         chunks: list[bytes] = []
         size = 0
         while size <= limit:
@@ -63,8 +65,13 @@ def read_small(path: Path, *, limit: int = READ_LIMIT) -> tuple[str, bool]:
 
 
 def _file_type(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"),
-                       (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket")):
+    for test, name in (
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISSOCK, "socket"),
+    ):
         if test(mode):
             return name
     return "unknown type"
@@ -76,7 +83,9 @@ def _why(exc: OSError) -> str:
     return exc.strerror or type(exc).__name__
 
 
-def _read(path: Path, problems: Problems, *, limit: int = READ_LIMIT, quiet_errnos: Iterable[int] = ()) -> str | None:
+def _read(
+    path: Path, problems: Problems, *, limit: int = READ_LIMIT, quiet_errnos: Iterable[int] = ()
+) -> str | None:
     """Stripped text of `path`, or None with a problem recorded (none for `quiet_errnos`)."""
     try:
         text, truncated = read_small(path, limit=limit)
@@ -106,7 +115,9 @@ def _list_dir(path: Path, problems: Problems, *, missing_ok: bool = False) -> li
             for entry in it:
                 names.append(entry.name)
                 if len(names) > MAX_ENTRIES:
-                    problems.append(f"{path}: more than {MAX_ENTRIES} entries; listed the first {MAX_ENTRIES}")
+                    problems.append(
+                        f"{path}: more than {MAX_ENTRIES} entries; listed the first {MAX_ENTRIES}"
+                    )
                     break
     except FileNotFoundError:
         if not missing_ok:
@@ -146,6 +157,7 @@ def normalise_pci_address(address: str) -> str:
 
 
 # -- identity, CPU, memory --------------------------------------------------------------------
+
 
 def read_identity(proc_root: Path) -> tuple[str, str, str, tuple[str, ...]]:
     """(hostname, boot_id, kernel release, problems) from /proc/sys/kernel."""
@@ -206,6 +218,7 @@ def read_cpu_memory(proc_root: Path) -> tuple[str, int, int, tuple[str, ...]]:
 
 # -- PCI ---------------------------------------------------------------------------------------
 
+
 def pci_path(sysfs_root: Path, pci_address: str) -> tuple[str, ...]:
     """The PCI chain from the root complex down to the device, e.g.
     ("pci0000:00", "0000:00:01.0", "0000:01:00.0", "0000:02:01.0", "0000:04:00.0");
@@ -246,8 +259,9 @@ def _common_prefix(a: Sequence[str], b: Sequence[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def nic_affinity(gpu_chain: Sequence[str], gpu_numa: int, nic: NicInfo,
-                 nic_chain: Sequence[str]) -> tuple[Affinity, int]:
+def nic_affinity(
+    gpu_chain: Sequence[str], gpu_numa: int, nic: NicInfo, nic_chain: Sequence[str]
+) -> tuple[Affinity, int]:
     """How near one NIC is to one GPU, and the depth of their common PCI ancestry (pure).
 
     Sharing any PCI bridge below the root complex means sharing a switch (a root port has one
@@ -290,6 +304,7 @@ def nearest_nic(gpu_pci: str, nics: Sequence[NicInfo], sysfs_root: Path) -> tupl
 
 # -- network interfaces ------------------------------------------------------------------------
 
+
 def _nic_kind(arphrd: int, is_virtual: bool) -> NicKind:
     if arphrd == _ARPHRD_LOOPBACK:
         return NicKind.LOOPBACK
@@ -324,19 +339,32 @@ def read_nics(sysfs_root: Path) -> tuple[tuple[NicInfo, ...], tuple[str, ...]]:
         operstate = _read(entry / "operstate", problems) or "unknown"
         # the kernel answers EINVAL for the speed of a link that is down or has no speed
         speed_path = entry / "speed"
-        speed = _int_or(_read(speed_path, problems, quiet_errnos=(errno.EINVAL, errno.ENOENT)), -1,
-                        speed_path, problems)
+        speed = _int_or(
+            _read(speed_path, problems, quiet_errnos=(errno.EINVAL, errno.ENOENT)),
+            -1,
+            speed_path,
+            problems,
+        )
         numa = -1
         if pci_dir is not None:
             numa_path = pci_dir / "numa_node"
             numa = _int_or(_read(numa_path, problems), -1, numa_path, problems)
-        nics.append(NicInfo(name=name, mac=mac, pci_address=pci_address, numa_node=numa,
-                            speed_mbps=speed if speed >= 0 else -1, operstate=operstate,
-                            kind=_nic_kind(arphrd, is_virtual)))
+        nics.append(
+            NicInfo(
+                name=name,
+                mac=mac,
+                pci_address=pci_address,
+                numa_node=numa,
+                speed_mbps=speed if speed >= 0 else -1,
+                operstate=operstate,
+                kind=_nic_kind(arphrd, is_virtual),
+            )
+        )
     return tuple(nics), tuple(problems)
 
 
 # -- InfiniBand --------------------------------------------------------------------------------
+
 
 def _guid(text: str | None) -> str:
     """`0c42:a103:0001:2b3c` (node_guid) or a GID's last 64 bits as 0x0c42a10300012b3c."""
@@ -362,9 +390,15 @@ def read_ib_ports(sysfs_root: Path) -> tuple[tuple[IbPort, ...], tuple[str, ...]
                 continue
             port_dir = hca_dir / "ports" / port_name
             gid0 = _guid(_read(port_dir / "gids" / "0", problems))
-            ports.append(IbPort(hca=hca, port=int(port_name), guid=gid0 or node_guid,
-                                state=_read(port_dir / "state", problems) or "",
-                                rate=_read(port_dir / "rate", problems) or "",
-                                link_layer=_read(port_dir / "link_layer", problems) or ""))
+            ports.append(
+                IbPort(
+                    hca=hca,
+                    port=int(port_name),
+                    guid=gid0 or node_guid,
+                    state=_read(port_dir / "state", problems) or "",
+                    rate=_read(port_dir / "rate", problems) or "",
+                    link_layer=_read(port_dir / "link_layer", problems) or "",
+                )
+            )
     ports.sort(key=lambda p: (p.hca, p.port))
     return tuple(ports), tuple(problems)

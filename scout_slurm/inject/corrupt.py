@@ -13,6 +13,7 @@ def corrupt_(t: Any, fault: FaultSpec, *, seed: int = 0) -> str:
     """Corrupt `t` in place: one element (bitflip, scale, sign, nan, inf) or every element
     (noise, from a generator of its own so the job's random stream is not disturbed)."""
     import torch
+
     if hasattr(t, "to_local"):  # a DTensor (FSDP2/HSDP): corrupt this rank's shard
         t = t.to_local()
     with torch.no_grad():
@@ -25,7 +26,9 @@ def corrupt_(t: Any, fault: FaultSpec, *, seed: int = 0) -> str:
             size = flat.element_size()
             ints = flat.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[size])
             bit = fault.bit % (size * 8)
-            mask = -(1 << bit) if bit == size * 8 - 1 else (1 << bit)  # the sign bit, in two's complement
+            mask = (
+                -(1 << bit) if bit == size * 8 - 1 else (1 << bit)
+            )  # the sign bit, in two's complement
             ints[i] = torch.bitwise_xor(ints[i], torch.tensor(mask, dtype=ints.dtype))
         elif fault.kind == "scale":
             flat[i] *= fault.factor
@@ -42,10 +45,16 @@ def corrupt_(t: Any, fault: FaultSpec, *, seed: int = 0) -> str:
         return f"[{i}]: {before!r} -> {float(flat[i])!r}"
 
 
-def local_gradient_fault_hook(fault: FaultSpec, rank: int, restart: int, current_step: Callable[[], int],
-                              on_fire: Callable[[str], None]) -> Callable:
+def local_gradient_fault_hook(
+    fault: FaultSpec,
+    rank: int,
+    restart: int,
+    current_step: Callable[[], int],
+    on_fire: Callable[[str], None],
+) -> Callable:
     """A tensor hook on a weight: this rank's own gradient of it, corrupted before it is
     accumulated and all-reduced (every replica then holds the same wrong update)."""
+
     def hook(g):
         step = current_step()
         if not fault.applies(rank, step, restart):
@@ -54,11 +63,18 @@ def local_gradient_fault_hook(fault: FaultSpec, rank: int, restart: int, current
         what = corrupt_(g, fault, seed=1_000_003 * rank + step)
         on_fire(f"local weight gradient {what}")
         return g
+
     return hook
 
 
-def compute_fault_hook(fault: FaultSpec, rank: int, restart: int, current_step: Callable[[], int],
-                       on_fire: Callable[[str], None], replaying: Callable[[], bool] = lambda: False) -> Callable:
+def compute_fault_hook(
+    fault: FaultSpec,
+    rank: int,
+    restart: int,
+    current_step: Callable[[], int],
+    on_fire: Callable[[str], None],
+    replaying: Callable[[], bool] = lambda: False,
+) -> Callable:
     """A forward hook for the faulty layer on the faulty rank. `activations`: its output is
     corrupted; `gradients`: the gradient entering its backward is. It fires in training and in
     scout's replay of the layer alike (the hardware is broken, whoever asks)."""
@@ -78,6 +94,7 @@ def compute_fault_hook(fault: FaultSpec, rank: int, restart: int, current_step: 
 
     class _Replace(torch.autograd.Function):
         """Forward: the corrupted values, bit for bit; backward: the gradient passes unchanged."""
+
         @staticmethod
         def forward(ctx, x, corrupted):
             return corrupted
@@ -94,7 +111,9 @@ def compute_fault_hook(fault: FaultSpec, rank: int, restart: int, current_step: 
         step = current_step()
         if not isinstance(output, torch.Tensor) or not fault.applies(rank, step, restart):
             return None
-        if fault.transient and replaying():   # a one-off upset: asked again, the hardware answers right
+        if (
+            fault.transient and replaying()
+        ):  # a one-off upset: asked again, the hardware answers right
             return None
         if fault.target == "activations":
             out = output.detach().clone()
@@ -102,4 +121,5 @@ def compute_fault_hook(fault: FaultSpec, rank: int, restart: int, current_step: 
             on_fire(f"activation {what}")
             return _Replace.apply(output, out)
         return _CorruptGradient.apply(output)
+
     return hook

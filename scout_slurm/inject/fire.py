@@ -21,13 +21,21 @@ class Injector:
     injection finding (the moment, to measure detection latency); `first_weight(optimizer)` is the
     tensor a weight fault changes (the model's own under DeepSpeed ZeRO)."""
 
-    def __init__(self, fault: FaultSpec, *, rank: int, restart: int, record: Callable[[FaultSpec], None],
-                 first_weight: Callable[[Any], Any], say: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        fault: FaultSpec,
+        *,
+        rank: int,
+        restart: int,
+        record: Callable[[FaultSpec], None],
+        first_weight: Callable[[Any], Any],
+        say: Callable[[str], None],
+    ) -> None:
         self.fault, self.rank, self.restart = fault, rank, restart
         self.record, self.first_weight, self.say = record, first_weight, say
-        self.fired_step = -1          # the optimizer step after which the fault last fired
+        self.fired_step = -1  # the optimizer step after which the fault last fired
         self.skip_next_all_reduce = False
-        self.timing_said = False      # a recurring delay: said and recorded at its first firing only
+        self.timing_said = False  # a recurring delay: said and recorded at its first firing only
         self.update_said = False
         self.compute_fired = 0
 
@@ -42,12 +50,17 @@ class Injector:
         if fault.target != "update" or not self.applies(step):
             return
         from scout_slurm.inject.corrupt import corrupt_
+
         self.fired_step = step
-        what = corrupt_(optimizer.param_groups[0]["params"][0], fault, seed=1_000_003 * self.rank + step)
+        what = corrupt_(
+            optimizer.param_groups[0]["params"][0], fault, seed=1_000_003 * self.rank + step
+        )
         if not self.update_said:
             self.update_said = True
-            self.say(f"scout: injecting fault {fault.kind} into the optimizer update on rank {self.rank} at step "
-                     f"{step}: param0{what}")
+            self.say(
+                f"scout: injecting fault {fault.kind} into the optimizer update on rank {self.rank} at step "
+                f"{step}: param0{what}"
+            )
             self.record(fault)
 
     def process_fault(self, step: int, optimizer: Any) -> None:
@@ -69,8 +82,10 @@ class Injector:
     def compute_fired_once(self, what: str, step: int) -> None:
         self.compute_fired += 1
         if self.compute_fired == 1:  # a recurring fault fires every step: said and recorded once
-            self.say(f"scout: injecting fault {self.fault.kind} into {self.fault.target} on rank {self.rank} at step "
-                     f"{step}: {what}")
+            self.say(
+                f"scout: injecting fault {self.fault.kind} into {self.fault.target} on rank {self.rank} at step "
+                f"{step}: {what}"
+            )
             self.record(self.fault)
 
     def corrupt_recomputed_update(self, step: int, param: int, lo: int, t: Any) -> None:
@@ -80,25 +95,35 @@ class Injector:
         if fault.target != "update" or fault.transient or param != 0 or not self.applies(step):
             return
         from scout_slurm.inject.corrupt import corrupt_
+
         if fault.kind == "noise" or lo <= fault.element < lo + t.numel():
-            corrupt_(t, dataclasses.replace(fault, element=max(0, fault.element - lo)),
-                     seed=7 + 1_000_003 * self.rank + step)
+            corrupt_(
+                t,
+                dataclasses.replace(fault, element=max(0, fault.element - lo)),
+                seed=7 + 1_000_003 * self.rank + step,
+            )
 
 
 def _corrupt_state(inj: Injector, optimizer: Any) -> None:
     """Change one element of the first parameter (or of the optimizer's first state tensor)."""
     from scout_slurm.bootstrap.signing import optimizer_tensors
     from scout_slurm.inject.corrupt import corrupt_
+
     fault = inj.fault
     if fault.target == "optimizer":
         tensors = optimizer_tensors(optimizer)
         if not tensors:
-            inj.say("scout: corrupted nothing: the optimizer has no state tensors (e.g. SGD without momentum)")
+            inj.say(
+                "scout: corrupted nothing: the optimizer has no state tensors (e.g. SGD without momentum)"
+            )
             return
         name, t = tensors[0]
     else:
         name, t = "param0", inj.first_weight(optimizer)
-    inj.say(f"scout: corrupted {fault.target} {name}" + corrupt_(t, fault, seed=1_000_003 * inj.rank + fault.step))
+    inj.say(
+        f"scout: corrupted {fault.target} {name}"
+        + corrupt_(t, fault, seed=1_000_003 * inj.rank + fault.step)
+    )
 
 
 def _sleep(inj: Injector, optimizer: Any) -> None:
@@ -126,6 +151,7 @@ def _exit(inj: Injector, optimizer: Any) -> NoReturn:
     teardown after them, with gloo's threads still running, sometimes aborted the process in
     torch's C++ destructors (SIGABRT): the fault asked for an exit code, not a signal."""
     from scout_slurm.bootstrap.exitpolicy import flush_and_exit
+
     atexit._run_exitfuncs()
     flush_and_exit(inj.fault.code)
 
@@ -136,12 +162,14 @@ def _sigkill(inj: Injector, optimizer: Any) -> None:
 
 def _segv(inj: Injector, optimizer: Any) -> None:
     import ctypes
+
     ctypes.string_at(0)
 
 
 def _raise(inj: Injector, optimizer: Any) -> NoReturn:
     """An exception in the job's step: marked as the job's, so scout's guard lets it through."""
     from scout_slurm.bootstrap.guard import JOBS_OWN
+
     exc = RuntimeError(f"scout injected exception at step {inj.fault.step}")
     setattr(exc, JOBS_OWN, True)
     raise exc
@@ -151,8 +179,13 @@ def _raise(inj: Injector, optimizer: Any) -> NoReturn:
 FIRE: dict[str, Callable[[Injector, Any], None]] = {
     **{kind: _corrupt_state for kind in NUMERIC_FAULTS},
     **{kind: _sleep for kind in ("sleep", *TIMING_FAULTS)},
-    "spin": _spin, "stop": _stop, "skip_allreduce": _skip_allreduce, "exit": _exit, "sigkill": _sigkill,
-    "segv": _segv, "raise": _raise,
+    "spin": _spin,
+    "stop": _stop,
+    "skip_allreduce": _skip_allreduce,
+    "exit": _exit,
+    "sigkill": _sigkill,
+    "segv": _segv,
+    "raise": _raise,
 }
 
 
@@ -161,19 +194,29 @@ def say(line: str) -> None:
     sys.stderr.flush()
 
 
-def attach_compute_fault(root: Any, fault: Any, rank: int, restart: int, current_step: Callable[[], int],
-                         on_fire: Callable[[str], None], replaying: Callable[[], bool] = lambda: False) -> str:
+def attach_compute_fault(
+    root: Any,
+    fault: Any,
+    rank: int,
+    restart: int,
+    current_step: Callable[[], int],
+    on_fire: Callable[[str], None],
+    replaying: Callable[[], bool] = lambda: False,
+) -> str:
     """Hang the fault's forward hook on the named layer (default: the first with weights)."""
     from scout_slurm.bootstrap.frameworks import parameterised_leaves
     from scout_slurm.inject.corrupt import compute_fault_hook, local_gradient_fault_hook
+
     leaves = parameterised_leaves([root])
     if not leaves:
         return "no layer with weights: compute fault not attached"
     if fault.layer:
         match = [(n, m) for n, m in leaves if n == fault.layer]
         if not match:
-            return (f"compute fault: layer {fault.layer!r} not found; layers with weights: "
-                    f"{', '.join(n for n, _ in leaves)}")
+            return (
+                f"compute fault: layer {fault.layer!r} not found; layers with weights: "
+                f"{', '.join(n for n, _ in leaves)}"
+            )
         name, layer = match[0]
     else:
         name, layer = leaves[0]
@@ -183,5 +226,7 @@ def attach_compute_fault(root: Any, fault: Any, rank: int, restart: int, current
             return f"compute fault: layer {name!r} has no trainable weight"
         weight.register_hook(local_gradient_fault_hook(fault, rank, restart, current_step, on_fire))
     else:
-        layer.register_forward_hook(compute_fault_hook(fault, rank, restart, current_step, on_fire, replaying))
+        layer.register_forward_hook(
+            compute_fault_hook(fault, rank, restart, current_step, on_fire, replaying)
+        )
     return f"compute fault ({fault.kind} into {fault.target}) attached to layer {name!r}"

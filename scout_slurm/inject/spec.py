@@ -38,29 +38,44 @@ KINDS = PROCESS_FAULTS + NUMERIC_FAULTS + TIMING_FAULTS
 @dataclass(frozen=True)
 class FaultSpec:
     kind: str
-    rank: int | None          # None: every rank
+    rank: int | None  # None: every rank
     step: int
     seconds: float = 3600.0
     code: int = 3
-    restart: int | None = 0   # fire only in this run (SLURM_RESTART_COUNT), so a rerun is clean; None: every run
-    bit: int = 0              # bitflip: which bit of the element (0: lowest mantissa bit of float32; 30: exponent)
-    factor: float = 2.0       # scale: multiply the element by this
-    target: str = "weights"   # numerical faults: "weights" or "optimizer" (its state, e.g. momentum)
-    element: int = 0          # which element of the first parameter (flattened)
-    sigma: float = 1e-3       # noise: standard deviation of the gaussian noise added to every element
-    every: int = 0            # recurring: fire at step, step+every, ... (0: once, unless `until`)
+    restart: int | None = (
+        0  # fire only in this run (SLURM_RESTART_COUNT), so a rerun is clean; None: every run
+    )
+    bit: int = (
+        0  # bitflip: which bit of the element (0: lowest mantissa bit of float32; 30: exponent)
+    )
+    factor: float = 2.0  # scale: multiply the element by this
+    target: str = "weights"  # numerical faults: "weights" or "optimizer" (its state, e.g. momentum)
+    element: int = 0  # which element of the first parameter (flattened)
+    sigma: float = 1e-3  # noise: standard deviation of the gaussian noise added to every element
+    every: int = 0  # recurring: fire at step, step+every, ... (0: once, unless `until`)
     until: int | None = None  # recurring: last step it may fire (None: no end when `every` is set)
-    layer: str = ""           # activations/gradients: the layer's name in the model ("": the first with weights)
-    transient: bool = False   # activations/gradients: in training only, never in scout's replay (a one-off upset)
+    layer: str = (
+        ""  # activations/gradients: the layer's name in the model ("": the first with weights)
+    )
+    transient: bool = (
+        False  # activations/gradients: in training only, never in scout's replay (a one-off upset)
+    )
 
     def applies(self, rank: int, step: int, restart: int) -> bool:
-        if not ((self.rank is None or self.rank == rank) and (self.restart is None or restart == self.restart)):
+        if not (
+            (self.rank is None or self.rank == rank)
+            and (self.restart is None or restart == self.restart)
+        ):
             return False
         if step == self.step:
             return True
         period = self.every or (1 if self.until is not None else 0)
-        return (period > 0 and step > self.step and (step - self.step) % period == 0
-                and (self.until is None or step <= self.until))
+        return (
+            period > 0
+            and step > self.step
+            and (step - self.step) % period == 0
+            and (self.until is None or step <= self.until)
+        )
 
     @property
     def is_compute(self) -> bool:
@@ -73,18 +88,36 @@ def parse_fault(text: str) -> FaultSpec:
         raise ConfigError("SCOUT_INJECT is empty; expected e.g. 'sleep,rank=1,step=5'")
     kind = parts[0]
     if kind not in KINDS:
-        raise ConfigError(f"SCOUT_INJECT={text!r}: unknown fault kind {kind!r}; valid: {', '.join(KINDS)}")
+        raise ConfigError(
+            f"SCOUT_INJECT={text!r}: unknown fault kind {kind!r}; valid: {', '.join(KINDS)}"
+        )
     values: dict[str, str] = {}
     for p in parts[1:]:
         if "=" not in p:
             raise ConfigError(f"SCOUT_INJECT={text!r}: {p!r} is not key=value")
         k, v = p.split("=", 1)
         values[k.strip()] = v.strip()
-    valid = {"rank", "step", "seconds", "code", "restart", "bit", "factor", "target", "element", "sigma", "every",
-             "until", "layer", "transient"}
+    valid = {
+        "rank",
+        "step",
+        "seconds",
+        "code",
+        "restart",
+        "bit",
+        "factor",
+        "target",
+        "element",
+        "sigma",
+        "every",
+        "until",
+        "layer",
+        "transient",
+    }
     unknown = set(values) - valid
     if unknown:
-        raise ConfigError(f"SCOUT_INJECT={text!r}: unknown key(s) {sorted(unknown)}; valid: {', '.join(sorted(valid))}")
+        raise ConfigError(
+            f"SCOUT_INJECT={text!r}: unknown key(s) {sorted(unknown)}; valid: {', '.join(sorted(valid))}"
+        )
     try:
         rank = None if values.get("rank", "all") == "all" else int(values["rank"])
         step = int(values.get("step", "1"))
@@ -116,15 +149,33 @@ def parse_fault(text: str) -> FaultSpec:
     if not sigma >= 0:
         raise ConfigError(f"SCOUT_INJECT={text!r}: sigma must be >= 0")
     if target in (*COMPUTE_TARGETS, UPDATE_TARGET) and kind not in NUMERIC_FAULTS:
-        raise ConfigError(f"SCOUT_INJECT={text!r}: target {target} takes a numerical kind "
-                          f"({', '.join(NUMERIC_FAULTS)}), not {kind!r}")
+        raise ConfigError(
+            f"SCOUT_INJECT={text!r}: target {target} takes a numerical kind "
+            f"({', '.join(NUMERIC_FAULTS)}), not {kind!r}"
+        )
     if kind in TIMING_FAULTS:
         if "seconds" not in values:
-            raise ConfigError(f"SCOUT_INJECT={text!r}: {kind} needs seconds=X (its length per firing)")
+            raise ConfigError(
+                f"SCOUT_INJECT={text!r}: {kind} needs seconds=X (its length per firing)"
+            )
         if not 0 <= seconds <= 3600:
             raise ConfigError(f"SCOUT_INJECT={text!r}: seconds must be within 0..3600 for {kind}")
         if kind == "delay" and every == 0 and until is None:
             every = 1  # a straggler is slow every step, not once
-    return FaultSpec(kind=kind, rank=rank, step=step, seconds=seconds, code=code, restart=restart, bit=bit,
-                     factor=factor, target=target, element=element,
-                     sigma=sigma, every=every, until=until, layer=values.get("layer", ""), transient=transient)
+    return FaultSpec(
+        kind=kind,
+        rank=rank,
+        step=step,
+        seconds=seconds,
+        code=code,
+        restart=restart,
+        bit=bit,
+        factor=factor,
+        target=target,
+        element=element,
+        sigma=sigma,
+        every=every,
+        until=until,
+        layer=values.get("layer", ""),
+        transient=transient,
+    )

@@ -32,8 +32,16 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from scout_slurm.config import (DrainConfig, EpilogConfig, EvidenceConfig, RemediationConfig, SiteConfig, SlurmConfig,
-                                WatchdogConfig, render_toml)
+from scout_slurm.config import (
+    DrainConfig,
+    EpilogConfig,
+    EvidenceConfig,
+    RemediationConfig,
+    SiteConfig,
+    SlurmConfig,
+    WatchdogConfig,
+    render_toml,
+)
 from scout_slurm.errors import LabError, SlurmError
 from scout_slurm.lab import DEFAULT_PORT_BASE, default_state_dir
 from scout_slurm.lab import roots
@@ -45,8 +53,12 @@ log = get_logger("scout.lab")
 DEFAULT_STATE_DIR = default_state_dir()
 DAEMONS = ("slurmctld", "slurmd", "slurmstepd", "munged")
 REQUIRED_BINARIES = {
-    "slurmctld": "slurmctld", "slurmd": "slurmd", "sbatch": "slurm-client", "scontrol": "slurm-client",
-    "munged": "munge", "mungekey": "munge",
+    "slurmctld": "slurmctld",
+    "slurmd": "slurmd",
+    "sbatch": "slurm-client",
+    "scontrol": "slurm-client",
+    "munged": "munge",
+    "mungekey": "munge",
 }
 CLUSTER_NAME = "scoutlab"
 
@@ -63,8 +75,10 @@ NETNS_BINARIES = ("ip", "nsenter", "unshare", "hostname", "mount", "sh")
 _NODE_NAME = re.compile(r"^n\d+$")
 _IP_TIMEOUT = 15.0
 _CAP_NET_ADMIN, _CAP_SYS_ADMIN = 12, 21
-_DEFAULT_MODE_HINT = ("use the default mode instead (`scout lab up` without --netns, LabSpec(netns=False)): "
-                      "every node a `slurmd -N` on 127.0.0.1, no privileges needed")
+_DEFAULT_MODE_HINT = (
+    "use the default mode instead (`scout lab up` without --netns, LabSpec(netns=False)): "
+    "every node a `slurmd -N` on 127.0.0.1, no privileges needed"
+)
 
 
 @dataclass(frozen=True)
@@ -99,7 +113,10 @@ def netns_of(node: str) -> str:
 
 
 # a slow link: netem delay where the kernel has it, else a token bucket that limits the rate
-LINK_SHAPES = (("netem", "delay", "40ms"), ("tbf", "rate", "8mbit", "burst", "32kbit", "latency", "1s"))
+LINK_SHAPES = (
+    ("netem", "delay", "40ms"),
+    ("tbf", "rate", "8mbit", "burst", "32kbit", "latency", "1s"),
+)
 
 
 def shape_link(node: str) -> tuple[str, str]:
@@ -121,8 +138,22 @@ def unshape_link(node: str) -> None:
 
 
 def _node_qdisc(node: str, verb: str, shape: tuple[str, ...]) -> subprocess.CompletedProcess:
-    argv = ["ip", "netns", "exec", netns_of(node), "tc", "qdisc", verb, "dev", "eth0", "root", *shape]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=15, stdin=subprocess.DEVNULL)
+    argv = [
+        "ip",
+        "netns",
+        "exec",
+        netns_of(node),
+        "tc",
+        "qdisc",
+        verb,
+        "dev",
+        "eth0",
+        "root",
+        *shape,
+    ]
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=15, stdin=subprocess.DEVNULL
+    )
 
 
 def veth_of(node: str) -> str:
@@ -139,33 +170,60 @@ class LabPaths:
     root: Path
 
     @property
-    def etc(self) -> Path: return self.root / "etc"
+    def etc(self) -> Path:
+        return self.root / "etc"
+
     @property
-    def slurm_conf(self) -> Path: return self.etc / "slurm.conf"
+    def slurm_conf(self) -> Path:
+        return self.etc / "slurm.conf"
+
     @property
-    def scout_conf(self) -> Path: return self.etc / "scout.toml"
+    def scout_conf(self) -> Path:
+        return self.etc / "scout.toml"
+
     @property
-    def munge_dir(self) -> Path: return self.root / "munge"
+    def munge_dir(self) -> Path:
+        return self.root / "munge"
+
     @property
-    def munge_socket(self) -> Path: return self.munge_dir / "munge.socket"
+    def munge_socket(self) -> Path:
+        return self.munge_dir / "munge.socket"
+
     @property
-    def run(self) -> Path: return self.root / "run"
+    def run(self) -> Path:
+        return self.root / "run"
+
     @property
-    def logs(self) -> Path: return self.root / "log"
+    def logs(self) -> Path:
+        return self.root / "log"
+
     @property
-    def spool(self) -> Path: return self.root / "spool"
+    def spool(self) -> Path:
+        return self.root / "spool"
+
     @property
-    def evidence(self) -> Path: return self.root / "evidence"
+    def evidence(self) -> Path:
+        return self.root / "evidence"
+
     @property
-    def hooks(self) -> Path: return self.root / "hooks"
+    def hooks(self) -> Path:
+        return self.root / "hooks"
+
     @property
-    def lab_json(self) -> Path: return self.root / "lab.json"
+    def lab_json(self) -> Path:
+        return self.root / "lab.json"
+
     @property
-    def work(self) -> Path: return self.root / "work"
+    def work(self) -> Path:
+        return self.root / "work"
+
     @property
-    def hosts(self) -> Path: return self.etc / "hosts"
+    def hosts(self) -> Path:
+        return self.etc / "hosts"
+
     @property
-    def rootfs(self) -> Path: return self.root / "rootfs"
+    def rootfs(self) -> Path:
+        return self.root / "rootfs"
 
 
 def lab_site_config(spec: LabSpec) -> SiteConfig:
@@ -175,9 +233,15 @@ def lab_site_config(spec: LabSpec) -> SiteConfig:
     return SiteConfig(
         evidence=EvidenceConfig(root=str(LabPaths(spec.state_dir).evidence)),
         slurm=SlurmConfig(timeout_s=20.0, retries=3, retry_wait_s=1.0),
-        watchdog=WatchdogConfig(stall_floor_s=8.0, stall_factor=10.0, poll_interval_s=0.2,
-                                publish_interval_s=0.5, steady_publish_interval_s=2.0, grace_s=3.0,
-                                startup_grace_s=300.0),
+        watchdog=WatchdogConfig(
+            stall_floor_s=8.0,
+            stall_factor=10.0,
+            poll_interval_s=0.2,
+            publish_interval_s=0.5,
+            steady_publish_interval_s=2.0,
+            grace_s=3.0,
+            startup_grace_s=300.0,
+        ),
         epilog=EpilogConfig(time_budget_s=60.0, wait_for_nodes_s=5.0),
         remediation=RemediationConfig(min_confidence=0.8, max_drain_fraction=0.5, restart_limit=2),
         # the lab's injected faults are software (no root check can honestly corroborate them), and
@@ -191,8 +255,14 @@ def check_binaries(view: Path | None = None) -> dict[str, list[str]]:
     """argv prefix of each daemon and tool the lab starts: the host's, or `chroot VIEW /usr/sbin/X`."""
     if view is not None:
         chroot = shutil.which("chroot", path="/usr/sbin:/usr/bin:/sbin:/bin") or "/usr/sbin/chroot"
-        return {name: [chroot, str(view), f"/usr/sbin/{name}" if (view / "usr/sbin" / name).exists()
-                       else f"/usr/bin/{name}"] for name in REQUIRED_BINARIES}
+        return {
+            name: [
+                chroot,
+                str(view),
+                f"/usr/sbin/{name}" if (view / "usr/sbin" / name).exists() else f"/usr/bin/{name}",
+            ]
+            for name in REQUIRED_BINARIES
+        }
     found, missing = {}, []
     for name, pkg in REQUIRED_BINARIES.items():
         p = shutil.which(name, path=os.environ.get("PATH", "") + ":/usr/sbin:/usr/bin:/sbin")
@@ -201,9 +271,12 @@ def check_binaries(view: Path | None = None) -> dict[str, list[str]]:
         else:
             missing.append(f"{name} (Debian package {pkg})")
     if missing:
-        raise LabError("Slurm or munge is not installed: missing " + ", ".join(missing) +
-                       ". Install with: apt-get install -y --no-install-recommends slurm-wlm slurmctld slurmd "
-                       "slurm-client munge")
+        raise LabError(
+            "Slurm or munge is not installed: missing "
+            + ", ".join(missing)
+            + ". Install with: apt-get install -y --no-install-recommends slurm-wlm slurmctld slurmd "
+            "slurm-client munge"
+        )
     return found
 
 
@@ -216,25 +289,37 @@ def check_netns_binaries() -> dict[str, str]:
         else:
             missing.append(name)
     if missing:
-        raise LabError(f"lab --netns needs {', '.join(missing)} (Debian packages iproute2, util-linux, hostname, "
-                       f"mount); {_DEFAULT_MODE_HINT}")
+        raise LabError(
+            f"lab --netns needs {', '.join(missing)} (Debian packages iproute2, util-linux, hostname, "
+            f"mount); {_DEFAULT_MODE_HINT}"
+        )
     return found
 
 
-def render_slurm_conf(spec: LabSpec, paths: LabPaths, *, controller_host: str, first_job_id: int,
-                      slurm_user: str = "root") -> str:
+def render_slurm_conf(
+    spec: LabSpec,
+    paths: LabPaths,
+    *,
+    controller_host: str,
+    first_job_id: int,
+    slurm_user: str = "root",
+) -> str:
     """slurm.conf for the lab (pure)."""
     hooks = ""
     if spec.hooks:
-        hooks = (f"Prolog={paths.hooks / 'prolog'}\nEpilog={paths.hooks / 'epilog'}\n"
-                 f"EpilogSlurmctld={paths.hooks / 'epilog-slurmctld'}\n")
+        hooks = (
+            f"Prolog={paths.hooks / 'prolog'}\nEpilog={paths.hooks / 'epilog'}\n"
+            f"EpilogSlurmctld={paths.hooks / 'epilog-slurmctld'}\n"
+        )
     ctl_addr = NETNS_CTL_ADDR if spec.netns else "127.0.0.1"
     lines = [
         f"ClusterName={CLUSTER_NAME}",
         f"SlurmctldHost={controller_host}({ctl_addr})",
         f"SlurmctldPort={spec.port_base}",
-        f"SlurmUser={slurm_user}", "SlurmdUser=root",
-        "AuthType=auth/munge", "CredType=cred/munge",
+        f"SlurmUser={slurm_user}",
+        "SlurmdUser=root",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
         f"AuthInfo=socket={paths.munge_socket},cred_expire=5",
         f"StateSaveLocation={paths.spool / 'ctld'}",
         f"SlurmdSpoolDir={paths.spool / 'nodes' / '%n'}",
@@ -242,27 +327,46 @@ def render_slurm_conf(spec: LabSpec, paths: LabPaths, *, controller_host: str, f
         f"SlurmdPidFile={paths.run / 'slurmd-%n.pid'}",
         f"SlurmctldLogFile={paths.logs / 'slurmctld.log'}",
         f"SlurmdLogFile={paths.logs / 'slurmd-%n.log'}",
-        "SlurmctldDebug=info", "SlurmdDebug=info",
-        "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
-        "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",
-        "JobCompType=jobcomp/filetxt", f"JobCompLoc={paths.logs / 'jobcomp.txt'}",
-        "MpiDefault=none", "SwitchType=switch/none",
-        "SelectType=select/cons_tres", "SelectTypeParameters=CR_CPU",
+        "SlurmctldDebug=info",
+        "SlurmdDebug=info",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "JobAcctGatherType=jobacct_gather/none",
+        "AccountingStorageType=accounting_storage/none",
+        "JobCompType=jobcomp/filetxt",
+        f"JobCompLoc={paths.logs / 'jobcomp.txt'}",
+        "MpiDefault=none",
+        "SwitchType=switch/none",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_CPU",
         "SlurmdParameters=config_overrides",
         "PrologFlags=Alloc",
-        "SchedulerType=sched/backfill", "SchedulerParameters=bf_interval=1,sched_interval=1",
-        "MinJobAge=300", "ReturnToService=2", "JobRequeue=1",
+        "SchedulerType=sched/backfill",
+        "SchedulerParameters=bf_interval=1,sched_interval=1",
+        "MinJobAge=300",
+        "ReturnToService=2",
+        "JobRequeue=1",
         f"FirstJobId={first_job_id}",
-        "KillWait=3", "InactiveLimit=0", "Waittime=0", "MessageTimeout=10",
-        "SlurmctldTimeout=30", "SlurmdTimeout=300", "UnkillableStepTimeout=30",
+        "KillWait=3",
+        "InactiveLimit=0",
+        "Waittime=0",
+        "MessageTimeout=10",
+        "SlurmctldTimeout=30",
+        "SlurmdTimeout=300",
+        "UnkillableStepTimeout=30",
         "PrologEpilogTimeout=180",
         hooks.rstrip("\n"),
     ]
     for i, name in enumerate(spec.node_names(), start=1):
-        where = (f"NodeHostname={name} NodeAddr={node_address(i)}" if spec.netns
-                 else f"NodeHostname={controller_host} NodeAddr=127.0.0.1")
-        lines.append(f"NodeName={name} {where} "
-                     f"Port={spec.port_base + i} CPUs={spec.cpus_per_node} RealMemory=4000 State=UNKNOWN")
+        where = (
+            f"NodeHostname={name} NodeAddr={node_address(i)}"
+            if spec.netns
+            else f"NodeHostname={controller_host} NodeAddr=127.0.0.1"
+        )
+        lines.append(
+            f"NodeName={name} {where} "
+            f"Port={spec.port_base + i} CPUs={spec.cpus_per_node} RealMemory=4000 State=UNKNOWN"
+        )
     lines.append(f"PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
     return "\n".join(line for line in lines if line) + "\n"
 
@@ -271,8 +375,11 @@ def render_hosts(spec: LabSpec, *, controller_host: str) -> str:
     """The private /etc/hosts every netns node sees (pure): localhost, the controller on the bridge,
     every node's address. gloo resolves its own hostname to choose an interface: this file is what
     makes torch.distributed work inside the nodes."""
-    lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback",
-             f"{NETNS_CTL_ADDR}\t{controller_host}"]
+    lines = [
+        "127.0.0.1\tlocalhost",
+        "::1\tlocalhost ip6-localhost ip6-loopback",
+        f"{NETNS_CTL_ADDR}\t{controller_host}",
+    ]
     lines += [f"{node_address(i)}\t{name}" for i, name in enumerate(spec.node_names(), start=1)]
     return "\n".join(lines) + "\n"
 
@@ -285,9 +392,14 @@ def netns_plan(spec: LabSpec, root: Path) -> dict:
         if not _NODE_NAME.match(name):
             raise LabError(f"lab: node name {name!r} does not match {_NODE_NAME.pattern}")
         nodes[name] = {"netns": netns_of(name), "veth": veth_of(name), "addr": node_address(i)}
-    return {"range": NETNS_RANGE, "bridge": NETNS_BRIDGE, "bridge_addr": f"{NETNS_CTL_ADDR}/24",
-            "owner": _bridge_alias(root), "route": f"unreachable {NETNS_RANGE} metric {NETNS_ROUTE_METRIC}",
-            "nodes": nodes}
+    return {
+        "range": NETNS_RANGE,
+        "bridge": NETNS_BRIDGE,
+        "bridge_addr": f"{NETNS_CTL_ADDR}/24",
+        "owner": _bridge_alias(root),
+        "route": f"unreachable {NETNS_RANGE} metric {NETNS_ROUTE_METRIC}",
+        "nodes": nodes,
+    }
 
 
 def _bridge_alias(root: Path) -> str:
@@ -296,12 +408,24 @@ def _bridge_alias(root: Path) -> str:
 
 def render_hook(python: str, module: str, paths: LabPaths, *, log_name: str = "hooks.log") -> str:
     """A hook wrapper: Slurm gives hooks no PATH, and controller hooks no SLURM_CONF."""
-    path = ":".join([os.path.dirname(python), "/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"])
-    return ("#!/bin/sh\n"
-            f"export PATH='{path}'\n"
-            f"export SLURM_CONF='{paths.slurm_conf}'\n"
-            f"export SCOUT_CONFIG='{paths.scout_conf}'\n"
-            f"exec '{python}' -m {module} >>'{paths.logs}/{log_name}' 2>&1\n")
+    path = ":".join(
+        [
+            os.path.dirname(python),
+            "/usr/local/sbin",
+            "/usr/local/bin",
+            "/usr/sbin",
+            "/usr/bin",
+            "/sbin",
+            "/bin",
+        ]
+    )
+    return (
+        "#!/bin/sh\n"
+        f"export PATH='{path}'\n"
+        f"export SLURM_CONF='{paths.slurm_conf}'\n"
+        f"export SCOUT_CONFIG='{paths.scout_conf}'\n"
+        f"exec '{python}' -m {module} >>'{paths.logs}/{log_name}' 2>&1\n"
+    )
 
 
 # the controller Epilog runs as SlurmUser: its log is a file of its own, which that user owns
@@ -310,6 +434,7 @@ CONTROLLER_HOOK_LOG = "hooks-slurmctld.log"
 
 def _user_ids(name: str) -> tuple[int, int] | None:
     import pwd
+
     try:
         pw = pwd.getpwnam(name)
     except KeyError:
@@ -325,16 +450,29 @@ def ensure_user(name: str, *, system: bool) -> tuple[int, int]:
         return ids
     useradd = shutil.which("useradd", path="/usr/sbin:/sbin:/usr/bin:/bin")
     if not useradd:
-        raise LabError(f"lab: user {name!r} is missing and useradd (Debian package passwd) is not installed")
-    argv = [useradd, "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
-            "--shell", "/usr/sbin/nologin" if system else "/bin/bash"]
+        raise LabError(
+            f"lab: user {name!r} is missing and useradd (Debian package passwd) is not installed"
+        )
+    argv = [
+        useradd,
+        "--user-group",
+        "--no-create-home",
+        "--home-dir",
+        "/nonexistent",
+        "--shell",
+        "/usr/sbin/nologin" if system else "/bin/bash",
+    ]
     if system:
         argv.append("--system")
-    proc = subprocess.run([*argv, name], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        [*argv, name], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL
+    )
     ids = _user_ids(name)
     if ids is None:
-        raise LabError(f"lab: could not create user {name!r}: {' '.join(argv)} exited {proc.returncode}: "
-                       f"{proc.stderr.strip()[:300]}")
+        raise LabError(
+            f"lab: could not create user {name!r}: {' '.join(argv)} exited {proc.returncode}: "
+            f"{proc.stderr.strip()[:300]}"
+        )
     log.info("lab.user_created", user=name, uid=ids[0], gid=ids[1])
     return ids
 
@@ -346,18 +484,29 @@ def unreachable_for(user: str, python: str) -> str:
     if not runuser:
         return "runuser (Debian package util-linux) is not installed"
     try:
-        proc = subprocess.run([runuser, "-u", user, "--", python, "-c", "import scout_slurm"], capture_output=True,
-                              text=True, timeout=60, stdin=subprocess.DEVNULL, cwd="/")
+        proc = subprocess.run(
+            [runuser, "-u", user, "--", python, "-c", "import scout_slurm"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+            cwd="/",
+        )
     except subprocess.TimeoutExpired:
         return f"{python} did not start as {user} within 60 s"
     if proc.returncode == 0:
         return ""
-    blocked = [str(p) for p in [*reversed(Path(python).parents), Path(python)]
-               if p.exists() and not os.stat(p).st_mode & 0o001]
-    return (f"{python} cannot be run as {user}: {(proc.stderr.strip().splitlines() or ['?'])[-1][:200]}"
-            + (f"; not searchable by others: {', '.join(blocked[:3])}" if blocked else "")
-            + " (make the virtual environment from a Python all users can run, e.g. /usr/bin/python3, "
-              "in a folder they can read)")
+    blocked = [
+        str(p)
+        for p in [*reversed(Path(python).parents), Path(python)]
+        if p.exists() and not os.stat(p).st_mode & 0o001
+    ]
+    return (
+        f"{python} cannot be run as {user}: {(proc.stderr.strip().splitlines() or ['?'])[-1][:200]}"
+        + (f"; not searchable by others: {', '.join(blocked[:3])}" if blocked else "")
+        + " (make the virtual environment from a Python all users can run, e.g. /usr/bin/python3, "
+        "in a folder they can read)"
+    )
 
 
 def _pid_alive(pid: int) -> bool:
@@ -395,7 +544,12 @@ def _processes_using(root: Path) -> list[int]:
         if _comm(pid) not in DAEMONS:
             continue
         try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cmdline = (
+                Path(f"/proc/{pid}/cmdline")
+                .read_bytes()
+                .replace(b"\0", b" ")
+                .decode(errors="replace")
+            )
         except OSError:
             continue
         hit = rootstr in cmdline
@@ -433,12 +587,15 @@ def free_port_base(count: int, lo: int = 20000, hi: int = 30000) -> int:
     """A block of `count` free local ports in [lo, hi) for a lab's slurmctld and slurmds. Labs that run
     side by side (tests, benchmarks, acceptance) use separate ranges, below the ephemeral ports."""
     import random
+
     rng = random.Random(os.getpid() ^ time.monotonic_ns())
     for _ in range(200):
         base = rng.randrange(lo, hi, 10)
         if not any(_port_in_use(port) for port in range(base, base + count)):
             return base
-    raise LabError(f"no free block of {count} local ports in {lo}..{hi}; give the lab a port base yourself")
+    raise LabError(
+        f"no free block of {count} local ports in {lo}..{hi}; give the lab a port base yourself"
+    )
 
 
 def _port_in_use(port: int) -> bool:
@@ -474,17 +631,28 @@ def _kill_and_wait(pids: list[int], *, timeout: float = 5.0) -> None:
 
 # -- netns mode: the network, through `ip` with argv lists only --------------------------------
 
+
 def _ip(ip: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     """One `ip` command (argv list, timeout); a failure becomes a LabError that names it."""
     argv = [ip, *args]
     try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=_IP_TIMEOUT, check=check,
-                              stdin=subprocess.DEVNULL)
+        return subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=_IP_TIMEOUT,
+            check=check,
+            stdin=subprocess.DEVNULL,
+        )
     except subprocess.CalledProcessError as exc:
-        raise LabError(f"lab --netns: `{' '.join(argv)}` exited {exc.returncode}: "
-                       f"{(exc.stderr or '').strip()[:500]}") from None
+        raise LabError(
+            f"lab --netns: `{' '.join(argv)}` exited {exc.returncode}: "
+            f"{(exc.stderr or '').strip()[:500]}"
+        ) from None
     except subprocess.TimeoutExpired:
-        raise LabError(f"lab --netns: `{' '.join(argv)}` did not finish within {_IP_TIMEOUT:.0f} s") from None
+        raise LabError(
+            f"lab --netns: `{' '.join(argv)}` did not finish within {_IP_TIMEOUT:.0f} s"
+        ) from None
 
 
 def _ip_json(ip: str, *args: str) -> list:
@@ -492,7 +660,9 @@ def _ip_json(ip: str, *args: str) -> list:
     try:
         return json.loads(out) if out else []
     except ValueError:
-        raise LabError(f"lab --netns: cannot read the JSON of `ip -j {' '.join(args)}`: {out[:200]!r}") from None
+        raise LabError(
+            f"lab --netns: cannot read the JSON of `ip -j {' '.join(args)}`: {out[:200]!r}"
+        ) from None
 
 
 def _links(ip: str) -> dict[str, dict]:
@@ -516,12 +686,17 @@ def _effective_caps() -> int:
 
 def _check_netns_privileges() -> None:
     caps = _effective_caps()
-    lacking = [name for bit, name in ((_CAP_NET_ADMIN, "CAP_NET_ADMIN"), (_CAP_SYS_ADMIN, "CAP_SYS_ADMIN"))
-               if not caps >> bit & 1]
+    lacking = [
+        name
+        for bit, name in ((_CAP_NET_ADMIN, "CAP_NET_ADMIN"), (_CAP_SYS_ADMIN, "CAP_SYS_ADMIN"))
+        if not caps >> bit & 1
+    ]
     if lacking:
-        raise LabError(f"lab --netns needs root with CAP_NET_ADMIN and CAP_SYS_ADMIN (network namespaces, a bridge, "
-                       f"veth pairs, a private /etc/hosts mount); this process lacks {' and '.join(lacking)}; "
-                       + _DEFAULT_MODE_HINT)
+        raise LabError(
+            f"lab --netns needs root with CAP_NET_ADMIN and CAP_SYS_ADMIN (network namespaces, a bridge, "
+            f"veth pairs, a private /etc/hosts mount); this process lacks {' and '.join(lacking)}; "
+            + _DEFAULT_MODE_HINT
+        )
 
 
 def _range_conflicts(ip: str) -> list[str]:
@@ -533,7 +708,9 @@ def _range_conflicts(ip: str) -> list[str]:
         for a in link.get("addr_info", []):
             try:
                 if ipaddress.ip_address(a.get("local", "")) in net:
-                    found.append(f"address {a['local']}/{a.get('prefixlen')} on {link.get('ifname')}")
+                    found.append(
+                        f"address {a['local']}/{a.get('prefixlen')} on {link.get('ifname')}"
+                    )
             except ValueError:
                 continue
     for r in _ip_json(ip, "-4", "route", "show", "table", "all"):
@@ -547,8 +724,10 @@ def _range_conflicts(ip: str) -> list[str]:
         if r.get("type") == "unreachable" and rnet == net:
             continue
         if rnet.subnet_of(net):
-            found.append(f"route {r.get('type', 'unicast')} {dst} dev {r.get('dev', '-')} "
-                         f"table {r.get('table', 'main')}")
+            found.append(
+                f"route {r.get('type', 'unicast')} {dst} dev {r.get('dev', '-')} "
+                f"table {r.get('table', 'main')}"
+            )
     return found
 
 
@@ -563,8 +742,9 @@ def _ensure_unreachable_route(ip: str) -> None:
     try:
         _ip(ip, "route", "add", "unreachable", NETNS_RANGE, "metric", str(NETNS_ROUTE_METRIC))
     except LabError as exc:
-        raise LabError(f"{exc}; without this safety route the lab brings up no address; "
-                       + _DEFAULT_MODE_HINT) from None
+        raise LabError(
+            f"{exc}; without this safety route the lab brings up no address; " + _DEFAULT_MODE_HINT
+        ) from None
 
 
 def _netns_up(ip: str, plan: dict) -> None:
@@ -572,11 +752,18 @@ def _netns_up(ip: str, plan: dict) -> None:
     _ensure_unreachable_route(ip)
     nodes = plan["nodes"]
     first = next(iter(nodes.values()))
-    proc = subprocess.run([ip, "netns", "add", first["netns"]], capture_output=True, text=True,
-                          timeout=_IP_TIMEOUT, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        [ip, "netns", "add", first["netns"]],
+        capture_output=True,
+        text=True,
+        timeout=_IP_TIMEOUT,
+        stdin=subprocess.DEVNULL,
+    )
     if proc.returncode != 0:
-        raise LabError(f"lab --netns: this machine refuses network namespaces (`ip netns add {first['netns']}` "
-                       f"exited {proc.returncode}: {proc.stderr.strip()[:300]}); " + _DEFAULT_MODE_HINT)
+        raise LabError(
+            f"lab --netns: this machine refuses network namespaces (`ip netns add {first['netns']}` "
+            f"exited {proc.returncode}: {proc.stderr.strip()[:300]}); " + _DEFAULT_MODE_HINT
+        )
     bridge = plan["bridge"]
     _ip(ip, "link", "add", bridge, "type", "bridge")
     _ip(ip, "link", "set", "dev", bridge, "alias", plan["owner"])
@@ -661,12 +848,26 @@ class Lab:
             return {"slurm_user": "root", "job_users": [], "why_root": "LabSpec(site_users=False)"}
         if os.geteuid() != 0:
             me = __import__("pwd").getpwuid(os.geteuid()).pw_name
-            return {"slurm_user": me, "job_users": [], "why_root": "not root: the lab runs as its own user"}
-        blocked = [str(p) for p in reversed(self.paths.root.parents) if p.exists() and not os.stat(p).st_mode & 0o001]
+            return {
+                "slurm_user": me,
+                "job_users": [],
+                "why_root": "not root: the lab runs as its own user",
+            }
+        blocked = [
+            str(p)
+            for p in reversed(self.paths.root.parents)
+            if p.exists() and not os.stat(p).st_mode & 0o001
+        ]
         if blocked:
-            why = (f"the state folder {self.paths.root} is under {blocked[-1]}, which other users cannot enter: "
-                   "slurmctld as SlurmUser and the jobs' users could not reach it")
-            log.warning("lab.site_users_unavailable", reason=why, consequence="slurmctld and the jobs run as root")
+            why = (
+                f"the state folder {self.paths.root} is under {blocked[-1]}, which other users cannot enter: "
+                "slurmctld as SlurmUser and the jobs' users could not reach it"
+            )
+            log.warning(
+                "lab.site_users_unavailable",
+                reason=why,
+                consequence="slurmctld and the jobs run as root",
+            )
             return {"slurm_user": "root", "job_users": [], "why_root": why}
         ensure_user(spec.slurm_user, system=True)
         for user in spec.job_users:
@@ -674,8 +875,11 @@ class Lab:
         for user in (spec.slurm_user, *spec.job_users[:1]):
             why = unreachable_for(user, spec.python)
             if why:
-                log.warning("lab.site_users_unavailable", reason=why,
-                            consequence="slurmctld and the jobs run as root in this lab")
+                log.warning(
+                    "lab.site_users_unavailable",
+                    reason=why,
+                    consequence="slurmctld and the jobs run as root in this lab",
+                )
                 return {"slurm_user": "root", "job_users": [], "why_root": why}
         return {"slurm_user": spec.slurm_user, "job_users": list(spec.job_users), "why_root": ""}
 
@@ -701,6 +905,7 @@ class Lab:
     def slurm_version(self) -> str:
         """`sinfo --version` of the running lab ("slurm 24.11.5"), through the door."""
         from scout_slurm.slurm.door import run_slurm
+
         return run_slurm("sinfo", ["--version"], timeout=20, env=self.client_env()).stdout.strip()
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -713,7 +918,9 @@ class Lab:
             net_bins = check_netns_binaries()
             _check_netns_privileges()
             if not 1 <= self.spec.nodes <= NETNS_MAX_NODES:
-                raise LabError(f"lab --netns: at most {NETNS_MAX_NODES} nodes (got {self.spec.nodes})")
+                raise LabError(
+                    f"lab --netns: at most {NETNS_MAX_NODES} nodes (got {self.spec.nodes})"
+                )
             if len(_bridge_alias(self.paths.root)) > 250:
                 raise LabError(f"lab --netns: state folder path too long: {self.paths.root}")
         ran_before = self._read_lab_json()
@@ -728,22 +935,42 @@ class Lab:
         ports = range(self.spec.port_base, self.spec.port_base + self.spec.nodes + 1)
         busy = [port for port in ports if _port_in_use(port)]
         if busy:
-            raise LabError(f"lab: port(s) {', '.join(map(str, busy))} on 127.0.0.1 are in use by another "
-                           f"program (another lab?); choose another --port-base than {self.spec.port_base}")
-        for d in (p.etc, p.munge_dir, p.run, p.logs, p.spool / "ctld", p.evidence, p.hooks, p.work,
-                  p.root / "cgroup-empty"):
+            raise LabError(
+                f"lab: port(s) {', '.join(map(str, busy))} on 127.0.0.1 are in use by another "
+                f"program (another lab?); choose another --port-base than {self.spec.port_base}"
+            )
+        for d in (
+            p.etc,
+            p.munge_dir,
+            p.run,
+            p.logs,
+            p.spool / "ctld",
+            p.evidence,
+            p.hooks,
+            p.work,
+            p.root / "cgroup-empty",
+        ):
             d.mkdir(parents=True, exist_ok=True)
         for name in self.spec.node_names():
             (p.spool / "nodes" / name).mkdir(parents=True, exist_ok=True)
         if root is not None:
-            self._write_lab_json(None, started=None, slurm=version)  # down() unmounts even after a crash here
+            self._write_lab_json(
+                None, started=None, slurm=version
+            )  # down() unmounts even after a crash here
             binds = roots.python_paths(self.spec.python)
             if not p.root.is_relative_to("/tmp"):
                 binds = roots.outermost([*binds, p.root])
             if self.spec.netns:
-                p.hosts.write_text(render_hosts(self.spec, controller_host=socket.gethostname().split(".")[0]))
-            roots.mount_view(root, p.rootfs, binds=binds, hosts=p.hosts if self.spec.netns else Path("/etc/hosts"),
-                             python=self.spec.python)
+                p.hosts.write_text(
+                    render_hosts(self.spec, controller_host=socket.gethostname().split(".")[0])
+                )
+            roots.mount_view(
+                root,
+                p.rootfs,
+                binds=binds,
+                hosts=p.hosts if self.spec.netns else Path("/etc/hosts"),
+                python=self.spec.python,
+            )
             bins = check_binaries(p.rootfs)
         os.chmod(p.root, 0o755)
         os.chmod(p.munge_dir, 0o711)  # munge clients must reach the socket: o+x
@@ -761,38 +988,71 @@ class Lab:
         os.chown(p.run, *slurm_ids)
         os.chmod(p.run, 0o755)
         host = socket.gethostname().split(".")[0]
-        conf = render_slurm_conf(self.spec, p, controller_host=host, first_job_id=self._next_job_id(),
-                                 slurm_user=users["slurm_user"])
+        conf = render_slurm_conf(
+            self.spec,
+            p,
+            controller_host=host,
+            first_job_id=self._next_job_id(),
+            slurm_user=users["slurm_user"],
+        )
         p.slurm_conf.write_text(conf)
-        (p.etc / "cgroup.conf").write_text(f"CgroupPlugin=cgroup/v1\nCgroupMountpoint={p.root / 'cgroup-empty'}\n"
-                                           "ConstrainCores=no\nConstrainRAMSpace=no\nConstrainDevices=no\n")
+        (p.etc / "cgroup.conf").write_text(
+            f"CgroupPlugin=cgroup/v1\nCgroupMountpoint={p.root / 'cgroup-empty'}\n"
+            "ConstrainCores=no\nConstrainRAMSpace=no\nConstrainDevices=no\n"
+        )
         site = lab_site_config(self.spec)
-        site = dataclasses.replace(site, evidence=dataclasses.replace(site.evidence, slurm_user=users["slurm_user"]))
+        site = dataclasses.replace(
+            site, evidence=dataclasses.replace(site.evidence, slurm_user=users["slurm_user"])
+        )
         p.scout_conf.write_text(render_toml(site))
         plan = None
         if self.spec.netns:
             p.hosts.write_text(render_hosts(self.spec, controller_host=host))
             plan = self._netns_setup(net_bins["ip"])
-        for name, module in (("prolog", "scout_slurm.hooks.prolog"), ("epilog", "scout_slurm.hooks.epilog"),
-                             ("epilog-slurmctld", "scout_slurm.hooks.controller")):
+        for name, module in (
+            ("prolog", "scout_slurm.hooks.prolog"),
+            ("epilog", "scout_slurm.hooks.epilog"),
+            ("epilog-slurmctld", "scout_slurm.hooks.controller"),
+        ):
             hook = p.hooks / name
-            hook.write_text(render_hook(self.spec.python, module, p,
-                                        log_name=CONTROLLER_HOOK_LOG if name == "epilog-slurmctld" else "hooks.log"))
+            hook.write_text(
+                render_hook(
+                    self.spec.python,
+                    module,
+                    p,
+                    log_name=CONTROLLER_HOOK_LOG if name == "epilog-slurmctld" else "hooks.log",
+                )
+            )
             hook.chmod(0o755)
         key = p.munge_dir / "munge.key"
         if not key.exists():
-            subprocess.run([*bins["mungekey"], "--create", f"--keyfile={key}", "--force"], check=True,
-                           capture_output=True, timeout=30)
+            subprocess.run(
+                [*bins["mungekey"], "--create", f"--keyfile={key}", "--force"],
+                check=True,
+                capture_output=True,
+                timeout=30,
+            )
         os.chmod(key, 0o400)
-        self._spawn([*bins["munged"], "--force", f"--socket={p.munge_socket}", f"--key-file={key}",
-                     f"--pid-file={p.run / 'munged.pid'}", f"--log-file={p.logs / 'munged.log'}",
-                     f"--seed-file={p.munge_dir / 'munged.seed'}"], "munged")
+        self._spawn(
+            [
+                *bins["munged"],
+                "--force",
+                f"--socket={p.munge_socket}",
+                f"--key-file={key}",
+                f"--pid-file={p.run / 'munged.pid'}",
+                f"--log-file={p.logs / 'munged.log'}",
+                f"--seed-file={p.munge_dir / 'munged.seed'}",
+            ],
+            "munged",
+        )
         self._wait_for(lambda: p.munge_socket.exists(), 10, "munged socket")
         os.chmod(p.munge_socket, 0o777)
         env = self.client_env()
         env.pop(SLURM_ROOT_ENV, None)  # the daemons run inside the root already
         self._spawn([*bins["slurmctld"], "-c", "-f", str(p.slurm_conf)], "slurmctld", env=env)
-        self._wait_for(lambda: _read_pid(p.run / "slurmctld.pid") is not None, 15, "slurmctld pid file")
+        self._wait_for(
+            lambda: _read_pid(p.run / "slurmctld.pid") is not None, 15, "slurmctld pid file"
+        )
         for name in self.spec.node_names():
             if plan is not None:
                 argv = self._netns_slurmd_argv(name, plan, bins["slurmd"], net_bins)
@@ -802,13 +1062,24 @@ class Lab:
         self._users = users
         self._write_lab_json(plan, started=time.time(), slurm=version)
         self._wait_for(self._all_idle, wait_s, "all nodes idle")
-        log.info("lab.up", state_dir=str(p.root), nodes=self.spec.node_names(), mode=self.spec.mode,
-                 slurm_user=users["slurm_user"], job_users=users["job_users"])
+        log.info(
+            "lab.up",
+            state_dir=str(p.root),
+            nodes=self.spec.node_names(),
+            mode=self.spec.mode,
+            slurm_user=users["slurm_user"],
+            job_users=users["job_users"],
+        )
 
     def _write_lab_json(self, plan: dict | None, *, started: float | None, slurm: str = "") -> None:
         p = self.paths
-        data = {"nodes": self.spec.node_names(), "port_base": self.spec.port_base, "slurm_conf": str(p.slurm_conf),
-                "mode": self.spec.mode, "started": started}
+        data = {
+            "nodes": self.spec.node_names(),
+            "port_base": self.spec.port_base,
+            "slurm_conf": str(p.slurm_conf),
+            "mode": self.spec.mode,
+            "started": started,
+        }
         if slurm:
             data["slurm"] = slurm
             data["rootfs"] = str(p.rootfs)
@@ -833,14 +1104,21 @@ class Lab:
         links, namespaces = _links(ip), _namespaces(ip)
         taken = []
         if plan["bridge"] in links:
-            taken.append(f"link {plan['bridge']} (owner: {links[plan['bridge']].get('ifalias') or 'unknown'})")
+            taken.append(
+                f"link {plan['bridge']} (owner: {links[plan['bridge']].get('ifalias') or 'unknown'})"
+            )
         taken += [f"link {n['veth']}" for n in plan["nodes"].values() if n["veth"] in links]
-        taken += [f"namespace {n['netns']}" for n in plan["nodes"].values() if n["netns"] in namespaces]
+        taken += [
+            f"namespace {n['netns']}" for n in plan["nodes"].values() if n["netns"] in namespaces
+        ]
         taken += _range_conflicts(ip)
         if taken:
-            raise LabError("lab --netns: already present on this machine and not this lab's to touch: "
-                           + "; ".join(taken) + ". Another netns lab? Stop it with `scout lab down --state-dir DIR` "
-                           "(the owner above names DIR), or " + _DEFAULT_MODE_HINT)
+            raise LabError(
+                "lab --netns: already present on this machine and not this lab's to touch: "
+                + "; ".join(taken)
+                + ". Another netns lab? Stop it with `scout lab down --state-dir DIR` "
+                "(the owner above names DIR), or " + _DEFAULT_MODE_HINT
+            )
         # recorded before anything exists: a crash half-way leaves down() the full list
         self._write_lab_json(plan, started=None)
         try:
@@ -853,7 +1131,9 @@ class Lab:
             raise
         return plan
 
-    def _netns_slurmd_argv(self, name: str, plan: dict, slurmd: list[str], net_bins: dict[str, str]) -> list[str]:
+    def _netns_slurmd_argv(
+        self, name: str, plan: dict, slurmd: list[str], net_bins: dict[str, str]
+    ) -> list[str]:
         """nsenter into the node's network namespace, then a private UTS and mount namespace where the
         hostname is set and the lab's hosts file is bind-mounted over /etc/hosts (the machine's own
         file is never modified: the mount exists only in that mount namespace, private propagation)."""
@@ -864,17 +1144,32 @@ class Lab:
             if not path.resolve().is_relative_to(p.root):
                 raise LabError(f"lab: {path} is not under the state folder {p.root}")
         q = shlex.quote
-        script = (f"{q(net_bins['hostname'])} {q(name)} && "
-                  f"{q(net_bins['mount'])} --bind {q(str(p.hosts))} /etc/hosts && "
-                  f"exec {shlex.join(slurmd)} -N {q(name)} -f {q(str(p.slurm_conf))}")
-        return [net_bins["nsenter"], f"--net=/run/netns/{plan['nodes'][name]['netns']}",
-                net_bins["unshare"], "--uts", "--mount", "--propagation", "private",
-                net_bins["sh"], "-c", script]
+        script = (
+            f"{q(net_bins['hostname'])} {q(name)} && "
+            f"{q(net_bins['mount'])} --bind {q(str(p.hosts))} /etc/hosts && "
+            f"exec {shlex.join(slurmd)} -N {q(name)} -f {q(str(p.slurm_conf))}"
+        )
+        return [
+            net_bins["nsenter"],
+            f"--net=/run/netns/{plan['nodes'][name]['netns']}",
+            net_bins["unshare"],
+            "--uts",
+            "--mount",
+            "--propagation",
+            "private",
+            net_bins["sh"],
+            "-c",
+            script,
+        ]
 
     def down(self) -> list[int]:
         """Stop every lab process; returns the pids that were stopped."""
         p = self.paths
-        if p.slurm_conf.exists() and _read_pid(p.run / "slurmctld.pid") and _pid_alive(_read_pid(p.run / "slurmctld.pid")):
+        if (
+            p.slurm_conf.exists()
+            and _read_pid(p.run / "slurmctld.pid")
+            and _pid_alive(_read_pid(p.run / "slurmctld.pid"))
+        ):
             try:
                 self._cancel_all_jobs()
             except Exception:  # noqa: BLE001 - cancelling is a courtesy; stopping the daemons must happen
@@ -905,10 +1200,14 @@ class Lab:
         info = self._read_lab_json()
         plan = info.get("netns")
         if isinstance(plan, dict) and not info.get("network_removed"):
-            ip = shutil.which("ip", path=os.environ.get("PATH", "") + ":/usr/sbin:/usr/bin:/sbin:/bin")
+            ip = shutil.which(
+                "ip", path=os.environ.get("PATH", "") + ":/usr/sbin:/usr/bin:/sbin:/bin"
+            )
             if not ip:
-                raise LabError(f"lab down: {p.root} ran in netns mode and `ip` (iproute2) is missing: "
-                               "cannot remove its namespaces and bridge")
+                raise LabError(
+                    f"lab down: {p.root} ran in netns mode and `ip` (iproute2) is missing: "
+                    "cannot remove its namespaces and bridge"
+                )
             stopped += _netns_down(ip, plan)
             info["network_removed"] = time.time()
             tmp = p.lab_json.with_suffix(".json.tmp")
@@ -934,13 +1233,21 @@ class Lab:
         if daemons.get("slurmctld", {}).get("alive"):
             try:
                 from scout_slurm.slurm import ops
-                nodes = [{"name": n.name, "state": n.state_text, "reason": n.reason}
-                         for n in ops.list_nodes(timeout=10, env=self.client_env())]
+
+                nodes = [
+                    {"name": n.name, "state": n.state_text, "reason": n.reason}
+                    for n in ops.list_nodes(timeout=10, env=self.client_env())
+                ]
             except SlurmError as exc:
                 nodes = [{"error": str(exc)}]
         info = self._read_lab_json()
-        out = {"state_dir": str(p.root), "slurm_conf": str(p.slurm_conf), "daemons": daemons, "nodes": nodes,
-               "mode": info.get("mode", MODE_LOCAL)}
+        out = {
+            "state_dir": str(p.root),
+            "slurm_conf": str(p.slurm_conf),
+            "daemons": daemons,
+            "nodes": nodes,
+            "mode": info.get("mode", MODE_LOCAL),
+        }
         plan = info.get("netns")
         if isinstance(plan, dict):
             out["network"] = self._netns_status(plan, removed=bool(info.get("network_removed")))
@@ -948,9 +1255,16 @@ class Lab:
 
     @staticmethod
     def _netns_status(plan: dict, *, removed: bool) -> dict:
-        net = {"range": plan.get("range"), "controller": plan.get("bridge_addr"), "bridge": plan.get("bridge"),
-               "removed": removed,
-               "nodes": {name: {"netns": n["netns"], "addr": n["addr"]} for name, n in plan.get("nodes", {}).items()}}
+        net = {
+            "range": plan.get("range"),
+            "controller": plan.get("bridge_addr"),
+            "bridge": plan.get("bridge"),
+            "removed": removed,
+            "nodes": {
+                name: {"netns": n["netns"], "addr": n["addr"]}
+                for name, n in plan.get("nodes", {}).items()
+            },
+        }
         ip = shutil.which("ip", path=os.environ.get("PATH", "") + ":/usr/sbin:/usr/bin:/sbin:/bin")
         try:
             if not ip:
@@ -977,11 +1291,14 @@ class Lab:
 
     # -- helpers ------------------------------------------------------------------------
     def _spawn(self, argv: list[str], what: str, env: dict[str, str] | None = None) -> None:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=env,
-                              stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=30, env=env, stdin=subprocess.DEVNULL
+        )
         if proc.returncode != 0:
-            raise LabError(f"could not start {what}: {' '.join(argv)} exited {proc.returncode}: "
-                           f"{proc.stderr.strip()[:1000]} (see {self.paths.logs})")
+            raise LabError(
+                f"could not start {what}: {' '.join(argv)} exited {proc.returncode}: "
+                f"{proc.stderr.strip()[:1000]} (see {self.paths.logs})"
+            )
 
     def _wait_for(self, predicate, timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
@@ -992,16 +1309,20 @@ class Lab:
             except Exception:  # noqa: BLE001 - a daemon that is still starting may not answer yet
                 pass
             time.sleep(0.1)
-        raise LabError(f"lab: timed out after {timeout:.0f} s waiting for {what}; logs in {self.paths.logs}")
+        raise LabError(
+            f"lab: timed out after {timeout:.0f} s waiting for {what}; logs in {self.paths.logs}"
+        )
 
     def _all_idle(self) -> bool:
         from scout_slurm.slurm import ops
+
         nodes = ops.list_nodes(timeout=5, env=self.client_env())
         names = {n.name for n in nodes if n.is_idle}
         return names >= set(self.spec.node_names())
 
     def _cancel_all_jobs(self) -> None:
         from scout_slurm.slurm import ops
+
         env = self.client_env()
         try:
             jobs = [j for j in ops.list_jobs(timeout=5, env=env) if not j.is_finished]

@@ -34,13 +34,21 @@ class Recorder:
 
     def save(self, name: str, command: str, *args: str) -> str:
         res = self.run(command, *args)
-        text = res.stdout if res.returncode == 0 else f"# exit {res.returncode}\n{res.stdout}{res.stderr}"
+        text = (
+            res.stdout
+            if res.returncode == 0
+            else f"# exit {res.returncode}\n{res.stdout}{res.stderr}"
+        )
         (self.out / name).write_text(text)
         return text
 
     def submit(self, script: str, *args: str) -> int:
-        return ops.submit_batch(script, ["--chdir", str(self.lab.paths.work), "-o", "/dev/null", *args],
-                                timeout=30, env=self.env)
+        return ops.submit_batch(
+            script,
+            ["--chdir", str(self.lab.paths.work), "-o", "/dev/null", *args],
+            timeout=30,
+            env=self.env,
+        )
 
     def wait_state(self, job: int, states: set[str], timeout: float = 60) -> str:
         deadline = time.monotonic() + timeout
@@ -55,8 +63,16 @@ class Recorder:
 
 def record(version: str, out: Path, state_dir: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    lab = Lab(LabSpec(state_dir=state_dir, nodes=3, port_base=free_port_base(5), python=sys.executable,
-                      slurm=version, site_users=False))
+    lab = Lab(
+        LabSpec(
+            state_dir=state_dir,
+            nodes=3,
+            port_base=free_port_base(5),
+            python=sys.executable,
+            slurm=version,
+            site_users=False,
+        )
+    )
     try:
         lab.up()
         for name in ("prolog", "epilog", "epilog-slurmctld"):
@@ -100,7 +116,9 @@ def _scenario(r: Recorder) -> dict:
     r.save("squeue-pending-requeued.json", "squeue", "--json")
     r.save("scontrol-job-pending-requeued.txt", "scontrol", "show", "job", "-o", str(job))
     r.run("scontrol", "update", f"jobid={job}", "excnodelist=n2", check=True)
-    m["excnodelist_second_update_gives"] = list(ops.job_info(job, timeout=30, env=r.env).excluded_nodes)
+    m["excnodelist_second_update_gives"] = list(
+        ops.job_info(job, timeout=30, env=r.env).excluded_nodes
+    )
     r.run("scontrol", "update", f"jobid={job}", "excnodelist=n1", check=True)
     m["requeued_restart_count"] = ops.job_info(job, timeout=30, env=r.env).restart_count
     m["requeued_reason"] = ops.job_info(job, timeout=30, env=r.env).reason
@@ -121,12 +139,20 @@ def _scenario(r: Recorder) -> dict:
     r.save("scontrol-job-cancelled.txt", "scontrol", "show", "job", "-o", str(job))
     r.save("sacct-c.txt", "sacct", "-c", "-P", "-n", "-o", "JobID,State", "-j", f"{job},{failed}")
     res = r.run("sacct", "-X", "-P", "-n", "-o", "JobID,State", "-j", str(failed))
-    m["sacct_without_slurmdbd"] = {"exit": res.returncode, "stdout": res.stdout.strip()[:300],
-                                   "stderr": res.stderr.strip()[:300]}
+    m["sacct_without_slurmdbd"] = {
+        "exit": res.returncode,
+        "stdout": res.stdout.strip()[:300],
+        "stderr": res.stderr.strip()[:300],
+    }
     update_finished = r.run("scontrol", "update", f"jobid={failed}", "excnodelist=n2")
-    m["update_finished_job"] = {"exit": update_finished.returncode, "stderr": update_finished.stderr.strip()[:300]}
+    m["update_finished_job"] = {
+        "exit": update_finished.returncode,
+        "stderr": update_finished.stderr.strip()[:300],
+    }
     m["hook_env"] = _hook_envs(r.lab.paths.work)
-    m["prolog_ran_on"] = sorted({f.name.split("-")[2] for f in r.lab.paths.work.glob("env-prolog-*")})
+    m["prolog_ran_on"] = sorted(
+        {f.name.split("-")[2] for f in r.lab.paths.work.glob("env-prolog-*")}
+    )
     (r.out / "measured.json").write_text(json.dumps(m, indent=1, sort_keys=True) + "\n")
     return m
 
@@ -137,7 +163,11 @@ def _hook_envs(work: Path) -> dict[str, list[str]]:
     for name in ("prolog", "epilog", "epilog-slurmctld"):
         names: set[str] = set()
         for f in work.glob(f"env-{name}-*"):
-            names.update(line.split("=", 1)[0] for line in f.read_text(errors="replace").splitlines() if "=" in line)
+            names.update(
+                line.split("=", 1)[0]
+                for line in f.read_text(errors="replace").splitlines()
+                if "=" in line
+            )
         out[name] = sorted(names)
     return out
 

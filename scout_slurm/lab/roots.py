@@ -39,8 +39,13 @@ def cache_dir() -> Path:
 def host_version() -> str:
     """The host's Slurm release as MAJOR.MINOR (from dpkg; "" where Slurm is not a Debian package)."""
     try:
-        out = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", "slurm-client"], capture_output=True,
-                             text=True, timeout=30, stdin=subprocess.DEVNULL).stdout
+        out = subprocess.run(
+            ["dpkg-query", "-W", "-f", "${Version}", "slurm-client"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            stdin=subprocess.DEVNULL,
+        ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return ".".join(out.split(".")[:2]) if out else ""
@@ -51,8 +56,10 @@ def check_version(version: str) -> str:
     if not version or version == host_version():
         return ""
     if version not in SUITES:
-        raise LabError(f"lab: Slurm {version!r} is not one the lab can run; choose the host's "
-                       f"({host_version() or 'none installed'}) or one of {', '.join(SUITES)}")
+        raise LabError(
+            f"lab: Slurm {version!r} is not one the lab can run; choose the host's "
+            f"({host_version() or 'none installed'}) or one of {', '.join(SUITES)}"
+        )
     return version
 
 
@@ -73,35 +80,61 @@ def ensure_root(version: str, *, echo=None) -> Path:
         return root
     mmdebstrap = shutil.which("mmdebstrap", path="/usr/bin:/usr/sbin:/bin:/sbin")
     if not mmdebstrap:
-        raise LabError(f"lab --slurm {version}: mmdebstrap is needed to build its root once "
-                       "(apt-get install mmdebstrap; scripts/setup.sh installs it)")
+        raise LabError(
+            f"lab --slurm {version}: mmdebstrap is needed to build its root once "
+            "(apt-get install mmdebstrap; scripts/setup.sh installs it)"
+        )
     if os.geteuid() != 0:
-        raise LabError(f"lab --slurm {version}: building and running a root needs root (chroot, mounts)")
+        raise LabError(
+            f"lab --slurm {version}: building and running a root needs root (chroot, mounts)"
+        )
     cache_dir().mkdir(parents=True, exist_ok=True)
     tmp = cache_dir() / f".build-{version}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     if echo:
-        echo(f"lab: building the Slurm {version} root ({SUITES[version]}) in {root}, once (about 20 to 100 s)")
+        echo(
+            f"lab: building the Slurm {version} root ({SUITES[version]}) in {root}, once (about 20 to 100 s)"
+        )
     t0 = time.monotonic()
     # Check-Valid-Until off: sid's Release file may be past its Valid-Until on a machine whose clock is ahead
-    argv = [mmdebstrap, "--variant=apt", "--aptopt=Acquire::Check-Valid-Until \"false\"",
-            f"--include={','.join(ROOT_PACKAGES)}", SUITES[version], str(tmp)]
+    argv = [
+        mmdebstrap,
+        "--variant=apt",
+        '--aptopt=Acquire::Check-Valid-Until "false"',
+        f"--include={','.join(ROOT_PACKAGES)}",
+        SUITES[version],
+        str(tmp),
+    ]
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S, stdin=subprocess.DEVNULL
+        )
     except subprocess.TimeoutExpired:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise LabError(f"lab: building the Slurm {version} root took over {_BUILD_TIMEOUT_S} s; gave up") from None
+        raise LabError(
+            f"lab: building the Slurm {version} root took over {_BUILD_TIMEOUT_S} s; gave up"
+        ) from None
     if proc.returncode != 0:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise LabError(f"lab: `{' '.join(argv)}` exited {proc.returncode}: {proc.stderr.strip()[-800:]}")
+        raise LabError(
+            f"lab: `{' '.join(argv)}` exited {proc.returncode}: {proc.stderr.strip()[-800:]}"
+        )
     seconds = time.monotonic() - t0
     slurm = _package_version(tmp, "slurmd")
     if not slurm.startswith(version + "."):
         shutil.rmtree(tmp, ignore_errors=True)
-        raise LabError(f"lab: the {SUITES[version]} root holds Slurm {slurm or 'nothing'}, not {version}: "
-                       "Debian moved on; update roots.SUITES")
-    record = {"version": version, "suite": SUITES[version], "slurm": slurm, "build_s": round(seconds, 1),
-              "bytes": _tree_bytes(tmp), "built": time.time()}
+        raise LabError(
+            f"lab: the {SUITES[version]} root holds Slurm {slurm or 'nothing'}, not {version}: "
+            "Debian moved on; update roots.SUITES"
+        )
+    record = {
+        "version": version,
+        "suite": SUITES[version],
+        "slurm": slurm,
+        "build_s": round(seconds, 1),
+        "bytes": _tree_bytes(tmp),
+        "built": time.time(),
+    }
     (tmp / ROOT_RECORD).write_text(json.dumps(record, indent=1))
     shutil.rmtree(root, ignore_errors=True)  # an unrecorded (half-built) one
     tmp.rename(root)
@@ -110,8 +143,13 @@ def ensure_root(version: str, *, echo=None) -> Path:
 
 
 def _package_version(root: Path, package: str) -> str:
-    proc = subprocess.run(["chroot", str(root), "dpkg-query", "-W", "-f", "${Version}", package],
-                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        ["chroot", str(root), "dpkg-query", "-W", "-f", "${Version}", package],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
     return proc.stdout.strip() if proc.returncode == 0 else ""
 
 
@@ -128,10 +166,12 @@ def _tree_bytes(root: Path) -> int:
 
 # -- the per-lab view ------------------------------------------------------------------------
 
+
 def python_paths(python: str) -> list[Path]:
     """What the project's Python needs at its own path inside a root: the venv, the project (an
     editable install points there), the interpreter and its standard library."""
     import scout_slurm
+
     project = Path(scout_slurm.__file__).resolve().parents[1]
     stdlib = Path(os.__file__).resolve().parent
     real = Path(os.path.realpath(python))
@@ -154,9 +194,13 @@ def outermost(paths: list[Path]) -> list[Path]:
 
 
 def _mount(*args: str) -> None:
-    proc = subprocess.run(["mount", *args], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        ["mount", *args], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL
+    )
     if proc.returncode != 0:
-        raise LabError(f"lab: `mount {' '.join(args)}` exited {proc.returncode}: {proc.stderr.strip()[:300]}")
+        raise LabError(
+            f"lab: `mount {' '.join(args)}` exited {proc.returncode}: {proc.stderr.strip()[:300]}"
+        )
 
 
 def _mount_point(view: Path, outside: Path) -> Path:
@@ -185,7 +229,11 @@ def mount_view(root: Path, view: Path, *, binds: list[Path], hosts: Path, python
     _link_interpreter(view, binds, python)
     for outside in [Path("/tmp"), *binds]:
         _mount("--bind", str(outside), str(_mount_point(view, outside)))
-    for name, outside in (("passwd", Path("/etc/passwd")), ("group", Path("/etc/group")), ("hosts", hosts)):
+    for name, outside in (
+        ("passwd", Path("/etc/passwd")),
+        ("group", Path("/etc/group")),
+        ("hosts", hosts),
+    ):
         inside = view / "etc" / name
         if not inside.exists():
             inside.touch()
@@ -201,7 +249,11 @@ def _link_interpreter(view: Path, binds: list[Path], python: str) -> None:
             return
         target = os.readlink(link)
         inside = view / str(link).lstrip("/")
-        if not any(link.is_relative_to(b) for b in binds) and not inside.is_symlink() and not inside.exists():
+        if (
+            not any(link.is_relative_to(b) for b in binds)
+            and not inside.is_symlink()
+            and not inside.exists()
+        ):
             inside.parent.mkdir(parents=True, exist_ok=True)
             inside.symlink_to(target)
         link = (link.parent / target) if not os.path.isabs(target) else Path(target)
@@ -232,14 +284,21 @@ def unmount_view(view: Path) -> list[str]:
         if not targets:
             break
         for target in targets:
-            proc = subprocess.run(["umount", target], capture_output=True, text=True, timeout=30,
-                                  stdin=subprocess.DEVNULL)
+            proc = subprocess.run(
+                ["umount", target],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                stdin=subprocess.DEVNULL,
+            )
             if proc.returncode == 0:
                 done.append(target)
     left = mounts_under(view)
     if left:
         for target in left:  # busy: a process we could not stop still holds it; detach it at least
-            subprocess.run(["umount", "-l", target], capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
+            subprocess.run(
+                ["umount", "-l", target], capture_output=True, timeout=30, stdin=subprocess.DEVNULL
+            )
         still = mounts_under(view)
         if still:
             raise LabError(f"lab down: could not unmount {', '.join(still)}")
@@ -250,13 +309,15 @@ def unmount_view(view: Path) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """`python -m scout_slurm.lab.roots 24.11 26.05`: build what is missing, print each root's record
     (CI runs this before the tests so the build time shows on its own line)."""
-    for version in (argv if argv is not None else sys.argv[1:]):
+    for version in argv if argv is not None else sys.argv[1:]:
         check_version(version)
         t0 = time.monotonic()
         root = ensure_root(version, echo=print)
         rec = root_record(version)
-        print(f"slurm root {version}: {root}, Slurm {rec.get('slurm')}, {rec.get('bytes', 0) / 1e6:.0f} MB, "
-              f"built in {rec.get('build_s')} s; ready after {time.monotonic() - t0:.1f} s")
+        print(
+            f"slurm root {version}: {root}, Slurm {rec.get('slurm')}, {rec.get('bytes', 0) / 1e6:.0f} MB, "
+            f"built in {rec.get('build_s')} s; ready after {time.monotonic() - t0:.1f} s"
+        )
     return 0
 
 

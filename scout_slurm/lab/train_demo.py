@@ -27,12 +27,22 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=600.0, help="gloo timeout, seconds")
     ap.add_argument("--momentum", type=float, default=0.0)
     ap.add_argument("--out", default="", help="rank 0 writes the final parameter checksum here")
-    ap.add_argument("--sched", action="store_true", help="a StepLR schedule, saved and restored with the state")
-    ap.add_argument("--atomic-save", choices=("none", "replace", "move", "hidden"), default="none",
-                    help="save to NAME.tmp, then os.replace (replace) or shutil.move (move) it to NAME; hidden: "
-                         "to .NAME.tmp, then os.replace")
-    ap.add_argument("--compile", default="", metavar="BACKEND",
-                    help="wrap the DDP model in torch.compile with this backend (aot_eager, eager, inductor)")
+    ap.add_argument(
+        "--sched", action="store_true", help="a StepLR schedule, saved and restored with the state"
+    )
+    ap.add_argument(
+        "--atomic-save",
+        choices=("none", "replace", "move", "hidden"),
+        default="none",
+        help="save to NAME.tmp, then os.replace (replace) or shutil.move (move) it to NAME; hidden: "
+        "to .NAME.tmp, then os.replace",
+    )
+    ap.add_argument(
+        "--compile",
+        default="",
+        metavar="BACKEND",
+        help="wrap the DDP model in torch.compile with this backend (aot_eager, eager, inductor)",
+    )
     args = ap.parse_args()
 
     torch.set_num_threads(1)
@@ -52,8 +62,10 @@ def main() -> int:
     start = 0
     resume = os.environ.get("SCOUT_RESUME_CHECKPOINT", "")
     if not resume and args.ckpt_dir and os.path.isdir(args.ckpt_dir):
-        names = sorted((n for n in os.listdir(args.ckpt_dir) if n.startswith("step-") and n.endswith(".pt")),
-                       key=lambda n: int(n[5:-3]))
+        names = sorted(
+            (n for n in os.listdir(args.ckpt_dir) if n.startswith("step-") and n.endswith(".pt")),
+            key=lambda n: int(n[5:-3]),
+        )
         resume = os.path.join(args.ckpt_dir, names[-1]) if names else ""
     if resume:
         state = torch.load(resume, weights_only=True)
@@ -66,7 +78,9 @@ def main() -> int:
             random.setstate(state["rng"]["python"])
             if np is not None and state["rng"].get("numpy") is not None:
                 n = state["rng"]["numpy"]
-                np.random.set_state((n["name"], n["keys"].numpy(), n["pos"], n["has_gauss"], n["gauss"]))
+                np.random.set_state(
+                    (n["name"], n["keys"].numpy(), n["pos"], n["has_gauss"], n["gauss"])
+                )
         start = int(state["step"])
         # DDP lays its gradient buckets out anew after its first iteration; an uninterrupted run
         # did that at step 1. One zero-input iteration (no optimizer step, gradients dropped) puts
@@ -90,20 +104,31 @@ def main() -> int:
         dist.all_reduce(logged)
         if rank == 0 and args.ckpt_dir and step % args.ckpt_every == 0:
             os.makedirs(args.ckpt_dir, exist_ok=True)
-            state = {"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
-                     "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
-                             "numpy": _numpy_state(np)}}
+            state = {
+                "model": model.state_dict(),
+                "opt": opt.state_dict(),
+                "step": step,
+                "rng": {
+                    "torch": torch.get_rng_state(),
+                    "python": random.getstate(),
+                    "numpy": _numpy_state(np),
+                },
+            }
             if sched is not None:
                 state["sched"] = sched.state_dict()
             final = os.path.join(args.ckpt_dir, f"step-{step}.pt")
             if args.atomic_save == "none":
                 torch.save(state, final)
             else:  # the usual atomic save: a reader never sees a partly written NAME
-                tmp = (os.path.join(args.ckpt_dir, f".step-{step}.pt.tmp") if args.atomic_save == "hidden"
-                       else final + ".tmp")
+                tmp = (
+                    os.path.join(args.ckpt_dir, f".step-{step}.pt.tmp")
+                    if args.atomic_save == "hidden"
+                    else final + ".tmp"
+                )
                 torch.save(state, tmp)
                 if args.atomic_save == "move":
                     import shutil
+
                     shutil.move(tmp, final)
                 else:
                     os.replace(tmp, final)
@@ -111,6 +136,7 @@ def main() -> int:
             print(f"step {step} loss {logged.item() / world:.6f}", flush=True)
     if rank == 0 and args.out:
         import hashlib
+
         digest = hashlib.sha256()  # every bit of the parameters and the optimizer state
         for p in model.parameters():
             digest.update(p.detach().contiguous().view(torch.uint8).numpy().tobytes())
@@ -128,10 +154,13 @@ def main() -> int:
             st = np.random.get_state()
             digest.update(st[1].tobytes() + repr(st[2:]).encode())
         with open(args.out, "w") as fh:
-            fh.write(" ".join(f"{p.double().sum().item():.12e}" for p in model.parameters())
-                     + f" sha256={digest.hexdigest()}\n")
+            fh.write(
+                " ".join(f"{p.double().sum().item():.12e}" for p in model.parameters())
+                + f" sha256={digest.hexdigest()}\n"
+            )
     del ddp, opt
     import gc
+
     gc.collect()
     dist.destroy_process_group()
     print(f"rank {rank}: done", flush=True)
@@ -143,13 +172,19 @@ def _numpy_state(np):
     if np is None:
         return None
     name, keys, pos, has_gauss, gauss = np.random.get_state()
-    return {"name": name, "keys": torch.from_numpy(keys.copy()), "pos": int(pos), "has_gauss": int(has_gauss),
-            "gauss": float(gauss)}
+    return {
+        "name": name,
+        "keys": torch.from_numpy(keys.copy()),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "gauss": float(gauss),
+    }
 
 
 def _numpy():
     try:
         import numpy
+
         return numpy
     except ImportError:
         return None

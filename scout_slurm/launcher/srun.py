@@ -28,7 +28,8 @@ from scout_slurm.errors import ScoutError
 SHORT_WITH_VALUE = frozenset("AbBcCdDeFGiJLmMnNopqrStTwWx")
 # long options that take a required value; options with an optional value (--exclusive,
 # --kill-on-bad-exit, --immediate, --exact...) accept it only as --opt=value, so they are flags here
-LONG_WITH_VALUE = frozenset("""
+LONG_WITH_VALUE = frozenset(
+    """
 accel-bind account acctg-freq bb bbf begin bcast-exclude chdir cluster-constraint clusters comment
 constraint container contiguous-? core-spec cores-per-socket cpu-bind cpu-freq cpus-per-gpu cpus-per-task
 deadline delay-boot dependency distribution epilog error export extra-node-info gid gpu-bind gpu-freq gpus
@@ -38,7 +39,8 @@ ntasks-per-core ntasks-per-gpu ntasks-per-node ntasks-per-socket open-mode outpu
 priority profile qos quit-on-interrupt? reboot? relative reservation resv-ports? signal slurmd-debug sockets-per-node
 switches task-epilog task-prolog thread-spec threads threads-per-core time time-min tmp tres-per-task uid wait
 wait-all-nodes? wckey x11? exclude cpus-per-gpu array
-""".split()) - {x for x in "contiguous-? quit-on-interrupt? reboot? resv-ports? wait-all-nodes? x11?".split()}
+""".split()
+) - {x for x in "contiguous-? quit-on-interrupt? reboot? resv-ports? wait-all-nodes? x11?".split()}
 
 
 @dataclass(frozen=True)
@@ -64,8 +66,13 @@ def split_args(argv: Sequence[str]) -> LaunchPlan:
             break
         if a.startswith("--scout-"):
             name, _, value = a[2:].partition("=")
-            takes = name in ("scout-stall-floor", "scout-inject", "scout-config", "scout-consensus-every",
-                             "scout-replay-every")
+            takes = name in (
+                "scout-stall-floor",
+                "scout-inject",
+                "scout-config",
+                "scout-consensus-every",
+                "scout-replay-every",
+            )
             if takes and not _:
                 if i + 1 >= len(argv):
                     raise ScoutError(f"scout-srun: {a} needs a value")
@@ -75,26 +82,33 @@ def split_args(argv: Sequence[str]) -> LaunchPlan:
                 env["SCOUT_WATCHDOG_STALL_FLOOR_S"] = value
             elif name == "scout-inject":
                 from scout_slurm.inject.spec import parse_fault
+
                 parse_fault(value)  # refuse a bad spec here, not in every task
                 env["SCOUT_INJECT"] = value
             elif name == "scout-config":
                 env["SCOUT_CONFIG"] = value
             elif name == "scout-consensus-every":
                 if not value.isdigit():
-                    raise ScoutError(f"scout-srun: --scout-consensus-every takes a whole number of steps, got {value!r}")
+                    raise ScoutError(
+                        f"scout-srun: --scout-consensus-every takes a whole number of steps, got {value!r}"
+                    )
                 env["SCOUT_CONSENSUS_EVERY"] = value
             elif name == "scout-replay-every":
                 if not value.isdigit():
-                    raise ScoutError(f"scout-srun: --scout-replay-every takes a whole number of steps, got {value!r}")
+                    raise ScoutError(
+                        f"scout-srun: --scout-replay-every takes a whole number of steps, got {value!r}"
+                    )
                 env["SCOUT_REPLAY_EVERY"] = value
             elif name == "scout-off":
                 off = True
             elif name == "scout-dry-run":
                 dry = True
             else:
-                raise ScoutError(f"scout-srun: unknown option {a}; scout's options: --scout-stall-floor, "
-                                 "--scout-inject, --scout-config, --scout-consensus-every, --scout-replay-every, --scout-off, "
-                                 "--scout-dry-run")
+                raise ScoutError(
+                    f"scout-srun: unknown option {a}; scout's options: --scout-stall-floor, "
+                    "--scout-inject, --scout-config, --scout-consensus-every, --scout-replay-every, --scout-off, "
+                    "--scout-dry-run"
+                )
             i += 1
             continue
         if a.startswith("--"):
@@ -124,7 +138,9 @@ def split_args(argv: Sequence[str]) -> LaunchPlan:
         break
     command = tuple(argv[i:])
     if not command and not dry:
-        raise ScoutError("scout-srun: no command given; usage: scout-srun [srun options] COMMAND [ARGS...]")
+        raise ScoutError(
+            "scout-srun: no command given; usage: scout-srun [srun options] COMMAND [ARGS...]"
+        )
     return LaunchPlan(tuple(srun), command, env, off, dry)
 
 
@@ -140,7 +156,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from scout_slurm.log import configure, level_from_env
     from scout_slurm.slurm.door import exec_slurm, resolve_binary
-    configure(level=level_from_env(logging.WARNING))  # the job's output is the user's: warnings only
+
+    configure(
+        level=level_from_env(logging.WARNING)
+    )  # the job's output is the user's: warnings only
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         plan = split_args(argv)

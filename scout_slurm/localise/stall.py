@@ -17,7 +17,7 @@ from scout_slurm.evidence.records import ChildState, CollectiveEntry, FindingKin
 @dataclass(frozen=True)
 class StallCall:
     culprits: tuple[int, ...]
-    kind: FindingKind          # HANG (behind), DESYNC (collective sequence differs); empty culprits: nobody
+    kind: FindingKind  # HANG (behind), DESYNC (collective sequence differs); empty culprits: nobody
     reasoning: tuple[str, ...]
 
 
@@ -26,7 +26,7 @@ def position(s: ProgressSnapshot) -> int:
     return s.coll_entered + s.coll_completed
 
 
-_SEQ_OP_BYTES = operator.attrgetter("seq", "op", "nbytes")   # (seq, op, nbytes) of an entry, in C
+_SEQ_OP_BYTES = operator.attrgetter("seq", "op", "nbytes")  # (seq, op, nbytes) of an entry, in C
 
 
 def find_desync(rings: Mapping[int, tuple[CollectiveEntry, ...]]) -> tuple[tuple[int, ...], str]:
@@ -44,7 +44,7 @@ def find_desync(rings: Mapping[int, tuple[CollectiveEntry, ...]]) -> tuple[tuple
     for key, ranks in groups.items():
         sigs: dict[int, tuple[str, int]] = {}
         for seq, op, nbytes in key:
-            sigs[seq] = (op, nbytes)      # a seq twice in one ring: the later entry counts
+            sigs[seq] = (op, nbytes)  # a seq twice in one ring: the later entry counts
         for seq, sig in sigs.items():
             by_seq.setdefault(seq, []).append((sig, ranks))
     total = len(rings)
@@ -53,29 +53,39 @@ def find_desync(rings: Mapping[int, tuple[CollectiveEntry, ...]]) -> tuple[tuple
         if sum(len(ranks) for _, ranks in votes) < total:
             continue
         counts: Counter = Counter()
-        for sig, ranks in votes:       # groups in order of their first rank: Counter's order is the ranks'
+        for (
+            sig,
+            ranks,
+        ) in votes:  # groups in order of their first rank: Counter's order is the ranks'
             counts[sig] += len(ranks)
-        (common, n), = counts.most_common(1)
+        ((common, n),) = counts.most_common(1)
         if n == total:
             continue
         if n * 2 > total:
             minority = tuple(sorted(r for sig, ranks in votes if sig != common for r in ranks))
             ops = {r: sig for sig, ranks in votes if sig != common for r in ranks}
             theirs = ", ".join(f"rank {r}: {ops[r][0]} of {ops[r][1]} B" for r in minority)
-            return minority, (f"collective #{seq}: {n} of {total} ranks ran {common[0]} of {common[1]} B; "
-                              f"{theirs}")
+            return minority, (
+                f"collective #{seq}: {n} of {total} ranks ran {common[0]} of {common[1]} B; "
+                f"{theirs}"
+            )
         return (), f"collective #{seq}: ranks disagree with no strict majority ({dict(counts)})"
     return (), ""
 
 
-def _direct(ranks: tuple[int, ...], present: Mapping[int, ProgressSnapshot], world_size: int) -> bool:
+def _direct(
+    ranks: tuple[int, ...], present: Mapping[int, ProgressSnapshot], world_size: int
+) -> bool:
     """Direct process evidence (exited, stopped, in disk sleep) names ranks without a majority of
     progress: when they are at most half of the job and some other rank does not show it."""
     return bool(ranks) and len(ranks) * 2 <= world_size and len(ranks) < len(present)
 
 
-def decide_stall(snapshots: Mapping[int, ProgressSnapshot | None], world_size: int,
-                 silent: frozenset[int] = frozenset()) -> StallCall:
+def decide_stall(
+    snapshots: Mapping[int, ProgressSnapshot | None],
+    world_size: int,
+    silent: frozenset[int] = frozenset(),
+) -> StallCall:
     """Name the ranks that stopped first.
 
     `snapshots` holds the latest snapshot of each rank (None: never published); `silent` are
@@ -85,14 +95,22 @@ def decide_stall(snapshots: Mapping[int, ProgressSnapshot | None], world_size: i
     gone = tuple(sorted(set(missing) | set(silent)))
     present = {r: s for r, s in snapshots.items() if s is not None and r not in silent}
     if gone and len(gone) * 2 < world_size:
-        return StallCall(gone, FindingKind.HANG,
-                         (f"rank(s) {', '.join(map(str, gone))} stopped reporting while the others waited",))
+        return StallCall(
+            gone,
+            FindingKind.HANG,
+            (f"rank(s) {', '.join(map(str, gone))} stopped reporting while the others waited",),
+        )
     if not present:
         return StallCall((), FindingKind.HANG, ("no rank published progress",))
     exited = tuple(sorted(r for r, s in present.items() if s.child_state == ChildState.EXITED))
     if _direct(exited, present, world_size):
-        return StallCall(exited, FindingKind.HANG,
-                         (f"rank(s) {', '.join(map(str, exited))} exited while the others waited in a collective",))
+        return StallCall(
+            exited,
+            FindingKind.HANG,
+            (
+                f"rank(s) {', '.join(map(str, exited))} exited while the others waited in a collective",
+            ),
+        )
     desync, why = find_desync({r: s.recent for r, s in present.items()})
     if desync:
         return StallCall(desync, FindingKind.DESYNC, (why,))
@@ -104,31 +122,68 @@ def decide_stall(snapshots: Mapping[int, ProgressSnapshot | None], world_size: i
     reasons = []
     for r in behind:
         s = present[r]
-        where = (f"inside {s.current_op}" if s.in_collective else "outside any collective") if s.entered_init \
+        where = (
+            (f"inside {s.current_op}" if s.in_collective else "outside any collective")
+            if s.entered_init
             else "before init_process_group"
-        reasons.append(f"rank {r} on {s.node}: {s.coll_completed} collectives done, {where}, "
-                       f"process {s.child_state.value}, idle {s.idle_s:.1f} s")
-    frozen = tuple(sorted(r for r, s in present.items()
-                          if s.child_state in (ChildState.STOPPED, ChildState.DISK_SLEEP)))
-    if (len(behind) * 2 >= world_size or len(behind) == len(positions)) and _direct(frozen, present, world_size):
+        )
+        reasons.append(
+            f"rank {r} on {s.node}: {s.coll_completed} collectives done, {where}, "
+            f"process {s.child_state.value}, idle {s.idle_s:.1f} s"
+        )
+    frozen = tuple(
+        sorted(
+            r
+            for r, s in present.items()
+            if s.child_state in (ChildState.STOPPED, ChildState.DISK_SLEEP)
+        )
+    )
+    if (len(behind) * 2 >= world_size or len(behind) == len(positions)) and _direct(
+        frozen, present, world_size
+    ):
         # no strict majority is ahead, but the process itself says it cannot move: stopped
         # (SIGSTOP) or in uninterruptible sleep (with two ranks, one behind is never a majority)
-        return StallCall(frozen, FindingKind.HANG, tuple(
-            f"rank {r} on {present[r].node}: process {present[r].child_state.value} while the others wait, "
-            f"{'inside ' + present[r].current_op if present[r].in_collective else 'outside any collective'}"
-            for r in frozen))
+        return StallCall(
+            frozen,
+            FindingKind.HANG,
+            tuple(
+                f"rank {r} on {present[r].node}: process {present[r].child_state.value} while the others wait, "
+                f"{'inside ' + present[r].current_op if present[r].in_collective else 'outside any collective'}"
+                for r in frozen
+            ),
+        )
     if len(behind) == len(positions):
-        return StallCall((), FindingKind.HANG,
-                         ("every rank stopped at the same point "
-                          f"({present[behind[0]].coll_completed} collectives done): no rank is behind",))
+        return StallCall(
+            (),
+            FindingKind.HANG,
+            (
+                "every rank stopped at the same point "
+                f"({present[behind[0]].coll_completed} collectives done): no rank is behind",
+            ),
+        )
     if len(behind) * 2 >= world_size:
-        return StallCall((), FindingKind.HANG,
-                         (f"{len(behind)} of {world_size} ranks are behind: no strict majority ahead", *reasons))
+        return StallCall(
+            (),
+            FindingKind.HANG,
+            (f"{len(behind)} of {world_size} ranks are behind: no strict majority ahead", *reasons),
+        )
     others = len(positions) - len(behind)
     if not lowest[0]:
-        return StallCall(behind, FindingKind.HANG,
-                         (*reasons, f"the other {others} rank(s) entered init_process_group and waited there "
-                                    "(this rank had not entered it)"))
-    return StallCall(behind, FindingKind.HANG,
-                     (*reasons, f"the other {others} rank(s) reached progress {max(positions.values())[1]} "
-                                f"(this rank {lowest[1]})"))
+        return StallCall(
+            behind,
+            FindingKind.HANG,
+            (
+                *reasons,
+                f"the other {others} rank(s) entered init_process_group and waited there "
+                "(this rank had not entered it)",
+            ),
+        )
+    return StallCall(
+        behind,
+        FindingKind.HANG,
+        (
+            *reasons,
+            f"the other {others} rank(s) reached progress {max(positions.values())[1]} "
+            f"(this rank {lowest[1]})",
+        ),
+    )

@@ -22,13 +22,14 @@ POLICIES = ("report", "exit")
 @dataclass(frozen=True)
 class TimingRules:
     """The timing vote's settings; every key can be set as SCOUT_TIMING_<KEY> in the job's environment."""
-    every: int = 25                 # steps per round (0: no timing votes)
-    rel_floor: float = 0.2          # a straggler exceeds the median by this fraction of it ...
-    abs_floor_s: float = 0.05       # ... and by this many seconds per step ...
-    mad_factor: float = 5.0         # ... and by this many scaled MADs (robust spread) of the ranks
-    confirm_rounds: int = 2         # rounds in a row before anyone is named
-    group_rel_floor: float = 1.0    # whole group: median compute this much above its best round
-    probe: bool = True              # time a small and a medium exchange per pair of ranks each round
+
+    every: int = 25  # steps per round (0: no timing votes)
+    rel_floor: float = 0.2  # a straggler exceeds the median by this fraction of it ...
+    abs_floor_s: float = 0.05  # ... and by this many seconds per step ...
+    mad_factor: float = 5.0  # ... and by this many scaled MADs (robust spread) of the ranks
+    confirm_rounds: int = 2  # rounds in a row before anyone is named
+    group_rel_floor: float = 1.0  # whole group: median compute this much above its best round
+    probe: bool = True  # time a small and a medium exchange per pair of ranks each round
     probe_bytes: int = 256 * 1024
     # each rank exchanges with every peer on another node in turn (up to world - 1 exchanges a
     # round): beyond this many ranks the probe is off, and a slow link is not placed (sampling
@@ -36,8 +37,10 @@ class TimingRules:
     probe_max_world: int = 64
     probe_rel_floor: float = 1.0
     probe_abs_floor_s: float = 0.01
-    policy: str = "report"          # "report": the job goes on; "exit": the confirmed straggler ends (exit 91)
-    verbose: bool = False           # rank 0 says every round's reading on stderr
+    policy: str = (
+        "report"  # "report": the job goes on; "exit": the confirmed straggler ends (exit 91)
+    )
+    verbose: bool = False  # rank 0 says every round's reading on stderr
     schema_version: int = 1
 
 
@@ -49,10 +52,12 @@ def rules_from_environment(env: Mapping[str, str]) -> TimingRules:
     for var, text in env.items():
         if not var.startswith(ENV_PREFIX):
             continue
-        key = var[len(ENV_PREFIX):].lower()
+        key = var[len(ENV_PREFIX) :].lower()
         if key not in valid:
-            raise ConfigError(f"{var}: unknown timing setting; valid: "
-                              f"{', '.join(ENV_PREFIX + k.upper() for k in sorted(valid))}")
+            raise ConfigError(
+                f"{var}: unknown timing setting; valid: "
+                f"{', '.join(ENV_PREFIX + k.upper() for k in sorted(valid))}"
+            )
         default = getattr(TimingRules(), key)
         try:
             if isinstance(default, bool):
@@ -66,14 +71,23 @@ def rules_from_environment(env: Mapping[str, str]) -> TimingRules:
             else:
                 values[key] = text.strip()
         except ValueError as exc:
-            raise ConfigError(f"{var}={text!r}: {exc}; expected a {type(default).__name__}") from None
+            raise ConfigError(
+                f"{var}={text!r}: {exc}; expected a {type(default).__name__}"
+            ) from None
     rules = TimingRules(**values)  # type: ignore[arg-type]
     problems = []
     if rules.every < 0:
         problems.append(f"{ENV_PREFIX}EVERY must be >= 0 (0: off)")
     if rules.confirm_rounds < 1:
         problems.append(f"{ENV_PREFIX}CONFIRM_ROUNDS must be >= 1")
-    for name in ("rel_floor", "abs_floor_s", "mad_factor", "group_rel_floor", "probe_rel_floor", "probe_abs_floor_s"):
+    for name in (
+        "rel_floor",
+        "abs_floor_s",
+        "mad_factor",
+        "group_rel_floor",
+        "probe_rel_floor",
+        "probe_abs_floor_s",
+    ):
         v = getattr(rules, name)
         if not (math.isfinite(v) and v >= 0):
             problems.append(f"{ENV_PREFIX}{name.upper()} must be a finite number >= 0")
@@ -99,15 +113,18 @@ def median(values: Sequence[float]) -> float:
 @dataclass(frozen=True)
 class Spread:
     """One robust comparison of values (one per rank or node)."""
-    outcome: VoteOutcome         # CLEAN, NAMED (a strict minority stands out) or INCONCLUSIVE
-    high: tuple[int, ...]        # indexes above the threshold (named only when outcome == "named")
+
+    outcome: VoteOutcome  # CLEAN, NAMED (a strict minority stands out) or INCONCLUSIVE
+    high: tuple[int, ...]  # indexes above the threshold (named only when outcome == "named")
     median: float
     mad: float
-    threshold: float             # how far above the median a value must be
+    threshold: float  # how far above the median a value must be
     reason: str
 
 
-def robust_outliers(values: Sequence[float], *, rel_floor: float, abs_floor: float, mad_factor: float) -> Spread:
+def robust_outliers(
+    values: Sequence[float], *, rel_floor: float, abs_floor: float, mad_factor: float
+) -> Spread:
     """Which values stand out high. A strict minority above `median + max(rel*median, abs, k*1.4826*MAD)`
     is named; half or more above it, or a split into a slow and a fast half (nobody is typical), is
     inconclusive; otherwise clean."""
@@ -119,11 +136,23 @@ def robust_outliers(values: Sequence[float], *, rel_floor: float, abs_floor: flo
     threshold = max(rel_floor * abs(med), abs_floor, mad_factor * 1.4826 * mad)
     high = tuple(i for i, v in enumerate(values) if v - med > threshold)
     if high and len(high) * 2 < n:
-        return Spread(VoteOutcome.NAMED, high, med, mad, threshold,
-                      f"{len(high)} of {n} above the median {med:.4f} by more than {threshold:.4f}")
+        return Spread(
+            VoteOutcome.NAMED,
+            high,
+            med,
+            mad,
+            threshold,
+            f"{len(high)} of {n} above the median {med:.4f} by more than {threshold:.4f}",
+        )
     if high:
-        return Spread(VoteOutcome.INCONCLUSIVE, high, med, mad, threshold,
-                      f"{len(high)} of {n} above the median {med:.4f}: no majority of typical ones")
+        return Spread(
+            VoteOutcome.INCONCLUSIVE,
+            high,
+            med,
+            mad,
+            threshold,
+            f"{len(high)} of {n} above the median {med:.4f}: no majority of typical ones",
+        )
     # nobody far above the median, but the values may be two camps (e.g. two of four slow): the
     # median then sits with the slow camp and hides it. A camp split is the widest jump between
     # neighbouring sorted values, when it beats the floors and the spread inside either camp.
@@ -133,20 +162,34 @@ def robust_outliers(values: Sequence[float], *, rel_floor: float, abs_floor: flo
         cut = max(range(n - 1), key=lambda i: s[i + 1] - s[i])
         jump = s[cut + 1] - s[cut]
         inside = max(s[cut] - s[0], s[-1] - s[cut + 1])
-        slow = tuple(sorted(order[cut + 1:]))
+        slow = tuple(sorted(order[cut + 1 :]))
         if jump > max(rel_floor * abs(s[cut]), abs_floor, inside) and len(slow) * 2 >= n:
-            return Spread(VoteOutcome.INCONCLUSIVE, slow, med, mad, jump,
-                          f"{len(slow)} of {n} slower than the rest by {jump:.4f} or more: "
-                          "no majority of typical ones")
-    return Spread(VoteOutcome.CLEAN, (), med, mad, threshold, f"all within {threshold:.4f} of the median {med:.4f}")
+            return Spread(
+                VoteOutcome.INCONCLUSIVE,
+                slow,
+                med,
+                mad,
+                jump,
+                f"{len(slow)} of {n} slower than the rest by {jump:.4f} or more: "
+                "no majority of typical ones",
+            )
+    return Spread(
+        VoteOutcome.CLEAN,
+        (),
+        med,
+        mad,
+        threshold,
+        f"all within {threshold:.4f} of the median {med:.4f}",
+    )
 
 
 @dataclass(frozen=True)
 class RankTiming:
     """One rank's averages per step over one round, in seconds."""
+
     rank: int
-    compute_s: float      # outside any training collective (forward, backward, optimizer, data)
-    comm_s: float         # inside training collectives (waiting for peers included)
+    compute_s: float  # outside any training collective (forward, backward, optimizer, data)
+    comm_s: float  # inside training collectives (waiting for peers included)
     steps: int
 
 
@@ -155,6 +198,7 @@ class LinkProbe:
     """Timed exchanges between pairs of ranks on scout's side group (seconds; min over repetitions).
     `small[i][j]` is a round trip of a few bytes, `medium[i][j]` a medium buffer sent both ways;
     negative where not measured."""
+
     small: tuple[tuple[float, ...], ...]
     medium: tuple[tuple[float, ...], ...]
 
@@ -183,7 +227,9 @@ def link_rounds(nodes: Sequence[str]) -> list[list[tuple[int, int]]]:
     nodes (two ranks of one node do not cross a link, and `node_link_scores` never reads their pair),
     without the rounds left empty. Every rank computes it from the same gathered node names, so both
     ends of a pair agree on it; all ranks on one node: no probe at all."""
-    rounds = [[(a, b) for a, b in pairs if nodes[a] != nodes[b]] for pairs in pairing_rounds(len(nodes))]
+    rounds = [
+        [(a, b) for a, b in pairs if nodes[a] != nodes[b]] for pairs in pairing_rounds(len(nodes))
+    ]
     return [pairs for pairs in rounds if pairs]
 
 
@@ -214,28 +260,42 @@ def _pair(matrix: tuple[tuple[float, ...], ...], i: int, j: int) -> float:
 
 @dataclass(frozen=True)
 class RoundDecision:
-    outcome: str                   # "clean", "compute", "communication", "group_slow", "inconclusive"
-    ranks: tuple[int, ...] = ()    # named ranks (compute, or every rank on the named node)
+    outcome: str  # "clean", "compute", "communication", "group_slow", "inconclusive"
+    ranks: tuple[int, ...] = ()  # named ranks (compute, or every rank on the named node)
     nodes: tuple[str, ...] = ()
     reasons: tuple[str, ...] = ()
 
 
-def decide_round(timings: Sequence[RankTiming], nodes: Sequence[str], probe: LinkProbe | None,
-                 best_median_compute: float | None, rules: TimingRules) -> RoundDecision:
+def decide_round(
+    timings: Sequence[RankTiming],
+    nodes: Sequence[str],
+    probe: LinkProbe | None,
+    best_median_compute: float | None,
+    rules: TimingRules,
+) -> RoundDecision:
     """One round's reading. Compute first (a rank whose own work is slow makes everyone else wait,
     so its peers' collectives look slow too); then the link probe by node; then the group as a whole
     against its best round so far."""
     if len(timings) < 2:
         return RoundDecision("clean", reasons=("fewer than two ranks: nothing to compare",))
     compute = [t.compute_s for t in timings]
-    spread = robust_outliers(compute, rel_floor=rules.rel_floor, abs_floor=rules.abs_floor_s,
-                             mad_factor=rules.mad_factor)
-    figures = "compute s/step " + ", ".join(f"r{t.rank}={t.compute_s:.4f}" for t in timings) + \
-              "; collectives s/step " + ", ".join(f"r{t.rank}={t.comm_s:.4f}" for t in timings)
+    spread = robust_outliers(
+        compute, rel_floor=rules.rel_floor, abs_floor=rules.abs_floor_s, mad_factor=rules.mad_factor
+    )
+    figures = (
+        "compute s/step "
+        + ", ".join(f"r{t.rank}={t.compute_s:.4f}" for t in timings)
+        + "; collectives s/step "
+        + ", ".join(f"r{t.rank}={t.comm_s:.4f}" for t in timings)
+    )
     if spread.outcome is VoteOutcome.NAMED:
         ranks = tuple(timings[i].rank for i in spread.high)
-        return RoundDecision("compute", ranks, tuple(dict.fromkeys(nodes[r] for r in ranks)),
-                             (f"compute: {spread.reason}", figures))
+        return RoundDecision(
+            "compute",
+            ranks,
+            tuple(dict.fromkeys(nodes[r] for r in ranks)),
+            (f"compute: {spread.reason}", figures),
+        )
     if spread.outcome is VoteOutcome.INCONCLUSIVE:
         return RoundDecision("inconclusive", reasons=(f"compute: {spread.reason}", figures))
     reasons = [figures]
@@ -243,42 +303,64 @@ def decide_round(timings: Sequence[RankTiming], nodes: Sequence[str], probe: Lin
         scores = node_link_scores(probe, nodes)
         names = sorted(scores)
         if len(names) >= 3:
-            link = robust_outliers([scores[k] for k in names], rel_floor=rules.probe_rel_floor,
-                                   abs_floor=rules.probe_abs_floor_s, mad_factor=rules.mad_factor)
+            link = robust_outliers(
+                [scores[k] for k in names],
+                rel_floor=rules.probe_rel_floor,
+                abs_floor=rules.probe_abs_floor_s,
+                mad_factor=rules.mad_factor,
+            )
             probe_text = "link probe s per node " + ", ".join(f"{k}={scores[k]:.4f}" for k in names)
             if link.outcome is VoteOutcome.NAMED:
                 slow = tuple(names[i] for i in link.high)
                 ranks = tuple(r for r in range(len(nodes)) if nodes[r] in slow)
-                return RoundDecision("communication", ranks, slow,
-                                     (f"every link of node(s) {', '.join(slow)} is slow: {link.reason}",
-                                      probe_text, figures))
+                return RoundDecision(
+                    "communication",
+                    ranks,
+                    slow,
+                    (
+                        f"every link of node(s) {', '.join(slow)} is slow: {link.reason}",
+                        probe_text,
+                        figures,
+                    ),
+                )
             if link.outcome is VoteOutcome.INCONCLUSIVE:
-                return RoundDecision("inconclusive", reasons=(f"link probe: {link.reason}", probe_text, figures))
+                return RoundDecision(
+                    "inconclusive", reasons=(f"link probe: {link.reason}", probe_text, figures)
+                )
         elif len(names) == 2:
             a, b = names
-            reasons.append(f"link probe: {a}={scores[a]:.4f} s, {b}={scores[b]:.4f} s (two nodes: a slow link "
-                           "between them cannot be placed at either end)")
+            reasons.append(
+                f"link probe: {a}={scores[a]:.4f} s, {b}={scores[b]:.4f} s (two nodes: a slow link "
+                "between them cannot be placed at either end)"
+            )
     med = median(compute)
     if best_median_compute is not None and med - best_median_compute > max(
-            rules.group_rel_floor * best_median_compute, rules.abs_floor_s):
-        return RoundDecision("group_slow", reasons=(
-            f"every rank is slower together: median compute {med:.4f} s/step against {best_median_compute:.4f} "
-            "in the best round; no rank stands out", *reasons))
+        rules.group_rel_floor * best_median_compute, rules.abs_floor_s
+    ):
+        return RoundDecision(
+            "group_slow",
+            reasons=(
+                f"every rank is slower together: median compute {med:.4f} s/step against {best_median_compute:.4f} "
+                "in the best round; no rank stands out",
+                *reasons,
+            ),
+        )
     return RoundDecision("clean", reasons=tuple(reasons))
 
 
 @dataclass(frozen=True)
 class Confirmation:
     """Streaks across rounds (pure state, replaced every round)."""
-    streaks: tuple[tuple[str, int], ...] = ()     # key -> rounds in a row
-    reported: tuple[str, ...] = ()                # keys already confirmed (reported once)
+
+    streaks: tuple[tuple[str, int], ...] = ()  # key -> rounds in a row
+    reported: tuple[str, ...] = ()  # keys already confirmed (reported once)
 
 
 @dataclass(frozen=True)
 class RoundOutcome:
     state: Confirmation
-    confirmed: tuple[str, ...]       # keys that reached confirm_rounds this round
-    transient: tuple[str, ...]       # keys seen in fewer rounds than needed, now gone (a one-off stall)
+    confirmed: tuple[str, ...]  # keys that reached confirm_rounds this round
+    transient: tuple[str, ...]  # keys seen in fewer rounds than needed, now gone (a one-off stall)
 
 
 def decision_keys(d: RoundDecision) -> tuple[str, ...]:
@@ -296,8 +378,16 @@ def confirm(state: Confirmation, d: RoundDecision, rules: TimingRules) -> RoundO
     now = decision_keys(d)
     before = dict(state.streaks)
     streaks = {k: before.get(k, 0) + 1 for k in now}
-    confirmed = tuple(k for k in now if streaks[k] >= rules.confirm_rounds and k not in state.reported)
-    transient = tuple(k for k, c in before.items() if k not in streaks and c < rules.confirm_rounds
-                      and k not in state.reported)
-    return RoundOutcome(Confirmation(tuple(sorted(streaks.items())), tuple(sorted({*state.reported, *confirmed}))),
-                        confirmed, transient)
+    confirmed = tuple(
+        k for k in now if streaks[k] >= rules.confirm_rounds and k not in state.reported
+    )
+    transient = tuple(
+        k
+        for k, c in before.items()
+        if k not in streaks and c < rules.confirm_rounds and k not in state.reported
+    )
+    return RoundOutcome(
+        Confirmation(tuple(sorted(streaks.items())), tuple(sorted({*state.reported, *confirmed}))),
+        confirmed,
+        transient,
+    )

@@ -15,8 +15,12 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from scout_slurm.evidence.records import Verdict, VerdictKind
-from scout_slurm.remediation.records import (Agreement, CheckpointNote, CheckpointStatus,  # noqa: F401 (re-exported)
-                                             VoteCoverage)
+from scout_slurm.remediation.records import (
+    Agreement,
+    CheckpointNote,
+    CheckpointStatus,  # noqa: F401 (re-exported)
+    VoteCoverage,
+)
 
 
 @dataclass(frozen=True)
@@ -26,8 +30,12 @@ class Assessment:
     reason: str
 
 
-def assess(notes: Sequence[CheckpointNote], coverage: Mapping[int, VoteCoverage],
-           verdicts: Mapping[int, Verdict], file_problem: Callable[[CheckpointNote], str | None]) -> list[Assessment]:
+def assess(
+    notes: Sequence[CheckpointNote],
+    coverage: Mapping[int, VoteCoverage],
+    verdicts: Mapping[int, Verdict],
+    file_problem: Callable[[CheckpointNote], str | None],
+) -> list[Assessment]:
     out = []
     for note in sorted(notes, key=lambda n: (n.step, n.saved_at)):
         problem = file_problem(note)
@@ -35,37 +43,76 @@ def assess(notes: Sequence[CheckpointNote], coverage: Mapping[int, VoteCoverage]
         cov = coverage.get(note.restart)
         if problem:
             out.append(Assessment(note, CheckpointStatus.REJECTED, problem))
-        elif v is not None and v.kind != VerdictKind.CLEAN and 0 <= v.first_suspect_step <= note.step:
-            out.append(Assessment(note, CheckpointStatus.REJECTED,
-                                  f"saved at step {note.step}, at or after the first suspect step "
-                                  f"{v.first_suspect_step} of run {note.restart} ({v.kind.value})"))
+        elif (
+            v is not None and v.kind != VerdictKind.CLEAN and 0 <= v.first_suspect_step <= note.step
+        ):
+            out.append(
+                Assessment(
+                    note,
+                    CheckpointStatus.REJECTED,
+                    f"saved at step {note.step}, at or after the first suspect step "
+                    f"{v.first_suspect_step} of run {note.restart} ({v.kind.value})",
+                )
+            )
         elif note.agreement_kind is Agreement.DISAGREED:
-            out.append(Assessment(note, CheckpointStatus.REJECTED,
-                                  f"the replicas' state signatures {note.agreement} at the save (step {note.step})"))
+            out.append(
+                Assessment(
+                    note,
+                    CheckpointStatus.REJECTED,
+                    f"the replicas' state signatures {note.agreement} at the save (step {note.step})",
+                )
+            )
         elif cov is not None and cov.last_clean_step >= note.step:
-            out.append(Assessment(note, CheckpointStatus.ELIGIBLE,
-                                  f"the replicas agreed at step {cov.last_clean_step} (>= {note.step})"))
+            out.append(
+                Assessment(
+                    note,
+                    CheckpointStatus.ELIGIBLE,
+                    f"the replicas agreed at step {cov.last_clean_step} (>= {note.step})",
+                )
+            )
         elif note.agreement_kind is Agreement.AGREED:
-            out.append(Assessment(note, CheckpointStatus.ELIGIBLE,
-                                  f"the replicas' state signatures agreed at the save (step {note.step})"))
+            out.append(
+                Assessment(
+                    note,
+                    CheckpointStatus.ELIGIBLE,
+                    f"the replicas' state signatures agreed at the save (step {note.step})",
+                )
+            )
         else:
-            seen = f"last clean vote at step {cov.last_clean_step}" if cov else "no state vote in this run"
+            seen = (
+                f"last clean vote at step {cov.last_clean_step}"
+                if cov
+                else "no state vote in this run"
+            )
             if note.agreement_kind is Agreement.NOT_EXCHANGED:
                 seen += f"; replicas' signatures {note.agreement}"
-            out.append(Assessment(note, CheckpointStatus.CANDIDATE, f"not covered by a vote yet ({seen})"))
+            out.append(
+                Assessment(note, CheckpointStatus.CANDIDATE, f"not covered by a vote yet ({seen})")
+            )
     return out
 
 
-def recovery_point(assessments: Sequence[Assessment], first_suspect_step: int) -> tuple[Assessment | None, str]:
+def recovery_point(
+    assessments: Sequence[Assessment], first_suspect_step: int
+) -> tuple[Assessment | None, str]:
     """The checkpoint to resume from, and why (pure)."""
     before = [a for a in assessments if first_suspect_step < 0 or a.note.step < first_suspect_step]
-    where = f"before the first suspect step {first_suspect_step}" if first_suspect_step >= 0 else "(first suspect step unknown)"
+    where = (
+        f"before the first suspect step {first_suspect_step}"
+        if first_suspect_step >= 0
+        else "(first suspect step unknown)"
+    )
     for status in (CheckpointStatus.ELIGIBLE, CheckpointStatus.CANDIDATE):
         pool = [a for a in before if a.status == status]
         if pool:
             best = max(pool, key=lambda a: (a.note.step, a.note.saved_at))
             if status == CheckpointStatus.ELIGIBLE:
-                return best, f"newest eligible checkpoint {where}: step {best.note.step} ({best.reason})"
-            return best, (f"no eligible checkpoint {where}; newest candidate: step {best.note.step} "
-                          f"({best.reason})")
+                return (
+                    best,
+                    f"newest eligible checkpoint {where}: step {best.note.step} ({best.reason})",
+                )
+            return best, (
+                f"no eligible checkpoint {where}; newest candidate: step {best.note.step} "
+                f"({best.reason})"
+            )
     return None, f"no usable checkpoint {where}: the rerun starts as the script decides"

@@ -18,24 +18,33 @@ from typing import ClassVar, Mapping, Sequence
 
 from scout_slurm.config import DrainConfig, RemediationConfig
 from scout_slurm.evidence.records import Verdict, VerdictKind
-from scout_slurm.remediation.records import (CheckpointNote, CheckpointStatus, Drain, Exclude, PlannedAction, Requeue,
-                                             ResumeFrom)
+from scout_slurm.remediation.records import (
+    CheckpointNote,
+    CheckpointStatus,
+    Drain,
+    Exclude,
+    PlannedAction,
+    Requeue,
+    ResumeFrom,
+)
 from scout_slurm.slurm.hostlist import compress_hostlist
 
-DRAINABLE = frozenset({VerdictKind.HANG, VerdictKind.CRASH, VerdictKind.SDC, VerdictKind.STRAGGLER,
-                       VerdictKind.INFRA})
+DRAINABLE = frozenset(
+    {VerdictKind.HANG, VerdictKind.CRASH, VerdictKind.SDC, VerdictKind.STRAGGLER, VerdictKind.INFRA}
+)
 
 
 @dataclass(frozen=True)
 class JobFacts:
     """What Slurm says of the job (trusted), gathered by the caller."""
+
     job_id: int
     allocation: tuple[str, ...]
     excluded: tuple[str, ...]
     requeue_allowed: bool
     restart_count: int
-    usable_nodes: tuple[str, ...]     # nodes of the cluster that are up and not drained
-    state: str = ""                   # Slurm's JobState when the hook ran ("" when Slurm did not say)
+    usable_nodes: tuple[str, ...]  # nodes of the cluster that are up and not drained
+    state: str = ""  # Slurm's JobState when the hook ran ("" when Slurm did not say)
 
 
 # How the job ended, by Slurm's own word, where that alone decides that scout must not act. A rank
@@ -60,7 +69,7 @@ def ended_by_slurm(state: str) -> str:
 class Plan:
     actions: tuple[PlannedAction, ...]
     held_back: tuple[str, ...]
-    watched: tuple[str, ...] = ()     # named nodes the drain rule did not drain: excluded, watched
+    watched: tuple[str, ...] = ()  # named nodes the drain rule did not drain: excluded, watched
 
 
 # What every drain reason of scout's starts with: Slurm keeps only the text, and `scout undrain`,
@@ -78,13 +87,16 @@ def is_scout_drain(reason: str, job_id: int | None = None) -> bool:
 def drain_reason(verdict: Verdict, node: str, evidence_path: str, why: str = "") -> str:
     ranks = ",".join(str(s.rank) for s in verdict.suspects if s.node == node)
     because = f" {why};" if why else ""
-    return (f"{DRAIN_REASON_PREFIX} {verdict.kind.value} rank {ranks} job {verdict.job_id} run {verdict.restart} "
-            f"conf {verdict.confidence:.2f}{because} see {evidence_path}")
+    return (
+        f"{DRAIN_REASON_PREFIX} {verdict.kind.value} rank {ranks} job {verdict.job_id} run {verdict.restart} "
+        f"conf {verdict.confidence:.2f}{because} see {evidence_path}"
+    )
 
 
 @dataclass(frozen=True)
 class PastIncident:
     """An earlier incident's decision on one node (the controller reads them from the evidence root)."""
+
     job_id: int
     user: str
     node: str
@@ -96,10 +108,11 @@ class PastIncident:
 @dataclass(frozen=True)
 class NodeSuspicion:
     """What the controller knows of one node the verdict names, beyond the job's word."""
+
     node: str
-    gpu_serials: tuple[str, ...]          # of the suspect ranks' GPUs, from the Prolog's map
-    corroborated_by: tuple[str, ...]      # root-found facts that corroborate the verdict's kind
-    root_checked: bool                    # whether the node's root checks are on record at all
+    gpu_serials: tuple[str, ...]  # of the suspect ranks' GPUs, from the Prolog's map
+    corroborated_by: tuple[str, ...]  # root-found facts that corroborate the verdict's kind
+    root_checked: bool  # whether the node's root checks are on record at all
 
 
 @dataclass(frozen=True)
@@ -108,40 +121,68 @@ class DrainDecision:
     why: str
 
 
-def drain_decision(suspicion: NodeSuspicion, *, job_id: int, user: str, at: float,
-                   past: Sequence[PastIncident], cfg: DrainConfig) -> DrainDecision:
+def drain_decision(
+    suspicion: NodeSuspicion,
+    *,
+    job_id: int,
+    user: str,
+    at: float,
+    past: Sequence[PastIncident],
+    cfg: DrainConfig,
+) -> DrainDecision:
     """Drain `suspicion.node`, or only exclude it and watch it (pure; see the module's docstring)."""
     if cfg.drain_on == "job-evidence":
         return DrainDecision(True, "on the job's evidence (site setting drain_on = job-evidence)")
     if suspicion.corroborated_by:
-        return DrainDecision(True, f"corroborated by root check: {'; '.join(suspicion.corroborated_by[:3])}"[:200])
+        return DrainDecision(
+            True, f"corroborated by root check: {'; '.join(suspicion.corroborated_by[:3])}"[:200]
+        )
     serials = {s for s in suspicion.gpu_serials if s}
-    others = [p for p in past if p.job_id != job_id and 0 <= at - p.at <= cfg.window_s
-              and (p.node == suspicion.node or serials & set(p.gpu_serials))]
+    others = [
+        p
+        for p in past
+        if p.job_id != job_id
+        and 0 <= at - p.at <= cfg.window_s
+        and (p.node == suspicion.node or serials & set(p.gpu_serials))
+    ]
     users = {user, *(p.user for p in others)}
     if len(users) >= cfg.min_users:
-        named = ", ".join(f"{p.user} job {p.job_id}" for p in sorted(others, key=lambda p: p.at)[-4:])
-        return DrainDecision(True, f"{len(others) + 1} incidents from {len(users)} users ({named}, {user} job {job_id})")
-    checked = "root checks found nothing that corroborates it" if suspicion.root_checked else "no root check on record"
+        named = ", ".join(
+            f"{p.user} job {p.job_id}" for p in sorted(others, key=lambda p: p.at)[-4:]
+        )
+        return DrainDecision(
+            True,
+            f"{len(others) + 1} incidents from {len(users)} users ({named}, {user} job {job_id})",
+        )
+    checked = (
+        "root checks found nothing that corroborates it"
+        if suspicion.root_checked
+        else "no root check on record"
+    )
     seen = f"; {len(others)} earlier incident(s) here, all from {user}" if others else ""
-    return DrainDecision(False, f"only the job's own evidence ({checked}{seen}): excluded from the rerun, "
-                                f"not drained; on the watch list")
+    return DrainDecision(
+        False,
+        f"only the job's own evidence ({checked}{seen}): excluded from the rerun, "
+        f"not drained; on the watch list",
+    )
 
 
 @dataclass(frozen=True)
 class NodeOutcome:
     """One suspect node's outcome in one incident, as the watch list and `scout suspects` show it."""
+
     node: str
     gpu_serials: tuple[str, ...]
-    outcome: str                          # "drain", "watch", or "held" (a guard kept it from both)
+    outcome: str  # "drain", "watch", or "held" (a guard kept it from both)
     why: str
-    root_checks: tuple[str, ...]          # "name: status" of each root check run on the node
+    root_checks: tuple[str, ...]  # "name: status" of each root check run on the node
     root_findings: tuple[str, ...]
 
 
 @dataclass(frozen=True)
 class DrainDecisions:
     """results/drain-decisions-<run>.json: who the job's user was and what became of each named node."""
+
     KIND: ClassVar[str] = "drain-decisions"
     job_id: int
     restart: int
@@ -154,16 +195,25 @@ class DrainDecisions:
     schema_version: int = 1
 
 
-def choose_checkpoint(notes: Sequence[CheckpointNote], first_suspect_step: int) -> CheckpointNote | None:
+def choose_checkpoint(
+    notes: Sequence[CheckpointNote], first_suspect_step: int
+) -> CheckpointNote | None:
     """The newest checkpoint strictly before the first suspect step (any step when unknown)."""
     eligible = [n for n in notes if first_suspect_step < 0 or n.step < first_suspect_step]
     return max(eligible, key=lambda n: (n.step, n.saved_at), default=None)
 
 
-def build_plan(verdict: Verdict, job: JobFacts, cfg: RemediationConfig, *, evidence_path: str,
-               checkpoint: CheckpointNote | None = None, checkpoint_reason: str = "",
-               checkpoint_status: CheckpointStatus | None = None,
-               decisions: Mapping[str, DrainDecision] | None = None) -> Plan:
+def build_plan(
+    verdict: Verdict,
+    job: JobFacts,
+    cfg: RemediationConfig,
+    *,
+    evidence_path: str,
+    checkpoint: CheckpointNote | None = None,
+    checkpoint_reason: str = "",
+    checkpoint_status: CheckpointStatus | None = None,
+    decisions: Mapping[str, DrainDecision] | None = None,
+) -> Plan:
     """The actions for `verdict` and what the guards held back (pure). `checkpoint` is the one the
     recovery rule chose (`checkpoint_status`: as eligible or as candidate; `checkpoint_reason`: why).
     `decisions`: the drain rule's word on each suspect node (a node without one is drained, as
@@ -173,30 +223,48 @@ def build_plan(verdict: Verdict, job: JobFacts, cfg: RemediationConfig, *, evide
     if verdict.kind == VerdictKind.CLEAN:
         return Plan((), ("the run was clean: nothing to do",))
     if verdict.kind == VerdictKind.UNCHECKED:
-        return Plan((), ("no rank failed and none of scout's checks ran (unchecked): nothing to do",))
+        return Plan(
+            (), ("no rank failed and none of scout's checks ran (unchecked): nothing to do",)
+        )
     ended = ended_by_slurm(job.state)
     if ended:
-        return Plan((), (f"{ended}: the verdict ({verdict.kind.value}) is kept for the record; nothing is drained "
-                         "and the job is not requeued",))
+        return Plan(
+            (),
+            (
+                f"{ended}: the verdict ({verdict.kind.value}) is kept for the record; nothing is drained "
+                "and the job is not requeued",
+            ),
+        )
     if verdict.kind == VerdictKind.INCONCLUSIVE:
-        return Plan((), ("inconclusive verdict: nothing is drained and the job is not requeued "
-                         "(the verdict's reasoning says why: a failure most ranks share would fail again anywhere, "
-                         "a failure at exit came after the training had finished)",))
+        return Plan(
+            (),
+            (
+                "inconclusive verdict: nothing is drained and the job is not requeued "
+                "(the verdict's reasoning says why: a failure most ranks share would fail again anywhere, "
+                "a failure at exit came after the training had finished)",
+            ),
+        )
     drains: list[str] = []
     if verdict.kind not in DRAINABLE:
         held.append(f"verdict {verdict.kind.value} never drains")
     elif verdict.kind == VerdictKind.STRAGGLER and not cfg.drain_stragglers:
-        held.append("a confirmed straggler is reported, not drained (site setting remediation.drain_stragglers "
-                    "is false)")
+        held.append(
+            "a confirmed straggler is reported, not drained (site setting remediation.drain_stragglers "
+            "is false)"
+        )
     elif verdict.confidence < cfg.min_confidence:
-        held.append(f"confidence {verdict.confidence:.2f} is below the site's minimum {cfg.min_confidence:.2f}: "
-                    "no drain")
+        held.append(
+            f"confidence {verdict.confidence:.2f} is below the site's minimum {cfg.min_confidence:.2f}: "
+            "no drain"
+        )
     else:
         alloc = set(job.allocation)
         for node in verdict.suspect_nodes:
             if node not in alloc:
-                held.append(f"node {node!r} named by the evidence is outside the job's allocation "
-                            f"({compress_hostlist(list(job.allocation)) if job.allocation else 'empty'}): not drained")
+                held.append(
+                    f"node {node!r} named by the evidence is outside the job's allocation "
+                    f"({compress_hostlist(list(job.allocation)) if job.allocation else 'empty'}): not drained"
+                )
                 continue
             drains.append(node)
         # one node may always go unless the fraction is 0: else a one-node job could never drain
@@ -204,15 +272,19 @@ def build_plan(verdict: Verdict, job: JobFacts, cfg: RemediationConfig, *, evide
         if cfg.max_drain_fraction > 0:
             limit = max(1, limit)
         if len(drains) > limit:
-            held.append(f"{len(drains)} suspect nodes exceed the limit of {limit} "
-                        f"({cfg.max_drain_fraction:.0%} of {len(job.allocation)}): nothing drained")
+            held.append(
+                f"{len(drains)} suspect nodes exceed the limit of {limit} "
+                f"({cfg.max_drain_fraction:.0%} of {len(job.allocation)}): nothing drained"
+            )
             drains = []
     decisions = decisions or {}
     watched = [n for n in drains if n in decisions and not decisions[n].drain]
     drains = [n for n in drains if n not in watched]
     for node in drains:
         why = decisions[node].why if node in decisions else ""
-        actions.append(PlannedAction.of(Drain(node, drain_reason(verdict, node, evidence_path, why))))
+        actions.append(
+            PlannedAction.of(Drain(node, drain_reason(verdict, node, evidence_path, why)))
+        )
     for node in watched:
         held.append(f"node {node}: {decisions[node].why}")
 
@@ -223,33 +295,54 @@ def build_plan(verdict: Verdict, job: JobFacts, cfg: RemediationConfig, *, evide
         held.append("the job said --no-requeue: not requeued")
         requeue = False
     elif job.restart_count >= cfg.restart_limit:
-        held.append(f"restart limit reached ({job.restart_count} of {cfg.restart_limit}): not requeued")
+        held.append(
+            f"restart limit reached ({job.restart_count} of {cfg.restart_limit}): not requeued"
+        )
         requeue = False
     elif verdict.kind == VerdictKind.STRAGGLER:
-        held.append("a straggler slows a job but does not fail it: not requeued (resubmit it to run without "
-                    "a drained node)")
+        held.append(
+            "a straggler slows a job but does not fail it: not requeued (resubmit it to run without "
+            "a drained node)"
+        )
         requeue = False
     elif not drains and not watched and verdict.kind != VerdictKind.INFRA:
-        held.append("no node drained or excluded: a rerun on the same nodes would likely fail the same way; "
-                    "not requeued")
+        held.append(
+            "no node drained or excluded: a rerun on the same nodes would likely fail the same way; "
+            "not requeued"
+        )
         requeue = False
     if requeue:
         excluded = list(dict.fromkeys([*job.excluded, *drains, *watched]))
         remaining = [n for n in job.usable_nodes if n not in excluded]
         if len(remaining) < len(job.allocation):
-            held.append(f"only {len(remaining)} usable nodes would remain for a job of {len(job.allocation)}: "
-                        "not requeued")
+            held.append(
+                f"only {len(remaining)} usable nodes would remain for a job of {len(job.allocation)}: "
+                "not requeued"
+            )
             requeue = False
         else:
             actions.append(PlannedAction.of(Requeue(job.job_id)))
             if drains or watched:
-                compress_hostlist(excluded)   # raises, naming it, on a node name Slurm would not take
+                compress_hostlist(
+                    excluded
+                )  # raises, naming it, on a node name Slurm would not take
                 actions.append(PlannedAction.of(Exclude(job.job_id, tuple(excluded))))
             if checkpoint is not None:
-                actions.append(PlannedAction.of(ResumeFrom(checkpoint.path, checkpoint.step,
-                                                           verdict.first_suspect_step, checkpoint_reason,
-                                                           checkpoint_status)))
+                actions.append(
+                    PlannedAction.of(
+                        ResumeFrom(
+                            checkpoint.path,
+                            checkpoint.step,
+                            verdict.first_suspect_step,
+                            checkpoint_reason,
+                            checkpoint_status,
+                        )
+                    )
+                )
             else:
-                held.append(checkpoint_reason or "no recorded checkpoint before the first suspect step: the rerun "
-                            "starts as the script decides")
+                held.append(
+                    checkpoint_reason
+                    or "no recorded checkpoint before the first suspect step: the rerun "
+                    "starts as the script decides"
+                )
     return Plan(tuple(actions), tuple(held), tuple(watched))

@@ -20,6 +20,7 @@ class ActionKind(str, enum.Enum):
 
 class CheckpointStatus(str, enum.Enum):
     """A checkpoint as the recovery rule sees it (remediation/eligibility.py decides which)."""
+
     ELIGIBLE = "eligible"
     CANDIDATE = "candidate"
     REJECTED = "rejected"
@@ -27,17 +28,18 @@ class CheckpointStatus(str, enum.Enum):
 
 class Agreement(str, enum.Enum):
     """What `CheckpointNote.agreement` says of the replicas' state signatures at the save."""
+
     AGREED = "agreed"
     DISAGREED = "disagreed"
     NOT_EXCHANGED = "not exchanged"
-    UNKNOWN = ""                   # a version 1 record, or a text this scout does not know
+    UNKNOWN = ""  # a version 1 record, or a text this scout does not know
 
 
 class PlanStatus(str, enum.Enum):
     PLANNED = "planned"
     APPLIED = "applied"
-    PARTIAL = "partial"          # some actions done; the rest pending (Slurm did not answer)
-    PENDING = "pending"          # nothing could be applied yet; kept for a retry
+    PARTIAL = "partial"  # some actions done; the rest pending (Slurm did not answer)
+    PENDING = "pending"  # nothing could be applied yet; kept for a retry
     OBSERVE_ONLY = "observe-only"
     NOTHING_TO_DO = "nothing-to-do"
 
@@ -46,8 +48,9 @@ class PlanStatus(str, enum.Enum):
 class Drain:
     """Drain one node (one action a node: the reason names the ranks that ran there, and a hook
     killed between two drains resumes with the next node)."""
+
     node: str
-    reason: str                   # the `scout:` reason Slurm shows, pointing at the evidence
+    reason: str  # the `scout:` reason Slurm shows, pointing at the evidence
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,7 @@ class Requeue:
 @dataclass(frozen=True)
 class Exclude:
     """Set the job's excluded nodes to `nodes`: what it excluded before plus the drained ones."""
+
     job_id: int
     nodes: tuple[str, ...]
 
@@ -74,20 +78,28 @@ class Exclude:
 @dataclass(frozen=True)
 class ResumeFrom:
     """The checkpoint the rerun loads: the newest eligible one before the first suspect step."""
+
     checkpoint: str
     step: int
-    first_suspect_step: int       # -1: unknown (any recorded step was eligible)
-    rule: str                     # what the recovery rule said of the choice ("" when nothing more)
-    chosen_as: CheckpointStatus | None = None   # the newest eligible or, failing that, candidate; None: not assessed
+    first_suspect_step: int  # -1: unknown (any recorded step was eligible)
+    rule: str  # what the recovery rule said of the choice ("" when nothing more)
+    chosen_as: CheckpointStatus | None = (
+        None  # the newest eligible or, failing that, candidate; None: not assessed
+    )
 
     def describe(self) -> str:
-        return (f"step {self.step}, before first suspect step {self.first_suspect_step}"
-                + (f"; {self.rule}" if self.rule else ""))
+        return f"step {self.step}, before first suspect step {self.first_suspect_step}" + (
+            f"; {self.rule}" if self.rule else ""
+        )
 
 
 ActionPayload = Drain | Requeue | Exclude | ResumeFrom
-KIND_OF: dict[type, ActionKind] = {Drain: ActionKind.DRAIN, Requeue: ActionKind.REQUEUE,
-                                   Exclude: ActionKind.EXCLUDE, ResumeFrom: ActionKind.RESUME_FROM}
+KIND_OF: dict[type, ActionKind] = {
+    Drain: ActionKind.DRAIN,
+    Requeue: ActionKind.REQUEUE,
+    Exclude: ActionKind.EXCLUDE,
+    ResumeFrom: ActionKind.RESUME_FROM,
+}
 
 
 @dataclass(frozen=True)
@@ -95,6 +107,7 @@ class PlannedAction:
     """One action of a plan: a typed payload, its kind read from the payload's type (in the JSON
     the payload's fields tell the four apart: each has a field set of its own). Build one with
     `PlannedAction.of(payload)`."""
+
     payload: ActionPayload
 
     @classmethod
@@ -144,7 +157,7 @@ class ActionsRecord:
     verdict_kind: VerdictKind
     status: PlanStatus
     actions: tuple[PlannedAction, ...]
-    held_back: tuple[str, ...]          # what a guard stopped, and why
+    held_back: tuple[str, ...]  # what a guard stopped, and why
     results: tuple[ActionResult, ...]
     created_at: float
     updated_at: float
@@ -160,6 +173,7 @@ class ActionsRecord:
 @dataclass(frozen=True)
 class ResumeInstruction:
     """Written for run `restart`: which checkpoint to load (read by that run's scout-task)."""
+
     KIND: ClassVar[str] = "resume"
     job_id: int
     restart: int
@@ -173,7 +187,8 @@ class ResumeInstruction:
 class CheckpointFile:
     """One file of a checkpoint as re-read from storage after fsync (a DCP checkpoint is a folder
     of several)."""
-    name: str                      # relative to the checkpoint's path; "" for a single-file checkpoint
+
+    name: str  # relative to the checkpoint's path; "" for a single-file checkpoint
     size_bytes: int
     sha256: str
     schema_version: int = 1
@@ -183,11 +198,12 @@ class CheckpointFile:
 class StateSignature:
     """One component of the training state (model, optimizer, scheduler, rng_cpu, rng_cuda,
     rng_python, rng_numpy, data) as signed on each rank and exchanged on scout's side group."""
+
     component: str
-    saved: str                     # hex signature on the saving rank at the moment of the save ("": none)
-    per_rank: tuple[str, ...]      # hex per rank at the exchange ("": that rank has none)
-    majority: str                  # the strict majority among the replicas ("": none)
-    agreed: bool                   # every replica group held one value
+    saved: str  # hex signature on the saving rank at the moment of the save ("": none)
+    per_rank: tuple[str, ...]  # hex per rank at the exchange ("": that rank has none)
+    majority: str  # the strict majority among the replicas ("": none)
+    agreed: bool  # every replica group held one value
     schema_version: int = 1
 
 
@@ -204,11 +220,12 @@ class SoftwareVersions:
 @dataclass(frozen=True)
 class CoverageSince:
     """State votes and in-situ replay rounds since the previous checkpoint record of this run."""
+
     votes: int
     replay_rounds: int
-    last_clean_step: int           # -1: no clean vote yet
+    last_clean_step: int  # -1: no clean vote yet
     last_vote_step: int
-    verdicts: str                  # in words: "clean", "not clean ...", "no votes", "replay not recorded"
+    verdicts: str  # in words: "clean", "not clean ...", "no votes", "replay not recorded"
     schema_version: int = 1
 
 
@@ -217,6 +234,7 @@ class CheckpointNote:
     """A checkpoint the training process wrote (seen through torch.save, torch.distributed.checkpoint
     or the explicit call), and the eligibility evidence recorded with it. Version 1 records (path,
     digest and versions only) are still read: the later fields then keep their defaults."""
+
     KIND: ClassVar[str] = "checkpoint-note"
     path: str
     step: int
@@ -224,19 +242,23 @@ class CheckpointNote:
     restart: int
     saved_at: float
     size_bytes: int
-    sha256: str = ""               # of the file as re-read from storage after fsync (DCP: of the file list)
-    versions: str = ""             # python, torch, scout at save time
-    saver: str = ""                # "torch.save", "dcp.save", "note" (the explicit call)
+    sha256: str = ""  # of the file as re-read from storage after fsync (DCP: of the file list)
+    versions: str = ""  # python, torch, scout at save time
+    saver: str = ""  # "torch.save", "dcp.save", "note" (the explicit call)
     files: tuple[CheckpointFile, ...] = ()
     world: int = 0
     ranks_saved: tuple[int, ...] = ()
     signatures: tuple[StateSignature, ...] = ()
-    agreement: str = ""            # "agreed", "disagreed: ...", "not exchanged: ..." ("" in version 1)
-    exchanged_at_save: bool = False  # DCP: every rank signed inside the save; torch.save: at the next step
-    data_position: str = ""        # what "data" signs, in words
+    agreement: str = ""  # "agreed", "disagreed: ...", "not exchanged: ..." ("" in version 1)
+    exchanged_at_save: bool = (
+        False  # DCP: every rank signed inside the save; torch.save: at the next step
+    )
+    data_position: str = ""  # what "data" signs, in words
     software: SoftwareVersions | None = None
     coverage: CoverageSince | None = None
-    saved_as: str = ""             # the name it was written under, when renamed since (the atomic save); "": not renamed
+    saved_as: str = (
+        ""  # the name it was written under, when renamed since (the atomic save); "": not renamed
+    )
     schema_version: int = 2
 
     @property
@@ -251,11 +273,12 @@ class CheckpointNote:
 @dataclass(frozen=True)
 class CheckpointCheck:
     """One checkpoint note as the batch host's Epilog checked it, as the job's own user."""
-    note_file: str                 # its file name in checkpoints/
-    note_digest: str               # sha256 of the note as read: a note rewritten since matches no result
-    path: str                      # what the note names (shortened for people; results match by the digest)
+
+    note_file: str  # its file name in checkpoints/
+    note_digest: str  # sha256 of the note as read: a note rewritten since matches no result
+    path: str  # what the note names (shortened for people; results match by the digest)
     step: int
-    problem: str                   # not verified: why; verified: "" or how far (by size and presence only)
+    problem: str  # not verified: why; verified: "" or how far (by size and presence only)
     verified: bool
     schema_version: int = 1
 
@@ -265,6 +288,7 @@ class CheckpointChecks:
     """Written by the batch host's node Epilog (root) into nodes/<node>/checkpoints-<restart>.json:
     what checking the job's checkpoint notes as the job's user found. The controller reads this
     instead of opening any path a job named."""
+
     KIND: ClassVar[str] = "checkpoint-checks"
     job_id: int
     restart: int

@@ -8,13 +8,24 @@ from typing import Mapping, Sequence
 
 from scout_slurm.remediation.records import CheckpointNote, StateSignature
 
-COMPONENTS = ("model", "optimizer", "scheduler", "rng_cpu", "rng_cuda", "rng_python", "rng_numpy", "data")
+COMPONENTS = (
+    "model",
+    "optimizer",
+    "scheduler",
+    "rng_cpu",
+    "rng_cuda",
+    "rng_python",
+    "rng_numpy",
+    "data",
+)
 # Replicas must hold these identically; a difference rejects the checkpoint. RNG streams may differ
 # between ranks on purpose (per-rank seeds for dropout or augmentation): recorded, never a rejection.
 REPLICATED = ("model", "optimizer", "scheduler", "data")
 
 
-def agree(per_rank: Sequence[str], groups: Sequence[Sequence[int]] | None = None) -> tuple[str, bool, tuple[int, ...]]:
+def agree(
+    per_rank: Sequence[str], groups: Sequence[Sequence[int]] | None = None
+) -> tuple[str, bool, tuple[int, ...]]:
     """(majority value, whether every replica group held one value, ranks that differ from their
     group's majority). Ranks with no value ("") take no part. The majority is that of the first
     group with one; "" when none has a strict majority."""
@@ -40,7 +51,9 @@ def agree(per_rank: Sequence[str], groups: Sequence[Sequence[int]] | None = None
     return majority, agreed, tuple(sorted(differ))
 
 
-def agreement_text(signatures: Sequence[StateSignature], groups: Sequence[Sequence[int]] | None = None) -> str:
+def agreement_text(
+    signatures: Sequence[StateSignature], groups: Sequence[Sequence[int]] | None = None
+) -> str:
     """'agreed', or 'disagreed: ...' naming the replicated components and ranks that differ
     (RNG differences are mentioned but do not make it a disagreement)."""
     bad, rng = [], []
@@ -69,7 +82,9 @@ def expected(note: CheckpointNote, rank: int, component: str) -> str:
     return ""
 
 
-def compare(note: CheckpointNote, rank: int, restored: Mapping[str, str]) -> tuple[list[str], list[str], list[str]]:
+def compare(
+    note: CheckpointNote, rank: int, restored: Mapping[str, str]
+) -> tuple[list[str], list[str], list[str]]:
     """(components that match, mismatches in words, components the record cannot check)."""
     same, bad, unchecked = [], [], []
     for component in COMPONENTS:
@@ -88,4 +103,7 @@ def compare(note: CheckpointNote, rank: int, restored: Mapping[str, str]) -> tup
 
 def short(signatures: Sequence[StateSignature]) -> str:
     """'model=1a2b3c4d optimizer=... ' with 8 hex digits each, '!' after a disagreement."""
-    return " ".join(f"{s.component}={(s.saved or s.majority)[:8] or '-'}{'' if s.agreed else '!'}" for s in signatures)
+    return " ".join(
+        f"{s.component}={(s.saved or s.majority)[:8] or '-'}{'' if s.agreed else '!'}"
+        for s in signatures
+    )

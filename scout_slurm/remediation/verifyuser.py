@@ -23,9 +23,9 @@ from scout_slurm.remediation.records import CheckpointNote
 # How a result that is not a problem begins when the file's sha256 was not compared.
 SIZE_ONLY = "verified by size and presence only"
 
-MAX_OPEN_FILES = 32        # the child: its pipe, stdio, one file or folder listing at a time
-MAX_TEXT = 600             # characters of one result kept
-_REAP_GRACE_S = 2.0        # after the pipe closed or SIGKILL: a child stuck in the kernel is left
+MAX_OPEN_FILES = 32  # the child: its pipe, stdio, one file or folder listing at a time
+MAX_TEXT = 600  # characters of one result kept
+_REAP_GRACE_S = 2.0  # after the pipe closed or SIGKILL: a child stuck in the kernel is left
 _PR_SET_DUMPABLE = 4
 _EXIT_FATAL = 70
 
@@ -35,8 +35,15 @@ def is_verified(result: str | None) -> bool:
     return result is None or result.startswith(SIZE_ONLY)
 
 
-def verify_as_job_user(notes: Sequence[CheckpointNote], *, uid: int, gid: int, time_budget_s: float,
-                       byte_budget: int, hook_uid: int | None = None) -> list[str | None]:
+def verify_as_job_user(
+    notes: Sequence[CheckpointNote],
+    *,
+    uid: int,
+    gid: int,
+    time_budget_s: float,
+    byte_budget: int,
+    hook_uid: int | None = None,
+) -> list[str | None]:
     """For each of `notes`, in order: None (on storage as noted), a text beginning with SIZE_ONLY
     (present with the noted size; its sha256 was not re-read, the byte budget being spent), or the
     problem. The newest notes (by step, then save time) are checked first; what is not checked
@@ -45,7 +52,9 @@ def verify_as_job_user(notes: Sequence[CheckpointNote], *, uid: int, gid: int, t
     count = len(notes)
     euid = os.geteuid() if hook_uid is None else hook_uid
     if euid != 0:
-        return [f"not verified: this hook runs as uid {euid} and does not open files a job named"] * count
+        return [
+            f"not verified: this hook runs as uid {euid} and does not open files a job named"
+        ] * count
     if isinstance(uid, bool) or not isinstance(uid, int) or uid < 0:
         return [f"not verified: the job's uid {uid!r} is not a valid uid"] * count
     if not count:
@@ -58,29 +67,48 @@ def verify_as_job_user(notes: Sequence[CheckpointNote], *, uid: int, gid: int, t
     except OSError as exc:
         os.close(read_fd)
         os.close(write_fd)
-        return [f"not verified: the check as uid {uid} could not be started ({exc.strerror})"] * count
+        return [
+            f"not verified: the check as uid {uid} could not be started ({exc.strerror})"
+        ] * count
     if pid == 0:  # the child: never returns into the caller's code
         try:
             os.close(read_fd)
-            _child(write_fd, notes, order, uid=uid, gid=gid, time_budget_s=time_budget_s,
-                   byte_budget=byte_budget)
+            _child(
+                write_fd,
+                notes,
+                order,
+                uid=uid,
+                gid=gid,
+                time_budget_s=time_budget_s,
+                byte_budget=byte_budget,
+            )
         except BaseException:  # noqa: BLE001 - whatever happens, the child leaves here
             os._exit(_EXIT_FATAL)
         os._exit(0)
     os.close(write_fd)
     try:
         # a line is at most MAX_TEXT characters, six bytes each as JSON escapes, and its fields
-        data, overran = _read_until(read_fd, deadline, limit=64 * 1024 + count * (6 * MAX_TEXT + 200))
+        data, overran = _read_until(
+            read_fd, deadline, limit=64 * 1024 + count * (6 * MAX_TEXT + 200)
+        )
     finally:
         os.close(read_fd)
     status = _reap(pid, kill=overran)
-    return _results(data, count, uid=uid, byte_budget=byte_budget, time_budget_s=time_budget_s,
-                    overran=overran, status=status)
+    return _results(
+        data,
+        count,
+        uid=uid,
+        byte_budget=byte_budget,
+        time_budget_s=time_budget_s,
+        overran=overran,
+        status=status,
+    )
 
 
 # --------------------------------------------------------------------------------------------
 # The parent
 # --------------------------------------------------------------------------------------------
+
 
 def _read_until(fd: int, deadline: float, *, limit: int) -> tuple[bytes, bool]:
     """What the child wrote until it closed the pipe; True when the deadline (or the limit) came
@@ -116,7 +144,7 @@ def _reap(pid: int, *, kill: bool) -> int | None:
         if done:
             return status
         if time.monotonic() >= end:
-            if not kill:   # it closed its pipe and did not leave: it has nothing more to say
+            if not kill:  # it closed its pipe and did not leave: it has nothing more to say
                 _kill(pid)
             return None
         time.sleep(0.005)
@@ -129,12 +157,20 @@ def _kill(pid: int) -> None:
         pass
 
 
-def _results(data: bytes, count: int, *, uid: int, byte_budget: int, time_budget_s: float,
-             overran: bool, status: int | None) -> list[str | None]:
+def _results(
+    data: bytes,
+    count: int,
+    *,
+    uid: int,
+    byte_budget: int,
+    time_budget_s: float,
+    overran: bool,
+    status: int | None,
+) -> list[str | None]:
     missing = object()
     out: list = [missing] * count
     fatal = None
-    for line in data.split(b"\n")[:-1]:   # a last line without its newline was cut off
+    for line in data.split(b"\n")[:-1]:  # a last line without its newline was cut off
         try:
             obj = json.loads(line)
         except ValueError:
@@ -144,15 +180,27 @@ def _results(data: bytes, count: int, *, uid: int, byte_budget: int, time_budget
         if type(obj.get("fatal")) is str:
             fatal = obj["fatal"][:MAX_TEXT]
             continue
-        i, problem, size_only, left = obj.get("i"), obj.get("problem"), obj.get("size_only"), obj.get("left")
-        if (type(i) is not int or not 0 <= i < count or not (problem is None or type(problem) is str)
-                or type(size_only) is not bool or type(left) is not int):
+        i, problem, size_only, left = (
+            obj.get("i"),
+            obj.get("problem"),
+            obj.get("size_only"),
+            obj.get("left"),
+        )
+        if (
+            type(i) is not int
+            or not 0 <= i < count
+            or not (problem is None or type(problem) is str)
+            or type(size_only) is not bool
+            or type(left) is not int
+        ):
             continue
         if problem is not None:
             out[i] = problem[:MAX_TEXT]
         elif size_only:
-            out[i] = (f"{SIZE_ONLY}: its sha256 was not re-read ({max(0, left)} of the {byte_budget} bytes "
-                      f"of the hashing budget were left)")
+            out[i] = (
+                f"{SIZE_ONLY}: its sha256 was not re-read ({max(0, left)} of the {byte_budget} bytes "
+                f"of the hashing budget were left)"
+            )
         else:
             out[i] = None
     if fatal is not None:
@@ -160,7 +208,9 @@ def _results(data: bytes, count: int, *, uid: int, byte_budget: int, time_budget
     elif overran:
         unfinished = f"not verified: the check did not finish within the {time_budget_s:g} s budget"
     else:
-        unfinished = f"not verified: the check as uid {uid} ended without a result for it ({_how(status)})"
+        unfinished = (
+            f"not verified: the check as uid {uid} ended without a result for it ({_how(status)})"
+        )
     return [unfinished if r is missing else r for r in out]
 
 
@@ -181,8 +231,17 @@ def _how(status: int | None) -> str:
 # The child
 # --------------------------------------------------------------------------------------------
 
-def _child(write_fd: int, notes: Sequence[CheckpointNote], order: list[int], *, uid: int, gid: int,
-           time_budget_s: float, byte_budget: int) -> None:
+
+def _child(
+    write_fd: int,
+    notes: Sequence[CheckpointNote],
+    order: list[int],
+    *,
+    uid: int,
+    gid: int,
+    time_budget_s: float,
+    byte_budget: int,
+) -> None:
     fd = _only_the_pipe(write_fd)
     try:
         _become(uid, gid)
@@ -198,8 +257,14 @@ def _child(write_fd: int, notes: Sequence[CheckpointNote], order: list[int], *, 
             message = {"i": i, "problem": problem, "size_only": result.size_only, "left": left}
             left = max(0, left - result.hashed_bytes)
         except Exception as exc:  # noqa: BLE001 - one note's failure is that note's result
-            message = {"i": i, "problem": f"not verified: checking it failed ({type(exc).__name__}: {exc})"[:MAX_TEXT],
-                       "size_only": False, "left": left}
+            message = {
+                "i": i,
+                "problem": f"not verified: checking it failed ({type(exc).__name__}: {exc})"[
+                    :MAX_TEXT
+                ],
+                "size_only": False,
+                "left": left,
+            }
         _send(fd, message)
 
 
@@ -231,11 +296,16 @@ def _become(uid: int, gid: int) -> None:
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)
     if os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid):
-        raise RuntimeError(f"still {os.getresuid()}/{os.getresgid()} after switching to {uid}/{gid}")
+        raise RuntimeError(
+            f"still {os.getresuid()}/{os.getresgid()} after switching to {uid}/{gid}"
+        )
     if set(os.getgroups()) != set(groups):
         raise RuntimeError(f"groups {sorted(os.getgroups())} after setting {sorted(groups)}")
     if uid != 0:
-        attempts = [("uid 0", lambda: os.setresuid(0, 0, 0)), ("group 0", lambda: os.setgroups([0]))]
+        attempts = [
+            ("uid 0", lambda: os.setresuid(0, 0, 0)),
+            ("group 0", lambda: os.setgroups([0])),
+        ]
         if gid != 0:
             attempts.append(("gid 0", lambda: os.setresgid(0, 0, 0)))
         for what, attempt in attempts:
@@ -266,7 +336,7 @@ def _capabilities() -> dict[str, int]:
 
 
 def _limit(time_budget_s: float) -> None:
-    cpu = max(1, math.ceil(time_budget_s)) + 1   # the wall-clock deadline is the parent's
+    cpu = max(1, math.ceil(time_budget_s)) + 1  # the wall-clock deadline is the parent's
     _lower(resource.RLIMIT_CPU, cpu, cpu + 1)
     _lower(resource.RLIMIT_NOFILE, MAX_OPEN_FILES, MAX_OPEN_FILES)
     _lower(resource.RLIMIT_CORE, 0, 0)
@@ -285,4 +355,4 @@ def _send(fd: int, message: dict) -> None:
     data = (json.dumps(message, ensure_ascii=True) + "\n").encode()
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]

@@ -9,11 +9,16 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from scout_slurm.evidence.history import ProgressSample
-from scout_slurm.evidence.records import ExitRecord, FindingKind, Verdict, VerdictKind, is_fault_injection
+from scout_slurm.evidence.records import (
+    ExitRecord,
+    FindingKind,
+    Verdict,
+    VerdictKind,
+    is_fault_injection,
+)
 from scout_slurm.localise.verdict import JobEvidence, is_abnormal, is_cascade
 from scout_slurm.remediation.records import ActionKind, ActionsRecord, ResumeInstruction
 from scout_slurm.report.map_table import RankMapRow
-
 
 
 @dataclass(frozen=True)
@@ -26,6 +31,7 @@ class IncidentBundle:
     drained: nodes scout drained for this run (from the actions' results); resume: the checkpoint
     the rerun was told to load; verdict_computed: the verdict was computed now, not recorded by
     the Epilog; problems: what could not be read, said on the page."""
+
     cluster: str
     verdict: Verdict
     evidence: JobEvidence
@@ -53,18 +59,23 @@ class IncidentBundle:
     def drained(self) -> tuple[str, ...]:
         if self.actions is None:
             return ()
-        return tuple(dict.fromkeys(r.target for r in self.actions.results if r.ok and r.kind == ActionKind.DRAIN))
+        return tuple(
+            dict.fromkeys(
+                r.target for r in self.actions.results if r.ok and r.kind == ActionKind.DRAIN
+            )
+        )
 
 
 @dataclass(frozen=True)
 class IncidentMoments:
     """Wall-clock moments of one incident, 0.0 where unknown. Clocks of different nodes are not
     synchronised to the millisecond: intervals across nodes are approximate."""
-    fault_at: float            # the injected fault (injection finding); unknown for a real fault
-    last_advance_at: float     # the first suspect's last progress advance
-    detected_at: float         # stall decision, numerical finding, or the first primary exit
+
+    fault_at: float  # the injected fault (injection finding); unknown for a real fault
+    last_advance_at: float  # the first suspect's last progress advance
+    detected_at: float  # stall decision, numerical finding, or the first primary exit
     verdict_at: float
-    actions_done_at: float     # the last remediation action that succeeded
+    actions_done_at: float  # the last remediation action that succeeded
     schema_version: int = 1
 
     @property
@@ -74,8 +85,12 @@ class IncidentMoments:
 
     def phases(self) -> list[tuple[str, float, float]]:
         """(label, start, end) of each phase that both ends of are known, in order."""
-        points = [("fault" if self.fault_at else "last progress", self.origin), ("detection", self.detected_at),
-                  ("verdict", self.verdict_at), ("actions done", self.actions_done_at)]
+        points = [
+            ("fault" if self.fault_at else "last progress", self.origin),
+            ("detection", self.detected_at),
+            ("verdict", self.verdict_at),
+            ("actions done", self.actions_done_at),
+        ]
         known = [(n, t) for n, t in points if t > 0]
         out = []
         for (n0, t0), (n1, t1) in zip(known, known[1:]):
@@ -99,7 +114,9 @@ def last_advance(samples: tuple[ProgressSample, ...]) -> float:
 def rank_last_advance(bundle: IncidentBundle, rank: int) -> float:
     samples = bundle.history.get(rank, ())
     p = bundle.evidence.last_progress(rank)
-    from_snapshot = max(0.0, p.published_at - p.idle_s) if p is not None and p.published_at > 0 else 0.0
+    from_snapshot = (
+        max(0.0, p.published_at - p.idle_s) if p is not None and p.published_at > 0 else 0.0
+    )
     if samples:
         at = last_advance(samples)
         # the ring holds only the last samples: when none of them moved, the advance is older than
@@ -108,14 +125,18 @@ def rank_last_advance(bundle: IncidentBundle, rank: int) -> float:
     return from_snapshot
 
 
-PRIMARY_SCAN_LIMIT = 4096   # exits scanned for primary failures; beyond, the verdict's reasoning says it
+PRIMARY_SCAN_LIMIT = (
+    4096  # exits scanned for primary failures; beyond, the verdict's reasoning says it
+)
 
 
 def primary_exits(ev: JobEvidence) -> list[ExitRecord]:
     """Exits that failed on their own, first first ([] for a world larger than PRIMARY_SCAN_LIMIT)."""
     if len(ev.exits) > PRIMARY_SCAN_LIMIT:
         return []
-    return sorted((e for e in ev.exits.values() if is_abnormal(e) and not is_cascade(e)), key=lambda e: e.at)
+    return sorted(
+        (e for e in ev.exits.values() if is_abnormal(e) and not is_cascade(e)), key=lambda e: e.at
+    )
 
 
 def incident_moments(bundle: IncidentBundle) -> IncidentMoments:
@@ -131,11 +152,19 @@ def incident_moments(bundle: IncidentBundle) -> IncidentMoments:
         detected = min((f.at for f in ev.findings if f.kind == kind), default=0.0)
     if not detected:
         # the suspects' own exits only: a cascade check of every rank's stderr costs seconds at 100k ranks
-        primary = [e.at for r in suspects if (e := ev.exits.get(r)) is not None and is_abnormal(e) and not is_cascade(e)]
+        primary = [
+            e.at
+            for r in suspects
+            if (e := ev.exits.get(r)) is not None and is_abnormal(e) and not is_cascade(e)
+        ]
         detected = min(primary, default=0.0) or v.first_failure_at
     done = 0.0
     if bundle.actions is not None:
         done = max((r.at for r in bundle.actions.results if r.ok), default=0.0)
-    return IncidentMoments(fault_at=min(injected, default=0.0), last_advance_at=min(advances, default=0.0),
-                           detected_at=detected, verdict_at=v.created_at,
-                           actions_done_at=done)
+    return IncidentMoments(
+        fault_at=min(injected, default=0.0),
+        last_advance_at=min(advances, default=0.0),
+        detected_at=detected,
+        verdict_at=v.created_at,
+        actions_done_at=done,
+    )

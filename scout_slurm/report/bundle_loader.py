@@ -21,11 +21,12 @@ from scout_slurm.report.map_loader import read_maps
 from scout_slurm.report.map_table import rank_map_rows
 from scout_slurm.report.svg import pick_rows
 
-MAX_HISTORY_RANKS = 4096   # histories read at most for one page
+MAX_HISTORY_RANKS = 4096  # histories read at most for one page
 
 
-def read_histories(folder: JobFolder, restart: int, ranks: list[int]) -> tuple[dict[int, tuple[ProgressSample, ...]],
-                                                                               list[str]]:
+def read_histories(
+    folder: JobFolder, restart: int, ranks: list[int]
+) -> tuple[dict[int, tuple[ProgressSample, ...]], list[str]]:
     out: dict[int, tuple[ProgressSample, ...]] = {}
     problems: list[str] = []
     for r in ranks[:MAX_HISTORY_RANKS]:
@@ -54,9 +55,16 @@ def _valid_node(name: str) -> bool:
     return True
 
 
-def load_incident_bundle(folder: JobFolder, restart: int, *, evidence: JobEvidence | None = None,
-                         verdict: Verdict | None = None, actions: ActionsRecord | None = None,
-                         verdict_computed: bool = False, wall: Callable[[], float] = time.time) -> IncidentBundle:
+def load_incident_bundle(
+    folder: JobFolder,
+    restart: int,
+    *,
+    evidence: JobEvidence | None = None,
+    verdict: Verdict | None = None,
+    actions: ActionsRecord | None = None,
+    verdict_computed: bool = False,
+    wall: Callable[[], float] = time.time,
+) -> IncidentBundle:
     """The bundle of run `restart`. Records the caller already holds (the controller has the
     evidence, verdict and actions in hand) are used as given; the rest is read."""
     problems: list[str] = []
@@ -88,15 +96,27 @@ def load_incident_bundle(folder: JobFolder, restart: int, *, evidence: JobEviden
     # the suspects' stderr as the job left it, not as a node digest abridged it
     ev = with_full_records(ev, folder, [s.rank for s in verdict.suspects])
     # only the ranks the timeline draws: a page for 100k ranks reads a few dozen histories
-    history, errs = read_histories(folder, restart, pick_rows(ev.world_size, frozenset(s.rank for s in verdict.suspects)))
+    history, errs = read_histories(
+        folder, restart, pick_rows(ev.world_size, frozenset(s.rank for s in verdict.suspects))
+    )
     problems += errs
     # only the places the table lists (every suspect, then the lowest ranks): a hook with a 100k-rank
     # job reads a few hundred hardware maps at most
     suspects = {s.rank for s in verdict.suspects}
-    others = [r for r in sorted(ev.places) if r not in suspects][:max(0, MAX_TABLE_ROWS - len(suspects))]
+    others = [r for r in sorted(ev.places) if r not in suspects][
+        : max(0, MAX_TABLE_ROWS - len(suspects))
+    ]
     places = [ev.places[r] for r in sorted(suspects.intersection(ev.places) | set(others))]
     maps, errs = read_maps(folder, {p.node for p in places if _valid_node(p.node)})
     problems += errs
-    return IncidentBundle(cluster=folder.cluster, verdict=verdict, evidence=ev, actions=actions, history=history,
-                          hardware=tuple(rank_map_rows(places, maps)), resume=resume, verdict_computed=computed,
-                          problems=tuple(problems[:200]))
+    return IncidentBundle(
+        cluster=folder.cluster,
+        verdict=verdict,
+        evidence=ev,
+        actions=actions,
+        history=history,
+        hardware=tuple(rank_map_rows(places, maps)),
+        resume=resume,
+        verdict_computed=computed,
+        problems=tuple(problems[:200]),
+    )

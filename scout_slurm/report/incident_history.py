@@ -47,14 +47,26 @@ def list_incidents(root: Path, *, node: str | None = None, limit: int = 20) -> l
                 if apath.exists():
                     try:
                         a = read_record(apath, ActionsRecord, root=root)
-                        drained = tuple(r.target for r in a.results if r.ok and r.kind == ActionKind.DRAIN)
+                        drained = tuple(
+                            r.target for r in a.results if r.ok and r.kind == ActionKind.DRAIN
+                        )
                     except EvidenceError:
                         pass
                 suspects = tuple((s.rank, s.node) for s in v.suspects)
                 if node and node not in {s[1] for s in suspects} | set(drained):
                     continue
-                rows.append(IncidentRow(cluster.name, v.job_id, v.restart, v.kind.value, v.confidence, suspects,
-                                        drained, v.created_at))
+                rows.append(
+                    IncidentRow(
+                        cluster.name,
+                        v.job_id,
+                        v.restart,
+                        v.kind.value,
+                        v.confidence,
+                        suspects,
+                        drained,
+                        v.created_at,
+                    )
+                )
     rows.sort(key=lambda r: r.created_at, reverse=True)
     return rows[:limit]
 
@@ -62,12 +74,13 @@ def list_incidents(root: Path, *, node: str | None = None, limit: int = 20) -> l
 @dataclass(frozen=True)
 class PendingRow:
     """An incident whose handling began and has not ended (hooks/pending.py)."""
+
     cluster: str
     job_id: int
     restart: int
     since: float
     holder: str
-    status: str              # the actions record's status, or "not planned yet"
+    status: str  # the actions record's status, or "not planned yet"
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -76,6 +89,7 @@ class PendingRow:
 def list_pending(root: Path) -> list[PendingRow]:
     from scout_slurm.evidence.layout import JobFolder
     from scout_slurm.hooks.pending import list_markers
+
     rows: list[PendingRow] = []
     if not root.is_dir():
         return rows
@@ -89,7 +103,9 @@ def list_pending(root: Path) -> list[PendingRow]:
             status = "not planned yet"
             if folder.actions_path(m.restart).exists():
                 try:
-                    status = read_record(folder.actions_path(m.restart), ActionsRecord, root=root).status.value
+                    status = read_record(
+                        folder.actions_path(m.restart), ActionsRecord, root=root
+                    ).status.value
                 except EvidenceError as exc:
                     status = f"unreadable actions record ({exc})"
             rows.append(PendingRow(cluster.name, m.job_id, m.restart, m.since, m.holder, status))
@@ -98,13 +114,20 @@ def list_pending(root: Path) -> list[PendingRow]:
 
 # --- the drain rule's history: what each incident decided for each node it named ----------------
 
-def _decision_records(root: Path, cluster: str | None, *, since: float = 0.0) -> list[DrainDecisions]:
+
+def _decision_records(
+    root: Path, cluster: str | None, *, since: float = 0.0
+) -> list[DrainDecisions]:
     """Every results/drain-decisions-*.json under the evidence root (one cluster's, or all),
     written since `since` (a file older than that by its mtime is not opened)."""
     out: list[DrainDecisions] = []
     if not root.is_dir():
         return out
-    clusters = [root / cluster] if cluster else sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink())
+    clusters = (
+        [root / cluster]
+        if cluster
+        else sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink())
+    )
     for cdir in clusters:
         if not cdir.is_dir() or cdir.is_symlink():
             continue
@@ -123,10 +146,20 @@ def _decision_records(root: Path, cluster: str | None, *, since: float = 0.0) ->
 
 def past_incidents(root: Path, cluster: str, *, since: float) -> list[PastIncident]:
     """The earlier incidents the drain rule counts: those where it ran (drained or watched a node)."""
-    return [PastIncident(job_id=r.job_id, user=r.user, node=n.node, gpu_serials=n.gpu_serials, kind=r.kind.value,
-                         at=r.at)
-            for r in _decision_records(root, cluster, since=since) if r.at >= since
-            for n in r.nodes if n.outcome in ("drain", "watch")]
+    return [
+        PastIncident(
+            job_id=r.job_id,
+            user=r.user,
+            node=n.node,
+            gpu_serials=n.gpu_serials,
+            kind=r.kind.value,
+            at=r.at,
+        )
+        for r in _decision_records(root, cluster, since=since)
+        if r.at >= since
+        for n in r.nodes
+        if n.outcome in ("drain", "watch")
+    ]
 
 
 @dataclass(frozen=True)
@@ -146,8 +179,9 @@ class SuspectIncident:
 @dataclass(frozen=True)
 class SuspectRow:
     """One node or GPU serial with the incidents that named it (`scout suspects`)."""
-    what: str                 # "node" or "gpu"
-    name: str                 # node name or GPU serial
+
+    what: str  # "node" or "gpu"
+    name: str  # node name or GPU serial
     incidents: tuple[SuspectIncident, ...]
 
     @property
@@ -160,45 +194,72 @@ class SuspectRow:
 
     @property
     def status(self) -> str:
-        """"drained" when an incident drained it, else "watch" (on the watch list), else "held"."""
+        """ "drained" when an incident drained it, else "watch" (on the watch list), else "held"."""
         outcomes = {i.outcome for i in self.incidents}
         return "drained" if "drain" in outcomes else "watch" if "watch" in outcomes else "held"
 
     def as_dict(self) -> dict:
-        return {"what": self.what, "name": self.name, "status": self.status, "users": list(self.users),
-                "kinds": list(self.kinds), "incidents": [asdict(i) for i in self.incidents]}
+        return {
+            "what": self.what,
+            "name": self.name,
+            "status": self.status,
+            "users": list(self.users),
+            "kinds": list(self.kinds),
+            "incidents": [asdict(i) for i in self.incidents],
+        }
 
 
 def list_suspects(root: Path, *, gpu: str | None = None) -> list[SuspectRow]:
     """Every node and GPU serial some incident named, newest incident first within each; only
     GPU serial `gpu` when given."""
     by: dict[tuple[str, str], list[SuspectIncident]] = {}
-    for cdir in (sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink()) if root.is_dir() else []):
+    for cdir in (
+        sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink())
+        if root.is_dir()
+        else []
+    ):
         for r in _decision_records(root, cdir.name):
             for n in r.nodes:
-                inc = SuspectIncident(cdir.name, r.job_id, r.restart, r.user, r.kind.value, r.at, n.outcome, n.why,
-                                      n.root_checks, n.root_findings)
+                inc = SuspectIncident(
+                    cdir.name,
+                    r.job_id,
+                    r.restart,
+                    r.user,
+                    r.kind.value,
+                    r.at,
+                    n.outcome,
+                    n.why,
+                    n.root_checks,
+                    n.root_findings,
+                )
                 keys = [("gpu", s) for s in n.gpu_serials if s]
                 if gpu is None:
                     keys.append(("node", n.node))
                 for key in keys:
                     if gpu is None or key[1] == gpu:
                         by.setdefault(key, []).append(inc)
-    rows = [SuspectRow(what, name, tuple(sorted(incs, key=lambda i: i.at, reverse=True)))
-            for (what, name), incs in by.items()]
+    rows = [
+        SuspectRow(what, name, tuple(sorted(incs, key=lambda i: i.at, reverse=True)))
+        for (what, name), incs in by.items()
+    ]
     return sorted(rows, key=lambda r: (r.what != "node", r.name))
 
 
 def render_suspects(rows: list[SuspectRow]) -> str:
     """`scout suspects` as text: a line per node or GPU, then a line per incident (pure)."""
     import time
+
     lines = []
     for r in rows:
-        lines.append(f"{r.what} {r.name}: {r.status}; {len(r.incidents)} incident(s) from {len(r.users)} user(s) "
-                     f"({', '.join(r.users)}); kinds {', '.join(r.kinds)}")
+        lines.append(
+            f"{r.what} {r.name}: {r.status}; {len(r.incidents)} incident(s) from {len(r.users)} user(s) "
+            f"({', '.join(r.users)}); kinds {', '.join(r.kinds)}"
+        )
         for i in r.incidents:
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(i.at))
-            lines.append(f"  {when} job {i.job_id} run {i.restart} {i.user} {i.kind}: {i.outcome}: {i.why}")
+            lines.append(
+                f"  {when} job {i.job_id} run {i.restart} {i.user} {i.kind}: {i.outcome}: {i.why}"
+            )
             if i.root_checks:
                 lines.append(f"    root checks: {', '.join(i.root_checks)}")
             for f in i.root_findings[:5]:

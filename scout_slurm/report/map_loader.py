@@ -33,12 +33,16 @@ def read_maps(folder: JobFolder, nodes: set[str]) -> tuple[dict[str, HardwareMap
     return maps, problems
 
 
-def all_places(root: Path, *, limit_jobs: int = 100_000) -> tuple[list[tuple[str, RankPlace]], list[str]]:
+def all_places(
+    root: Path, *, limit_jobs: int = 100_000
+) -> tuple[list[tuple[str, RankPlace]], list[str]]:
     out, problems = [], []
     if not root.is_dir():
         return out, [f"{root}: evidence root does not exist"]
     for cluster in sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink()):
-        jobs = [j for j in cluster.iterdir() if j.name.isdigit() and j.is_dir() and not j.is_symlink()]
+        jobs = [
+            j for j in cluster.iterdir() if j.name.isdigit() and j.is_dir() and not j.is_symlink()
+        ]
         for job in sorted(jobs, key=lambda j: int(j.name))[-limit_jobs:]:
             folder = JobFolder(root, cluster.name, int(job.name))
             for restart in folder.restarts():

@@ -19,9 +19,11 @@ class RankMapRow:
     node: str
     hostname: str
     gpu_uuids: tuple[str, ...]
-    gpu_serials: tuple[str, ...]   # one per UUID, in the same order; "?" when the map does not know it
+    gpu_serials: tuple[
+        str, ...
+    ]  # one per UUID, in the same order; "?" when the map does not know it
     nic: str
-    map_missing: bool = False      # no hardware map for this node: serials are unknown
+    map_missing: bool = False  # no hardware map for this node: serials are unknown
 
 
 def rank_map_rows(places: Sequence[RankPlace], maps: Mapping[str, HardwareMap]) -> list[RankMapRow]:
@@ -39,10 +41,18 @@ def rank_map_rows(places: Sequence[RankPlace], maps: Mapping[str, HardwareMap]) 
         for uuid in place.gpu_uuids:
             gpu = hwmap.gpu_by_uuid(uuid) if hwmap is not None else None
             serials.append(gpu.serial if gpu is not None and gpu.serial else UNKNOWN)
-        rows.append(RankMapRow(rank=place.rank, local_rank=place.local_rank, node=place.node,
-                               hostname=place.hostname or (hwmap.hostname if hwmap is not None else ""),
-                               gpu_uuids=tuple(place.gpu_uuids), gpu_serials=tuple(serials), nic=place.nic,
-                               map_missing=hwmap is None))
+        rows.append(
+            RankMapRow(
+                rank=place.rank,
+                local_rank=place.local_rank,
+                node=place.node,
+                hostname=place.hostname or (hwmap.hostname if hwmap is not None else ""),
+                gpu_uuids=tuple(place.gpu_uuids),
+                gpu_serials=tuple(serials),
+                nic=place.nic,
+                map_missing=hwmap is None,
+            )
+        )
     return rows
 
 
@@ -50,9 +60,15 @@ _HEADERS = ("RANK", "LOCAL", "NODE", "HOSTNAME", "GPU UUID", "GPU SERIAL", "NIC"
 
 
 def _cells(row: RankMapRow) -> tuple[str, ...]:
-    return (str(row.rank), str(row.local_rank), row.node + (" (no map)" if row.map_missing else ""),
-            row.hostname or UNKNOWN, ",".join(row.gpu_uuids) or "-", ",".join(row.gpu_serials) or "-",
-            row.nic or "-")
+    return (
+        str(row.rank),
+        str(row.local_rank),
+        row.node + (" (no map)" if row.map_missing else ""),
+        row.hostname or UNKNOWN,
+        ",".join(row.gpu_uuids) or "-",
+        ",".join(row.gpu_serials) or "-",
+        row.nic or "-",
+    )
 
 
 def render_rank_map_table(rows: Sequence[RankMapRow]) -> str:
@@ -76,8 +92,9 @@ class PlaceHistoryRow:
     started_at: float
 
 
-def history_rows(entries: Sequence[tuple[str, RankPlace]], *, node: str | None = None,
-                 gpu: str | None = None) -> list[PlaceHistoryRow]:
+def history_rows(
+    entries: Sequence[tuple[str, RankPlace]], *, node: str | None = None, gpu: str | None = None
+) -> list[PlaceHistoryRow]:
     """The ranks that ran on a node or a GPU, across jobs, newest first (pure)."""
     rows = []
     for cluster, p in entries:
@@ -85,6 +102,10 @@ def history_rows(entries: Sequence[tuple[str, RankPlace]], *, node: str | None =
             continue
         if gpu is not None and not any(u == gpu or u.startswith(gpu) for u in p.gpu_uuids):
             continue
-        rows.append(PlaceHistoryRow(cluster, p.job_id, p.restart, p.rank, p.node, tuple(p.gpu_uuids), p.started_at))
+        rows.append(
+            PlaceHistoryRow(
+                cluster, p.job_id, p.restart, p.rank, p.node, tuple(p.gpu_uuids), p.started_at
+            )
+        )
     rows.sort(key=lambda r: (-r.started_at, r.job_id, r.rank))
     return rows

@@ -34,8 +34,13 @@ def _cell(value: object, limit: int = 200) -> str:
 
 def render_latency(bundle: IncidentBundle) -> list[str]:
     m = incident_moments(bundle)
-    rows = [("fault injected", m.fault_at), ("suspect's last progress", m.last_advance_at),
-            ("detection", m.detected_at), ("verdict", m.verdict_at), ("actions done", m.actions_done_at)]
+    rows = [
+        ("fault injected", m.fault_at),
+        ("suspect's last progress", m.last_advance_at),
+        ("detection", m.detected_at),
+        ("verdict", m.verdict_at),
+        ("actions done", m.actions_done_at),
+    ]
     start = "the fault" if m.fault_at else "the suspect's last progress"
     out = [f"| moment | after {start} |", "|---|---:|"]
     out += [f"| {name} | {t - m.origin:.2f} s |" for name, t in rows if t and m.origin]
@@ -48,25 +53,65 @@ def render_hardware(bundle: IncidentBundle, limit: int = 64) -> list[str]:
     rows = sorted(bundle.hardware, key=lambda r: (r.rank not in suspects, r.rank))[:limit]
     if not rows:
         return ["no rank places recorded"]
-    out = ["| rank | node | hostname | GPU UUID | GPU serial | NIC | |", "|---:|---|---|---|---|---|---|"]
+    out = [
+        "| rank | node | hostname | GPU UUID | GPU serial | NIC | |",
+        "|---:|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        note = ", ".join(n for n, on in (("**suspect**", r.rank in suspects), ("drained", r.node in drained)) if on)
-        out.append(f"| {r.rank} | {_cell(r.node)} | {_cell(r.hostname or '?')} | {_cell(', '.join(r.gpu_uuids))} | "
-                   f"{_cell(', '.join(r.gpu_serials))} | {_cell(r.nic)} | {note} |")
+        note = ", ".join(
+            n
+            for n, on in (("**suspect**", r.rank in suspects), ("drained", r.node in drained))
+            if on
+        )
+        out.append(
+            f"| {r.rank} | {_cell(r.node)} | {_cell(r.hostname or '?')} | {_cell(', '.join(r.gpu_uuids))} | "
+            f"{_cell(', '.join(r.gpu_serials))} | {_cell(r.nic)} | {note} |"
+        )
     if bundle.evidence.world_size > len(rows):
-        out.append(f"\n{bundle.evidence.world_size - len(rows)} more rank(s): `scout map {bundle.job_id}`")
+        out.append(
+            f"\n{bundle.evidence.world_size - len(rows)} more rank(s): `scout map {bundle.job_id}`"
+        )
     return out
 
 
-def render_incident_markdown(verdict: Verdict, evidence: JobEvidence, record: ActionsRecord | None,
-                             bundle: IncidentBundle | None = None) -> str:
+def render_incident_markdown(
+    verdict: Verdict,
+    evidence: JobEvidence,
+    record: ActionsRecord | None,
+    bundle: IncidentBundle | None = None,
+) -> str:
     """With a bundle (report/bundle.py), also the detection latency and the suspects' hardware."""
-    when = datetime.fromtimestamp(verdict.created_at, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    out = [f"# scout incident: job {verdict.job_id}, run {verdict.restart}", "", f"Written {when}.", "",
-           "## Verdict", "", "```", *render_verdict(verdict), "```", "", "## Timeline", "", "```",
-           *render_timeline(evidence), "```", ""]
+    when = datetime.fromtimestamp(verdict.created_at, tz=timezone.utc).strftime(
+        "%Y-%m-%d %H:%M:%S UTC"
+    )
+    out = [
+        f"# scout incident: job {verdict.job_id}, run {verdict.restart}",
+        "",
+        f"Written {when}.",
+        "",
+        "## Verdict",
+        "",
+        "```",
+        *render_verdict(verdict),
+        "```",
+        "",
+        "## Timeline",
+        "",
+        "```",
+        *render_timeline(evidence),
+        "```",
+        "",
+    ]
     if bundle is not None:
-        out += ["## Detection latency", "", *render_latency(bundle), "", "## Suspects on the hardware", "",
-                *render_hardware(bundle), ""]
+        out += [
+            "## Detection latency",
+            "",
+            *render_latency(bundle),
+            "",
+            "## Suspects on the hardware",
+            "",
+            *render_hardware(bundle),
+            "",
+        ]
     out += ["## Actions", "", *render_actions(record), ""]
     return "\n".join(out)

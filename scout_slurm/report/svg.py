@@ -15,17 +15,27 @@ from scout_slurm.evidence.records import ChildState
 from scout_slurm.localise.verdict import describe_exit, is_abnormal, is_cascade
 from scout_slurm.report.bundle import IncidentBundle, IncidentMoments, rank_last_advance
 
-MAX_ROWS = 48          # ranks drawn in a timeline; the suspects always are
-MAX_TEXT = 300         # characters of any one text from the evidence
+MAX_ROWS = 48  # ranks drawn in a timeline; the suspects always are
+MAX_TEXT = 300  # characters of any one text from the evidence
 WIDTH = 980
-LABEL_W = 170          # rank labels on the left
-STATE_W = 250          # end-of-run text on the right
+LABEL_W = 170  # rank labels on the left
+STATE_W = 250  # end-of-run text on the right
 ROW_H = 22
-TOP = 46               # room for the moment labels and the axis
-COLOURS = {"starting": "#e3e8eb", "advancing": "#2e7d32", "idle": "#b0bec5", "stopped": "#c62828",
-           "exited": "#455a64"}
-MOMENT_COLOURS = {"fault": "#ef6c00", "last progress": "#8d6e63", "detection": "#c62828", "verdict": "#6a1b9a",
-                  "actions done": "#1565c0"}
+TOP = 46  # room for the moment labels and the axis
+COLOURS = {
+    "starting": "#e3e8eb",
+    "advancing": "#2e7d32",
+    "idle": "#b0bec5",
+    "stopped": "#c62828",
+    "exited": "#455a64",
+}
+MOMENT_COLOURS = {
+    "fault": "#ef6c00",
+    "last progress": "#8d6e63",
+    "detection": "#c62828",
+    "verdict": "#6a1b9a",
+    "actions done": "#1565c0",
+}
 
 
 def esc(value: object, limit: int = MAX_TEXT) -> str:
@@ -79,7 +89,11 @@ def segments(samples: Sequence[ProgressSample]) -> list[_Segment]:
             kind = "stopped"
         elif b.state == ChildState.EXITED and a.state == ChildState.EXITED:
             kind = "exited"
-        elif (a.opt_steps, a.coll_entered, a.coll_completed) != (b.opt_steps, b.coll_entered, b.coll_completed):
+        elif (a.opt_steps, a.coll_entered, a.coll_completed) != (
+            b.opt_steps,
+            b.coll_entered,
+            b.coll_completed,
+        ):
             kind, moved = "advancing", True
         else:
             kind = "idle" if moved else "starting"
@@ -110,8 +124,12 @@ def _nice_step(span: float, target: int = 8) -> float:
 
 
 def _moment_marks(m: IncidentMoments) -> list[tuple[str, float]]:
-    marks = [("fault", m.fault_at), ("detection", m.detected_at), ("verdict", m.verdict_at),
-             ("actions done", m.actions_done_at)]
+    marks = [
+        ("fault", m.fault_at),
+        ("detection", m.detected_at),
+        ("verdict", m.verdict_at),
+        ("actions done", m.actions_done_at),
+    ]
     if not m.fault_at:
         marks.insert(0, ("last progress", m.last_advance_at))
     return [(n, t) for n, t in marks if t > 0]
@@ -136,14 +154,23 @@ def timeline_svg(bundle: IncidentBundle, moments: IncidentMoments) -> str:
     times += [t for _, t in marks]
     times = [t for t in times if t > 0 and math.isfinite(t)]
     height = TOP + ROW_H * max(1, len(rows)) + 60
-    out = [f'<svg class="timeline" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
-           f'viewBox="0 0 {WIDTH} {height}" role="img" aria-label="per-rank progress timeline">']
+    out = [
+        f'<svg class="timeline" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
+        f'viewBox="0 0 {WIDTH} {height}" role="img" aria-label="per-rank progress timeline">'
+    ]
     if not rows or not times:
-        out.append(f'<text x="10" y="{TOP}" class="note">no progress recorded for this run</text></svg>')
+        out.append(
+            f'<text x="10" y="{TOP}" class="note">no progress recorded for this run</text></svg>'
+        )
         return "".join(out)
     t0, t1 = min(times), max(times)
     # around the incident: from just before the first advance, not from the imports before it
-    firsts = [seg.start for r in rows for seg in segments(bundle.history.get(r, ()))[:64] if seg.kind == "advancing"]
+    firsts = [
+        seg.start
+        for r in rows
+        for seg in segments(bundle.history.get(r, ()))[:64]
+        if seg.kind == "advancing"
+    ]
     if firsts:
         t0 = max(t0, min(firsts) - max(1.0, 0.1 * (t1 - min(firsts))))
     pad = max(0.5, (t1 - t0) * 0.03)
@@ -153,14 +180,18 @@ def timeline_svg(bundle: IncidentBundle, moments: IncidentMoments) -> str:
     step = _nice_step(scale.t1 - scale.t0)
     k = math.ceil((scale.t0 - origin) / step)
     axis_y = TOP - 6
-    out.append(f'<g class="axis"><line x1="{LABEL_W}" y1="{axis_y}" x2="{WIDTH - STATE_W}" y2="{axis_y}" '
-               'stroke="#90a4ae"/>')
+    out.append(
+        f'<g class="axis"><line x1="{LABEL_W}" y1="{axis_y}" x2="{WIDTH - STATE_W}" y2="{axis_y}" '
+        'stroke="#90a4ae"/>'
+    )
     while origin + k * step <= scale.t1 and k < 10_000:
         t = origin + k * step
         x = scale.x(t)
         label = "0" if k == 0 else f"{k * step:+g} s"
-        out.append(f'<line x1="{_num(x)}" y1="{axis_y - 3}" x2="{_num(x)}" y2="{axis_y + 3}" stroke="#90a4ae"/>'
-                   f'<text x="{_num(x)}" y="{axis_y - 5}" class="tick" text-anchor="middle">{label}</text>')
+        out.append(
+            f'<line x1="{_num(x)}" y1="{axis_y - 3}" x2="{_num(x)}" y2="{axis_y + 3}" stroke="#90a4ae"/>'
+            f'<text x="{_num(x)}" y="{axis_y - 5}" class="tick" text-anchor="middle">{label}</text>'
+        )
         k += 1
     out.append("</g>")
     for i, r in enumerate(rows):
@@ -170,17 +201,23 @@ def timeline_svg(bundle: IncidentBundle, moments: IncidentMoments) -> str:
         cls = "rank-row suspect" if suspect else "rank-row"
         out.append(f'<g class="{cls}" data-rank="{r}">')
         if suspect:
-            out.append(f'<rect class="band" x="0" y="{y}" width="{WIDTH}" height="{ROW_H}" fill="#fdecea"/>')
+            out.append(
+                f'<rect class="band" x="0" y="{y}" width="{WIDTH}" height="{ROW_H}" fill="#fdecea"/>'
+            )
         label = f"rank {r} \u00b7 {node}" + (" \u00b7 suspect" if suspect else "")
-        out.append(f'<text x="6" y="{y + 15}" class="{"label strong" if suspect else "label"}">{esc(label, 60)}</text>')
+        out.append(
+            f'<text x="6" y="{y + 15}" class="{"label strong" if suspect else "label"}">{esc(label, 60)}</text>'
+        )
         samples = bundle.history.get(r, ())
         drawn = 0
         if len(samples) >= 2:
             for seg in segments(samples):
                 x0, x1 = scale.x(seg.start), scale.x(seg.end)
-                out.append(f'<rect class="bar {seg.kind}" x="{_num(x0)}" y="{y + 5}" width="{_num(max(1.0, x1 - x0))}" '
-                           f'height="{ROW_H - 10}" fill="{COLOURS[seg.kind]}"><title>rank {r} {seg.kind} '
-                           f'{_seconds(seg.start - origin)} to {_seconds(seg.end - origin)}</title></rect>')
+                out.append(
+                    f'<rect class="bar {seg.kind}" x="{_num(x0)}" y="{y + 5}" width="{_num(max(1.0, x1 - x0))}" '
+                    f'height="{ROW_H - 10}" fill="{COLOURS[seg.kind]}"><title>rank {r} {seg.kind} '
+                    f"{_seconds(seg.start - origin)} to {_seconds(seg.end - origin)}</title></rect>"
+                )
                 drawn += 1
         else:
             p = ev.last_progress(r)
@@ -188,49 +225,78 @@ def timeline_svg(bundle: IncidentBundle, moments: IncidentMoments) -> str:
                 # no history kept: the last snapshot still says when the rank last advanced
                 adv = rank_last_advance(bundle, r)
                 xs, xa, xe = scale.x(scale.t0), scale.x(adv), scale.x(p.published_at)
-                out.append(f'<rect class="bar advancing" x="{_num(xs)}" y="{y + 5}" width="{_num(max(1.0, xa - xs))}" '
-                           f'height="{ROW_H - 10}" fill="{COLOURS["advancing"]}" opacity="0.6"><title>rank {r} '
-                           'advancing (no history kept: from its last snapshot)</title></rect>')
-                idle_kind = "stopped" if p.child_state in (ChildState.STOPPED, ChildState.DISK_SLEEP) else "idle"
-                out.append(f'<rect class="bar {idle_kind}" x="{_num(xa)}" y="{y + 5}" width="{_num(max(1.0, xe - xa))}" '
-                           f'height="{ROW_H - 10}" fill="{COLOURS[idle_kind]}"/>')
+                out.append(
+                    f'<rect class="bar advancing" x="{_num(xs)}" y="{y + 5}" width="{_num(max(1.0, xa - xs))}" '
+                    f'height="{ROW_H - 10}" fill="{COLOURS["advancing"]}" opacity="0.6"><title>rank {r} '
+                    "advancing (no history kept: from its last snapshot)</title></rect>"
+                )
+                idle_kind = (
+                    "stopped"
+                    if p.child_state in (ChildState.STOPPED, ChildState.DISK_SLEEP)
+                    else "idle"
+                )
+                out.append(
+                    f'<rect class="bar {idle_kind}" x="{_num(xa)}" y="{y + 5}" width="{_num(max(1.0, xe - xa))}" '
+                    f'height="{ROW_H - 10}" fill="{COLOURS[idle_kind]}"/>'
+                )
                 drawn += 2
         adv = rank_last_advance(bundle, r)
         if adv > 0:
             xa = scale.x(adv)
-            out.append(f'<line class="last-advance" x1="{_num(xa)}" y1="{y + 2}" x2="{_num(xa)}" y2="{y + ROW_H - 2}" '
-                       f'stroke="#1b5e20" stroke-width="2"><title>rank {r} last advanced at '
-                       f'{_seconds(adv - origin)}</title></line>')
+            out.append(
+                f'<line class="last-advance" x1="{_num(xa)}" y1="{y + 2}" x2="{_num(xa)}" y2="{y + ROW_H - 2}" '
+                f'stroke="#1b5e20" stroke-width="2"><title>rank {r} last advanced at '
+                f"{_seconds(adv - origin)}</title></line>"
+            )
         e = ev.exits.get(r)
         if e is not None and e.at > 0:
             xe = scale.x(e.at)
-            colour = ("#b71c1c" if r in bundle.suspect_ranks or (is_abnormal(e) and not is_cascade(e)) else
-                      "#455a64" if not is_abnormal(e) else "#ef6c00")
-            out.append(f'<path class="exit" d="M{_num(xe - 5)} {y + 6} l10 10 m0 -10 l-10 10" stroke="{colour}" '
-                       f'stroke-width="2.5"><title>rank {r}: {esc(describe_exit(e) if is_abnormal(e) else "exited 0")} '
-                       f'at {_seconds(e.at - origin)}</title></path>')
-        out.append(f'<text x="{WIDTH - STATE_W + 8}" y="{y + 15}" class="state">{esc(_end_text(bundle, r), 60)}</text>')
+            colour = (
+                "#b71c1c"
+                if r in bundle.suspect_ranks or (is_abnormal(e) and not is_cascade(e))
+                else "#455a64"
+                if not is_abnormal(e)
+                else "#ef6c00"
+            )
+            out.append(
+                f'<path class="exit" d="M{_num(xe - 5)} {y + 6} l10 10 m0 -10 l-10 10" stroke="{colour}" '
+                f'stroke-width="2.5"><title>rank {r}: {esc(describe_exit(e) if is_abnormal(e) else "exited 0")} '
+                f"at {_seconds(e.at - origin)}</title></path>"
+            )
+        out.append(
+            f'<text x="{WIDTH - STATE_W + 8}" y="{y + 15}" class="state">{esc(_end_text(bundle, r), 60)}</text>'
+        )
         if not drawn:
-            out.append(f'<text x="{LABEL_W + 4}" y="{y + 15}" class="note">no progress recorded</text>')
+            out.append(
+                f'<text x="{LABEL_W + 4}" y="{y + 15}" class="note">no progress recorded</text>'
+            )
         out.append("</g>")
     # the moments, over all rows, labels placed on lines below so that close ones stay readable
     bottom = TOP + ROW_H * len(rows)
-    labels = _place_labels([(scale.x(t), f"{name} {_seconds(t - origin)}") for name, t in marks], WIDTH - 4)
+    labels = _place_labels(
+        [(scale.x(t), f"{name} {_seconds(t - origin)}") for name, t in marks], WIDTH - 4
+    )
     for (name, t), (lx, level, anchor) in zip(marks, labels):
         x = scale.x(t)
         c = MOMENT_COLOURS[name]
-        out.append(f'<g class="moment" data-moment="{esc(name)}"><line x1="{_num(x)}" y1="{TOP - 2}" x2="{_num(x)}" '
-                   f'y2="{bottom}" stroke="{c}" stroke-width="1.5" stroke-dasharray="5 3"/>'
-                   f'<text x="{_num(lx)}" y="{bottom + 12 + 11 * level}" fill="{c}" class="tick" '
-                   f'text-anchor="{anchor}">{esc(name)} {_seconds(t - origin)}</text></g>')
+        out.append(
+            f'<g class="moment" data-moment="{esc(name)}"><line x1="{_num(x)}" y1="{TOP - 2}" x2="{_num(x)}" '
+            f'y2="{bottom}" stroke="{c}" stroke-width="1.5" stroke-dasharray="5 3"/>'
+            f'<text x="{_num(lx)}" y="{bottom + 12 + 11 * level}" fill="{c}" class="tick" '
+            f'text-anchor="{anchor}">{esc(name)} {_seconds(t - origin)}</text></g>'
+        )
     if ev.world_size > len(rows):
-        out.append(f'<text x="6" y="{height - 2}" class="note">{ev.world_size - len(rows)} more rank(s) not drawn'
-                   '</text>')
+        out.append(
+            f'<text x="6" y="{height - 2}" class="note">{ev.world_size - len(rows)} more rank(s) not drawn'
+            "</text>"
+        )
     out.append("</svg>")
     return "".join(out)
 
 
-def _place_labels(items: list[tuple[float, str]], right: float, char_w: float = 5.6) -> list[tuple[float, int, str]]:
+def _place_labels(
+    items: list[tuple[float, str]], right: float, char_w: float = 5.6
+) -> list[tuple[float, int, str]]:
     """(x, line, anchor) for labels wanted at x: the first line where it does not overlap the
     previous label there; a label that would run past `right` ends at x instead of starting."""
     ends: list[float] = []
@@ -265,21 +331,29 @@ def phases_svg(moments: IncidentMoments) -> str:
     -> actions done."""
     phases = moments.phases()
     height = 84
-    out = [f'<svg class="phases" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
-           f'viewBox="0 0 {WIDTH} {height}" role="img" aria-label="detection latency">']
+    out = [
+        f'<svg class="phases" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
+        f'viewBox="0 0 {WIDTH} {height}" role="img" aria-label="detection latency">'
+    ]
     if not phases:
-        out.append('<text x="10" y="30" class="note">the moments of this incident are not known</text></svg>')
+        out.append(
+            '<text x="10" y="30" class="note">the moments of this incident are not known</text></svg>'
+        )
         return "".join(out)
     total = max(phases[-1][2] - phases[0][1], 1e-3)
     scale = _Scale(phases[0][1], phases[0][1] + total, 10, WIDTH - 10)
     colours = ("#ef6c00", "#c62828", "#6a1b9a", "#1565c0")
-    labels = _place_labels([(scale.x(a), f"{label}: {_seconds(b - a)}") for label, a, b in phases], WIDTH - 4)
+    labels = _place_labels(
+        [(scale.x(a), f"{label}: {_seconds(b - a)}") for label, a, b in phases], WIDTH - 4
+    )
     for i, ((label, a, b), (lx, level, anchor)) in enumerate(zip(phases, labels)):
         x0, x1 = scale.x(a), scale.x(b)
-        out.append(f'<g class="phase"><rect class="bar" x="{_num(x0)}" y="8" width="{_num(max(2.0, x1 - x0))}" '
-                   f'height="22" fill="{colours[i % 4]}"><title>{esc(label)}: {_seconds(b - a)}</title></rect>'
-                   f'<text x="{_num(lx)}" y="{44 + 12 * level}" class="tick" text-anchor="{anchor}">{esc(label)}: '
-                   f'{_seconds(b - a)}</text></g>')
+        out.append(
+            f'<g class="phase"><rect class="bar" x="{_num(x0)}" y="8" width="{_num(max(2.0, x1 - x0))}" '
+            f'height="22" fill="{colours[i % 4]}"><title>{esc(label)}: {_seconds(b - a)}</title></rect>'
+            f'<text x="{_num(lx)}" y="{44 + 12 * level}" class="tick" text-anchor="{anchor}">{esc(label)}: '
+            f"{_seconds(b - a)}</text></g>"
+        )
     out.append("</svg>")
     return "".join(out)
 
@@ -297,27 +371,40 @@ def latency_chart_svg(bars: Sequence[LatencyBar], *, limit: int = 64) -> str:
     bars = list(bars)[:limit]
     row = 34
     height = 30 + row * max(1, len(bars)) + 10
-    out = [f'<svg id="latency" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
-           f'viewBox="0 0 {WIDTH} {height}" role="img" aria-label="detection latency per case">'
-           f'<rect x="{LABEL_W + 40}" y="6" width="12" height="10" fill="#c62828"/>'
-           f'<text x="{LABEL_W + 56}" y="15" class="tick">fault to detection</text>'
-           f'<rect x="{LABEL_W + 180}" y="6" width="12" height="10" fill="#6a1b9a"/>'
-           f'<text x="{LABEL_W + 196}" y="15" class="tick">fault to verdict (localisation)</text>']
-    values = [v for b in bars for v in (b.detection_s, b.localisation_s) if v is not None and math.isfinite(v)]
+    out = [
+        f'<svg id="latency" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
+        f'viewBox="0 0 {WIDTH} {height}" role="img" aria-label="detection latency per case">'
+        f'<rect x="{LABEL_W + 40}" y="6" width="12" height="10" fill="#c62828"/>'
+        f'<text x="{LABEL_W + 56}" y="15" class="tick">fault to detection</text>'
+        f'<rect x="{LABEL_W + 180}" y="6" width="12" height="10" fill="#6a1b9a"/>'
+        f'<text x="{LABEL_W + 196}" y="15" class="tick">fault to verdict (localisation)</text>'
+    ]
+    values = [
+        v
+        for b in bars
+        for v in (b.detection_s, b.localisation_s)
+        if v is not None and math.isfinite(v)
+    ]
     top = max([1.0] + values)
     x0, x1 = LABEL_W + 40, WIDTH - 90
     for i, b in enumerate(bars):
         y = 26 + i * row
-        out.append(f'<g class="case" data-ok="{str(b.ok).lower()}"><text x="6" y="{y + 16}" class="label">'
-                   f'{esc(b.label, 40)}</text>')
-        for j, (v, colour) in enumerate(((b.detection_s, "#c62828"), (b.localisation_s, "#6a1b9a"))):
+        out.append(
+            f'<g class="case" data-ok="{str(b.ok).lower()}"><text x="6" y="{y + 16}" class="label">'
+            f"{esc(b.label, 40)}</text>"
+        )
+        for j, (v, colour) in enumerate(
+            ((b.detection_s, "#c62828"), (b.localisation_s, "#6a1b9a"))
+        ):
             yy = y + 3 + j * 13
             if v is None or not math.isfinite(v):
                 out.append(f'<text x="{x0}" y="{yy + 10}" class="note">not measured</text>')
                 continue
             w = max(1.0, max(0.0, v) / top * (x1 - x0))
-            out.append(f'<rect class="bar" x="{x0}" y="{yy}" width="{_num(w)}" height="11" fill="{colour}"/>'
-                       f'<text x="{_num(x0 + w + 4)}" y="{yy + 10}" class="tick">{_seconds(v)}</text>')
+            out.append(
+                f'<rect class="bar" x="{x0}" y="{yy}" width="{_num(w)}" height="11" fill="{colour}"/>'
+                f'<text x="{_num(x0 + w + 4)}" y="{yy + 10}" class="tick">{_seconds(v)}</text>'
+            )
         out.append("</g>")
     out.append("</svg>")
     return "".join(out)

@@ -41,7 +41,9 @@ class SlurmResult:
 def resolve_binary(name: str, *, bin_dir: str = "", path_env: str | None = None) -> str:
     """Absolute path of a Slurm command, resolved once per (name, bin_dir)."""
     if name not in SLURM_COMMANDS:
-        raise SlurmError(f"{name!r} is not a Slurm command scout runs; known: {', '.join(sorted(SLURM_COMMANDS))}")
+        raise SlurmError(
+            f"{name!r} is not a Slurm command scout runs; known: {', '.join(sorted(SLURM_COMMANDS))}"
+        )
     key = (name, bin_dir)
     if key in _resolved:
         return _resolved[key]
@@ -55,7 +57,8 @@ def resolve_binary(name: str, *, bin_dir: str = "", path_env: str | None = None)
     if not found:
         raise SlurmNotInstalled(
             f"the Slurm command {name!r} was not found ({'in ' + bin_dir if bin_dir else 'on PATH or in ' + ', '.join(_FALLBACK_DIRS)}); "
-            "install the Slurm client (Debian: apt-get install slurm-client) or set [slurm] bin_dir in the site config")
+            "install the Slurm client (Debian: apt-get install slurm-client) or set [slurm] bin_dir in the site config"
+        )
     found = os.path.abspath(found)
     _resolved[key] = found
     return found
@@ -68,8 +71,10 @@ def slurm_root(env: Mapping[str, str] | None) -> str:
     if not root:
         return ""
     if not os.path.isabs(root) or not os.path.isfile(os.path.join(root, "usr/bin/scontrol")):
-        raise SlurmNotInstalled(f"{SLURM_ROOT_ENV}={root!r} is not a Slurm root (no usr/bin/scontrol in it); "
-                                "unset it, or start the lab again (`scout lab up --slurm VERSION`)")
+        raise SlurmNotInstalled(
+            f"{SLURM_ROOT_ENV}={root!r} is not a Slurm root (no usr/bin/scontrol in it); "
+            "unset it, or start the lab again (`scout lab up --slurm VERSION`)"
+        )
     return root
 
 
@@ -78,7 +83,9 @@ def _root_binary(name: str, root: str) -> str:
     for d in _ROOT_BIN_DIRS:
         if os.access(os.path.join(root, d.lstrip("/"), name), os.X_OK):
             return os.path.join(d, name)
-    raise SlurmNotInstalled(f"the Slurm root {root} has no {name!r} in {' or '.join(_ROOT_BIN_DIRS)}")
+    raise SlurmNotInstalled(
+        f"the Slurm root {root} has no {name!r} in {' or '.join(_ROOT_BIN_DIRS)}"
+    )
 
 
 def _chroot_prefix(root: str) -> tuple[str, ...]:
@@ -86,7 +93,9 @@ def _chroot_prefix(root: str) -> tuple[str, ...]:
         return ()
     chroot = shutil.which("chroot", path="/usr/sbin:/sbin:/usr/bin:/bin")
     if not chroot:
-        raise SlurmNotInstalled("chroot (Debian package coreutils) is needed to run a lab root's Slurm; install it")
+        raise SlurmNotInstalled(
+            "chroot (Debian package coreutils) is needed to run a lab root's Slurm; install it"
+        )
     return (chroot, root)
 
 
@@ -108,14 +117,24 @@ def _as_user_prefix(user: str, root: str = "") -> tuple[str, ...]:
         return (_root_binary("runuser", root), "-u", user, "--")
     runuser = shutil.which("runuser", path="/usr/sbin:/sbin:/usr/bin:/bin")
     if not runuser:
-        raise SlurmNotInstalled("runuser (Debian package util-linux) is needed to run a Slurm command as "
-                                f"{user!r}; install it")
+        raise SlurmNotInstalled(
+            "runuser (Debian package util-linux) is needed to run a Slurm command as "
+            f"{user!r}; install it"
+        )
     return (runuser, "-u", user, "--")
 
 
-def run_slurm(command: str, args: Sequence[str], *, timeout: float, bin_dir: str = "",
-              env: Mapping[str, str] | None = None, check: bool = True,
-              input_text: str | None = None, as_user: str = "") -> SlurmResult:
+def run_slurm(
+    command: str,
+    args: Sequence[str],
+    *,
+    timeout: float,
+    bin_dir: str = "",
+    env: Mapping[str, str] | None = None,
+    check: bool = True,
+    input_text: str | None = None,
+    as_user: str = "",
+) -> SlurmResult:
     """Run one Slurm command and return its result; the only place scout runs Slurm.
 
     Raises SlurmTimeout past `timeout` seconds, and SlurmError on a non-zero exit when `check`.
@@ -129,7 +148,9 @@ def run_slurm(command: str, args: Sequence[str], *, timeout: float, bin_dir: str
     root = slurm_root(env)
     if root:
         if command not in SLURM_COMMANDS:
-            raise SlurmError(f"{command!r} is not a Slurm command scout runs; known: {', '.join(sorted(SLURM_COMMANDS))}")
+            raise SlurmError(
+                f"{command!r} is not a Slurm command scout runs; known: {', '.join(sorted(SLURM_COMMANDS))}"
+            )
         binary = _root_binary(command, root)
         run_env: dict[str, str] | None = _without_root(env)
     else:
@@ -138,25 +159,38 @@ def run_slurm(command: str, args: Sequence[str], *, timeout: float, bin_dir: str
     argv = (*_chroot_prefix(root), *_as_user_prefix(as_user, root), binary, *args)
     t0 = time.monotonic()
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                              env=run_env, input=input_text,
-                              stdin=None if input_text is not None else subprocess.DEVNULL)
+        proc = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=run_env,
+            input=input_text,
+            stdin=None if input_text is not None else subprocess.DEVNULL,
+        )
     except subprocess.TimeoutExpired as exc:
         dt = time.monotonic() - t0
         log.warning("slurm.timeout", argv=list(argv), timeout_s=timeout, duration_s=round(dt, 3))
-        raise SlurmTimeout(f"{command} did not answer within {timeout:g} s; is slurmctld up?",
-                           argv=argv, stderr=(exc.stderr or "") if isinstance(exc.stderr, str) else "") from None
+        raise SlurmTimeout(
+            f"{command} did not answer within {timeout:g} s; is slurmctld up?",
+            argv=argv,
+            stderr=(exc.stderr or "") if isinstance(exc.stderr, str) else "",
+        ) from None
     except OSError as exc:
         raise SlurmError(f"{command} could not be started: {exc}", argv=argv) from exc
     dt = time.monotonic() - t0
     log.info("slurm.call", argv=list(argv), returncode=proc.returncode, duration_s=round(dt, 3))
     result = SlurmResult(argv, proc.returncode, proc.stdout, proc.stderr, dt)
     if check and proc.returncode != 0:
-        raise SlurmError(f"{command} failed", argv=argv, returncode=proc.returncode, stderr=proc.stderr)
+        raise SlurmError(
+            f"{command} failed", argv=argv, returncode=proc.returncode, stderr=proc.stderr
+        )
     return result
 
 
-def exec_slurm(command: str, args: Sequence[str], *, env: Mapping[str, str], bin_dir: str = "") -> None:
+def exec_slurm(
+    command: str, args: Sequence[str], *, env: Mapping[str, str], bin_dir: str = ""
+) -> None:
     """Replace this process with a Slurm command (scout-srun: srun's exit status and signals
     must be the user's, exactly). Logged like every other call; never returns."""
     for a in args:

@@ -7,7 +7,9 @@ import re
 from scout_slurm.errors import SlurmError
 
 _NAME_OK = re.compile(r"^[A-Za-z0-9._-]+\Z")  # \Z, not $: "$" also matches before a final newline
-_NUMBER = re.compile(r"[0-9]{1,18}")  # not str.isdigit: it accepts '²', which int() refuses; nor 5000 digits
+_NUMBER = re.compile(
+    r"[0-9]{1,18}"
+)  # not str.isdigit: it accepts '²', which int() refuses; nor 5000 digits
 MAX_HOSTS = 1_000_000
 
 
@@ -65,7 +67,9 @@ def _expand_one(part: str, whole: str) -> list[str]:
         if "-" in r:
             lo, hi = r.split("-", 1)
             if not (_NUMBER.fullmatch(lo) and _NUMBER.fullmatch(hi)):
-                raise SlurmError(f"hostlist {whole[:80]!r}: range {r[:40]!r} is not numeric (at most 18 digits)")
+                raise SlurmError(
+                    f"hostlist {whole[:80]!r}: range {r[:40]!r} is not numeric (at most 18 digits)"
+                )
             width = len(lo) if lo.startswith("0") and len(lo) > 1 else 0
             a, b = int(lo), int(hi)
             if b < a:
@@ -101,7 +105,9 @@ def compress_hostlist(hosts: list[str] | tuple[str, ...]) -> str:
     for h in dict.fromkeys(hosts):
         if not _NAME_OK.match(h):
             raise SlurmError(f"{h!r} is not a valid host name")
-        m = re.fullmatch(r"(.*?)([0-9]{1,18})", h)  # a longer number stays a plain name (int() limits)
+        m = re.fullmatch(
+            r"(.*?)([0-9]{1,18})", h
+        )  # a longer number stays a plain name (int() limits)
         if not m:
             plain.append(h)
             order.append(h)

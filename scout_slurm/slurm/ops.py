@@ -8,8 +8,16 @@ from scout_slurm.errors import SlurmError
 from scout_slurm.slurm.door import run_slurm
 from scout_slurm.slurm.hostlist import compress_hostlist
 from scout_slurm.slurm.versions import dialect
-from scout_slurm.slurm.parse import (JobInfo, NodeInfo, format_reason, parse_sacct_state, parse_scontrol_job,
-                                     parse_scontrol_node, parse_sinfo_json, parse_squeue_json)
+from scout_slurm.slurm.parse import (
+    JobInfo,
+    NodeInfo,
+    format_reason,
+    parse_sacct_state,
+    parse_scontrol_job,
+    parse_scontrol_node,
+    parse_sinfo_json,
+    parse_squeue_json,
+)
 
 Env = Mapping[str, str] | None
 
@@ -21,11 +29,18 @@ def list_jobs(*, timeout: float, env: Env = None, bin_dir: str = "") -> list[Job
 
 def job_info(job_id: int, *, timeout: float, env: Env = None, bin_dir: str = "") -> JobInfo:
     """One job by id, from `scontrol show job -o` (works for jobs still in slurmctld's memory)."""
-    res = run_slurm("scontrol", ["show", "job", "-o", str(int(job_id))], timeout=timeout, env=env,
-                    bin_dir=bin_dir)
+    res = run_slurm(
+        "scontrol",
+        ["show", "job", "-o", str(int(job_id))],
+        timeout=timeout,
+        env=env,
+        bin_dir=bin_dir,
+    )
     jobs = [j for j in parse_scontrol_job(res.stdout) if j.job_id == int(job_id)]
     if not jobs:
-        raise SlurmError(f"job {job_id} not found in scontrol output", argv=res.argv, stderr=res.stderr)
+        raise SlurmError(
+            f"job {job_id} not found in scontrol output", argv=res.argv, stderr=res.stderr
+        )
     return jobs[0]
 
 
@@ -41,17 +56,24 @@ def job_end_state(job_id: int, *, timeout: float, env: Env = None, bin_dir: str 
         return info.state
     for args in (["-X"], ["-c"]):
         try:
-            res = run_slurm("sacct", [*args, "-j", str(int(job_id)), "-P", "-n", "-o", "JobID,State"],
-                            timeout=timeout, env=env, bin_dir=bin_dir)
+            res = run_slurm(
+                "sacct",
+                [*args, "-j", str(int(job_id)), "-P", "-n", "-o", "JobID,State"],
+                timeout=timeout,
+                env=env,
+                bin_dir=bin_dir,
+            )
         except SlurmError:
-            continue   # "Slurm accounting storage is disabled", no jobcomp file: the next source
+            continue  # "Slurm accounting storage is disabled", no jobcomp file: the next source
         state = parse_sacct_state(res.stdout, int(job_id))
         if state:
             return state
     return ""
 
 
-def job_nodes(job_id: int, *, timeout: float, env: Env = None, bin_dir: str = "") -> tuple[str, ...]:
+def job_nodes(
+    job_id: int, *, timeout: float, env: Env = None, bin_dir: str = ""
+) -> tuple[str, ...]:
     return job_info(job_id, timeout=timeout, env=env, bin_dir=bin_dir).nodes
 
 
@@ -64,7 +86,9 @@ def list_nodes(*, timeout: float, env: Env = None, bin_dir: str = "") -> list[No
 
 def node_info(name: str, *, timeout: float, env: Env = None, bin_dir: str = "") -> NodeInfo:
     _check_node_name(name)
-    res = run_slurm("scontrol", ["show", "node", "-o", name], timeout=timeout, env=env, bin_dir=bin_dir)
+    res = run_slurm(
+        "scontrol", ["show", "node", "-o", name], timeout=timeout, env=env, bin_dir=bin_dir
+    )
     nodes = [n for n in parse_scontrol_node(res.stdout) if n.name == name]
     if not nodes:
         raise SlurmError(f"node {name!r} not found", argv=res.argv, stderr=res.stderr)
@@ -77,20 +101,34 @@ _NODE_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWX
 def _check_node_name(name: str) -> None:
     # ASCII only: str.isalnum() would also accept other scripts' letters and digits (e.g. "n\u0661")
     if not name or len(name) > 255 or not all(c in _NODE_NAME_CHARS for c in name):
-        raise SlurmError(f"refusing node name {name!r}: only ASCII letters, digits, '.', '_' and '-' are valid "
-                         f"(at most 255 characters)")
+        raise SlurmError(
+            f"refusing node name {name!r}: only ASCII letters, digits, '.', '_' and '-' are valid "
+            f"(at most 255 characters)"
+        )
 
 
-def drain_node(name: str, reason: str, *, timeout: float, env: Env = None, bin_dir: str = "") -> None:
+def drain_node(
+    name: str, reason: str, *, timeout: float, env: Env = None, bin_dir: str = ""
+) -> None:
     _check_node_name(name)
-    run_slurm("scontrol", ["update", f"nodename={name}", "state=drain", f"reason={format_reason(reason)}"],
-              timeout=timeout, env=env, bin_dir=bin_dir)
+    run_slurm(
+        "scontrol",
+        ["update", f"nodename={name}", "state=drain", f"reason={format_reason(reason)}"],
+        timeout=timeout,
+        env=env,
+        bin_dir=bin_dir,
+    )
 
 
 def resume_node(name: str, *, timeout: float, env: Env = None, bin_dir: str = "") -> None:
     _check_node_name(name)
-    run_slurm("scontrol", ["update", f"nodename={name}", "state=resume"], timeout=timeout, env=env,
-              bin_dir=bin_dir)
+    run_slurm(
+        "scontrol",
+        ["update", f"nodename={name}", "state=resume"],
+        timeout=timeout,
+        env=env,
+        bin_dir=bin_dir,
+    )
 
 
 def requeue_job(job_id: int, *, timeout: float, env: Env = None, bin_dir: str = "") -> None:
@@ -104,33 +142,66 @@ def merged_exclusion(current: Sequence[str], add: Sequence[str]) -> str:
     return compress_hostlist(list(dict.fromkeys([*current, *add])))
 
 
-def exclude_nodes(job_id: int, nodes: Sequence[str], *, timeout: float, env: Env = None,
-                  bin_dir: str = "") -> str:
+def exclude_nodes(
+    job_id: int, nodes: Sequence[str], *, timeout: float, env: Env = None, bin_dir: str = ""
+) -> str:
     """Add nodes to a job's excluded list, merged with what it already excludes; returns the new list."""
     current = job_info(job_id, timeout=timeout, env=env, bin_dir=bin_dir).excluded_nodes
     merged = merged_exclusion(current, nodes)
-    run_slurm("scontrol", ["update", f"jobid={int(job_id)}", f"excnodelist={merged}"], timeout=timeout,
-              env=env, bin_dir=bin_dir)
+    run_slurm(
+        "scontrol",
+        ["update", f"jobid={int(job_id)}", f"excnodelist={merged}"],
+        timeout=timeout,
+        env=env,
+        bin_dir=bin_dir,
+    )
     return merged
 
 
-def set_job_comment(job_id: int, comment: str, *, timeout: float, env: Env = None, bin_dir: str = "") -> None:
-    run_slurm("scontrol", ["update", f"jobid={int(job_id)}", f"comment={format_reason(comment)}"],
-              timeout=timeout, env=env, bin_dir=bin_dir)
+def set_job_comment(
+    job_id: int, comment: str, *, timeout: float, env: Env = None, bin_dir: str = ""
+) -> None:
+    run_slurm(
+        "scontrol",
+        ["update", f"jobid={int(job_id)}", f"comment={format_reason(comment)}"],
+        timeout=timeout,
+        env=env,
+        bin_dir=bin_dir,
+    )
 
 
-def cancel_job(job_id: int, *, timeout: float, env: Env = None, bin_dir: str = "", user: str = "") -> None:
+def cancel_job(
+    job_id: int, *, timeout: float, env: Env = None, bin_dir: str = "", user: str = ""
+) -> None:
     """`scancel JOB`, as `user` when given (the job's owner cancelling it), else as this process."""
-    run_slurm("scancel", [str(int(job_id))], timeout=timeout, env=env, bin_dir=bin_dir, as_user=user)
+    run_slurm(
+        "scancel", [str(int(job_id))], timeout=timeout, env=env, bin_dir=bin_dir, as_user=user
+    )
 
 
-def submit_batch(script: str, args: Sequence[str] = (), *, timeout: float, env: Env = None,
-                 bin_dir: str = "", user: str = "") -> int:
+def submit_batch(
+    script: str,
+    args: Sequence[str] = (),
+    *,
+    timeout: float,
+    env: Env = None,
+    bin_dir: str = "",
+    user: str = "",
+) -> int:
     """Submit a batch script given as text; returns the job id (`sbatch --parsable`). With `user`
     (root only) the job is that user's, submitted with its own credentials."""
-    res = run_slurm("sbatch", ["--parsable", *args], timeout=timeout, env=env, bin_dir=bin_dir,
-                    input_text=script, as_user=user)
+    res = run_slurm(
+        "sbatch",
+        ["--parsable", *args],
+        timeout=timeout,
+        env=env,
+        bin_dir=bin_dir,
+        input_text=script,
+        as_user=user,
+    )
     try:
         return int(res.stdout.strip().split(";")[0])
     except ValueError:
-        raise SlurmError("sbatch printed no job id", argv=res.argv, stderr=res.stdout + res.stderr) from None
+        raise SlurmError(
+            "sbatch printed no job id", argv=res.argv, stderr=res.stdout + res.stderr
+        ) from None

@@ -18,21 +18,32 @@ _INT_TEXT = re.compile(r"-?[0-9]+")  # not str.isdigit: it accepts '²', which i
 # after one space and seven more: put the lines back together and drop the stamp
 _REASON_STAMP = re.compile(r" \[[^\[\]\s]+@[^\[\]\s]+\](?=$| {8})")
 
-FINISHED_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
-                             "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"})
+FINISHED_STATES = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "PREEMPTED",
+        "OUT_OF_MEMORY",
+        "BOOT_FAIL",
+        "DEADLINE",
+    }
+)
 
 
 @dataclass(frozen=True)
 class JobInfo:
     job_id: int
     name: str
-    state: str                      # RUNNING, PENDING, COMPLETED, ...
-    nodes: tuple[str, ...]          # expanded
+    state: str  # RUNNING, PENDING, COMPLETED, ...
+    nodes: tuple[str, ...]  # expanded
     batch_host: str
     excluded_nodes: tuple[str, ...]
     restart_count: int
     requeue: bool
-    exit_code: int                  # raw wait status as Slurm reports it
+    exit_code: int  # raw wait status as Slurm reports it
     comment: str
     user_id: int
     reason: str = ""
@@ -45,8 +56,8 @@ class JobInfo:
 @dataclass(frozen=True)
 class NodeInfo:
     name: str
-    state: str                      # base state: IDLE, ALLOCATED, MIXED, DOWN, ...
-    flags: tuple[str, ...]          # DRAIN, COMPLETING, NOT_RESPONDING, ...
+    state: str  # base state: IDLE, ALLOCATED, MIXED, DOWN, ...
+    flags: tuple[str, ...]  # DRAIN, COMPLETING, NOT_RESPONDING, ...
     reason: str
     hostname: str
     address: str
@@ -68,7 +79,9 @@ def _load_json(text: str, what: str) -> Mapping[str, Any]:
     try:
         data = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as exc:  # RecursionError: nested too deeply
-        raise SlurmError(f"{what}: output is not JSON ({exc}); first bytes: {text[:200]!r}") from None
+        raise SlurmError(
+            f"{what}: output is not JSON ({exc}); first bytes: {text[:200]!r}"
+        ) from None
     if not isinstance(data, dict):
         raise SlurmError(f"{what}: expected a JSON object, got {type(data).__name__}")
     errors = data.get("errors") or []
@@ -124,20 +137,22 @@ def parse_squeue_json(text: str) -> list[JobInfo]:
         if not isinstance(j, Mapping):
             continue
         state, _ = _state(j.get("job_state"))
-        out.append(JobInfo(
-            job_id=_int(j.get("job_id")),
-            name=_str(j.get("name")),
-            state=state,
-            nodes=tuple(expand_hostlist(_str(j.get("nodes")))),
-            batch_host=_str(j.get("batch_host")),
-            excluded_nodes=tuple(expand_hostlist(_str(j.get("excluded_nodes")))),
-            restart_count=_int(j.get("restart_cnt")),
-            requeue=bool(j.get("requeue", True)),
-            exit_code=_wait_status(j.get("exit_code")),
-            comment=_str(j.get("comment")),
-            user_id=_int(j.get("user_id"), -1),
-            reason=_str(j.get("state_reason")),
-        ))
+        out.append(
+            JobInfo(
+                job_id=_int(j.get("job_id")),
+                name=_str(j.get("name")),
+                state=state,
+                nodes=tuple(expand_hostlist(_str(j.get("nodes")))),
+                batch_host=_str(j.get("batch_host")),
+                excluded_nodes=tuple(expand_hostlist(_str(j.get("excluded_nodes")))),
+                restart_count=_int(j.get("restart_cnt")),
+                requeue=bool(j.get("requeue", True)),
+                exit_code=_wait_status(j.get("exit_code")),
+                comment=_str(j.get("comment")),
+                user_id=_int(j.get("user_id"), -1),
+                reason=_str(j.get("state_reason")),
+            )
+        )
     return out
 
 
@@ -158,7 +173,11 @@ def parse_sinfo_json(text: str, what: str = "sinfo --json") -> list[NodeInfo]:
     data = _load_json(text, what)
     nodes = data.get("nodes")
     if not isinstance(nodes, list):
-        hint = " (from 23.02 on the per-node listing is `scontrol show node --json`)" if "sinfo" in data else ""
+        hint = (
+            " (from 23.02 on the per-node listing is `scontrol show node --json`)"
+            if "sinfo" in data
+            else ""
+        )
         raise SlurmError(f"{what}: no 'nodes' list in the output{hint}")
     out = []
     for n in nodes:
@@ -168,15 +187,23 @@ def parse_sinfo_json(text: str, what: str = "sinfo --json") -> list[NodeInfo]:
         raw_flags = n.get("state_flags")
         raw_flags = raw_flags if isinstance(raw_flags, list) else [raw_flags] if raw_flags else []
         flags = tuple(_str(f).upper() for f in raw_flags) + extra
-        out.append(NodeInfo(name=_str(n.get("name")), state=state, flags=flags,
-                            reason=_str(n.get("reason")), hostname=_str(n.get("hostname")),
-                            address=_str(n.get("address"))))
+        out.append(
+            NodeInfo(
+                name=_str(n.get("name")),
+                state=state,
+                flags=flags,
+                reason=_str(n.get("reason")),
+                hostname=_str(n.get("hostname")),
+                address=_str(n.get("address")),
+            )
+        )
     return out
 
 
 # `scontrol show ... -o`: one record per line, `Key=Value` pairs separated by spaces; values may
 # contain spaces only in a few known trailing keys (Reason=, Comment=, Command=...), which Slurm
 # prints last or which run until the next known `Key=`.
+
 
 def parse_scontrol_oneliner(line: str) -> dict[str, str]:
     """One `key=value` line into a dict; a value runs until the next ` Key=` token."""
@@ -185,9 +212,13 @@ def parse_scontrol_oneliner(line: str) -> dict[str, str]:
     key = None
     for tok in tokens:
         eq = tok.find("=")
-        if eq > 0 and tok[:eq].replace("_", "").replace(":", "").replace("/", "").isalnum() and tok[0].isupper():
+        if (
+            eq > 0
+            and tok[:eq].replace("_", "").replace(":", "").replace("/", "").isalnum()
+            and tok[0].isupper()
+        ):
             key = tok[:eq]
-            out[key] = tok[eq + 1:]
+            out[key] = tok[eq + 1 :]
         elif key is not None:
             out[key] += " " + tok
     return out
@@ -206,20 +237,26 @@ def parse_scontrol_job(text: str) -> list[JobInfo]:
         except ValueError:
             code, sig = 0, 0
         nodelist = kv.get("NodeList", "")
-        out.append(JobInfo(
-            job_id=_int(kv.get("JobId")),
-            name=kv.get("JobName", ""),
-            state=state,
-            nodes=tuple(expand_hostlist("" if nodelist in ("(null)", "") else nodelist)),
-            batch_host=kv.get("BatchHost", ""),
-            excluded_nodes=tuple(expand_hostlist("" if kv.get("ExcNodeList", "(null)") == "(null)" else kv["ExcNodeList"])),
-            restart_count=_int(kv.get("Restarts")),
-            requeue=kv.get("Requeue", "1") == "1",
-            exit_code=(code << 8) | sig,
-            comment="" if kv.get("Comment", "(null)") == "(null)" else kv.get("Comment", ""),
-            user_id=_int(kv.get("UserId", "").split("(")[-1].rstrip(")"), -1),
-            reason=kv.get("Reason", ""),
-        ))
+        out.append(
+            JobInfo(
+                job_id=_int(kv.get("JobId")),
+                name=kv.get("JobName", ""),
+                state=state,
+                nodes=tuple(expand_hostlist("" if nodelist in ("(null)", "") else nodelist)),
+                batch_host=kv.get("BatchHost", ""),
+                excluded_nodes=tuple(
+                    expand_hostlist(
+                        "" if kv.get("ExcNodeList", "(null)") == "(null)" else kv["ExcNodeList"]
+                    )
+                ),
+                restart_count=_int(kv.get("Restarts")),
+                requeue=kv.get("Requeue", "1") == "1",
+                exit_code=(code << 8) | sig,
+                comment="" if kv.get("Comment", "(null)") == "(null)" else kv.get("Comment", ""),
+                user_id=_int(kv.get("UserId", "").split("(")[-1].rstrip(")"), -1),
+                reason=kv.get("Reason", ""),
+            )
+        )
     return out
 
 
@@ -231,9 +268,16 @@ def parse_scontrol_node(text: str) -> list[NodeInfo]:
         kv = parse_scontrol_oneliner(line)
         parts = kv.get("State", "UNKNOWN").upper().split("+")
         reason = _scontrol_reason(kv.get("Reason", ""))
-        out.append(NodeInfo(name=kv.get("NodeName", ""), state=parts[0], flags=tuple(parts[1:]),
-                            reason="" if reason == "(null)" else reason,
-                            hostname=kv.get("NodeHostName", ""), address=kv.get("NodeAddr", "")))
+        out.append(
+            NodeInfo(
+                name=kv.get("NodeName", ""),
+                state=parts[0],
+                flags=tuple(parts[1:]),
+                reason="" if reason == "(null)" else reason,
+                hostname=kv.get("NodeHostName", ""),
+                address=kv.get("NodeAddr", ""),
+            )
+        )
     return out
 
 
@@ -242,7 +286,7 @@ def _scontrol_reason(text: str) -> str:
     m = _REASON_STAMP.search(text)
     if not m:
         return text
-    first, rest = text[:m.start()], text[m.end():]
+    first, rest = text[: m.start()], text[m.end() :]
     return "\n".join([first, *rest.split(" " * 8)[1:]])  # rest is empty or starts with the 8 spaces
 
 
@@ -250,5 +294,3 @@ def format_reason(reason: str, *, limit: int = 1000) -> str:
     """A drain reason safe to pass as one argv element: printable, one line, bounded."""
     clean = "".join(ch if ch.isprintable() else " " for ch in reason).replace("\n", " ")
     return clean[:limit]
-
-

@@ -24,15 +24,19 @@ _VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
 @dataclass(frozen=True)
 class Dialect:
     release: tuple[int, int]
-    nodes_json: tuple[str, tuple[str, ...]]   # (command, args) printing {"nodes": [...]}, one per node
-    scontrol_json: bool                       # `scontrol show ... --json` exists
+    nodes_json: tuple[
+        str, tuple[str, ...]
+    ]  # (command, args) printing {"nodes": [...]}, one per node
+    scontrol_json: bool  # `scontrol show ... --json` exists
 
 
 def dialect_of(version_text: str) -> Dialect:
     """The dialect of the release `sinfo --version` printed ("slurm-wlm 22.05.8", "slurm 24.11.5")."""
     m = _VERSION.search(version_text)
     if not m:
-        raise SlurmError(f"cannot read a Slurm release from `sinfo --version`: {version_text.strip()[:200]!r}")
+        raise SlurmError(
+            f"cannot read a Slurm release from `sinfo --version`: {version_text.strip()[:200]!r}"
+        )
     release = (int(m.group(1)), int(m.group(2)))
     if release < (23, 2):
         return Dialect(release, ("sinfo", ("--json",)), scontrol_json=False)
@@ -46,6 +50,7 @@ def dialect(env: Mapping[str, str] | None, bin_dir: str = "", *, timeout: float)
     """The dialect of the Slurm that `env` (SLURM_CONF, SCOUT_SLURM_ROOT) and `bin_dir` reach: one
     `sinfo --version` per process and Slurm."""
     from scout_slurm.slurm.door import SLURM_ROOT_ENV, run_slurm
+
     e = env if env is not None else os.environ
     key = (e.get(SLURM_ROOT_ENV, ""), bin_dir, e.get("SLURM_CONF", ""))
     if key not in _known:

@@ -27,7 +27,7 @@ def storage_errno(exc: BaseException) -> int | None:
 
 @dataclass
 class EvidenceHealth:
-    policy: str            # "fail" or "warn"
+    policy: str  # "fail" or "warn"
     grace_s: float
     failing_since: float | None = None
     last_logged: float | None = None
@@ -57,12 +57,21 @@ class EvidenceHealth:
         return 0.0 if self.failing_since is None else now - self.failing_since
 
     def should_end_job(self, now: float) -> bool:
-        return self.policy == "fail" and self.failing_since is not None and self.lost_for(now) >= self.grace_s
+        return (
+            self.policy == "fail"
+            and self.failing_since is not None
+            and self.lost_for(now) >= self.grace_s
+        )
 
     def message(self, now: float) -> str:
-        then = ("the job will be ended" if self.policy == "fail" else
-                "the job goes on ([watchdog] on_evidence_loss = \"warn\")")
-        return (f"SCOUT CANNOT WRITE EVIDENCE for {self.lost_for(now):.0f} s ({self.failures} failed writes; last: "
-                f"{self.last_path}: {self.last_error}). A failure of this job could not be localised. Free space on "
-                f"the evidence file system or fix its permissions; after {self.grace_s:.0f} s without evidence "
-                f"{then}.")
+        then = (
+            "the job will be ended"
+            if self.policy == "fail"
+            else 'the job goes on ([watchdog] on_evidence_loss = "warn")'
+        )
+        return (
+            f"SCOUT CANNOT WRITE EVIDENCE for {self.lost_for(now):.0f} s ({self.failures} failed writes; last: "
+            f"{self.last_path}: {self.last_error}). A failure of this job could not be localised. Free space on "
+            f"the evidence file system or fix its permissions; after {self.grace_s:.0f} s without evidence "
+            f"{then}."
+        )

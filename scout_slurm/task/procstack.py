@@ -12,8 +12,16 @@ import os
 import shutil
 import subprocess
 
-STATES = {"R": "running", "S": "sleeping", "D": "uninterruptible sleep (disk)", "T": "stopped", "t": "traced",
-          "Z": "zombie", "X": "dead", "I": "idle"}
+STATES = {
+    "R": "running",
+    "S": "sleeping",
+    "D": "uninterruptible sleep (disk)",
+    "T": "stopped",
+    "t": "traced",
+    "Z": "zombie",
+    "X": "dead",
+    "I": "idle",
+}
 MAX_THREADS = 64
 PY_SPY_TIMEOUT_S = 10.0
 
@@ -52,7 +60,7 @@ def describe_process(pid: int, *, py_spy: bool = True) -> list[str]:
             tstate = _state(_read(t + "/stat"))
             wchan = _read(t + "/wchan").strip() or "0"
         except OSError:
-            continue   # the thread ended meanwhile
+            continue  # the thread ended meanwhile
         lines.append(f"  thread {tid} {comm!r}: state {tstate}, wchan {wchan}")
         try:
             kstack = [ln.strip() for ln in _read(t + "/stack").splitlines() if ln.strip()]
@@ -68,10 +76,16 @@ def describe_process(pid: int, *, py_spy: bool = True) -> list[str]:
         lines.append("  py-spy: not run (the process is stopped: it would print nothing)")
     else:
         try:
-            res = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True,
-                                 timeout=PY_SPY_TIMEOUT_S)
+            res = subprocess.run(
+                [exe, "dump", "--pid", str(pid)],
+                capture_output=True,
+                text=True,
+                timeout=PY_SPY_TIMEOUT_S,
+            )
             out = (res.stdout or res.stderr).strip().splitlines()
-            lines += [f"  py-spy: {ln}" for ln in out[:400]] or [f"  py-spy: no output (exit {res.returncode})"]
+            lines += [f"  py-spy: {ln}" for ln in out[:400]] or [
+                f"  py-spy: no output (exit {res.returncode})"
+            ]
         except (OSError, subprocess.TimeoutExpired) as exc:
             lines.append(f"  py-spy failed: {exc}")
     return lines

@@ -27,15 +27,36 @@ RING = 64
 # cur_op, cur_nbytes, opt_steps, pg_seq, last_change_ns, last_step_ns
 _HEADER = struct.Struct("<IIQqiiIQQIIQQqQQ")
 _ENTRY = struct.Struct("<QIIQQQ")  # seq, op, group_size, nbytes, entered_ns, left_ns
-_GEN = struct.Struct("<Q")         # the seqlock generation (offset 8); also an entry's left_ns (its last field)
+_GEN = struct.Struct(
+    "<Q"
+)  # the seqlock generation (offset 8); also an entry's left_ns (its last field)
 _LEFT_AT = _ENTRY.size - 8
 SIZE = _HEADER.size + RING * _ENTRY.size
 
-OPS = ("none", "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-       "reduce_scatter_tensor", "barrier", "all_to_all", "all_to_all_single", "reduce", "gather",
-       "scatter", "send", "recv", "all_gather_object", "broadcast_object_list", "ddp_bucket_all_reduce",
-       "other", "scout_vote",  # scout_vote: scout's own collectives on its side group (votes, replay; peers wait there)
-       "all_gather_single", "reduce_scatter_single")  # FSDP2's on torch 2.13 (appended: codes stay as written)
+OPS = (
+    "none",
+    "all_reduce",
+    "broadcast",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "barrier",
+    "all_to_all",
+    "all_to_all_single",
+    "reduce",
+    "gather",
+    "scatter",
+    "send",
+    "recv",
+    "all_gather_object",
+    "broadcast_object_list",
+    "ddp_bucket_all_reduce",
+    "other",
+    "scout_vote",  # scout_vote: scout's own collectives on its side group (votes, replay; peers wait there)
+    "all_gather_single",
+    "reduce_scatter_single",
+)  # FSDP2's on torch 2.13 (appended: codes stay as written)
 OP_CODES = {name: i for i, name in enumerate(OPS)}
 _OTHER = OP_CODES["other"]
 FLAG_ACTIVE = 1
@@ -63,7 +84,9 @@ class ProgressView:
     last_step_ns: int
     recent: tuple[CollectiveEntry, ...]
     busy: bool = False  # FLAG_BUSY: inside a checkpoint save or load
-    entered_init: bool = False  # FLAG_INIT: the process called init_process_group (it may still wait there)
+    entered_init: bool = (
+        False  # FLAG_INIT: the process called init_process_group (it may still wait there)
+    )
 
     @property
     def position(self) -> tuple[int, int, int]:
@@ -111,7 +134,7 @@ def _mark_init(path: Path) -> None:
         if h[0] != MAGIC or h[1] != VERSION or h[3] > 0 or h[2] % 2:
             return  # not a record, or a writer owns it (it set FLAG_INIT itself)
         gen = h[2]
-        _GEN.pack_into(buf, 8, gen + 1)   # odd while the header changes (readers retry)
+        _GEN.pack_into(buf, 8, gen + 1)  # odd while the header changes (readers retry)
         h[2], h[6], h[14] = gen + 1, h[6] | FLAG_INIT, time.monotonic_ns()
         _HEADER.pack_into(buf, 0, *h)
         _GEN.pack_into(buf, 8, gen + 2)
@@ -162,9 +185,26 @@ class ProgressWriter:
         self._gen += 1
         odd = self._gen * 2 - 1
         _GEN.pack_into(self._buf, 8, odd)
-        _HEADER.pack_into(self._buf, 0, MAGIC, VERSION, odd, self._pid, self._rank, self._world,
-                          self._flags, self._entered, self._completed, self._in, self._op, self._nbytes,
-                          self._steps, self._pg_seq, self._last_change, self._last_step)
+        _HEADER.pack_into(
+            self._buf,
+            0,
+            MAGIC,
+            VERSION,
+            odd,
+            self._pid,
+            self._rank,
+            self._world,
+            self._flags,
+            self._entered,
+            self._completed,
+            self._in,
+            self._op,
+            self._nbytes,
+            self._steps,
+            self._pg_seq,
+            self._last_change,
+            self._last_step,
+        )
         _GEN.pack_into(self._buf, 8, odd + 1)
 
     def enter(self, op: str, nbytes: int, group_size: int, pg_seq: int = -1) -> int:
@@ -185,7 +225,16 @@ class ProgressWriter:
                 self._pg_seq = pg_seq
             self._last_change = now
             _GEN.pack_into(self._buf, 8, self._gen * 2 + 1)  # odd before the ring entry changes too
-            _ENTRY.pack_into(self._buf, _HEADER.size + (seq % RING) * _ENTRY.size, seq, code, group_size, nbytes, now, 0)
+            _ENTRY.pack_into(
+                self._buf,
+                _HEADER.size + (seq % RING) * _ENTRY.size,
+                seq,
+                code,
+                group_size,
+                nbytes,
+                now,
+                0,
+            )
             self._write_header()
         return seq
 
@@ -200,9 +249,13 @@ class ProgressWriter:
             self._in = max(0, self._in - len(seqs))
             self._last_change = now
             for seq in seqs:
-                if seq > self._entered - RING:  # its ring entry is still its own: only its left_ns changes
+                if (
+                    seq > self._entered - RING
+                ):  # its ring entry is still its own: only its left_ns changes
                     _GEN.pack_into(self._buf, 8, self._gen * 2 + 1)
-                    _GEN.pack_into(self._buf, _HEADER.size + (seq % RING) * _ENTRY.size + _LEFT_AT, now)
+                    _GEN.pack_into(
+                        self._buf, _HEADER.size + (seq % RING) * _ENTRY.size + _LEFT_AT, now
+                    )
             if self._in == 0:
                 self._op = 0
                 self._nbytes = 0
@@ -301,17 +354,54 @@ def read(path: Path, *, retries: int = 100) -> ProgressView | None:
                 return None
     except OSError:
         return None
-    (_, _, _, pid, rank, world, flags, entered, completed, in_coll, op, nbytes, steps, pg_seq,
-     last_change, last_step) = h
+    (
+        _,
+        _,
+        _,
+        pid,
+        rank,
+        world,
+        flags,
+        entered,
+        completed,
+        in_coll,
+        op,
+        nbytes,
+        steps,
+        pg_seq,
+        last_change,
+        last_step,
+    ) = h
     entries = []
     for i in range(RING):
         seq, code, gsize, nb, ent, left = _ENTRY.unpack_from(data, _HEADER.size + i * _ENTRY.size)
         if seq and seq > entered - RING:
-            entries.append(CollectiveEntry(seq=seq, op=OPS[code] if code < len(OPS) else "other",
-                                           nbytes=nb, group_size=gsize, entered_ns=ent, left_ns=left))
+            entries.append(
+                CollectiveEntry(
+                    seq=seq,
+                    op=OPS[code] if code < len(OPS) else "other",
+                    nbytes=nb,
+                    group_size=gsize,
+                    entered_ns=ent,
+                    left_ns=left,
+                )
+            )
     entries.sort(key=lambda e: e.seq)
-    return ProgressView(pid=pid, rank=rank, world_size=world, active=bool(flags & FLAG_ACTIVE),
-                        coll_entered=entered, coll_completed=completed, in_collective=in_coll > 0,
-                        current_op=OPS[op] if op < len(OPS) else "other", current_nbytes=nbytes,
-                        opt_steps=steps, pg_seq=pg_seq, last_change_ns=last_change, last_step_ns=last_step,
-                        recent=tuple(entries), busy=bool(flags & FLAG_BUSY), entered_init=bool(flags & FLAG_INIT))
+    return ProgressView(
+        pid=pid,
+        rank=rank,
+        world_size=world,
+        active=bool(flags & FLAG_ACTIVE),
+        coll_entered=entered,
+        coll_completed=completed,
+        in_collective=in_coll > 0,
+        current_op=OPS[op] if op < len(OPS) else "other",
+        current_nbytes=nbytes,
+        opt_steps=steps,
+        pg_seq=pg_seq,
+        last_change_ns=last_change,
+        last_step_ns=last_step,
+        recent=tuple(entries),
+        busy=bool(flags & FLAG_BUSY),
+        entered_init=bool(flags & FLAG_INIT),
+    )

@@ -26,14 +26,18 @@ def is_watchful(*, idle_s: float, threshold_s: float, state: ChildState) -> bool
 
 def published_watchful(snapshot: ProgressSnapshot) -> bool:
     """Was this snapshot published at the fast rate (the same rule, read back from the record)?"""
-    return is_watchful(idle_s=snapshot.idle_s, threshold_s=snapshot.threshold_s, state=snapshot.child_state)
+    return is_watchful(
+        idle_s=snapshot.idle_s, threshold_s=snapshot.threshold_s, state=snapshot.child_state
+    )
 
 
 def next_interval(any_watchful: bool, *, fast_s: float, steady_s: float) -> float:
     return fast_s if any_watchful else max(fast_s, steady_s)
 
 
-def silent_after(last: ProgressSnapshot, *, confirm_s: float, fast_s: float, steady_s: float) -> float:
+def silent_after(
+    last: ProgressSnapshot, *, confirm_s: float, fast_s: float, steady_s: float
+) -> float:
     """Seconds without a new publication after which a peer whose last snapshot is `last` is
     taken for gone."""
     return confirm_s if published_watchful(last) else confirm_s + max(fast_s, steady_s)

@@ -60,11 +60,16 @@ def own_address() -> str:
         return "127.0.0.1"
 
 
-def torch_environment(ctx: TaskContext, environ: Mapping[str, str], *, master_addr: str) -> dict[str, str]:
+def torch_environment(
+    ctx: TaskContext, environ: Mapping[str, str], *, master_addr: str
+) -> dict[str, str]:
     """The variables torch.distributed reads, unless the caller set them already (pure)."""
     wanted = {
-        "RANK": str(ctx.rank), "WORLD_SIZE": str(ctx.world_size), "LOCAL_RANK": str(ctx.local_rank),
-        "LOCAL_WORLD_SIZE": str(ctx.local_world_size), "MASTER_ADDR": master_addr,
+        "RANK": str(ctx.rank),
+        "WORLD_SIZE": str(ctx.world_size),
+        "LOCAL_RANK": str(ctx.local_rank),
+        "LOCAL_WORLD_SIZE": str(ctx.local_world_size),
+        "MASTER_ADDR": master_addr,
         "MASTER_PORT": str(master_port(ctx.job_id, ctx.step_id)),
     }
     return {k: v for k, v in wanted.items() if not environ.get(k)}
@@ -83,8 +88,10 @@ def _wait_for_master(folder: JobFolder, ctx: TaskContext, timeout: float) -> str
             except ScoutError:
                 pass
         time.sleep(0.1)
-    raise ScoutError(f"rank 0 did not publish its address in {path} within {timeout:.0f} s; "
-                     "set MASTER_ADDR yourself or check the evidence folder is shared")
+    raise ScoutError(
+        f"rank 0 did not publish its address in {path} within {timeout:.0f} s; "
+        "set MASTER_ADDR yourself or check the evidence folder is shared"
+    )
 
 
 def is_torchrun(command: Sequence[str]) -> bool:
@@ -92,27 +99,38 @@ def is_torchrun(command: Sequence[str]) -> bool:
     words = [os.path.basename(w) for w in command[:4]]
     if words and words[0] == "torchrun":
         return True
-    return len(words) >= 3 and words[0].startswith("python") and words[1] == "-m" and \
-        words[2] in ("torch.distributed.run", "torch.distributed.launch")
+    return (
+        len(words) >= 3
+        and words[0].startswith("python")
+        and words[1] == "-m"
+        and words[2] in ("torch.distributed.run", "torch.distributed.launch")
+    )
 
 
 def parse_args(argv: Sequence[str]) -> list[str]:
     argv = list(argv)
     if "--" in argv:
-        argv = argv[argv.index("--") + 1:]
+        argv = argv[argv.index("--") + 1 :]
     if not argv:
         raise ScoutError("scout-task: no command given; usage: scout-task -- COMMAND [ARGS...]")
     return argv
 
 
 def prepare_dirs(folder: JobFolder, restart: int) -> None:
-    for d in (folder.ranks_dir(restart), folder.progress_dir(restart), folder.findings_dir(restart),
-              folder.stacks_dir(restart), folder.checkpoints_dir):
+    for d in (
+        folder.ranks_dir(restart),
+        folder.progress_dir(restart),
+        folder.findings_dir(restart),
+        folder.stacks_dir(restart),
+        folder.checkpoints_dir,
+    ):
         try:
             d.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise ScoutError(f"cannot create the evidence folder {d} ({exc.strerror}): the site's Prolog lays it "
-                             "out; check SCOUT_CONFIG names the site's config") from None
+            raise ScoutError(
+                f"cannot create the evidence folder {d} ({exc.strerror}): the site's Prolog lays it "
+                "out; check SCOUT_CONFIG names the site's config"
+            ) from None
 
 
 def unprepared(folder: JobFolder, restart: int) -> str:
@@ -120,13 +138,16 @@ def unprepared(folder: JobFolder, restart: int) -> str:
     this job's folder under this root: a root-owned job folder holding `nodes/` and this run's folder
     (a job cannot make a folder root's). Reads metadata only."""
     import stat as stat_mod
+
     if not folder.root.is_dir():
         return f"the evidence root {folder.root} does not exist on this node"
     try:
         st = os.lstat(folder.path)
     except OSError:
-        return (f"no Prolog laid out {folder.path}: scout's Prolog is not the site's Prolog on this cluster, "
-                "or the site's hooks use another config and evidence root than this job")
+        return (
+            f"no Prolog laid out {folder.path}: scout's Prolog is not the site's Prolog on this cluster, "
+            "or the site's hooks use another config and evidence root than this job"
+        )
     if not stat_mod.S_ISDIR(st.st_mode) or st.st_uid != 0:
         return f"{folder.path} is not a root-owned folder: the site's Prolog did not make it"
     if not folder.run_dir(restart).is_dir() or not folder.nodes_dir.is_dir():
@@ -139,11 +160,17 @@ def _warn_unprepared(why: str, ctx: TaskContext, environ: Mapping[str, str], roo
     if ctx.local_rank != 0:
         return
     from scout_slurm.config import CONFIG_ENV, DEFAULT_CONFIG_PATH
-    config = environ.get(CONFIG_ENV) or f"{DEFAULT_CONFIG_PATH} (the default; {CONFIG_ENV} is not set)"
-    print(f"scout: WARNING on {ctx.node}: the site's hooks will not see this job's evidence: {why}. "
-          f"This job's config: {config}; its evidence root: {root}. The job runs, but a failure will not be "
-          "localised, nor its node drained, nor the job requeued. Ask your site which SCOUT_CONFIG to use.",
-          file=sys.stderr, flush=True)
+
+    config = (
+        environ.get(CONFIG_ENV) or f"{DEFAULT_CONFIG_PATH} (the default; {CONFIG_ENV} is not set)"
+    )
+    print(
+        f"scout: WARNING on {ctx.node}: the site's hooks will not see this job's evidence: {why}. "
+        f"This job's config: {config}; its evidence root: {root}. The job runs, but a failure will not be "
+        "localised, nor its node drained, nor the job requeued. Ask your site which SCOUT_CONFIG to use.",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _every(k: int, name: str, problems: Sequence[Problem]) -> str:
@@ -159,11 +186,13 @@ def banner(ctx: TaskContext, cfg: SiteConfig, environ: Mapping[str, str], folder
     will use torch.distributed, so it promises only the exit watch; what else is on is said by
     `init_banner`, once rank 0 enters init_process_group. A program that never does (data
     preparation, an evaluation script) shows this line alone."""
-    return (f"scout: watching job {ctx.job_id} (run {ctx.restart}, {ctx.world_size} ranks): each task's exit; "
-            "a task whose process never calls torch.distributed's init_process_group is watched for its exit "
-            "only and never called stalled (stall watch, state votes, replay and timing votes start in a "
-            "process that calls it: a second line says what is on when rank 0 does); "
-            f"evidence in {folder.run_dir(ctx.restart)} (scout's own log: ranks/log-<rank>.jsonl)")
+    return (
+        f"scout: watching job {ctx.job_id} (run {ctx.restart}, {ctx.world_size} ranks): each task's exit; "
+        "a task whose process never calls torch.distributed's init_process_group is watched for its exit "
+        "only and never called stalled (stall watch, state votes, replay and timing votes start in a "
+        "process that calls it: a second line says what is on when rank 0 does); "
+        f"evidence in {folder.run_dir(ctx.restart)} (scout's own log: ranks/log-<rank>.jsonl)"
+    )
 
 
 def init_banner(ctx: TaskContext, cfg: SiteConfig, environ: Mapping[str, str]) -> str:
@@ -175,10 +204,12 @@ def init_banner(ctx: TaskContext, cfg: SiteConfig, environ: Mapping[str, str]) -
     replay = _every(job.replay_every, "SCOUT_REPLAY_EVERY", problems)
     timing = _every(job.timing.every, "SCOUT_TIMING_EVERY", problems)
     w = cfg.watchdog
-    return (f"scout: job {ctx.job_id}, rank 0 entered init_process_group: a rank is called stalled after "
-            f"max({w.stall_floor_s:g} s, {w.stall_factor:g} x its step time) without progress (before its first "
-            f"optimizer step: the start-up limit, {w.startup_grace_s:g} s; a rank not yet at init_process_group "
-            f"only once a peer waits there); state votes {votes}; in-situ replay {replay}; timing votes {timing}")
+    return (
+        f"scout: job {ctx.job_id}, rank 0 entered init_process_group: a rank is called stalled after "
+        f"max({w.stall_floor_s:g} s, {w.stall_factor:g} x its step time) without progress (before its first "
+        f"optimizer step: the start-up limit, {w.startup_grace_s:g} s; a rank not yet at init_process_group "
+        f"only once a peer waits there); state votes {votes}; in-situ replay {replay}; timing votes {timing}"
+    )
 
 
 def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
@@ -191,13 +222,18 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         _warn_unprepared(why, ctx, environ, cfg.evidence.root)
     prepare_dirs(folder, ctx.restart)
     # from here on, scout's own log goes to the evidence folder: the job's output is the user's
-    configure(TaskLog(folder.task_log_path(ctx.restart, ctx.rank)), json=True, level=level_from_env())
+    configure(
+        TaskLog(folder.task_log_path(ctx.restart, ctx.rank)), json=True, level=level_from_env()
+    )
     checks_on = settings_allow_start(ctx, cfg, environ)
     if checks_on is None:
         return exitcodes.WATCHDOG_FAILED
     if ctx.rank == 0 and not why and checks_on:
         print(banner(ctx, cfg, environ, folder), file=sys.stderr, flush=True)
-    shm = Path("/dev/shm") / f"scout-{ctx.cluster}-{ctx.job_id}-{ctx.restart}-{ctx.step_id}-{ctx.rank}"
+    shm = (
+        Path("/dev/shm")
+        / f"scout-{ctx.cluster}-{ctx.job_id}-{ctx.restart}-{ctx.step_id}-{ctx.rank}"
+    )
     shutil.rmtree(shm, ignore_errors=True)
     shm.mkdir(mode=0o700, parents=True)
     launcher = is_torchrun(command)
@@ -226,7 +262,9 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     env["SCOUT_PACKAGE_DIR"] = str(Path(scout_slurm.__file__).parent)
     env["SCOUT_RUN_DIR"] = str(folder.run_dir(ctx.restart))
     env["SCOUT_CHECKPOINTS_DIR"] = str(folder.checkpoints_dir)
-    env.setdefault("SCOUT_RESUME_MISMATCH", cfg.remediation.on_resume_mismatch)  # the job's own setting wins
+    env.setdefault(
+        "SCOUT_RESUME_MISMATCH", cfg.remediation.on_resume_mismatch
+    )  # the job's own setting wins
     # in-job checks off (settings not valid, on_bad_setting = "disable"): no bootstrap; the watchdog still runs
     bootstrap = str(BOOTSTRAP_DIR) if checks_on else ""
     env["PYTHONPATH"] = os.pathsep.join(p for p in (bootstrap, environ.get("PYTHONPATH", "")) if p)
@@ -235,18 +273,32 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         env["SCOUT_RESUME_CHECKPOINT"] = resume
         env["SCOUT_STEP_OFFSET"] = str(offset)
 
-    place = RankPlace(job_id=ctx.job_id, restart=ctx.restart, rank=ctx.rank, local_rank=ctx.local_rank,
-                      world_size=ctx.world_size, node=ctx.node, hostname=socket.gethostname(),
-                      task_pid=os.getpid(), child_pid=0, gpu_uuids=(), cuda_visible_devices=ctx.cuda_visible_devices,
-                      nic="", master_addr=master if ctx.rank == 0 else "", master_port=int(env["MASTER_PORT"]),
-                      started_at=time.time(), step_offset=offset if resume else 0,
-                      launcher="torchrun" if launcher else "")
+    place = RankPlace(
+        job_id=ctx.job_id,
+        restart=ctx.restart,
+        rank=ctx.rank,
+        local_rank=ctx.local_rank,
+        world_size=ctx.world_size,
+        node=ctx.node,
+        hostname=socket.gethostname(),
+        task_pid=os.getpid(),
+        child_pid=0,
+        gpu_uuids=(),
+        cuda_visible_devices=ctx.cuda_visible_devices,
+        nic="",
+        master_addr=master if ctx.rank == 0 else "",
+        master_port=int(env["MASTER_PORT"]),
+        started_at=time.time(),
+        step_offset=offset if resume else 0,
+        launcher="torchrun" if launcher else "",
+    )
     place = _join_hardware_map(folder, place)
     write_record(folder.rank_place_path(ctx.restart, ctx.rank), place)
     if not launcher and ctx.local_rank == 0:
         _write_node_tasks(folder, ctx, environ)
 
     from scout_slurm.task.watchdog import Watchdog
+
     try:
         child = subprocess.Popen(command, env=env, stderr=subprocess.PIPE)
     except OSError as exc:
@@ -256,10 +308,21 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     pump = threading.Thread(target=_pump_stderr, args=(child, tail), daemon=True)
     pump.start()
     import dataclasses
-    write_record(folder.rank_place_path(ctx.restart, ctx.rank), dataclasses.replace(place, child_pid=child.pid))
+
+    write_record(
+        folder.rank_place_path(ctx.restart, ctx.rank),
+        dataclasses.replace(place, child_pid=child.pid),
+    )
     init_line = init_banner(ctx, cfg, environ) if ctx.rank == 0 and not why and checks_on else ""
-    watchdog = Watchdog(ctx=ctx, cfg=cfg.watchdog, folder=folder, child=child, shm_dir=shm, stderr_tail=tail,
-                        init_line=init_line)
+    watchdog = Watchdog(
+        ctx=ctx,
+        cfg=cfg.watchdog,
+        folder=folder,
+        child=child,
+        shm_dir=shm,
+        stderr_tail=tail,
+        init_line=init_line,
+    )
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, watchdog.on_signal)
     try:
@@ -270,19 +333,28 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     return code
 
 
-def settings_allow_start(ctx: TaskContext, cfg: SiteConfig, environ: Mapping[str, str]) -> bool | None:
+def settings_allow_start(
+    ctx: TaskContext, cfg: SiteConfig, environ: Mapping[str, str]
+) -> bool | None:
     """Validate the job's SCOUT_* settings (jobconfig's table) before the command starts. True: all
     valid; False: not valid, the job starts with scout's in-job checks off; None: not valid and the
     site's `[watchdog] on_bad_setting = "fail"`: the command must not start. Said loudly once (rank 0)
     in the job's output, and in every rank's own log."""
     _, problems = read_settings(environ, site_defaults(cfg))
     # which settings the job itself gave (the rest: the site's defaults, then scout's)
-    log.info("shim.job_settings", set_by_job=sorted(n for n in environ if n.startswith("SCOUT_")),
-             site_defaults=site_defaults(cfg))
+    log.info(
+        "shim.job_settings",
+        set_by_job=sorted(n for n in environ if n.startswith("SCOUT_")),
+        site_defaults=site_defaults(cfg),
+    )
     if not problems:
         return True
     fail = cfg.watchdog.on_bad_setting == "fail"
-    log.warning("shim.bad_settings", problems=[str(p) for p in problems], on_bad_setting=cfg.watchdog.on_bad_setting)
+    log.warning(
+        "shim.bad_settings",
+        problems=[str(p) for p in problems],
+        on_bad_setting=cfg.watchdog.on_bad_setting,
+    )
     if ctx.rank == 0:
         print(problems_message(problems, disabled=not fail), file=sys.stderr, flush=True)
     return None if fail else False
@@ -296,7 +368,12 @@ def node_tasks(ctx: TaskContext, environ: Mapping[str, str]) -> NodeTasks | None
         ranks = tuple(sorted({int(t) for t in text.split(",")}))
     except ValueError:
         return None
-    if ctx.rank not in ranks or len(ranks) > MAX_TASKS_PER_NODE or ranks[0] < 0 or ranks[-1] >= ctx.world_size:
+    if (
+        ctx.rank not in ranks
+        or len(ranks) > MAX_TASKS_PER_NODE
+        or ranks[0] < 0
+        or ranks[-1] >= ctx.world_size
+    ):
         return None
     return NodeTasks(job_id=ctx.job_id, restart=ctx.restart, node=ctx.node, ranks=ranks)
 
@@ -342,6 +419,7 @@ def _position(record: Path | None) -> int:
 def _resume_checkpoint(folder: JobFolder, restart: int) -> tuple[str, int]:
     """The checkpoint the controller chose for this run, and its step ("" when none)."""
     from scout_slurm.remediation.records import ResumeInstruction
+
     path = folder.resume_path(restart)
     if not path.exists():
         return "", 0
@@ -350,8 +428,12 @@ def _resume_checkpoint(folder: JobFolder, restart: int) -> tuple[str, int]:
         return r.checkpoint, max(0, r.step)
     except ScoutError as exc:
         log.warning("task.resume_unreadable", path=str(path), error=str(exc))
-        print(f"scout: WARNING: the resume instruction {path} is unreadable ({exc}); this run does not "
-              "resume from a checkpoint scout chose", file=sys.stderr, flush=True)
+        print(
+            f"scout: WARNING: the resume instruction {path} is unreadable ({exc}); this run does not "
+            "resume from a checkpoint scout chose",
+            file=sys.stderr,
+            flush=True,
+        )
         return "", 0
 
 

@@ -59,7 +59,9 @@ def may_decide(*, now: float, window_since: float, confirm_s: float, any_stalled
     return any_stalled and now - window_since >= confirm_s
 
 
-def next_sleep_s(*, now: float, poll_s: float, due: list[float], min_sleep_s: float = MIN_SLEEP_S) -> float:
+def next_sleep_s(
+    *, now: float, poll_s: float, due: list[float], min_sleep_s: float = MIN_SLEEP_S
+) -> float:
     """How long to sleep: the poll interval, or less when something becomes due sooner (`due`:
     monotonic moments: a rank's threshold, the window's end)."""
     upcoming = [t - now for t in due if t > now]
@@ -82,8 +84,15 @@ PHASE_TRAINING = "training"
 PHASE_CHECKPOINT = "checkpoint I/O"
 
 
-def idle_from(*, last_change: float, entered_init: bool, peer_at_init_since: float | None, now: float,
-              entered_collective: bool = True, peer_in_collective_since: float | None = None) -> float:
+def idle_from(
+    *,
+    last_change: float,
+    entered_init: bool,
+    peer_at_init_since: float | None,
+    now: float,
+    entered_collective: bool = True,
+    peer_in_collective_since: float | None = None,
+) -> float:
     """The moment from which a rank's idle time counts (idle = now - this).
 
     The start-up has two points every rank of a job step passes: init_process_group's rendezvous,
@@ -96,7 +105,9 @@ def idle_from(*, last_change: float, entered_init: bool, peer_at_init_since: flo
     if not entered_init:
         return now if peer_at_init_since is None else max(last_change, peer_at_init_since)
     if not entered_collective:
-        return now if peer_in_collective_since is None else max(last_change, peer_in_collective_since)
+        return (
+            now if peer_in_collective_since is None else max(last_change, peer_in_collective_since)
+        )
     return last_change
 
 
@@ -111,7 +122,9 @@ def phase(*, armed_: bool, busy: bool) -> str:
     return PHASE_CHECKPOINT if busy else PHASE_TRAINING
 
 
-def threshold_s(*, phase_: str, floor_s: float, factor: float, typical_step_s: float, startup_limit_s: float) -> float:
+def threshold_s(
+    *, phase_: str, floor_s: float, factor: float, typical_step_s: float, startup_limit_s: float
+) -> float:
     """Idle seconds after which a rank in `phase_` is stalled."""
     training = max(floor_s, factor * typical_step_s)
     if phase_ == PHASE_STARTUP:

@@ -37,17 +37,24 @@ def _rank_detail(s: ProgressSnapshot) -> str:
     return ", ".join(parts)
 
 
-def ending_line(decision: StallDecision, snapshots: Mapping[int, ProgressSnapshot], *, job_id: int,
-                world_size: int) -> str:
+def ending_line(
+    decision: StallDecision,
+    snapshots: Mapping[int, ProgressSnapshot],
+    *,
+    job_id: int,
+    world_size: int,
+) -> str:
     """The line, from the recorded decision and the snapshots it was decided on."""
     phase = "startup hang" if decision.phase == "startup" else f"{decision.kind.value} in training"
     evidence = f"see `scout show {job_id}` for the evidence (verdict, stacks, progress)"
     culprits = [r for r in decision.culprits]
     if not culprits:
         why = decision.reasoning[-1] if decision.reasoning else "no rank was behind"
-        return (f"scout: job {job_id}: every rank stopped making progress ({phase}) and no rank could be named "
-                f"({why}); scout ended all {world_size} ranks of this step (exit code {exitcodes.STALL_PEER}); "
-                f"{evidence}")
+        return (
+            f"scout: job {job_id}: every rank stopped making progress ({phase}) and no rank could be named "
+            f"({why}); scout ended all {world_size} ranks of this step (exit code {exitcodes.STALL_PEER}); "
+            f"{evidence}"
+        )
     first = culprits[0]
     snap = snapshots.get(first)
     named = f"rank {first} on {snap.node}" if snap is not None else f"rank {first}"
@@ -56,8 +63,15 @@ def ending_line(decision: StallDecision, snapshots: Mapping[int, ProgressSnapsho
     if len(culprits) > 1:
         also = f" (with rank(s) {', '.join(map(str, culprits[1:]))})"
     others = max(0, world_size - len(culprits))
-    ended = (f"scout ended it (exit code {exitcodes.STALL_CULPRIT}) and the step's other {others} rank(s) "
-             f"(exit code {exitcodes.STALL_PEER})") if len(culprits) == 1 else (
-             f"scout ended them (exit code {exitcodes.STALL_CULPRIT}) and the step's other {others} rank(s) "
-             f"(exit code {exitcodes.STALL_PEER})")
+    ended = (
+        (
+            f"scout ended it (exit code {exitcodes.STALL_CULPRIT}) and the step's other {others} rank(s) "
+            f"(exit code {exitcodes.STALL_PEER})"
+        )
+        if len(culprits) == 1
+        else (
+            f"scout ended them (exit code {exitcodes.STALL_CULPRIT}) and the step's other {others} rank(s) "
+            f"(exit code {exitcodes.STALL_PEER})"
+        )
+    )
     return f"scout: job {job_id}: {named} stalled first{also} ({detail}); {ended}; {evidence}"

@@ -20,14 +20,14 @@ EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(?:: .*|:)?")
 # torch.distributed's excepthook writes every line of an uncaught exception as "[rank3]: ...";
 # torchrun's --tee as "[default0]:..."
 PREFIX = re.compile(r"\[[^\]\s]{1,40}\]: ?")
-MAX_FRAME_LINES = 2000   # a traceback that never ends is given up (a frame line is indented)
+MAX_FRAME_LINES = 2000  # a traceback that never ends is given up (a frame line is indented)
 
 
 @dataclass(frozen=True)
 class ExceptionSeen:
-    line: str          # the final "Type: message" line, at most 500 characters
-    position: int      # the rank's collectives entered + completed when it was read; -1 unknown
-    at: float          # wall clock when it was read
+    line: str  # the final "Type: message" line, at most 500 characters
+    position: int  # the rank's collectives entered + completed when it was read; -1 unknown
+    at: float  # wall clock when it was read
 
 
 class TracebackReader:
@@ -44,7 +44,7 @@ class TracebackReader:
         """The exception line when `line` ends a traceback, else None."""
         prefix = PREFIX.match(line)
         if prefix is not None:
-            line = line[prefix.end():]
+            line = line[prefix.end() :]
         if line.startswith(TRACEBACK_START):
             self._inside, self._seen = True, 0
             return None
@@ -66,8 +66,13 @@ class StderrTail(deque):
     """The last `maxlen` lines (a deque, as the watchdog has always read it) and the last
     exception seen. `position` reads the rank's progress when an exception line arrives."""
 
-    def __init__(self, maxlen: int = 40, *, position: Callable[[], int] = lambda: -1,
-                 wall: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        maxlen: int = 40,
+        *,
+        position: Callable[[], int] = lambda: -1,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         super().__init__(maxlen=maxlen)
         self._reader = TracebackReader()
         self._position, self._wall = position, wall
@@ -92,4 +97,6 @@ class StderrTail(deque):
                 pos = self._position()
             except Exception:  # noqa: BLE001 - a record that cannot be read: position unknown
                 pos = -1
-            self.last_exception = ExceptionSeen(found, pos, self._wall())  # one assignment: read whole
+            self.last_exception = ExceptionSeen(
+                found, pos, self._wall()
+            )  # one assignment: read whole

@@ -27,9 +27,21 @@ from scout_slurm.config import WatchdogConfig
 from scout_slurm.errors import ScoutError
 from scout_slurm.evidence.history import HistoryWriter
 from scout_slurm.evidence.layout import JobFolder
-from scout_slurm.evidence.records import (ChildState, ExitRecord, Finding, FindingKind, ProgressSnapshot,
-                                          RendezvousMark, StallDecision)
-from scout_slurm.evidence.store import create_record_exclusive, list_records, read_record, write_record
+from scout_slurm.evidence.records import (
+    ChildState,
+    ExitRecord,
+    Finding,
+    FindingKind,
+    ProgressSnapshot,
+    RendezvousMark,
+    StallDecision,
+)
+from scout_slurm.evidence.store import (
+    create_record_exclusive,
+    list_records,
+    read_record,
+    write_record,
+)
 from scout_slurm.jobenv import TaskContext
 from scout_slurm.localise.stall import decide_stall
 from scout_slurm.log import get_logger
@@ -40,8 +52,12 @@ from scout_slurm.task.evidencehealth import EvidenceHealth, storage_errno
 
 log = get_logger("scout.watchdog")
 STACK_SIGNAL = signal.SIGRTMIN + 5  # the bootstrap registers faulthandler on it
-STDERR_DRAIN_S = 2.0  # how long the child's last stderr lines may take to reach the tail after it exited
-STACK_WAIT_S = 1.0   # how long a stack dump may take to appear before the process is read from outside
+STDERR_DRAIN_S = (
+    2.0  # how long the child's last stderr lines may take to reach the tail after it exited
+)
+STACK_WAIT_S = (
+    1.0  # how long a stack dump may take to appear before the process is read from outside
+)
 
 
 class WatchState(enum.Enum):
@@ -67,25 +83,32 @@ def proc_state(pid: int) -> ChildState:
         state = raw.rsplit(b")", 1)[1].split()[0].decode()
     except (OSError, IndexError):
         return ChildState.EXITED
-    return {"T": ChildState.STOPPED, "t": ChildState.STOPPED, "D": ChildState.DISK_SLEEP,
-            "Z": ChildState.EXITED, "X": ChildState.EXITED}.get(state, ChildState.RUNNING)
+    return {
+        "T": ChildState.STOPPED,
+        "t": ChildState.STOPPED,
+        "D": ChildState.DISK_SLEEP,
+        "Z": ChildState.EXITED,
+        "X": ChildState.EXITED,
+    }.get(state, ChildState.RUNNING)
 
 
 @dataclass
 class StartupPoint:
     """A point of the start-up every rank of a job step passes (init_process_group, the job's first
     collective), as one watchdog learnt it: `since`, when (its monotonic clock; None: not yet)."""
+
     name: str
-    path: Callable[[int, int], Path]        # the step's mark in the evidence folder (restart, step id)
+    path: Callable[[int, int], Path]  # the step's mark in the evidence folder (restart, step id)
     reached: Callable[["RankTracker"], bool]
     since: float | None = None
-    mine: bool = False                       # a rank of this task passed it (the mark is written)
+    mine: bool = False  # a rank of this task passed it (the mark is written)
     next_look: float = 0.0
 
 
 @dataclass
 class RankTracker:
     """What one rank's record did over time, in this node's monotonic clock."""
+
     rank: int
     path: Path
     last_position: tuple[int, int, int] | None = None
@@ -104,7 +127,9 @@ class RankTracker:
             self.last_change = now
         if view.opt_steps > self.last_steps:
             if self.last_step_at:
-                self.intervals.append((now - self.last_step_at) / (view.opt_steps - self.last_steps))
+                self.intervals.append(
+                    (now - self.last_step_at) / (view.opt_steps - self.last_steps)
+                )
             self.last_steps = view.opt_steps
             self.last_step_at = now
         self.view = view
@@ -123,18 +148,30 @@ class RankTracker:
         v = self.view
         return v is not None and v.pid > 0 and v.coll_entered == 0
 
-    def idle_s(self, now: float, peer_at_init_since: float | None,
-               peer_in_collective_since: float | None = None) -> float:
+    def idle_s(
+        self,
+        now: float,
+        peer_at_init_since: float | None,
+        peer_in_collective_since: float | None = None,
+    ) -> float:
         """Seconds on the stall clock (stallclock.idle_from: none before init, or before the first
         collective, while no peer waits there)."""
         return now - self.idle_since(now, peer_at_init_since, peer_in_collective_since)
 
-    def idle_since(self, now: float, peer_at_init_since: float | None,
-                   peer_in_collective_since: float | None = None) -> float:
-        return stallclock.idle_from(last_change=self.last_change, entered_init=self.entered_init(),
-                                    peer_at_init_since=peer_at_init_since, now=now,
-                                    entered_collective=not self.between_init_and_first_collective(),
-                                    peer_in_collective_since=peer_in_collective_since)
+    def idle_since(
+        self,
+        now: float,
+        peer_at_init_since: float | None,
+        peer_in_collective_since: float | None = None,
+    ) -> float:
+        return stallclock.idle_from(
+            last_change=self.last_change,
+            entered_init=self.entered_init(),
+            peer_at_init_since=peer_at_init_since,
+            now=now,
+            entered_collective=not self.between_init_and_first_collective(),
+            peer_in_collective_since=peer_in_collective_since,
+        )
 
     def watched(self) -> bool:
         v = self.view
@@ -149,13 +186,22 @@ class RankTracker:
         if v is None:
             return stallclock.PHASE_STARTUP
         return stallclock.phase(
-            armed_=stallclock.armed(opt_steps=v.opt_steps, coll_completed=v.coll_completed,
-                                    arm_after_collectives=cfg.arm_after_collectives),
-            busy=v.busy)
+            armed_=stallclock.armed(
+                opt_steps=v.opt_steps,
+                coll_completed=v.coll_completed,
+                arm_after_collectives=cfg.arm_after_collectives,
+            ),
+            busy=v.busy,
+        )
 
     def threshold_s(self, cfg: WatchdogConfig) -> float:
-        return stallclock.threshold_s(phase_=self.phase(cfg), floor_s=cfg.stall_floor_s, factor=cfg.stall_factor,
-                                      typical_step_s=self.typical_step_s(), startup_limit_s=cfg.startup_grace_s)
+        return stallclock.threshold_s(
+            phase_=self.phase(cfg),
+            floor_s=cfg.stall_floor_s,
+            factor=cfg.stall_factor,
+            typical_step_s=self.typical_step_s(),
+            startup_limit_s=cfg.startup_grace_s,
+        )
 
 
 def confirm_window_s(cfg: WatchdogConfig) -> float:
@@ -165,10 +211,20 @@ def confirm_window_s(cfg: WatchdogConfig) -> float:
 
 
 class Watchdog:
-    def __init__(self, *, ctx: TaskContext, cfg: WatchdogConfig, folder: JobFolder, child: subprocess.Popen,
-                 shm_dir: Path, stderr_tail: deque, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
-                 init_line: str = "") -> None:
+    def __init__(
+        self,
+        *,
+        ctx: TaskContext,
+        cfg: WatchdogConfig,
+        folder: JobFolder,
+        child: subprocess.Popen,
+        shm_dir: Path,
+        stderr_tail: deque,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+        init_line: str = "",
+    ) -> None:
         self.ctx, self.cfg, self.folder, self.child = ctx, cfg, folder, child
         self.shm_dir, self.stderr_tail = shm_dir, stderr_tail
         self.clock, self.wall, self.sleep = clock, wall, sleep
@@ -184,20 +240,31 @@ class Watchdog:
         self.stacks_requested = False
         self.stacks_asked_at = 0.0
         self.stacks_size_before = 0
-        self.stacks_signalled = False      # the bootstrap's handler was asked (its record active)
-        self.exception_before_signal = None  # stderrtail.ExceptionSeen, frozen when scout or anyone signals
+        self.stacks_signalled = False  # the bootstrap's handler was asked (its record active)
+        self.exception_before_signal = (
+            None  # stderrtail.ExceptionSeen, frozen when scout or anyone signals
+        )
         self.signalled = False
-        self.reported_stalled: set[int] = set()   # ranks whose stall_suspect finding this window wrote
+        self.reported_stalled: set[int] = (
+            set()
+        )  # ranks whose stall_suspect finding this window wrote
         self.health = EvidenceHealth(policy=cfg.on_evidence_loss, grace_s=cfg.evidence_loss_grace_s)
-        self.histories: dict[int, HistoryWriter] = {}   # for the report's timeline only
+        self.histories: dict[int, HistoryWriter] = {}  # for the report's timeline only
         self.next_history = 0.0
         # when this watchdog learnt that a rank of its step entered init_process_group, then the job's
         # first collective; until then a rank of its own not there is on no clock (stallclock.idle_from)
-        self.rendezvous = StartupPoint("init_process_group", folder.rendezvous_path, RankTracker.entered_init)
-        self.first_collective = StartupPoint("first collective", folder.first_collective_path,
-                                             RankTracker.entered_collective)
-        self.init_line = init_line          # said once, when this task's rank enters init (shim.init_banner)
-        self.decided_here: dict[int, ProgressSnapshot] | None = None  # the snapshots, when this watchdog decided
+        self.rendezvous = StartupPoint(
+            "init_process_group", folder.rendezvous_path, RankTracker.entered_init
+        )
+        self.first_collective = StartupPoint(
+            "first collective", folder.first_collective_path, RankTracker.entered_collective
+        )
+        self.init_line = (
+            init_line  # said once, when this task's rank enters init (shim.init_banner)
+        )
+        self.decided_here: dict[int, ProgressSnapshot] | None = (
+            None  # the snapshots, when this watchdog decided
+        )
 
     # -- state machine ------------------------------------------------------------------
     def _to(self, new: WatchState) -> None:
@@ -245,7 +312,9 @@ class Watchdog:
 
     def _observe(self, now: float) -> None:
         try:
-            names = [n for n in os.listdir(self.shm_dir) if n.startswith("rank-") and n.endswith(".bin")]
+            names = [
+                n for n in os.listdir(self.shm_dir) if n.startswith("rank-") and n.endswith(".bin")
+            ]
         except OSError:
             names = []
         for name in names:
@@ -255,8 +324,10 @@ class Watchdog:
                 continue
             tracker = self.trackers.get(rank)
             if tracker is None:
-                tracker = self.trackers[rank] = RankTracker(rank, self.shm_dir / name, last_change=now)
-                self.next_publish = now   # a new rank is published at once
+                tracker = self.trackers[rank] = RankTracker(
+                    rank, self.shm_dir / name, last_change=now
+                )
+                self.next_publish = now  # a new rank is published at once
             view = progress_mod.read(tracker.path)
             if view is not None:
                 tracker.observe(view, now)
@@ -270,7 +341,7 @@ class Watchdog:
         """Learn when a rank of this job step passed each point of the start-up (task/stallclock.py):
         init_process_group, then the job's first collective."""
         if self._follow(self.rendezvous, now) and self.init_line:
-            _say(self.init_line)   # this task's rank entered init: what else is on, said once
+            _say(self.init_line)  # this task's rank entered init: what else is on, said once
         self._follow(self.first_collective, now)
 
     def _follow(self, point: StartupPoint, now: float) -> bool:
@@ -288,12 +359,24 @@ class Watchdog:
                 point.since = now
             if not path.exists():
                 try:
-                    create_record_exclusive(path, RendezvousMark(rank=mine[0], node=self.ctx.node,
-                                                                 step_id=self.ctx.step_id, at=self.wall()))
+                    create_record_exclusive(
+                        path,
+                        RendezvousMark(
+                            rank=mine[0],
+                            node=self.ctx.node,
+                            step_id=self.ctx.step_id,
+                            at=self.wall(),
+                        ),
+                    )
                 except (ScoutError, OSError) as exc:
                     # the peers' start-up clocks then wait for their own ranks: later, never sooner
-                    log.warning("watchdog.startup_mark_unwritten", point=point.name, rank=self.ctx.rank,
-                                path=str(path), error=str(exc))
+                    log.warning(
+                        "watchdog.startup_mark_unwritten",
+                        point=point.name,
+                        rank=self.ctx.rank,
+                        path=str(path),
+                        error=str(exc),
+                    )
             return True
         if point.since is not None or now < point.next_look:
             return False
@@ -307,23 +390,53 @@ class Watchdog:
         v = tracker.view
         return v.pid if v is not None and v.pid > 0 else self.child.pid
 
-    def snapshot(self, tracker: RankTracker, now: float, *, exited: bool = False) -> ProgressSnapshot:
+    def snapshot(
+        self, tracker: RankTracker, now: float, *, exited: bool = False
+    ) -> ProgressSnapshot:
         v = tracker.view
         state = ChildState.EXITED if exited else proc_state(self._training_pid(tracker))
         if v is None:
-            return ProgressSnapshot(rank=tracker.rank, node=self.ctx.node, pid=self.child.pid, published_at=self.wall(),
-                                    child_state=state if exited or self.clock() - self.started > 1 else ChildState.STARTING,
-                                    coll_entered=0, coll_completed=0, in_collective=False, current_op="none",
-                                    opt_steps=0, pg_seq=-1, idle_s=round(self._idle(tracker, now), 3),
-                                    step_time_s=0.0, bootstrap_active=False, publish_seq=self.publish_seq,
-                                    threshold_s=tracker.threshold_s(self.cfg), entered_init=False)
-        return ProgressSnapshot(rank=tracker.rank, node=self.ctx.node, pid=v.pid, published_at=self.wall(),
-                                child_state=state, coll_entered=v.coll_entered, coll_completed=v.coll_completed,
-                                in_collective=v.in_collective, current_op=v.current_op, opt_steps=v.opt_steps,
-                                pg_seq=v.pg_seq, idle_s=round(self._idle(tracker, now), 3),
-                                step_time_s=round(tracker.typical_step_s(), 4), recent=v.recent[-16:],
-                                bootstrap_active=v.active, publish_seq=self.publish_seq,
-                                threshold_s=tracker.threshold_s(self.cfg), entered_init=v.entered_init)
+            return ProgressSnapshot(
+                rank=tracker.rank,
+                node=self.ctx.node,
+                pid=self.child.pid,
+                published_at=self.wall(),
+                child_state=state
+                if exited or self.clock() - self.started > 1
+                else ChildState.STARTING,
+                coll_entered=0,
+                coll_completed=0,
+                in_collective=False,
+                current_op="none",
+                opt_steps=0,
+                pg_seq=-1,
+                idle_s=round(self._idle(tracker, now), 3),
+                step_time_s=0.0,
+                bootstrap_active=False,
+                publish_seq=self.publish_seq,
+                threshold_s=tracker.threshold_s(self.cfg),
+                entered_init=False,
+            )
+        return ProgressSnapshot(
+            rank=tracker.rank,
+            node=self.ctx.node,
+            pid=v.pid,
+            published_at=self.wall(),
+            child_state=state,
+            coll_entered=v.coll_entered,
+            coll_completed=v.coll_completed,
+            in_collective=v.in_collective,
+            current_op=v.current_op,
+            opt_steps=v.opt_steps,
+            pg_seq=v.pg_seq,
+            idle_s=round(self._idle(tracker, now), 3),
+            step_time_s=round(tracker.typical_step_s(), 4),
+            recent=v.recent[-16:],
+            bootstrap_active=v.active,
+            publish_seq=self.publish_seq,
+            threshold_s=tracker.threshold_s(self.cfg),
+            entered_init=v.entered_init,
+        )
 
     def _publish_due(self, now: float) -> bool:
         """At the steady rate while every rank advances, at the fast rate once one is watchful
@@ -332,9 +445,14 @@ class Watchdog:
             return True
         if now < self.last_publish + self.cfg.publish_interval_s:
             return False
-        return any(publishing.is_watchful(idle_s=self._idle(t, now), threshold_s=t.threshold_s(self.cfg),
-                                          state=proc_state(self._training_pid(t)))
-                   for t in self.trackers.values())
+        return any(
+            publishing.is_watchful(
+                idle_s=self._idle(t, now),
+                threshold_s=t.threshold_s(self.cfg),
+                state=proc_state(self._training_pid(t)),
+            )
+            for t in self.trackers.values()
+        )
 
     def _publish(self, now: float, *, exited: bool = False) -> None:
         self.publish_seq += 1
@@ -342,10 +460,15 @@ class Watchdog:
         for tracker in self.trackers.values():
             snap = self.snapshot(tracker, now, exited=exited)
             watchful = watchful or publishing.published_watchful(snap)
-            self._write_evidence(self.folder.progress_path(self.ctx.restart, tracker.rank), snap, what="progress")
+            self._write_evidence(
+                self.folder.progress_path(self.ctx.restart, tracker.rank), snap, what="progress"
+            )
         self.last_publish = now
-        self.next_publish = now + publishing.next_interval(watchful, fast_s=self.cfg.publish_interval_s,
-                                                           steady_s=self.cfg.steady_publish_interval_s)
+        self.next_publish = now + publishing.next_interval(
+            watchful,
+            fast_s=self.cfg.publish_interval_s,
+            steady_s=self.cfg.steady_publish_interval_s,
+        )
 
     def _sample_history(self, now: float, *, exited: bool = False) -> None:
         """Every fast publish interval, whatever the snapshot's own rate: the timeline needs the
@@ -361,7 +484,9 @@ class Watchdog:
         failure is logged, never counted against the job (the snapshot write above is)."""
         writer = self.histories.get(rank)
         if writer is None:
-            writer = self.histories[rank] = HistoryWriter(self.folder.history_path(self.ctx.restart, rank))
+            writer = self.histories[rank] = HistoryWriter(
+                self.folder.history_path(self.ctx.restart, rank)
+            )
         try:
             writer.append(snap)
             writer.failing = False
@@ -381,20 +506,37 @@ class Watchdog:
                 return False
             now = self.clock()
             if self.health.failed(now, str(path), exc):
-                log.error("watchdog.evidence_unwritable", rank=self.ctx.rank, path=str(path), error=str(exc),
-                          policy=self.health.policy, grace_s=self.health.grace_s)
+                log.error(
+                    "watchdog.evidence_unwritable",
+                    rank=self.ctx.rank,
+                    path=str(path),
+                    error=str(exc),
+                    policy=self.health.policy,
+                    grace_s=self.health.grace_s,
+                )
                 _say(f"scout: rank {self.ctx.rank}: {self.health.message(now)}")
             return False
         if self.health.succeeded():
-            log.warning("watchdog.evidence_writable_again", rank=self.ctx.rank, failures=self.health.failures)
+            log.warning(
+                "watchdog.evidence_writable_again",
+                rank=self.ctx.rank,
+                failures=self.health.failures,
+            )
             _say(f"scout: rank {self.ctx.rank}: evidence can be written again")
         return True
 
     def _end_for_lost_evidence(self, now: float) -> int:
-        _say(f"scout: rank {self.ctx.rank}: ENDING THE JOB (exit code {exitcodes.EVIDENCE_LOST}): "
-             f"{self.health.message(now)}")
-        log.error("watchdog.ending_for_lost_evidence", rank=self.ctx.rank, lost_for_s=round(self.health.lost_for(now), 1),
-                  failures=self.health.failures, last_error=self.health.last_error)
+        _say(
+            f"scout: rank {self.ctx.rank}: ENDING THE JOB (exit code {exitcodes.EVIDENCE_LOST}): "
+            f"{self.health.message(now)}"
+        )
+        log.error(
+            "watchdog.ending_for_lost_evidence",
+            rank=self.ctx.rank,
+            lost_for_s=round(self.health.lost_for(now), 1),
+            failures=self.health.failures,
+            last_error=self.health.last_error,
+        )
         self._to(WatchState.TERMINATING)
         self._freeze_exception()
         status = self._escalate()
@@ -432,7 +574,9 @@ class Watchdog:
                 threshold = t.threshold_s(self.cfg)
                 since = t.idle_since(now, self.rendezvous.since, self.first_collective.since)
                 # just past the moment: the rules compare with '>'
-                due.append(since + stallclock.confirm_from_s(threshold, confirm_s) + stallclock.MIN_SLEEP_S)
+                due.append(
+                    since + stallclock.confirm_from_s(threshold, confirm_s) + stallclock.MIN_SLEEP_S
+                )
                 due.append(since + threshold + stallclock.MIN_SLEEP_S)
         if self.state == WatchState.SUSPECT:
             due.append(self.suspect_since + confirm_s)
@@ -445,12 +589,16 @@ class Watchdog:
         confirm_s = confirm_window_s(self.cfg)
         # a record the training process deactivated (process group destroyed, interpreter exiting)
         # is not watched for stalls: the process is done with collectives
-        idle = [(t, self._idle(t, now), t.threshold_s(self.cfg)) for t in self.trackers.values() if t.watched()]
+        idle = [
+            (t, self._idle(t, now), t.threshold_s(self.cfg))
+            for t in self.trackers.values()
+            if t.watched()
+        ]
         # the confirmation window opens while a rank is idle, before its threshold (stallclock.py)
         if not any(stallclock.confirming(i, th, confirm_s) for _, i, th in idle):
             if self.state == WatchState.SUSPECT:
                 self._to(WatchState.WATCHING)
-                self.stacks_requested = False   # a later window dumps the stacks again
+                self.stacks_requested = False  # a later window dumps the stacks again
                 self.reported_stalled.clear()
             return None
         if self.state == WatchState.WATCHING:
@@ -463,28 +611,49 @@ class Watchdog:
             if t.rank in self.reported_stalled:
                 continue
             self.reported_stalled.add(t.rank)
-            self._write_finding(Finding(
-                rank=t.rank, node=self.ctx.node, kind=FindingKind.STALL_SUSPECT, at=self.wall(),
-                summary=f"rank {t.rank} made no progress for {i:.1f} s (threshold {th:.1f} s, {t.phase(self.cfg)})",
-                details=(f"process state: {proc_state(self._training_pid(t)).value}",),
-                step=t.view.opt_steps if t.view else -1))
-        if not stallclock.may_decide(now=now, window_since=self.suspect_since, confirm_s=confirm_s,
-                                     any_stalled=bool(stalled)):
+            self._write_finding(
+                Finding(
+                    rank=t.rank,
+                    node=self.ctx.node,
+                    kind=FindingKind.STALL_SUSPECT,
+                    at=self.wall(),
+                    summary=f"rank {t.rank} made no progress for {i:.1f} s (threshold {th:.1f} s, {t.phase(self.cfg)})",
+                    details=(f"process state: {proc_state(self._training_pid(t)).value}",),
+                    step=t.view.opt_steps if t.view else -1,
+                )
+            )
+        if not stallclock.may_decide(
+            now=now, window_since=self.suspect_since, confirm_s=confirm_s, any_stalled=bool(stalled)
+        ):
             return None
         if any(t.phase(self.cfg) == stallclock.PHASE_CHECKPOINT and i <= th for t, i, th in idle):
-            return None  # a rank of this node is in a checkpoint save or load, within its limit: busy
+            return (
+                None  # a rank of this node is in a checkpoint save or load, within its limit: busy
+            )
         peers = {s.rank: s for s in self._peer_snapshots()}
         # a peer whose last word was a steady heartbeat gets a steady interval more to speak
-        silent = frozenset(r for r, s in peers.items()
-                           if r in self.peer_seq_at_suspect and s.publish_seq == self.peer_seq_at_suspect[r]
-                           and s.child_state != ChildState.EXITED
-                           and now - self.suspect_since >= publishing.silent_after(
-                               s, confirm_s=confirm_s, fast_s=self.cfg.publish_interval_s,
-                               steady_s=self.cfg.steady_publish_interval_s))
+        silent = frozenset(
+            r
+            for r, s in peers.items()
+            if r in self.peer_seq_at_suspect
+            and s.publish_seq == self.peer_seq_at_suspect[r]
+            and s.child_state != ChildState.EXITED
+            and now - self.suspect_since
+            >= publishing.silent_after(
+                s,
+                confirm_s=confirm_s,
+                fast_s=self.cfg.publish_interval_s,
+                steady_s=self.cfg.steady_publish_interval_s,
+            )
+        )
         for r, s in peers.items():
             if r in silent or s.child_state == ChildState.EXITED or r in self.trackers:
                 continue
-            if s.opt_steps > 0 and s.threshold_s >= self.cfg.startup_grace_s and s.idle_s <= s.threshold_s:
+            if (
+                s.opt_steps > 0
+                and s.threshold_s >= self.cfg.startup_grace_s
+                and s.idle_s <= s.threshold_s
+            ):
                 return None  # a peer in a checkpoint save or load (its limit is the start-up one): busy
             if s.idle_s < s.threshold_s / 2:
                 return None  # a peer is still advancing: not a job-wide stall (yet)
@@ -497,32 +666,56 @@ class Watchdog:
         for t in self.trackers.values():
             peers[t.rank] = self.snapshot(t, now)
         # under torchrun the ranks are the workers', not the Slurm tasks': their records say how many
-        world = max([self.ctx.world_size] + [t.view.world_size for t in self.trackers.values() if t.view])
+        world = max(
+            [self.ctx.world_size] + [t.view.world_size for t in self.trackers.values() if t.view]
+        )
         call = decide_stall(peers, world, silent)
         reasoning = call.reasoning
-        at_startup = not any(stallclock.armed(opt_steps=s.opt_steps, coll_completed=s.coll_completed,
-                                              arm_after_collectives=self.cfg.arm_after_collectives)
-                             for s in peers.values())
+        at_startup = not any(
+            stallclock.armed(
+                opt_steps=s.opt_steps,
+                coll_completed=s.coll_completed,
+                arm_after_collectives=self.cfg.arm_after_collectives,
+            )
+            for s in peers.values()
+        )
         before_init = [r for r in call.culprits if r in peers and not peers[r].entered_init]
         if at_startup and before_init:
-            reasoning = (f"startup hang: rank(s) {', '.join(map(str, before_init))} had not entered "
-                         f"init_process_group while peers waited there; the start-up limit of "
-                         f"{self.cfg.startup_grace_s:g} s, which runs for a rank not at the rendezvous once a "
-                         "peer is, passed", *reasoning)
+            reasoning = (
+                f"startup hang: rank(s) {', '.join(map(str, before_init))} had not entered "
+                f"init_process_group while peers waited there; the start-up limit of "
+                f"{self.cfg.startup_grace_s:g} s, which runs for a rank not at the rendezvous once a "
+                "peer is, passed",
+                *reasoning,
+            )
         elif at_startup:
-            reasoning = (f"startup hang: no rank had completed a training step (the stall clock arms at the first "
-                         f"optimizer step or after {self.cfg.arm_after_collectives} collectives); the start-up "
-                         f"limit of {self.cfg.startup_grace_s:g} s passed without progress", *reasoning)
-        decision = StallDecision(decided_by=self.ctx.rank, at=self.wall(), culprits=call.culprits,
-                                 kind=call.kind, reasoning=reasoning,
-                                 phase=stallclock.PHASE_STARTUP if at_startup else stallclock.PHASE_TRAINING)
+            reasoning = (
+                f"startup hang: no rank had completed a training step (the stall clock arms at the first "
+                f"optimizer step or after {self.cfg.arm_after_collectives} collectives); the start-up "
+                f"limit of {self.cfg.startup_grace_s:g} s passed without progress",
+                *reasoning,
+            )
+        decision = StallDecision(
+            decided_by=self.ctx.rank,
+            at=self.wall(),
+            culprits=call.culprits,
+            kind=call.kind,
+            reasoning=reasoning,
+            phase=stallclock.PHASE_STARTUP if at_startup else stallclock.PHASE_TRAINING,
+        )
         if create_record_exclusive(self._decision_path(), decision):
-            self.decided_here = dict(peers)   # this watchdog says it in the job's output (_terminate)
+            self.decided_here = dict(
+                peers
+            )  # this watchdog says it in the job's output (_terminate)
         return self._existing_decision() or decision
 
     def _peer_snapshots(self) -> list[ProgressSnapshot]:
-        records, errors = list_records(self.folder.progress_dir(self.ctx.restart), "rank-*.json", ProgressSnapshot,
-                                       root=self.folder.root)
+        records, errors = list_records(
+            self.folder.progress_dir(self.ctx.restart),
+            "rank-*.json",
+            ProgressSnapshot,
+            root=self.folder.root,
+        )
         for e in errors:
             log.warning("watchdog.peer_unreadable", error=e)
         return records
@@ -562,16 +755,27 @@ class Watchdog:
                 self.sleep(0.05)
             if self._stacks_size() > self.stacks_size_before:
                 return
-            why = (f"no Python stack dump within {STACK_WAIT_S:g} s of the stack signal "
-                   f"(process state: {', '.join(sorted({proc_state(self._training_pid(t)).value for t in self.trackers.values()}))})")
+            why = (
+                f"no Python stack dump within {STACK_WAIT_S:g} s of the stack signal "
+                f"(process state: {', '.join(sorted({proc_state(self._training_pid(t)).value for t in self.trackers.values()}))})"
+            )
         else:
-            why = ("no Python stack dump asked: the progress record is inactive or absent (closed at "
-                   "destroy_process_group() or interpreter exit, or never opened), so the bootstrap's handler "
-                   "may be gone and the signal could kill the process")
+            why = (
+                "no Python stack dump asked: the progress record is inactive or absent (closed at "
+                "destroy_process_group() or interpreter exit, or never opened), so the bootstrap's handler "
+                "may be gone and the signal could kill the process"
+            )
         from scout_slurm.task.procstack import describe_process
-        pids = list(dict.fromkeys([self._training_pid(t) for t in self.trackers.values()] or [self.child.pid]))
-        lines = [f"--- scout watchdog, {time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(self.wall()))}Z: {why}; "
-                 "the processes as /proc shows them:"]
+
+        pids = list(
+            dict.fromkeys(
+                [self._training_pid(t) for t in self.trackers.values()] or [self.child.pid]
+            )
+        )
+        lines = [
+            f"--- scout watchdog, {time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(self.wall()))}Z: {why}; "
+            "the processes as /proc shows them:"
+        ]
         for pid in pids:
             lines += describe_process(pid)
         try:
@@ -583,25 +787,41 @@ class Watchdog:
 
     def _write_finding(self, finding: Finding) -> None:
         name = f"{finding.kind.value}-rank-{finding.rank}-{int(finding.at * 1000)}.json"
-        self._write_evidence(self.folder.findings_dir(self.ctx.restart) / name, finding, what="finding")
+        self._write_evidence(
+            self.folder.findings_dir(self.ctx.restart) / name, finding, what="finding"
+        )
 
     def _terminate(self, decision: StallDecision) -> int:
         self._to(WatchState.TERMINATING)
         if self.decided_here is not None:
             # once a job step: only the watchdog whose decision record was created says it, before
             # any rank is signalled (the step's other output, gloo's errors, follows)
-            _say(stallnotice.ending_line(decision, self.decided_here, job_id=self.ctx.job_id,
-                                         world_size=max(self.ctx.world_size, len(self.decided_here))))
+            _say(
+                stallnotice.ending_line(
+                    decision,
+                    self.decided_here,
+                    job_id=self.ctx.job_id,
+                    world_size=max(self.ctx.world_size, len(self.decided_here)),
+                )
+            )
         mine = [r for r in self.trackers if r in decision.culprits]
         self._request_stacks()
-        self._ensure_stacks()       # the stacks first: nothing is signalled before they are in
+        self._ensure_stacks()  # the stacks first: nothing is signalled before they are in
         self._freeze_exception()
         now = self.clock()
         for r in mine:
             t = self.trackers[r]
-            self._write_finding(Finding(rank=r, node=self.ctx.node, kind=decision.kind, at=self.wall(),
-                                        summary=f"rank {r} named by the watchdogs: {decision.kind.value}",
-                                        details=decision.reasoning, step=t.view.opt_steps if t.view else -1))
+            self._write_finding(
+                Finding(
+                    rank=r,
+                    node=self.ctx.node,
+                    kind=decision.kind,
+                    at=self.wall(),
+                    summary=f"rank {r} named by the watchdogs: {decision.kind.value}",
+                    details=decision.reasoning,
+                    step=t.view.opt_steps if t.view else -1,
+                )
+            )
         final = {r: self.snapshot(t, now) for r, t in self.trackers.items()}
         status = self._escalate()
         self._on_exit(status, killed_by_scout=True, final=final)
@@ -611,7 +831,11 @@ class Watchdog:
         """SIGTERM then SIGCONT (a stopped child dies on resuming, before it can run on), grace,
         SIGKILL."""
         pid = self.child.pid
-        for sig, wait in ((signal.SIGTERM, 0.0), (signal.SIGCONT, self.cfg.grace_s), (signal.SIGKILL, 10.0)):
+        for sig, wait in (
+            (signal.SIGTERM, 0.0),
+            (signal.SIGCONT, self.cfg.grace_s),
+            (signal.SIGKILL, 10.0),
+        ):
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
@@ -625,8 +849,13 @@ class Watchdog:
         status = self._reap()
         return status if status is not None else 0
 
-    def _on_exit(self, status: int, *, killed_by_scout: bool,
-                 final: dict[int, ProgressSnapshot] | None = None) -> int:
+    def _on_exit(
+        self,
+        status: int,
+        *,
+        killed_by_scout: bool,
+        final: dict[int, ProgressSnapshot] | None = None,
+    ) -> int:
         self._to(WatchState.DONE)
         now = self.clock()
         self._observe(now)
@@ -636,23 +865,41 @@ class Watchdog:
         ended = getattr(self.stderr_tail, "wait_ended", None)
         if ended is not None and not ended(STDERR_DRAIN_S):
             log.info("watchdog.stderr_open", rank=self.ctx.rank, waited_s=STDERR_DRAIN_S)
-        seen = (self.exception_before_signal if self.signalled
-                else getattr(self.stderr_tail, "last_exception", None))
-        record = ExitRecord(rank=self.ctx.rank, node=self.ctx.node, pid=self.child.pid, exit_code=code,
-                            signal=signum, core_dumped=bool(os.WIFSIGNALED(status) and os.WCOREDUMP(status)),
-                            at=self.wall(), killed_by_scout=killed_by_scout,
-                            last_progress=snaps.get(self.ctx.rank), stderr_tail=tuple(self.stderr_tail),
-                            external_termination=bool(self.external_signal),
-                            exception=seen.line if seen is not None else "",
-                            exception_position=seen.position if seen is not None else -1)
-        if not self._write_evidence(self.folder.rank_exit_path(self.ctx.restart, self.ctx.rank), record, what="exit_record"):
+        seen = (
+            self.exception_before_signal
+            if self.signalled
+            else getattr(self.stderr_tail, "last_exception", None)
+        )
+        record = ExitRecord(
+            rank=self.ctx.rank,
+            node=self.ctx.node,
+            pid=self.child.pid,
+            exit_code=code,
+            signal=signum,
+            core_dumped=bool(os.WIFSIGNALED(status) and os.WCOREDUMP(status)),
+            at=self.wall(),
+            killed_by_scout=killed_by_scout,
+            last_progress=snaps.get(self.ctx.rank),
+            stderr_tail=tuple(self.stderr_tail),
+            external_termination=bool(self.external_signal),
+            exception=seen.line if seen is not None else "",
+            exception_position=seen.position if seen is not None else -1,
+        )
+        if not self._write_evidence(
+            self.folder.rank_exit_path(self.ctx.restart, self.ctx.rank), record, what="exit_record"
+        ):
             log.error("watchdog.exit_record_failed", rank=self.ctx.rank)
         self._publish(now, exited=True)
         self._sample_history(now, exited=True)
         for writer in self.histories.values():
             writer.close()
-        log.info("watchdog.child_exited", rank=self.ctx.rank, exit_code=code, signal=signum,
-                 killed_by_scout=killed_by_scout)
+        log.info(
+            "watchdog.child_exited",
+            rank=self.ctx.rank,
+            exit_code=code,
+            signal=signum,
+            killed_by_scout=killed_by_scout,
+        )
         return code if code >= 0 else 128 + signum
 
 
@@ -660,6 +907,7 @@ def _say(line: str) -> None:
     """One plain line on the job's stderr (besides the structured log), so people see it in the
     job's output file whatever the log format."""
     import sys
+
     try:
         sys.stderr.write(line + "\n")
         sys.stderr.flush()

@@ -1,5 +1,6 @@
 """The demo job, then one rank aborts at exit (SIGABRT) after it finished training and left the
 process group: as when a communicator torn down at interpreter shutdown calls std::terminate."""
+
 import os
 import runpy
 import sys
@@ -8,7 +9,9 @@ from pathlib import Path
 import scout_slurm.lab
 
 try:
-    runpy.run_path(str(Path(scout_slurm.lab.__file__).parent / "train_demo.py"), run_name="__main__")
+    runpy.run_path(
+        str(Path(scout_slurm.lab.__file__).parent / "train_demo.py"), run_name="__main__"
+    )
     code = 0
 except SystemExit as exc:
     code = exc.code

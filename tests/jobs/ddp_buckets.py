@@ -3,6 +3,7 @@ rank writes the sha256 of its final parameters' bytes, how many comm hooks DDP h
 of the group DDP reduces through, to OUT-rank-N.txt. With --late-rank R, rank R sleeps --late-s in
 each backward before its first layer's gradient is reduced: the other ranks' backward graphs end
 with that last bucket still in flight."""
+
 import argparse
 import hashlib
 import time
@@ -23,11 +24,15 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(96, 96), torch.nn.GELU()) for _ in range(4)],
-                                torch.nn.Linear(96, 3))
+    model = torch.nn.Sequential(
+        *[torch.nn.Sequential(torch.nn.Linear(96, 96), torch.nn.GELU()) for _ in range(4)],
+        torch.nn.Linear(96, 3),
+    )
     if rank == args.late_rank:  # before the gradient reaches DDP's hook on the first layer's weight
         model[0][0].weight.register_hook(lambda g: time.sleep(args.late_s) or g)
-    ddp = DDP(model, bucket_cap_mb=0.04)  # about 2 layers a bucket: several buckets, reduced in flight
+    ddp = DDP(
+        model, bucket_cap_mb=0.04
+    )  # about 2 layers a bucket: several buckets, reduced in flight
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
     gen = torch.Generator().manual_seed(100 + rank)
     for _ in range(args.steps):
@@ -40,7 +45,9 @@ def main() -> None:
     for p in model.parameters():
         h.update(p.detach().numpy().tobytes())
     with open(f"{args.out}-rank-{rank}.txt", "w") as fh:
-        fh.write(f"{h.hexdigest()} hooks={len(ddp._comm_hooks)} group={type(ddp.process_group).__name__}\n")
+        fh.write(
+            f"{h.hexdigest()} hooks={len(ddp._comm_hooks)} group={type(ddp.process_group).__name__}\n"
+        )
     del ddp, opt
     dist.destroy_process_group()
     print(f"rank {rank}: done", flush=True)

@@ -46,6 +46,7 @@ def main() -> int:
             fh.write(" ".join(f"{p.double().sum().item():.12e}" for p in model.parameters()) + "\n")
     del ddp, opt
     import gc
+
     gc.collect()
     dist.destroy_process_group()
     print(f"rank {rank}: done", flush=True)

@@ -2,6 +2,7 @@
 --nodes (comma-separated, one per rank), gathers every rank's as the timing vote does, runs the
 probe --rounds times, and prints the measured round trips as JSON (small, medium: rank x peer,
 seconds; -1 where this rank did not measure)."""
+
 import argparse
 import json
 
@@ -21,8 +22,15 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     names = args.nodes.split(",")
-    t = Timing(rules=TimingRules(probe_bytes=4096), rank=rank, world=world, side=None, writer=None, run_dir=None,
-               node=names[rank])
+    t = Timing(
+        rules=TimingRules(probe_bytes=4096),
+        rank=rank,
+        world=world,
+        side=None,
+        writer=None,
+        run_dir=None,
+        node=names[rank],
+    )
     nodes = t._node_names()
     for _ in range(args.rounds):
         small, medium = t._probe(nodes)

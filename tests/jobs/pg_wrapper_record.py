@@ -2,6 +2,7 @@
 backward are open until that backward ends (autograd's final callback leaves them); one launched
 outside a backward is left when it completes; the buckets of a backward that raised (its final
 callbacks dropped) are left with the next backward's, or at the next `settle` (DDP's forward calls it)."""
+
 import json
 import sys
 import tempfile
@@ -31,6 +32,7 @@ def main() -> None:
     class Reduce(torch.autograd.Function):
         """Launches two all-reduces from inside the backward, as DDP's reducer does; optionally
         fails the backward after them."""
+
         @staticmethod
         def forward(ctx, x, fail):
             ctx.fail = fail
@@ -53,13 +55,13 @@ def main() -> None:
     except RuntimeError:
         pass
     seen["after_failed"] = counts()
-    Reduce.apply(x, False).sum().backward()   # the next backward leaves the failed one's buckets too
+    Reduce.apply(x, False).sum().backward()  # the next backward leaves the failed one's buckets too
     seen["next_backward"] = counts()
     try:
         Reduce.apply(x, True).sum().backward()
     except RuntimeError:
         pass
-    group.settle()   # or the next forward (DDP's)
+    group.settle()  # or the next forward (DDP's)
     seen["settled"] = counts()
     group.allreduce([torch.ones(4)]).wait()
     for _ in range(200):  # left on gloo's thread as it completed

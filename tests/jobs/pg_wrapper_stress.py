@@ -19,7 +19,9 @@ from scout_slurm.bootstrap import pgwrap
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--iterations", type=int, default=1500)
-    ap.add_argument("--hang-s", type=int, default=45, help="dump every thread and exit 1 if not done by then")
+    ap.add_argument(
+        "--hang-s", type=int, default=45, help="dump every thread and exit 1 if not done by then"
+    )
     args = ap.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -33,7 +35,9 @@ def main() -> int:
         got = [torch.full((256,), float(i * world + rank))]
         _broadcast_coalesced(group, got, 1 << 20, 0)  # from C++, the GIL released
         if not torch.equal(got[0], torch.full((256,), float(i * world))):
-            print(f"rank {rank}: iteration {i}: broadcast through the wrapper gave {got[0][:4].tolist()}")
+            print(
+                f"rank {rank}: iteration {i}: broadcast through the wrapper gave {got[0][:4].tolist()}"
+            )
             return 1
         if i % 10 == 0:  # from Python, with the wrapper as the group
             outs = [torch.zeros(2) for _ in range(world)]
@@ -44,7 +48,9 @@ def main() -> int:
                 return 1
     faulthandler.cancel_dump_traceback_later()
     dist.barrier()
-    print(f"rank {rank}: {args.iterations} iterations through the wrapper in {time.monotonic() - t0:.1f} s")
+    print(
+        f"rank {rank}: {args.iterations} iterations through the wrapper in {time.monotonic() - t0:.1f} s"
+    )
     dist.destroy_process_group()
     return 0
 

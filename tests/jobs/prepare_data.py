@@ -1,5 +1,6 @@
 """A step outside torch.distributed (data preparation): it works `--seconds` seconds without any
 process group, then writes its shard and ends with 0."""
+
 from __future__ import annotations
 
 import argparse

@@ -4,6 +4,7 @@ each block and the model over the data-parallel mesh, and scout's replica
 discovery reads the replica groups from the parameters' mesh. Its forward and training need a GPU
 (its attention needs a flex BlockMask and flex attention has no CPU backward; its trainer calls
 CUDA's set_device): scripts/titan_gpu_check.sh runs them where a GPU is lent."""
+
 from __future__ import annotations
 
 import datetime
@@ -22,10 +23,22 @@ def main() -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     import torchtitan.distributed.parallel_dims as parallel_dims
     from torchtitan.distributed.parallel_dims import ParallelDims
-    parallel_dims.device_type = "cpu"  # torchtitan takes CUDA whenever its tools think so; no GPU here
+
+    parallel_dims.device_type = (
+        "cpu"  # torchtitan takes CUDA whenever its tools think so; no GPU here
+    )
     from torchtitan.models.llama3 import model_registry
+
     replicate = int(os.environ.get("TITAN_DP_REPLICATE", "2"))
-    dims = ParallelDims(dp_replicate=replicate, dp_shard=world // replicate, cp=1, tp=1, pp=1, ep=1, world_size=world)
+    dims = ParallelDims(
+        dp_replicate=replicate,
+        dp_shard=world // replicate,
+        cp=1,
+        tp=1,
+        pp=1,
+        ep=1,
+        world_size=world,
+    )
     dims.build_mesh()
     mesh = dims.get_mesh(["dp_replicate", "dp_shard"] if replicate > 1 else "dp_shard")
     spec = model_registry("debugmodel")  # flex attention: forward only on CPU
@@ -34,9 +47,22 @@ def main() -> int:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
     from scout_slurm.bootstrap.frameworks import is_fsdp, replica_layout
+
     groups, how = replica_layout([model], world)
-    print("TITAN " + json.dumps({"rank": rank, "fsdp": is_fsdp(model), "mesh": list(mesh.mesh_dim_names),
-                                 "params": sum(p.numel() for p in model.parameters()), "groups": [list(g) for g in groups], "how": how}), flush=True)
+    print(
+        "TITAN "
+        + json.dumps(
+            {
+                "rank": rank,
+                "fsdp": is_fsdp(model),
+                "mesh": list(mesh.mesh_dim_names),
+                "params": sum(p.numel() for p in model.parameters()),
+                "groups": [list(g) for g in groups],
+                "how": how,
+            }
+        ),
+        flush=True,
+    )
     dist.destroy_process_group()
     return 0
 

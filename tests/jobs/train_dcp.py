@@ -22,9 +22,16 @@ def main() -> int:
     ap.add_argument("--save-at", type=int, default=4)
     ap.add_argument("--ckpt", required=True)
     ap.add_argument("--resume", action="store_true")
-    ap.add_argument("--fsdp", action="store_true", help="FSDP2 over every rank (each holds a shard) instead of DDP")
-    ap.add_argument("--rename-from-tmp", action="store_true",
-                    help="save into CKPT.tmp/, then rank 0 renames the folder to CKPT/ (after a barrier)")
+    ap.add_argument(
+        "--fsdp",
+        action="store_true",
+        help="FSDP2 over every rank (each holds a shard) instead of DDP",
+    )
+    ap.add_argument(
+        "--rename-from-tmp",
+        action="store_true",
+        help="save into CKPT.tmp/, then rank 0 renames the folder to CKPT/ (after a barrier)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -36,6 +43,7 @@ def main() -> int:
     if args.fsdp:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
+
         fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
         ddp = model
     else:

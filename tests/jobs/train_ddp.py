@@ -1,4 +1,5 @@
 """The tests' training job is the demo's (one copy, shipped in the package)."""
+
 import runpy
 from pathlib import Path
 

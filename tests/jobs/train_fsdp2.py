@@ -19,8 +19,12 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--hsdp", action="store_true", help="2-D mesh: replicate x shard")
     ap.add_argument("--shard", type=int, default=2, help="HSDP: ranks per shard group")
-    ap.add_argument("--clip-weights", type=float, default=0.0,
-                    help="clamp every weight to +-this after each step, on every rank (0: no)")
+    ap.add_argument(
+        "--clip-weights",
+        type=float,
+        default=0.0,
+        help="clamp every weight to +-this after each step, on every rank (0: no)",
+    )
     ap.add_argument("--timeout", type=float, default=600.0, help="gloo timeout, seconds")
     args = ap.parse_args()
 
@@ -29,11 +33,18 @@ def main() -> int:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
     if args.hsdp:
-        mesh = init_device_mesh("cpu", (world // args.shard, args.shard), mesh_dim_names=("replicate", "shard"))
+        mesh = init_device_mesh(
+            "cpu", (world // args.shard, args.shard), mesh_dim_names=("replicate", "shard")
+        )
     else:
         mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("shard",))
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
-                                torch.nn.Linear(64, 1))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(32, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 1),
+    )
     fully_shard(model, mesh=mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(1000 + rank)
@@ -43,7 +54,9 @@ def main() -> int:
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if args.clip_weights:   # the job's own change of its weights between steps (WGAN-style clipping)
+        if (
+            args.clip_weights
+        ):  # the job's own change of its weights between steps (WGAN-style clipping)
             with torch.no_grad():
                 for p in model.parameters():
                     p.clamp_(-args.clip_weights, args.clip_weights)

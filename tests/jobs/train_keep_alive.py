@@ -3,6 +3,7 @@ never ends (a metrics uploader, say), so a rank whose main thread raised stays a
 instead of exiting. OOM_RANK=R (and OOM_STEP=S, default 5): after optimizer step S, rank R
 allocates 8 GiB under an address-space limit (RLIMIT_AS) it set for that allocation only, so the
 CPU allocator's own out-of-memory error is raised from the optimizer step of that rank alone."""
+
 import os
 import resource
 import runpy
@@ -24,7 +25,7 @@ def _allocate_beyond_limit() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     resource.setrlimit(resource.RLIMIT_AS, (mapped + (256 << 20), hard))
     try:
-        torch.empty(1 << 31, dtype=torch.float32)      # 8 GiB: beyond the limit, the allocator fails
+        torch.empty(1 << 31, dtype=torch.float32)  # 8 GiB: beyond the limit, the allocator fails
     finally:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 

@@ -1,6 +1,7 @@
 """A DDP job whose layers take keyword arguments and return a tuple and a dataclass (as
 Megatron's `(output, bias)` layers and many model libraries do): scout's in-situ replay must
 capture and recompute them."""
+
 from __future__ import annotations
 
 import argparse
@@ -25,7 +26,7 @@ class Gate(torch.nn.Module):
 
     def __init__(self, n: int) -> None:
         super().__init__()
-        self.weight = torch.nn.Parameter(torch.randn(n, n) / n ** 0.5)
+        self.weight = torch.nn.Parameter(torch.randn(n, n) / n**0.5)
         self.bias = torch.nn.Parameter(torch.zeros(n))
 
     def forward(self, x: torch.Tensor, *, mask: torch.Tensor, scale: float = 1.0):
@@ -35,7 +36,7 @@ class Gate(torch.nn.Module):
 class Head(torch.nn.Module):
     def __init__(self, n: int) -> None:
         super().__init__()
-        self.weight = torch.nn.Parameter(torch.randn(1, n) / n ** 0.5)
+        self.weight = torch.nn.Parameter(torch.randn(1, n) / n**0.5)
 
     def forward(self, x: torch.Tensor) -> Out:
         y = x @ self.weight.t()

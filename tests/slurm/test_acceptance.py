@@ -20,16 +20,40 @@ pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]
 def test_scout_acceptance_quick_passes_every_step(tmp_path):
     out = tmp_path / "report"
     t0 = time.monotonic()
-    res = subprocess.run([sys.executable, "-m", "scout_slurm.cli", "acceptance", "--quick", "-o", str(out),
-                          "--lab-state-dir", str(tmp_path / "lab")],
-                         capture_output=True, text=True, timeout=400,
-                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "scout_slurm.cli",
+            "acceptance",
+            "--quick",
+            "-o",
+            str(out),
+            "--lab-state-dir",
+            str(tmp_path / "lab"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     took = time.monotonic() - t0
     text = res.stdout + res.stderr
     report = json.loads((out / "acceptance.json").read_text())
     status = {s["step"]: s["status"] for s in report["steps"]}
-    assert status == {"1": "PASS", "2": "PASS", "3a": "PASS", "3b": "PASS", "3c": "PASS", "3d": "SKIPPED",
-                      "4": "PASS", "5": "PASS", "6": "PASS", "7": "PASS", "8": "PASS"}, text[-6000:]
+    assert status == {
+        "1": "PASS",
+        "2": "PASS",
+        "3a": "PASS",
+        "3b": "PASS",
+        "3c": "PASS",
+        "3d": "SKIPPED",
+        "4": "PASS",
+        "5": "PASS",
+        "6": "PASS",
+        "7": "PASS",
+        "8": "PASS",
+    }, text[-6000:]
     skipped = [s for s in report["steps"] if s["status"] == "SKIPPED"]
     assert "`slurmd -N` on 127.0.0.1: there is no per-node link to shape" in skipped[0]["detail"]
     assert res.returncode == 0 and report["passed"] is True, text[-3000:]
@@ -39,7 +63,9 @@ def test_scout_acceptance_quick_passes_every_step(tmp_path):
     assert "| 3d inject a slow link | SKIPPED (" in res.stdout and "ACCEPTANCE PASSED" in res.stdout
     # the cases were named right, with times, and clean runs named nobody
     cases = {c["name"]: c for c in report["cases"]}
-    assert cases["stall"]["named_as"].startswith("hang: rank 1 on node ") and cases["stall"]["right"]
+    assert (
+        cases["stall"]["named_as"].startswith("hang: rank 1 on node ") and cases["stall"]["right"]
+    )
     assert cases["slowdown"]["verdict_kind"] == "straggler" and cases["slowdown"]["right"]
     assert cases["numerical"]["component"] == "weights" and cases["numerical"]["right"]
     for name in ("stall", "slowdown", "numerical", "stall under load"):
@@ -50,6 +76,11 @@ def test_scout_acceptance_quick_passes_every_step(tmp_path):
     assert md.startswith("# scout acceptance: PASSED") and "| stall under load |" in md
     html = (out / "acceptance.html").read_text()
     assert 'id="checks"' in html and "PASSED" in html and html.count('data-passed="true"') == 10
-    assert html.count("<h2>Incident: job ") == 4  # each faulty run drawn in full (timeline, hardware)
-    assert "lab stopped" in res.stdout and Lab(LabSpec(state_dir=tmp_path / "lab")).running_pids() == []
+    assert (
+        html.count("<h2>Incident: job ") == 4
+    )  # each faulty run drawn in full (timeline, hardware)
+    assert (
+        "lab stopped" in res.stdout
+        and Lab(LabSpec(state_dir=tmp_path / "lab")).running_pids() == []
+    )
     print(f"scout acceptance --quick took {took:.0f} s")

@@ -25,18 +25,28 @@ def test_batch_host_epilog_localises_and_drains():
     state = Path(f"/tmp/scout-lab-batchhost-{os.getpid()}")
     base = LabSpec(state_dir=state, nodes=3, port_base=_pick_port_base(5), python=sys.executable)
     site = lab_site_config(base)
-    site = dataclasses.replace(site, epilog=dataclasses.replace(site.epilog, localise_on="batch-host"))
+    site = dataclasses.replace(
+        site, epilog=dataclasses.replace(site.epilog, localise_on="batch-host")
+    )
     lab = Lab(dataclasses.replace(base, site=site))
     try:
         lab.up()
-        script = sj.batch_script(lab, train_args="--steps 40", scout_args="--scout-inject=sigkill,rank=3,step=5")
+        script = sj.batch_script(
+            lab, train_args="--steps 40", scout_args="--scout-inject=sigkill,rank=3,step=5"
+        )
         job = sj.submit(lab, script, extra=("--no-requeue",))
         sj.wait_finished(lab, job)
         shown = sj.show_json(lab, job, restart=0)
         node = sj.places(lab, job)[3].node
-        assert shown["kind"] == "crash" and [(s["rank"], s["node"]) for s in shown["suspects"]] == [(3, node)]
+        assert shown["kind"] == "crash" and [(s["rank"], s["node"]) for s in shown["suspects"]] == [
+            (3, node)
+        ]
         assert shown["actions"]["status"] == "applied"
-        drained = {n.name: n.reason for n in ops.list_nodes(timeout=10, env=lab.client_env()) if n.is_drained}
+        drained = {
+            n.name: n.reason
+            for n in ops.list_nodes(timeout=10, env=lab.client_env())
+            if n.is_drained
+        }
         assert drained == {node: drained[node]} and drained[node].startswith("scout: crash rank 3")
         hooks_log = (lab.paths.logs / "hooks.log").read_text()
         assert '"event": "controller.done"' in hooks_log  # logged by the batch host's node Epilog
@@ -53,14 +63,22 @@ def test_batch_host_mode_observe_only_with_planted_checkpoints_finishes_within_b
     state = Path(f"/tmp/scout-lab-batchhost-oo-{os.getpid()}")
     base = LabSpec(state_dir=state, nodes=3, port_base=_pick_port_base(5), python=sys.executable)
     site = lab_site_config(base)
-    site = dataclasses.replace(site, epilog=dataclasses.replace(site.epilog, localise_on="batch-host"),
-                               remediation=dataclasses.replace(site.remediation, observe_only=True))
+    site = dataclasses.replace(
+        site,
+        epilog=dataclasses.replace(site.epilog, localise_on="batch-host"),
+        remediation=dataclasses.replace(site.remediation, observe_only=True),
+    )
     lab = Lab(dataclasses.replace(base, site=site))
     try:
         lab.up()
         pre, planted = sj.hostile_checkpoints(lab, "bh")
-        script = sj.batch_script(lab, train_args="--steps 40", scout_args="--scout-inject=exit,rank=2,step=5,code=3",
-                                 pre=pre, post=sj.PLANT)
+        script = sj.batch_script(
+            lab,
+            train_args="--steps 40",
+            scout_args="--scout-inject=exit,rank=2,step=5,code=3",
+            pre=pre,
+            post=sj.PLANT,
+        )
         job = sj.submit(lab, script)
         sj.wait_finished(lab, job, timeout=240)
         assert "planted 16 checkpoint records" in sj.output(lab, job)
@@ -69,12 +87,26 @@ def test_batch_host_mode_observe_only_with_planted_checkpoints_finishes_within_b
         for a in acts.actions:
             assert not any(p in a.target or p in a.describe() for p in planted), a
         hooks_log = (lab.paths.logs / "hooks.log").read_text()
-        assert '"event": "epilog.checkpoint_checks"' in hooks_log and '"event": "controller.done"' in hooks_log
-        reasons = {n.name: n.reason for n in ops.list_nodes(timeout=10, env=lab.client_env()) if n.is_drained}
-        assert reasons == {}, reasons      # sinfo -R: nothing drained, not by scout, not by an Epilog timeout
+        assert (
+            '"event": "epilog.checkpoint_checks"' in hooks_log
+            and '"event": "controller.done"' in hooks_log
+        )
+        reasons = {
+            n.name: n.reason
+            for n in ops.list_nodes(timeout=10, env=lab.client_env())
+            if n.is_drained
+        }
+        assert reasons == {}, (
+            reasons
+        )  # sinfo -R: nothing drained, not by scout, not by an Epilog timeout
         from scout_slurm.evidence.checkfiles import find_checkpoint_checks
+
         checks = find_checkpoint_checks(sj.folder(lab, job), 0)
-        assert checks is not None and len(checks.results) == 16 and not [r for r in checks.results if r.verified]
+        assert (
+            checks is not None
+            and len(checks.results) == 16
+            and not [r for r in checks.results if r.verified]
+        )
     finally:
         lab.down()
         shutil.rmtree(state, ignore_errors=True)

@@ -26,8 +26,15 @@ from scout_slurm.evidence.records import VerdictKind
 from scout_slurm.evidence.store import create_record_exclusive, read_record
 from scout_slurm.lab.cluster import CLUSTER_NAME
 from scout_slurm.remediation.apply import apply_plan
-from scout_slurm.remediation.records import (ActionKind, ActionsRecord, Drain, Exclude, PlanStatus, PlannedAction,
-                                             Requeue)
+from scout_slurm.remediation.records import (
+    ActionKind,
+    ActionsRecord,
+    Drain,
+    Exclude,
+    PlanStatus,
+    PlannedAction,
+    Requeue,
+)
 from scout_slurm.slurm import ops
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -65,9 +72,12 @@ def _stopped(pid: int) -> bool:
 def running_job(lab) -> tuple[int, str]:
     """A job that only sleeps, running on one node: (job id, node)."""
     env = lab.client_env()
-    job = ops.submit_batch("#!/bin/bash\nsleep 600\n", ["-N1", "--job-name=scout-rerun",
-                                                        f"--output={lab.paths.work}/rerun-%j.out"],
-                           timeout=20, env=env)
+    job = ops.submit_batch(
+        "#!/bin/bash\nsleep 600\n",
+        ["-N1", "--job-name=scout-rerun", f"--output={lab.paths.work}/rerun-%j.out"],
+        timeout=20,
+        env=env,
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         info = ops.job_info(job, timeout=10, env=env)
@@ -77,22 +87,37 @@ def running_job(lab) -> tuple[int, str]:
     raise AssertionError(f"job {job} did not start: {info}")
 
 
-def plan_for(job: int, node: str, root: Path, *, requeue_only: bool = False) -> tuple[ActionsRecord, str]:
+def plan_for(
+    job: int, node: str, root: Path, *, requeue_only: bool = False
+) -> tuple[ActionsRecord, str]:
     reason = f"scout: crash rank 0 job {job} run 0 conf 0.95 see {root}/{CLUSTER_NAME}/{job}"
-    actions = (PlannedAction.of(Requeue(job)),) if requeue_only else (
-        PlannedAction.of(Drain(node, reason)),
-        PlannedAction.of(Requeue(job)),
-        PlannedAction.of(Exclude(job, (node,))),
+    actions = (
+        (PlannedAction.of(Requeue(job)),)
+        if requeue_only
+        else (
+            PlannedAction.of(Drain(node, reason)),
+            PlannedAction.of(Requeue(job)),
+            PlannedAction.of(Exclude(job, (node,))),
+        )
     )
     now = time.time()
-    return ActionsRecord(job_id=job, restart=0, verdict_kind=VerdictKind.CRASH, status=PlanStatus.PLANNED,
-                         actions=actions, held_back=(), results=(), created_at=now, updated_at=now), reason
+    return ActionsRecord(
+        job_id=job,
+        restart=0,
+        verdict_kind=VerdictKind.CRASH,
+        status=PlanStatus.PLANNED,
+        actions=actions,
+        held_back=(),
+        results=(),
+        created_at=now,
+        updated_at=now,
+    ), reason
 
 
 def actions_file(tmp_path: Path, job: int) -> tuple[Path, JobFolder]:
     """The plan's own evidence folder, beside the lab's (the lab's hooks never see it)."""
     folder = JobFolder(tmp_path / "evidence", CLUSTER_NAME, job)
-    folder.results_dir.mkdir(parents=True)      # as the Prolog lays it out
+    folder.results_dir.mkdir(parents=True)  # as the Prolog lays it out
     return folder.actions_path(0), folder
 
 
@@ -101,7 +126,9 @@ def drain_updates(lab, node: str, job: int, since: int) -> int:
     with open(lab.paths.logs / "slurmctld.log", "rb") as fh:
         fh.seek(since)
         text = fh.read().decode(errors="replace")
-    return len(re.findall(rf"node {re.escape(node)} reason set to: scout: crash rank 0 job {job} ", text))
+    return len(
+        re.findall(rf"node {re.escape(node)} reason set to: scout: crash rank 0 job {job} ", text)
+    )
 
 
 def log_size(lab) -> int:
@@ -112,7 +139,9 @@ def assert_completed(lab, record: ActionsRecord, job: int, node: str, reason: st
     env = lab.client_env()
     assert record.status == PlanStatus.APPLIED, record
     ok = Counter((r.kind, r.target) for r in record.results if r.ok)
-    assert ok == Counter((a.kind, a.target) for a in record.actions), f"an action done twice or not at all: {record.results}"
+    assert ok == Counter((a.kind, a.target) for a in record.actions), (
+        f"an action done twice or not at all: {record.results}"
+    )
     info = ops.job_info(job, timeout=10, env=env)
     assert info.restart_count == 1, f"requeued {info.restart_count} times"
     if any(a.kind == ActionKind.DRAIN for a in record.actions):
@@ -133,15 +162,21 @@ def cleanup(lab, job: int, node: str) -> None:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("stop_after", [1, 2], ids=["after-drain", "after-requeue"])
-def test_an_apply_killed_between_actions_and_run_again_does_nothing_twice(lab, clean_drains, tmp_path, stop_after):
+def test_an_apply_killed_between_actions_and_run_again_does_nothing_twice(
+    lab, clean_drains, tmp_path, stop_after
+):
     job, node = running_job(lab)
     path, folder = actions_file(tmp_path, job)
     record, reason = plan_for(job, node, folder.root)
     try:
         assert create_record_exclusive(path, record)
         since = log_size(lab)
-        child = subprocess.Popen([sys.executable, "-c", APPLY, str(path), str(folder.root), str(stop_after)],
-                                 env=lab.client_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        child = subprocess.Popen(
+            [sys.executable, "-c", APPLY, str(path), str(folder.root), str(stop_after)],
+            env=lab.client_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
         try:
             deadline = time.monotonic() + 60
             seen = record
@@ -157,20 +192,40 @@ def test_an_apply_killed_between_actions_and_run_again_does_nothing_twice(lab, c
             child.send_signal(signal.SIGKILL)
             out = child.communicate(timeout=30)[0].decode(errors="replace")
         killed = read_record(path, ActionsRecord, root=folder.root)
-        print(f"\nkilled after {[r.kind.value for r in killed.results]}, status {killed.status.value}")
+        print(
+            f"\nkilled after {[r.kind.value for r in killed.results]}, status {killed.status.value}"
+        )
         assert child.returncode == -signal.SIGKILL, out[-3000:]
-        assert [(r.kind, r.ok) for r in killed.results] == [(a.kind, True) for a in record.actions[:stop_after]], out
+        assert [(r.kind, r.ok) for r in killed.results] == [
+            (a.kind, True) for a in record.actions[:stop_after]
+        ], out
         assert killed.status == PlanStatus.PLANNED
 
-        final = apply_plan(killed, path, folder, timeout=20, retries=2, retry_wait_s=1,
-                           deadline=time.monotonic() + 60, env=lab.client_env())
+        final = apply_plan(
+            killed,
+            path,
+            folder,
+            timeout=20,
+            retries=2,
+            retry_wait_s=1,
+            deadline=time.monotonic() + 60,
+            env=lab.client_env(),
+        )
         assert read_record(path, ActionsRecord, root=folder.root) == final
         assert final.results[:stop_after] == killed.results
         assert_completed(lab, final, job, node, reason)
         assert drain_updates(lab, node, job, since) == 1
         # and a third run, after the incident is complete, changes nothing in Slurm
-        again = apply_plan(final, path, folder, timeout=20, retries=0, retry_wait_s=1,
-                           deadline=time.monotonic() + 30, env=lab.client_env())
+        again = apply_plan(
+            final,
+            path,
+            folder,
+            timeout=20,
+            retries=0,
+            retry_wait_s=1,
+            deadline=time.monotonic() + 30,
+            env=lab.client_env(),
+        )
         assert again.results == final.results
         assert_completed(lab, again, job, node, reason)
         assert drain_updates(lab, node, job, since) == 1
@@ -187,7 +242,7 @@ def test_a_requeue_slurm_did_but_the_record_missed_is_not_repeated(lab, clean_dr
     record, _ = plan_for(job, node, folder.root, requeue_only=True)
     env = lab.client_env()
     try:
-        ops.requeue_job(job, timeout=20, env=env)      # what the killed hook did
+        ops.requeue_job(job, timeout=20, env=env)  # what the killed hook did
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             info = ops.job_info(job, timeout=10, env=env)
@@ -196,8 +251,16 @@ def test_a_requeue_slurm_did_but_the_record_missed_is_not_repeated(lab, clean_dr
             time.sleep(0.3)
         else:
             pytest.fail(f"the requeued job did not run again: {info}")
-        final = apply_plan(record, path, folder, timeout=20, retries=0, retry_wait_s=1,
-                           deadline=time.monotonic() + 30, env=env)
+        final = apply_plan(
+            record,
+            path,
+            folder,
+            timeout=20,
+            retries=0,
+            retry_wait_s=1,
+            deadline=time.monotonic() + 30,
+            env=env,
+        )
         assert final.status == PlanStatus.APPLIED
         assert [(r.kind, r.ok) for r in final.results] == [(ActionKind.REQUEUE, True)]
         assert final.results[0].message.startswith("already requeued"), final.results
@@ -209,42 +272,70 @@ def test_a_requeue_slurm_did_but_the_record_missed_is_not_repeated(lab, clean_dr
 
 def free_port() -> int:
     import socket
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
 @pytest.mark.timeout(120)
-def test_when_slurm_does_not_answer_the_plan_stays_pending_and_a_later_run_applies_it(lab, clean_drains, tmp_path):
+def test_when_slurm_does_not_answer_the_plan_stays_pending_and_a_later_run_applies_it(
+    lab, clean_drains, tmp_path
+):
     job, node = running_job(lab)
     path, folder = actions_file(tmp_path, job)
     record, reason = plan_for(job, node, folder.root)
     # the lab's slurm.conf, with a controller port where nothing listens
     conf = tmp_path / "slurm.conf"
-    conf.write_text(re.sub(r"(?m)^SlurmctldPort=\d+$", f"SlurmctldPort={free_port()}",
-                           lab.paths.slurm_conf.read_text()))
+    conf.write_text(
+        re.sub(
+            r"(?m)^SlurmctldPort=\d+$",
+            f"SlurmctldPort={free_port()}",
+            lab.paths.slurm_conf.read_text(),
+        )
+    )
     assert conf.read_text() != lab.paths.slurm_conf.read_text()
     dead = {**lab.client_env(), "SLURM_CONF": str(conf)}
     try:
         assert create_record_exclusive(path, record)
         t0 = time.monotonic()
-        pending = apply_plan(record, path, folder, timeout=3, retries=1, retry_wait_s=0.5,
-                             deadline=time.monotonic() + 10, env=dead)
+        pending = apply_plan(
+            record,
+            path,
+            folder,
+            timeout=3,
+            retries=1,
+            retry_wait_s=0.5,
+            deadline=time.monotonic() + 10,
+            env=dead,
+        )
         took = time.monotonic() - t0
-        print(f"\nno answer: {pending.status.value} after {took:.1f} s: {pending.results[0].message[:200]}")
+        print(
+            f"\nno answer: {pending.status.value} after {took:.1f} s: {pending.results[0].message[:200]}"
+        )
         assert took < 15
         assert pending.status == PlanStatus.PENDING
-        assert pending.actions == record.actions                      # nothing lost
-        assert [(r.kind, r.ok, r.attempts) for r in pending.results] == [(ActionKind.DRAIN, False, 2)]
-        assert pending.results[0].message                             # the error is kept
-        assert read_record(path, ActionsRecord, root=folder.root) == pending   # and on disk
+        assert pending.actions == record.actions  # nothing lost
+        assert [(r.kind, r.ok, r.attempts) for r in pending.results] == [
+            (ActionKind.DRAIN, False, 2)
+        ]
+        assert pending.results[0].message  # the error is kept
+        assert read_record(path, ActionsRecord, root=folder.root) == pending  # and on disk
         assert not ops.node_info(node, timeout=10, env=lab.client_env()).is_drained
         assert ops.job_info(job, timeout=10, env=lab.client_env()).restart_count == 0
 
-        final = apply_plan(read_record(path, ActionsRecord, root=folder.root), path, folder, timeout=20, retries=2,
-                           retry_wait_s=1, deadline=time.monotonic() + 60, env=lab.client_env())
+        final = apply_plan(
+            read_record(path, ActionsRecord, root=folder.root),
+            path,
+            folder,
+            timeout=20,
+            retries=2,
+            retry_wait_s=1,
+            deadline=time.monotonic() + 60,
+            env=lab.client_env(),
+        )
         assert_completed(lab, final, job, node, reason)
-        assert final.results[0] == pending.results[0]                # the failed attempt stays in the record
+        assert final.results[0] == pending.results[0]  # the failed attempt stays in the record
     finally:
         cleanup(lab, job, node)
 
@@ -281,8 +372,12 @@ with held_lock(folder, 0):
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("stop_after", [0, 1, 2], ids=["after-planning", "after-drain", "after-requeue"])
-def test_an_incident_left_by_a_killed_hook_is_completed_by_the_next_controller_run(lab, clean_drains, stop_after):
+@pytest.mark.parametrize(
+    "stop_after", [0, 1, 2], ids=["after-planning", "after-drain", "after-requeue"]
+)
+def test_an_incident_left_by_a_killed_hook_is_completed_by_the_next_controller_run(
+    lab, clean_drains, stop_after
+):
     """No rerun by hand: the controller Epilog of the next job to end on the cluster (any job, here a
     plain `true` of another user) finds the marker, takes the free lock, and completes the incident
     from its actions record: each action done once, the marker gone."""
@@ -291,16 +386,22 @@ def test_an_incident_left_by_a_killed_hook_is_completed_by_the_next_controller_r
     # what makes it a scout job for the hooks: a rank's record in the run folder the Prolog lays out
     # (a job shows RUNNING while its Prolog may still run: wait for the folder)
     deadline = time.monotonic() + 30
-    while not (folder.ranks_dir(0).is_dir() and folder.results_dir.is_dir()) and time.monotonic() < deadline:
+    while (
+        not (folder.ranks_dir(0).is_dir() and folder.results_dir.is_dir())
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.1)
     (folder.ranks_dir(0) / "rank-0.json").write_text("{}")
     record, reason = plan_for(job, node, folder.root)
     try:
         assert create_record_exclusive(folder.actions_path(0), record)
         since = log_size(lab)
-        child = subprocess.Popen([sys.executable, "-c", APPLY_LOCKED, str(folder.root), str(job), node,
-                                  str(stop_after)], env=lab.client_env(), stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT)
+        child = subprocess.Popen(
+            [sys.executable, "-c", APPLY_LOCKED, str(folder.root), str(job), node, str(stop_after)],
+            env=lab.client_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
         try:
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and child.poll() is None and not _stopped(child.pid):
@@ -310,13 +411,21 @@ def test_an_incident_left_by_a_killed_hook_is_completed_by_the_next_controller_r
             out = child.communicate(timeout=30)[0].decode(errors="replace")
         killed = read_record(folder.actions_path(0), ActionsRecord, root=folder.root)
         assert child.returncode == -signal.SIGKILL, out[-3000:]
-        assert [(r.kind, r.ok) for r in killed.results] == [(a.kind, True) for a in record.actions[:stop_after]], out
+        assert [(r.kind, r.ok) for r in killed.results] == [
+            (a.kind, True) for a in record.actions[:stop_after]
+        ], out
         assert killed.status == PlanStatus.PLANNED and folder.pending_path(0).exists()
-        shown = subprocess.run([sys.executable, "-m", "scout_slurm.cli", "incidents", "--pending"],
-                               capture_output=True, text=True, env=lab.client_env(), timeout=60).stdout
+        shown = subprocess.run(
+            [sys.executable, "-m", "scout_slurm.cli", "incidents", "--pending"],
+            capture_output=True,
+            text=True,
+            env=lab.client_env(),
+            timeout=60,
+        ).stdout
         taken_over = stop_after == 2 and (
             ("no pending incidents" in shown and not folder.pending_path(0).exists())
-            or re.search(rf"{job}\s+0\s+applied\s+since .* begun by controller", shown))
+            or re.search(rf"{job}\s+0\s+applied\s+since .* begun by controller", shown)
+        )
         if not taken_over:
             # (after the requeue the job itself ends, and its own controller Epilog may complete the
             # incident first once the marker is old enough: then it is gone, or being completed by that
@@ -332,11 +441,13 @@ def test_an_incident_left_by_a_killed_hook_is_completed_by_the_next_controller_r
             if final.status != PlanStatus.PLANNED and not folder.pending_path(0).exists():
                 break
             time.sleep(0.3)
-        print(f"\nkilled {['after planning', 'after drain', 'after requeue'][stop_after]}: completed by job "
-              f"{other}'s controller Epilog {time.monotonic() - t0:.1f} s after that job was submitted")
+        print(
+            f"\nkilled {['after planning', 'after drain', 'after requeue'][stop_after]}: completed by job "
+            f"{other}'s controller Epilog {time.monotonic() - t0:.1f} s after that job was submitted"
+        )
         assert final.results[:stop_after] == killed.results
         assert_completed(lab, final, job, node, reason)
-        assert drain_updates(lab, node, job, since) == 1          # once, whoever did it
+        assert drain_updates(lab, node, job, since) == 1  # once, whoever did it
         assert not folder.pending_path(0).exists()
         ctl_log = (lab.paths.logs / "hooks-slurmctld.log").read_text(errors="replace")
         assert f'"event": "controller.pending_completed"' in ctl_log and f'"job": {job}' in ctl_log

@@ -38,21 +38,29 @@ class Site:
         self.jobs_before = {j.job_id for j in ops.list_jobs(timeout=10, env=lab.client_env())}
         self.conf = lab.paths.scout_conf
         self.saved = self.conf.read_bytes()
-        self.kmsg = lab.paths.etc / "test-kmsg"     # root's, like the site config beside it
+        self.kmsg = lab.paths.etc / "test-kmsg"  # root's, like the site config beside it
         self.kmsg.mkdir(mode=0o755, exist_ok=True)
-        for node in lab.spec.node_names():     # each node's kernel log, empty: nothing logged yet
+        for node in lab.spec.node_names():  # each node's kernel log, empty: nothing logged yet
             (self.kmsg / f"{node}.kmsg").write_text("")
         # the session's earlier tests drained and watched nodes too (as scout-u1 and root): their drain
         # decisions are set aside for this test, so that its history is its own, and put back after
-        self.stashed = [p.rename(p.with_name(p.name + STASHED))
-                        for p in lab.paths.evidence.glob("*/*/results/drain-decisions-*.json")]
+        self.stashed = [
+            p.rename(p.with_name(p.name + STASHED))
+            for p in lab.paths.evidence.glob("*/*/results/drain-decisions-*.json")
+        ]
 
     def arm(self) -> None:
         import tomllib
+
         cfg = parse_config(tomllib.loads(self.saved.decode()))
-        drain = DrainConfig(drain_on="corroborated", window_s=time.time() - self.started + 600,
-                            verdict_wait_s=20, root_check_s=10, wait_for_root_checks_s=25,
-                            test_kernel_log=str(self.kmsg / "{node}.kmsg"))
+        drain = DrainConfig(
+            drain_on="corroborated",
+            window_s=time.time() - self.started + 600,
+            verdict_wait_s=20,
+            root_check_s=10,
+            wait_for_root_checks_s=25,
+            test_kernel_log=str(self.kmsg / "{node}.kmsg"),
+        )
         self.conf.write_text(render_toml(dataclasses.replace(cfg, drain=drain)))
 
     def plant_xid(self, node: str, line: str) -> None:
@@ -85,12 +93,19 @@ def site(lab, clean_drains):
 
 
 def _drained(lab) -> dict[str, str]:
-    return {n.name: n.reason for n in ops.list_nodes(timeout=10, env=lab.client_env()) if n.is_drained}
+    return {
+        n.name: n.reason for n in ops.list_nodes(timeout=10, env=lab.client_env()) if n.is_drained
+    }
 
 
 def _scout(lab, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "scout_slurm.cli", *args], capture_output=True, text=True,
-                          env=lab.client_env(), timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "scout_slurm.cli", *args],
+        capture_output=True,
+        text=True,
+        env=lab.client_env(),
+        timeout=60,
+    )
 
 
 def _suspects(lab) -> dict[str, dict]:
@@ -112,9 +127,20 @@ def _wait_running(lab, job: int, timeout: float = 90) -> ops.JobInfo:
 def _sleeper(lab, user: str, node: str) -> int:
     """A plain job of `user` holding one CPU of `node` (shared: not exclusive)."""
     script = "#!/bin/bash\nsleep 900\n"
-    job = ops.submit_batch(script, ["-N1", "-n1", f"-w{node}", "--job-name=bystander",
-                                    f"--output={lab.paths.work}/bystander-%j.out", f"--chdir={lab.paths.work}"],
-                           timeout=20, env=lab.client_env(), user=user)
+    job = ops.submit_batch(
+        script,
+        [
+            "-N1",
+            "-n1",
+            f"-w{node}",
+            "--job-name=bystander",
+            f"--output={lab.paths.work}/bystander-%j.out",
+            f"--chdir={lab.paths.work}",
+        ],
+        timeout=20,
+        env=lab.client_env(),
+        user=user,
+    )
     _wait_running(lab, job)
     return job
 
@@ -127,7 +153,9 @@ def _wait_applied(lab, job: int, timeout: float = 90) -> None:
         if acts is not None and acts.status.value == "applied":
             return
         time.sleep(0.3)
-    raise AssertionError(f"job {job} run 0: plan not applied within {timeout} s: {sj.actions(lab, job, 0)}")
+    raise AssertionError(
+        f"job {job} run 0: plan not applied within {timeout} s: {sj.actions(lab, job, 0)}"
+    )
 
 
 def _wait_tasks(lab, job: int, timeout: float = 90) -> None:
@@ -138,25 +166,44 @@ def _wait_tasks(lab, job: int, timeout: float = 90) -> None:
         if ranks.is_dir() and any(ranks.glob("rank-*.json")):
             return
         time.sleep(0.2)
-    raise AssertionError(f"job {job}: no task started within {timeout} s:\n{sj.output(lab, job)[-2000:]}")
+    raise AssertionError(
+        f"job {job}: no task started within {timeout} s:\n{sj.output(lab, job)[-2000:]}"
+    )
 
 
 def _filler(lab, node: str) -> int:
     """A job (root's) holding all of `node`, so that the job under test lands on the other nodes
     without naming them (a job that names its nodes with -w could not be requeued without one)."""
-    return ops.submit_batch("#!/bin/bash\nsleep 900\n", ["-N1", "--exclusive", f"-w{node}", "--job-name=filler",
-                                                          f"--output={lab.paths.work}/filler-%j.out"],
-                            timeout=20, env=lab.client_env())
+    return ops.submit_batch(
+        "#!/bin/bash\nsleep 900\n",
+        [
+            "-N1",
+            "--exclusive",
+            f"-w{node}",
+            "--job-name=filler",
+            f"--output={lab.paths.work}/filler-%j.out",
+        ],
+        timeout=20,
+        env=lab.client_env(),
+    )
 
 
-def _training(lab, user: str, nodes: tuple[str, str], inject: str, while_running=lambda: None,
-              extra: tuple[str, ...] = ()) -> int:
+def _training(
+    lab,
+    user: str,
+    nodes: tuple[str, str],
+    inject: str,
+    while_running=lambda: None,
+    extra: tuple[str, ...] = (),
+) -> int:
     """A 2-node training job of `user` on `nodes` (the others held by fillers until its first run
     ended, then freed for its rerun)."""
     fillers = [_filler(lab, n) for n in lab.spec.node_names() if n not in nodes]
     for f in fillers:
         _wait_running(lab, f)
-    script = sj.batch_script(lab, train_args="--steps 30", scout_args=f"--scout-stall-floor=4 --scout-inject={inject}")
+    script = sj.batch_script(
+        lab, train_args="--steps 30", scout_args=f"--scout-stall-floor=4 --scout-inject={inject}"
+    )
     job = sj.submit(lab, script, nodes=2, tasks_per_node=2, user=user, extra=extra)
     try:
         assert sorted(_wait_running(lab, job).nodes) == sorted(nodes)
@@ -174,14 +221,21 @@ def _watched_run(lab, job: int, node: str, rank: int) -> None:
     """Run 0 named `node`; it was excluded from the rerun, not drained, and the rerun completed elsewhere."""
     sj.wait_finished(lab, job, restart=0)
     v0 = sj.show_json(lab, job, restart=0)
-    assert v0["kind"] == "crash" and [(s["rank"], s["node"]) for s in v0["suspects"]] == [(rank, node)], v0
+    assert v0["kind"] == "crash" and [(s["rank"], s["node"]) for s in v0["suspects"]] == [
+        (rank, node)
+    ], v0
     acts = sj.actions(lab, job, 0)
     assert [a.kind.value for a in acts.actions] == ["requeue", "exclude"], acts
-    assert any(h.startswith(f"node {node}: only the job's own evidence") and "watch list" in h
-               for h in acts.held_back), acts.held_back
+    assert any(
+        h.startswith(f"node {node}: only the job's own evidence") and "watch list" in h
+        for h in acts.held_back
+    ), acts.held_back
     assert node not in _drained(lab)
     info = sj.wait_completed(lab, job)
-    assert info.state == "COMPLETED" and info.restart_count == 1, (info, sj.output(lab, job)[-3000:])
+    assert info.state == "COMPLETED" and info.restart_count == 1, (
+        info,
+        sj.output(lab, job)[-3000:],
+    )
     assert node in info.excluded_nodes
     assert node not in {p.node for p in sj.places(lab, job, 1).values()}
 
@@ -190,17 +244,21 @@ def _watched_run(lab, job: int, node: str, rank: int) -> None:
 def test_one_users_crash_on_a_shared_node_excludes_it_a_second_users_drains_it(lab, site):
     users = lab.users.get("job_users") or []
     if len(users) < 2:
-        pytest.skip(f"the lab runs jobs as {users or 'root'}: two unprivileged users are needed ({lab.users})")
+        pytest.skip(
+            f"the lab runs jobs as {users or 'root'}: two unprivileged users are needed ({lab.users})"
+        )
     u1, u2 = users[:2]
     bystander = _sleeper(lab, u2, "n2")
     # user 1's job makes its rank on the shared node exit: the job's own word, the node is sound
     job_a = _training(lab, u1, ("n1", "n2"), "exit,rank=2,step=5,code=3")
     _watched_run(lab, job_a, "n2", 2)
-    assert ops.job_info(bystander, timeout=10, env=lab.client_env()).state == "RUNNING"   # untouched
+    assert ops.job_info(bystander, timeout=10, env=lab.client_env()).state == "RUNNING"  # untouched
     watch = _suspects(lab)["n2"]
     assert watch["status"] == "watch" and watch["users"] == [u1], watch
     rootchecks = [i["root_checks"] for i in watch["incidents"] if i["job_id"] == job_a][0]
-    assert "kernel-log: clean" in rootchecks and "compute-signature: clean" in rootchecks, rootchecks
+    assert "kernel-log: clean" in rootchecks and "compute-signature: clean" in rootchecks, (
+        rootchecks
+    )
     ops.cancel_job(bystander, timeout=10, env=lab.client_env())
 
     # a second incident on n2, from another user's job: independent evidence, so n2 is drained
@@ -214,24 +272,41 @@ def test_one_users_crash_on_a_shared_node_excludes_it_a_second_users_drains_it(l
     assert sj.wait_completed(lab, job_b).state == "COMPLETED"
     assert _suspects(lab)["n2"]["status"] == "drained"
     text = _scout(lab, "suspects").stdout
-    assert f"node n2: drained; 2 incident(s) from 2 user(s) ({', '.join(sorted([u1, u2]))})" in text, text
+    assert (
+        f"node n2: drained; 2 incident(s) from 2 user(s) ({', '.join(sorted([u1, u2]))})" in text
+    ), text
 
 
 @pytest.mark.timeout(420)
 def test_a_root_visible_hardware_error_drains_on_the_first_incident(lab, site):
     # while the job runs, the TEST DOUBLE of n4's kernel log says n4's GPU fell off the bus
-    job = _training(lab, lab.job_user, ("n3", "n4"), "exit,rank=2,step=12,code=3",
-                    while_running=lambda: site.plant_xid("n4", XID))
+    job = _training(
+        lab,
+        lab.job_user,
+        ("n3", "n4"),
+        "exit,rank=2,step=12,code=3",
+        while_running=lambda: site.plant_xid("n4", XID),
+    )
     assert [s["node"] for s in sj.show_json(lab, job, restart=0)["suspects"]] == ["n4"]
     reason = _drained(lab).get("n4", "")
-    assert "corroborated by root check: nvidia-xid: NVRM: Xid (PCI:0000:3b:00): 79" in reason, reason
+    assert "corroborated by root check: nvidia-xid: NVRM: Xid (PCI:0000:3b:00): 79" in reason, (
+        reason
+    )
     assert list(_drained(lab)) == ["n4"]
-    assert [a.kind.value for a in sj.actions(lab, job, 0).actions] == ["drain", "requeue", "exclude"]
+    assert [a.kind.value for a in sj.actions(lab, job, 0).actions] == [
+        "drain",
+        "requeue",
+        "exclude",
+    ]
     nodes = sj.folder(lab, job).nodes_dir
     assert (nodes / "n4" / "rootcheck-0.json").exists()
-    assert not (nodes / "n3" / "rootcheck-0.json").exists()   # never on a node the verdict did not name
+    assert not (
+        nodes / "n3" / "rootcheck-0.json"
+    ).exists()  # never on a node the verdict did not name
     row = _suspects(lab)["n4"]
-    assert row["status"] == "drained" and any(XID in f for i in row["incidents"] for f in i["root_findings"]), row
+    assert row["status"] == "drained" and any(
+        XID in f for i in row["incidents"] for f in i["root_findings"]
+    ), row
     assert sj.wait_completed(lab, job).state == "COMPLETED"
 
 
@@ -239,7 +314,9 @@ def test_a_root_visible_hardware_error_drains_on_the_first_incident(lab, site):
 def test_a_real_crash_without_root_evidence_is_excluded_not_drained_exclusive_or_not(lab, site):
     """A killed rank, in an exclusive allocation: having had the nodes to itself earns the job's
     word no drain (a drain takes the node from every later job too); the rerun completes elsewhere."""
-    job = _training(lab, lab.job_user, ("n3", "n4"), "sigkill,rank=1,step=5", extra=("--exclusive",))
+    job = _training(
+        lab, lab.job_user, ("n3", "n4"), "sigkill,rank=1,step=5", extra=("--exclusive",)
+    )
     _watched_run(lab, job, "n3", 1)
     assert _drained(lab) == {}
     mine = [i for i in _suspects(lab)["n3"]["incidents"] if i["job_id"] == job]
@@ -255,20 +332,30 @@ def test_batch_host_mode_the_batch_host_checks_itself_between_verdict_and_plan()
 
     from conftest import _pick_port_base
     from scout_slurm.lab.cluster import Lab, LabPaths, LabSpec, lab_site_config
+
     state = Path(f"/tmp/scout-lab-drain-batchhost-{os.getpid()}")
     kmsg = LabPaths(state).etc / "test-kmsg"
     base = LabSpec(state_dir=state, nodes=3, port_base=_pick_port_base(5), python=sys.executable)
     cfg = lab_site_config(base)
-    cfg = dataclasses.replace(cfg, epilog=dataclasses.replace(cfg.epilog, localise_on="batch-host"),
-                              drain=DrainConfig(drain_on="corroborated", verdict_wait_s=20, root_check_s=10,
-                                                test_kernel_log=str(kmsg / "{node}.kmsg")))
+    cfg = dataclasses.replace(
+        cfg,
+        epilog=dataclasses.replace(cfg.epilog, localise_on="batch-host"),
+        drain=DrainConfig(
+            drain_on="corroborated",
+            verdict_wait_s=20,
+            root_check_s=10,
+            test_kernel_log=str(kmsg / "{node}.kmsg"),
+        ),
+    )
     lab = Lab(dataclasses.replace(base, site=cfg))
     try:
         lab.up()
         kmsg.mkdir(mode=0o755)
         for node in base.node_names():
             (kmsg / f"{node}.kmsg").write_text("")
-        script = sj.batch_script(lab, train_args="--steps 30", scout_args="--scout-inject=exit,rank=0,step=12,code=3")
+        script = sj.batch_script(
+            lab, train_args="--steps 30", scout_args="--scout-inject=exit,rank=0,step=12,code=3"
+        )
         job = sj.submit(lab, script, extra=("--no-requeue",))
         _wait_tasks(lab, job)
         batch_host = sorted(_wait_running(lab, job).nodes)[0]
@@ -281,7 +368,9 @@ def test_batch_host_mode_the_batch_host_checks_itself_between_verdict_and_plan()
         drained = _drained(lab)
         assert list(drained) == [batch_host], drained
         assert "corroborated by root check: nvidia-xid: NVRM: Xid" in drained[batch_host], drained
-        assert '"event": "controller.done"' in (lab.paths.logs / "hooks.log").read_text()   # the batch host's
+        assert (
+            '"event": "controller.done"' in (lab.paths.logs / "hooks.log").read_text()
+        )  # the batch host's
     finally:
         lab.down()
         shutil.rmtree(state, ignore_errors=True)

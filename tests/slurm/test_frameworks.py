@@ -26,10 +26,14 @@ STALL_FLOOR = 4.0
 JOBS = sj.TRAIN.parent
 DEEPSPEED = JOBS / "train_deepspeed.py"
 MEGATRON = JOBS / "train_megatron.py"
-needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
-                                     reason="deepspeed is not installed (pip install -e '.[frameworks]')")
-needs_megatron = pytest.mark.skipif(importlib.util.find_spec("megatron.core") is None,
-                                    reason="megatron-core is not installed (pip install -e '.[frameworks]')")
+needs_deepspeed = pytest.mark.skipif(
+    importlib.util.find_spec("deepspeed") is None,
+    reason="deepspeed is not installed (pip install -e '.[frameworks]')",
+)
+needs_megatron = pytest.mark.skipif(
+    importlib.util.find_spec("megatron.core") is None,
+    reason="megatron-core is not installed (pip install -e '.[frameworks]')",
+)
 
 
 def _banner(out: str) -> str:
@@ -39,7 +43,9 @@ def _banner(out: str) -> str:
 
 
 def _drained(lab) -> dict[str, str]:
-    return {n.name: n.reason for n in ops.list_nodes(timeout=10, env=lab.client_env()) if n.is_drained}
+    return {
+        n.name: n.reason for n in ops.list_nodes(timeout=10, env=lab.client_env()) if n.is_drained
+    }
 
 
 @needs_deepspeed
@@ -48,19 +54,30 @@ def test_deepspeed_zero1_and_zero2_clean_with_slow_start(lab, clean_drains):
     jobs = {}
     t0 = time.monotonic()
     for zero in (1, 2):  # both at once: each waits 40 s at start
-        script = sj.batch_script(lab, train=DEEPSPEED, train_args=f"--zero {zero} --startup-sleep 40 --steps 20",
-                                 scout_args=f"--scout-stall-floor={STALL_FLOOR} --scout-consensus-every=5")
+        script = sj.batch_script(
+            lab,
+            train=DEEPSPEED,
+            train_args=f"--zero {zero} --startup-sleep 40 --steps 20",
+            scout_args=f"--scout-stall-floor={STALL_FLOOR} --scout-consensus-every=5",
+        )
         jobs[zero] = sj.submit(lab, script, extra=("--no-requeue",))
     for zero, job in jobs.items():
         sj.wait_finished(lab, job, timeout=360)
-    print(f"\nDEEPSPEED ZeRO-1 and ZeRO-2 with a 40 s start-up, side by side: {time.monotonic() - t0:.1f} s")
+    print(
+        f"\nDEEPSPEED ZeRO-1 and ZeRO-2 with a 40 s start-up, side by side: {time.monotonic() - t0:.1f} s"
+    )
     for zero, job in jobs.items():
         out = sj.output(lab, job)
         assert all(f"rank {r}: done" in out for r in range(4)), out[-3000:]
         assert sj.decision(lab, job) is None
         banner = _banner(out)
-        assert f"DeepSpeed engine, ZeRO-{zero}" in banner and "replica groups [[0, 1, 2, 3]]" in banner, banner
-        assert "voted every 5 steps: weights" in banner and f"DeepSpeed ZeRO-{zero} partitions it" in banner, banner
+        assert (
+            f"DeepSpeed engine, ZeRO-{zero}" in banner and "replica groups [[0, 1, 2, 3]]" in banner
+        ), banner
+        assert (
+            "voted every 5 steps: weights" in banner
+            and f"DeepSpeed ZeRO-{zero} partitions it" in banner
+        ), banner
         shown = sj.show_json(lab, job, restart=0)
         assert shown["kind"] == "clean" and shown["suspects"] == [], shown
         cov = json.loads((sj.folder(lab, job).run_dir(0) / "votes.json").read_text())
@@ -72,9 +89,13 @@ def test_deepspeed_zero1_and_zero2_clean_with_slow_start(lab, clean_drains):
 @pytest.mark.timeout(300)
 def test_deepspeed_zero2_weight_bitflip_is_sdc(lab, clean_drains):
     inject = "bitflip,bit=23,rank=2,step=5,target=weights"
-    script = sj.batch_script(lab, train=DEEPSPEED, train_args="--zero 2 --steps 40",
-                             scout_args=f"--scout-stall-floor={STALL_FLOOR} --scout-consensus-every=5 "
-                                        f"--scout-inject={inject}")
+    script = sj.batch_script(
+        lab,
+        train=DEEPSPEED,
+        train_args="--zero 2 --steps 40",
+        scout_args=f"--scout-stall-floor={STALL_FLOOR} --scout-consensus-every=5 "
+        f"--scout-inject={inject}",
+    )
     job = sj.submit(lab, script, extra=("--no-requeue",))
     sj.wait_finished(lab, job, timeout=240)
     shown = sj.show_json(lab, job, restart=0)
@@ -91,12 +112,18 @@ DS_FAULTS = [("sigstop", None, 2, "hang"), ("sigkill", "sigkill,rank=3,step=5", 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("case_id,inject,rank,kind", DS_FAULTS, ids=[c[0] for c in DS_FAULTS])
 def test_deepspeed_zero2_process_faults_named(lab, clean_drains, case_id, inject, rank, kind):
-    scout_args = f"--scout-stall-floor={STALL_FLOOR}" + (f" --scout-inject={inject}" if inject else "")
-    script = sj.batch_script(lab, train=DEEPSPEED, train_args="--zero 2 --steps 400", scout_args=scout_args)
+    scout_args = f"--scout-stall-floor={STALL_FLOOR}" + (
+        f" --scout-inject={inject}" if inject else ""
+    )
+    script = sj.batch_script(
+        lab, train=DEEPSPEED, train_args="--zero 2 --steps 400", scout_args=scout_args
+    )
     job = sj.submit(lab, script, extra=("--no-requeue",))
     if inject is None:
         sj.wait_progress(lab, job, rank, steps=5, timeout=200)
-        os.kill(sj.places(lab, job)[rank].child_pid, signal.SIGSTOP)  # a process of a job this test submitted
+        os.kill(
+            sj.places(lab, job)[rank].child_pid, signal.SIGSTOP
+        )  # a process of a job this test submitted
     sj.wait_finished(lab, job, timeout=240)
     shown = sj.show_json(lab, job, restart=0)
     node = sj.places(lab, job)[rank].node
@@ -107,19 +134,30 @@ def test_deepspeed_zero2_process_faults_named(lab, clean_drains, case_id, inject
 @needs_megatron
 @pytest.mark.timeout(300)
 def test_megatron_votes_replay_run_and_sigstop_is_named(lab, clean_drains):
-    script = sj.batch_script(lab, train=MEGATRON, train_args="--steps 400",
-                             scout_args=f"--scout-stall-floor={STALL_FLOOR} --scout-consensus-every=5")
+    script = sj.batch_script(
+        lab,
+        train=MEGATRON,
+        train_args="--steps 400",
+        scout_args=f"--scout-stall-floor={STALL_FLOOR} --scout-consensus-every=5",
+    )
     job = sj.submit(lab, script, extra=("--no-requeue",))
     sj.wait_progress(lab, job, 1, steps=12, timeout=200)
-    os.kill(sj.places(lab, job)[1].child_pid, signal.SIGSTOP)  # a process of a job this test submitted
+    os.kill(
+        sj.places(lab, job)[1].child_pid, signal.SIGSTOP
+    )  # a process of a job this test submitted
     sj.wait_finished(lab, job, timeout=200)
     out = sj.output(lab, job)
     banner = _banner(out)
-    assert "Megatron-Core parallel_state tp=1 pp=1 cp=1 dp=4" in banner and "voted every 5 steps" in banner, banner
+    assert (
+        "Megatron-Core parallel_state tp=1 pp=1 cp=1 dp=4" in banner
+        and "voted every 5 steps" in banner
+    ), banner
     assert "could not recompute" not in out, out[-3000:]
     shown = sj.show_json(lab, job, restart=0)
     assert shown["kind"] == "hang", (shown, out[-3000:])
-    assert [(s["rank"], s["node"]) for s in shown["suspects"]] == [(1, sj.places(lab, job)[1].node)], shown
+    assert [(s["rank"], s["node"]) for s in shown["suspects"]] == [
+        (1, sj.places(lab, job)[1].node)
+    ], shown
     cov = json.loads((sj.folder(lab, job).run_dir(0) / "votes.json").read_text())
     assert cov["votes"] >= 2 and cov["replay_rounds"] >= 2 and cov["replay_failed_rounds"] == 0, cov
 
@@ -145,9 +183,11 @@ scout-srun --scout-consensus-every=5 --scout-inject=bitflip,bit=23,rank=3,step=6
 
 def _compiled_job(lab, backend: str, *, steps: int, inject: str = "", nodes: int = 2) -> int:
     scout_args = f"--scout-stall-floor={STALL_FLOOR} --scout-consensus-every=5" + (
-        f" --scout-inject={inject}" if inject else "")
-    script = sj.batch_script(lab, train_args=f"--steps {steps} --step-sleep 0 --compile {backend}",
-                             scout_args=scout_args)
+        f" --scout-inject={inject}" if inject else ""
+    )
+    script = sj.batch_script(
+        lab, train_args=f"--steps {steps} --step-sleep 0 --compile {backend}", scout_args=scout_args
+    )
     return sj.submit(lab, script, nodes=nodes, extra=("--no-requeue",))
 
 
@@ -164,12 +204,17 @@ def test_compiled_ddp_runs_checked_and_a_crash_in_it_is_named(lab, clean_drains)
     assert "rank 0: done" in out and "Traceback" not in out, out[-3000:]
     assert "failed inside scout" not in out and "global hooks" not in out, out[-3000:]
     banner = _banner(out)
-    assert "voted every 5 steps" in banner and "in-situ replay not run: " in banner \
-        and "runs compiled (torch.compile)" in banner, banner
+    assert (
+        "voted every 5 steps" in banner
+        and "in-situ replay not run: " in banner
+        and "runs compiled (torch.compile)" in banner
+    ), banner
     shown = sj.show_json(lab, clean, restart=0)
     assert shown["kind"] == "clean" and shown["suspects"] == [], (shown, out[-3000:])
     cov = json.loads((sj.folder(lab, clean).run_dir(0) / "votes.json").read_text())
-    assert cov["votes"] >= 3 and cov["checks_off"] == [] and cov["final_vote"].startswith("at step 16"), cov
+    assert (
+        cov["votes"] >= 3 and cov["checks_off"] == [] and cov["final_vote"].startswith("at step 16")
+    ), cov
 
     sj.wait_finished(lab, crash, timeout=360)
     shown = sj.show_json(lab, crash, restart=0)
@@ -177,7 +222,9 @@ def test_compiled_ddp_runs_checked_and_a_crash_in_it_is_named(lab, clean_drains)
     assert shown["kind"] == "crash", (shown, sj.output(lab, crash)[-3000:])
     assert [(s["rank"], s["node"]) for s in shown["suspects"]] == [(2, node)], shown
     cov = json.loads((sj.folder(lab, crash).run_dir(0) / "votes.json").read_text())
-    assert cov["votes"] >= 2, cov   # votes at steps 5 and 10 ran in the compiled job before the crash
+    assert cov["votes"] >= 2, (
+        cov
+    )  # votes at steps 5 and 10 ran in the compiled job before the crash
 
 
 @pytest.mark.timeout(480)
@@ -185,12 +232,15 @@ def test_inductor_compiled_ddp_runs_checked(lab, clean_drains):
     """Issue 38: the same with torch.compile's default backend, inductor (it compiles C++ with the
     node's C compiler; skipped where there is none), one node x 2 ranks to keep the compile short."""
     import shutil
+
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler on this machine: inductor cannot compile for the CPU")
     job = _compiled_job(lab, "inductor", steps=12, nodes=1)
     sj.wait_finished(lab, job, timeout=420)
     out = sj.output(lab, job)
-    assert "rank 0: done" in out and "failed inside scout" not in out and "Traceback" not in out, out[-3000:]
+    assert "rank 0: done" in out and "failed inside scout" not in out and "Traceback" not in out, (
+        out[-3000:]
+    )
     shown = sj.show_json(lab, job, restart=0)
     assert shown["kind"] == "clean", (shown, out[-3000:])
     cov = json.loads((sj.folder(lab, job).run_dir(0) / "votes.json").read_text())
@@ -204,12 +254,20 @@ def test_fsdp2_rank_asleep_in_its_step_is_a_hang_named_by_rank_and_node(lab, cle
     in the next all-gather, and named: before, every rank stood at 0 collectives and the verdict was
     `inconclusive`."""
     fsdp2 = JOBS / "train_fsdp2.py"
-    script = sj.batch_script(lab, train=fsdp2, train_args="--steps 400 --timeout 600",
-                             scout_args=f"--scout-stall-floor={STALL_FLOOR} --scout-inject=sleep,rank=1,step=5")
+    script = sj.batch_script(
+        lab,
+        train=fsdp2,
+        train_args="--steps 400 --timeout 600",
+        scout_args=f"--scout-stall-floor={STALL_FLOOR} --scout-inject=sleep,rank=1,step=5",
+    )
     job = sj.submit(lab, script, extra=("--no-requeue",))
     sj.wait_finished(lab, job, timeout=240)
     shown = sj.show_json(lab, job, restart=0)
     assert shown["kind"] == "hang", (shown, sj.output(lab, job)[-3000:])
-    assert [(s["rank"], s["node"]) for s in shown["suspects"]] == [(1, sj.places(lab, job)[1].node)], shown
-    peer = sj.folder(lab, job).progress_path(0, 0).read_text()   # a waiting peer's last published progress
+    assert [(s["rank"], s["node"]) for s in shown["suspects"]] == [
+        (1, sj.places(lab, job)[1].node)
+    ], shown
+    peer = (
+        sj.folder(lab, job).progress_path(0, 0).read_text()
+    )  # a waiting peer's last published progress
     assert "all_gather_single" in peer or "reduce_scatter_single" in peer, peer[-2000:]

@@ -23,7 +23,10 @@ pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 
 def _full_tmpfs(path: Path) -> None:
     path.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8k,mode=0777", "scout-test-full", str(path)], check=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8k,mode=0777", "scout-test-full", str(path)],
+        check=True,
+    )
     with open(path / "filler", "wb") as fh:
         try:
             fh.write(b"\0" * 65536)
@@ -42,9 +45,11 @@ def _run_held(lab, policy: str, steps: int) -> tuple[int, object, str]:
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
     script = sj.batch_script(
-        lab, train_args=f"--steps {steps} --step-sleep 0.05",
+        lab,
+        train_args=f"--steps {steps} --step-sleep 0.05",
         pre=f"export SCOUT_WATCHDOG_ON_EVIDENCE_LOSS={policy} SCOUT_WATCHDOG_EVIDENCE_LOSS_GRACE_S=3 "
-            f"SCOUT_WATCHDOG_PUBLISH_INTERVAL_S=0.5")
+        f"SCOUT_WATCHDOG_PUBLISH_INTERVAL_S=0.5",
+    )
     job = sj.submit(lab, script, nodes=2, tasks_per_node=1, extra=("--no-requeue", "--hold"))
     progress = sj.folder(lab, job).progress_dir(0)
     try:
@@ -60,7 +65,10 @@ def _run_held(lab, policy: str, steps: int) -> tuple[int, object, str]:
 @pytest.mark.timeout(200)
 def test_full_evidence_disk_ends_the_job_loudly(lab, clean_drains):
     job, info, out = _run_held(lab, "fail", steps=100000)
-    assert info.state == "FAILED" and info.exit_code >> 8 == exitcodes.EVIDENCE_LOST, (info, out[-3000:])
+    assert info.state == "FAILED" and info.exit_code >> 8 == exitcodes.EVIDENCE_LOST, (
+        info,
+        out[-3000:],
+    )
     assert "SCOUT CANNOT WRITE EVIDENCE" in out and "No space left on device" in out, out[-3000:]
     assert str(sj.folder(lab, job).progress_dir(0)) in out
     assert f"ENDING THE JOB (exit code {exitcodes.EVIDENCE_LOST})" in out, out[-3000:]

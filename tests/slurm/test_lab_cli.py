@@ -19,7 +19,9 @@ SCOUT = str(Path(sys.executable).parent / "scout")
 
 
 def scout(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([SCOUT, *args], capture_output=True, text=True, timeout=90, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [SCOUT, *args], capture_output=True, text=True, timeout=90, stdin=subprocess.DEVNULL
+    )
 
 
 @pytest.fixture()
@@ -52,7 +54,9 @@ def test_scout_lab_up_status_down(state_dir):
 
     text = scout("lab", "status", "--state-dir", str(state_dir))
     assert text.returncode == 0
-    assert "slurmctld" in text.stdout and "running" in text.stdout and "n2       IDLE" in text.stdout
+    assert (
+        "slurmctld" in text.stdout and "running" in text.stdout and "n2       IDLE" in text.stdout
+    )
 
     down = scout("lab", "down", "--state-dir", str(state_dir))
     assert down.returncode == 0, down.stderr
@@ -66,12 +70,28 @@ def test_scout_lab_up_status_down(state_dir):
 def test_scout_lab_up_slurm_release_and_down(state_dir, pytestconfig):
     """`scout lab up --slurm R`: the exports name the root the door runs Slurm from; down leaves nothing."""
     from conftest import leftovers
-    releases = [r for r in pytestconfig.getoption("--slurm-releases").split(",") if r.strip() not in ("", "none")]
+
+    releases = [
+        r
+        for r in pytestconfig.getoption("--slurm-releases").split(",")
+        if r.strip() not in ("", "none")
+    ]
     if not releases:
         pytest.skip("--slurm-releases none")
     release = releases[0]
     port = free_port_base(3, 17000, 20000)
-    up = scout("lab", "up", "--slurm", release, "--nodes", "2", "--state-dir", str(state_dir), "--port-base", str(port))
+    up = scout(
+        "lab",
+        "up",
+        "--slurm",
+        release,
+        "--nodes",
+        "2",
+        "--state-dir",
+        str(state_dir),
+        "--port-base",
+        str(port),
+    )
     assert up.returncode == 0, up.stderr
     assert f"export SCOUT_SLURM_ROOT={state_dir / 'rootfs'}" in up.stdout.splitlines()
     assert f"slurm-wlm {release}." in up.stderr
@@ -79,7 +99,11 @@ def test_scout_lab_up_slurm_release_and_down(state_dir, pytestconfig):
     assert [(n["name"], n["state"]) for n in status["nodes"]] == [("n1", "IDLE"), ("n2", "IDLE")]
     down = scout("lab", "down", "--state-dir", str(state_dir))
     assert down.returncode == 0, down.stderr
-    assert leftovers(Lab(LabSpec(state_dir=state_dir))) == {"processes": [], "mounts": [], "namespaces": []}
+    assert leftovers(Lab(LabSpec(state_dir=state_dir))) == {
+        "processes": [],
+        "mounts": [],
+        "namespaces": [],
+    }
 
 
 def test_scout_lab_up_refuses_an_unknown_release(state_dir):

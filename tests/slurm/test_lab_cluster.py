@@ -27,7 +27,9 @@ pytestmark = [pytest.mark.slurm]
 T = 10.0  # timeout of one Slurm command
 
 
-def wait_for_job(job_id: int, env, *, timeout: float = 30.0, until=lambda j: j.is_finished) -> JobInfo:
+def wait_for_job(
+    job_id: int, env, *, timeout: float = 30.0, until=lambda j: j.is_finished
+) -> JobInfo:
     deadline = time.monotonic() + timeout
     while True:
         job = ops.job_info(job_id, timeout=T, env=env)
@@ -71,9 +73,18 @@ def test_two_nodes_four_tasks_land_on_two_distinct_nodes(cluster):
     env = cluster.client_env()
     out = cluster.paths.work / f"{unique('tasks')}.txt"
     script = f"#!/bin/bash\nsrun bash -c 'echo $SLURM_PROCID $SLURMD_NODENAME' > {out}\n"
-    job_id = ops.submit_batch(script, ["-N2", "--ntasks-per-node=2", "--job-name=two-nodes",
-                                       f"--chdir={cluster.paths.work}", f"--output={out}.batch"],
-                              timeout=T, env=env)
+    job_id = ops.submit_batch(
+        script,
+        [
+            "-N2",
+            "--ntasks-per-node=2",
+            "--job-name=two-nodes",
+            f"--chdir={cluster.paths.work}",
+            f"--output={out}.batch",
+        ],
+        timeout=T,
+        env=env,
+    )
     job = wait_for_job(job_id, env)
     assert (job.state, job.exit_code) == ("COMPLETED", 0), job
     lines = out.read_text().split("\n")
@@ -91,8 +102,10 @@ def test_drain_with_a_hostile_reason_then_resume(cluster, tmp_path):
     env = cluster.client_env()
     marker = tmp_path / "pwned"
     tmp_pwned_before = os.path.exists("/tmp/pwned")
-    reason = (f'scout: "quoted" it\'s; rm -rf /nothing; $(touch /tmp/pwned) `touch {marker}` '
-              f"$(touch {marker})\nsecond line; ")
+    reason = (
+        f'scout: "quoted" it\'s; rm -rf /nothing; $(touch /tmp/pwned) `touch {marker}` '
+        f"$(touch {marker})\nsecond line; "
+    )
     reason += "R" * (500 - len(reason))
     assert len(reason) == 500
     stored = format_reason(reason)
@@ -121,18 +134,33 @@ def test_drain_with_a_hostile_reason_then_resume(cluster, tmp_path):
 def test_failed_job_is_requeued_away_from_excluded_nodes(cluster):
     env = cluster.client_env()
     out = cluster.paths.work / f"{unique('requeue')}.out"
-    script = ("#!/bin/bash\n"
-              'echo "SLURM_RESTART_COUNT=${SLURM_RESTART_COUNT:-unset} node=$SLURMD_NODENAME"\n'
-              '[ "${SLURM_RESTART_COUNT:-0}" != 0 ] || exit 3\n')
-    job_id = ops.submit_batch(script, ["-N1", "--exclude=n4", "--requeue", "--open-mode=append",
-                                       f"--output={out}", f"--chdir={cluster.paths.work}"], timeout=T, env=env)
+    script = (
+        "#!/bin/bash\n"
+        'echo "SLURM_RESTART_COUNT=${SLURM_RESTART_COUNT:-unset} node=$SLURMD_NODENAME"\n'
+        '[ "${SLURM_RESTART_COUNT:-0}" != 0 ] || exit 3\n'
+    )
+    job_id = ops.submit_batch(
+        script,
+        [
+            "-N1",
+            "--exclude=n4",
+            "--requeue",
+            "--open-mode=append",
+            f"--output={out}",
+            f"--chdir={cluster.paths.work}",
+        ],
+        timeout=T,
+        env=env,
+    )
     failed = wait_for_job(job_id, env)
     assert (failed.state, failed.exit_code, failed.restart_count) == ("FAILED", 3 << 8, 0), failed
     assert failed.excluded_nodes == ("n4",) and failed.requeue
     assert len(failed.nodes) == 1 and failed.nodes[0] != "n4"
     first_node = failed.nodes[0]
 
-    ops.requeue_job(job_id, timeout=T, env=env)  # first requeue, then update: a finished job takes no update
+    ops.requeue_job(
+        job_id, timeout=T, env=env
+    )  # first requeue, then update: a finished job takes no update
     merged = ops.exclude_nodes(job_id, ["n1"], timeout=T, env=env)
     assert merged == "n[1,4]"
     pending = ops.job_info(job_id, timeout=T, env=env)
@@ -143,14 +171,13 @@ def test_failed_job_is_requeued_away_from_excluded_nodes(cluster):
     done = wait_for_job(job_id, env, timeout=40)
     assert (done.state, done.exit_code, done.restart_count) == ("COMPLETED", 0, 1), done
     assert len(done.nodes) == 1 and done.nodes[0] not in ("n1", "n4")
-    assert out.read_text().splitlines() == [f"SLURM_RESTART_COUNT=unset node={first_node}",
-                                            f"SLURM_RESTART_COUNT=1 node={done.nodes[0]}"]
+    assert out.read_text().splitlines() == [
+        f"SLURM_RESTART_COUNT=unset node={first_node}",
+        f"SLURM_RESTART_COUNT=1 node={done.nodes[0]}",
+    ]
 
 
 # -- a lab of its own, started and stopped five times --------------------------------------------
-
-
-
 
 
 def _alive(pid: int) -> bool:
@@ -189,12 +216,17 @@ def private_lab_dir():
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_up_then_down_five_times_leaves_nothing_running(private_lab_dir):
-    own = Lab(LabSpec(state_dir=private_lab_dir, nodes=2, port_base=free_port_base(3, 30000, 32700)))
+    own = Lab(
+        LabSpec(state_dir=private_lab_dir, nodes=2, port_base=free_port_base(3, 30000, 32700))
+    )
     for cycle in range(5):
         own.up()
         pids = own.running_pids()
         assert len(pids) >= 4, f"cycle {cycle}: munged, slurmctld and 2 slurmd expected, got {pids}"
-        assert {n.name for n in ops.list_nodes(timeout=T, env=own.client_env()) if n.is_idle} == {"n1", "n2"}
+        assert {n.name for n in ops.list_nodes(timeout=T, env=own.client_env()) if n.is_idle} == {
+            "n1",
+            "n2",
+        }
         own.down()
         assert not [pid for pid in pids if _alive(pid)], f"cycle {cycle}"
         assert own.running_pids() == [], f"cycle {cycle}"
@@ -203,7 +235,9 @@ def test_up_then_down_five_times_leaves_nothing_running(private_lab_dir):
 
 @pytest.mark.timeout(60)
 def test_down_stops_the_daemons_even_when_cancelling_jobs_fails(private_lab_dir, monkeypatch):
-    own = Lab(LabSpec(state_dir=private_lab_dir, nodes=1, port_base=free_port_base(2, 30000, 32700)))
+    own = Lab(
+        LabSpec(state_dir=private_lab_dir, nodes=1, port_base=free_port_base(2, 30000, 32700))
+    )
     own.up()
     pids = own.running_pids()
 

@@ -29,21 +29,22 @@ from scout_slurm.lab.cluster import NETNS_BRIDGE, NETNS_RANGE, NETNS_ROUTE_METRI
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
-
-
-
-
 def _state_dir() -> Path:
     return Path(f"/tmp/scout-lab-netns-{os.getpid()}")
 
 
 def _ip(*args: str) -> str:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, check=True, timeout=15).stdout
+    return subprocess.run(
+        ["ip", *args], capture_output=True, text=True, check=True, timeout=15
+    ).stdout
 
 
 def _scout_namespaces() -> list[str]:
-    return [line.split()[0] for line in _ip("netns", "list").splitlines()
-            if line.strip() and line.split()[0].startswith("scout-")]
+    return [
+        line.split()[0]
+        for line in _ip("netns", "list").splitlines()
+        if line.strip() and line.split()[0].startswith("scout-")
+    ]
 
 
 def _lab_links() -> list[str]:
@@ -52,8 +53,13 @@ def _lab_links() -> list[str]:
 
 
 def _unreachable_route_present() -> bool:
-    routes = json.loads(_ip("-j", "-4", "route", "show", "table", "main", "type", "unreachable") or "[]")
-    return any(r.get("dst") == NETNS_RANGE and int(r.get("metric", 0)) == NETNS_ROUTE_METRIC for r in routes)
+    routes = json.loads(
+        _ip("-j", "-4", "route", "show", "table", "main", "type", "unreachable") or "[]"
+    )
+    return any(
+        r.get("dst") == NETNS_RANGE and int(r.get("metric", 0)) == NETNS_ROUTE_METRIC
+        for r in routes
+    )
 
 
 def _mounts_mentioning(path: Path) -> list[str]:
@@ -83,14 +89,24 @@ def _assert_all_gone(cluster: Lab) -> None:
     assert _scout_namespaces() == []
     assert _lab_links() == []
     assert _mounts_mentioning(cluster.paths.root) == []
-    assert _unreachable_route_present(), "the unreachable route for the lab's range must never be removed"
+    assert _unreachable_route_present(), (
+        "the unreachable route for the lab's range must never be removed"
+    )
 
 
 @pytest.mark.torch
 @pytest.mark.timeout(300)
 def test_ddp_job_across_two_namespace_nodes():
     state = _state_dir()
-    cluster = Lab(LabSpec(state_dir=state, nodes=2, port_base=free_port_base(3, 17000, 19990), python=sys.executable, netns=True))
+    cluster = Lab(
+        LabSpec(
+            state_dir=state,
+            nodes=2,
+            port_base=free_port_base(3, 17000, 19990),
+            python=sys.executable,
+            netns=True,
+        )
+    )
     hosts_before = Path("/etc/hosts").read_bytes()
     try:
         t0 = time.monotonic()
@@ -103,13 +119,20 @@ def test_ddp_job_across_two_namespace_nodes():
         assert {n["name"]: n["state"] for n in status["nodes"]} == {"n1": "IDLE", "n2": "IDLE"}
 
         t1 = time.monotonic()
-        job = sj.submit(cluster, sj.batch_script(cluster, train_args="--steps 10"), nodes=2, tasks_per_node=2)
+        job = sj.submit(
+            cluster, sj.batch_script(cluster, train_args="--steps 10"), nodes=2, tasks_per_node=2
+        )
         info = sj.wait_completed(cluster, job, timeout=240)
         print(f"2 nodes x 2 ranks DDP job {job}: {info.state} in {time.monotonic() - t1:.1f} s")
         assert info.state == "COMPLETED", sj.output(cluster, job)[-3000:]
 
-        res = subprocess.run([sys.executable, "-m", "scout_slurm.cli", "map", str(job), "--json"],
-                             capture_output=True, text=True, env=cluster.client_env(), timeout=60)
+        res = subprocess.run(
+            [sys.executable, "-m", "scout_slurm.cli", "map", str(job), "--json"],
+            capture_output=True,
+            text=True,
+            env=cluster.client_env(),
+            timeout=60,
+        )
         assert res.returncode == 0, res.stderr
         ranks = {r["rank"]: r for r in json.loads(res.stdout)["ranks"]}
         assert sorted(ranks) == [0, 1, 2, 3]
@@ -137,9 +160,13 @@ def test_ddp_job_across_two_namespace_nodes():
 def test_up_down_three_times_leaves_nothing_behind():
     state = _state_dir()
     port_base = free_port_base(4, 17000, 19990)
-    cluster = Lab(LabSpec(state_dir=state, nodes=3, port_base=port_base, python=sys.executable, netns=True))
+    cluster = Lab(
+        LabSpec(state_dir=state, nodes=3, port_base=port_base, python=sys.executable, netns=True)
+    )
     other_state = Path(f"{state}-other")
-    other = Lab(LabSpec(state_dir=other_state))  # replaced below, once the first lab holds its ports
+    other = Lab(
+        LabSpec(state_dir=other_state)
+    )  # replaced below, once the first lab holds its ports
     hosts_before = Path("/etc/hosts").read_bytes()
     try:
         for cycle in range(3):
@@ -151,8 +178,15 @@ def test_up_down_three_times_leaves_nothing_behind():
             assert sorted(_lab_links()) == sorted([NETNS_BRIDGE, "sv-n1", "sv-n2", "sv-n3"])
             if cycle == 0:
                 # a second netns lab refuses to take the names over, and touches nothing of the first
-                other = Lab(LabSpec(state_dir=other_state, nodes=2, port_base=free_port_base(3, 17000, 19990),
-                                    python=sys.executable, netns=True))
+                other = Lab(
+                    LabSpec(
+                        state_dir=other_state,
+                        nodes=2,
+                        port_base=free_port_base(3, 17000, 19990),
+                        python=sys.executable,
+                        netns=True,
+                    )
+                )
                 with pytest.raises(LabError, match=f"owner: scout-lab:{cluster.paths.root}"):
                     other.up()
                 assert other.running_pids() == []
@@ -160,7 +194,9 @@ def test_up_down_three_times_leaves_nothing_behind():
             if cycle == 1:
                 # a crash: every daemon killed -9, plus a stray process left inside a node's namespace
                 slurmd = int((cluster.paths.run / "slurmd-n2.pid").read_text())
-                stray = subprocess.Popen(["nsenter", "-t", str(slurmd), "-n", "sleep", "600"], start_new_session=True)
+                stray = subprocess.Popen(
+                    ["nsenter", "-t", str(slurmd), "-n", "sleep", "600"], start_new_session=True
+                )
                 time.sleep(0.3)
                 killed = cluster.running_pids()
                 for pid in killed:

@@ -28,7 +28,9 @@ def test_the_lab_runs_its_release_through_the_door(release_lab):
     res = run_slurm("sinfo", ["--version"], timeout=20, env=env)
     print(f"\n{res.stdout.strip()}")
     assert res.stdout.split()[-1].startswith(release_lab.spec.slurm + ".")
-    assert res.argv[1:3] == (str(release_lab.paths.rootfs), "/usr/bin/sinfo"), res.argv  # chroot ROOT sinfo
+    assert res.argv[1:3] == (str(release_lab.paths.rootfs), "/usr/bin/sinfo"), (
+        res.argv
+    )  # chroot ROOT sinfo
     # the daemons are that release's too (what slurmd registered with)
     node = run_slurm("scontrol", ["show", "node", "-o", "n1"], timeout=20, env=env).stdout
     assert f"Version={release_lab.spec.slurm}." in node
@@ -53,12 +55,28 @@ def test_crash_loop_then_map(release_lab, clean_release_drains):
     job, _ = sj.closed_loop(release_lab, "exit,rank=2,step=25,code=3", 2, "crash")
     maps = {}
     for restart in (0, 1):
-        res = subprocess.run([sys.executable, "-m", "scout_slurm.cli", "map", str(job), "--restart", str(restart),
-                              "--json"], capture_output=True, text=True, env=release_lab.client_env(), timeout=60)
+        res = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "scout_slurm.cli",
+                "map",
+                str(job),
+                "--restart",
+                str(restart),
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            env=release_lab.client_env(),
+            timeout=60,
+        )
         assert res.returncode == 0, res.stderr
         ranks = {r["rank"]: (r["node"], r["local_rank"]) for r in json.loads(res.stdout)["ranks"]}
         places = sj.places(release_lab, job, restart)
-        assert ranks == {rank: (p.node, rank % 2) for rank, p in places.items()} and sorted(ranks) == [0, 1, 2, 3]
+        assert ranks == {rank: (p.node, rank % 2) for rank, p in places.items()} and sorted(
+            ranks
+        ) == [0, 1, 2, 3]
         maps[restart] = {node for node, _ in ranks.values()}
     drained = sj.places(release_lab, job, 0)[2].node
     assert drained in maps[0] and drained not in maps[1] and len(maps[1]) == 2
@@ -74,13 +92,25 @@ def test_hang_loop(release_lab, clean_release_drains):
 @pytest.mark.timeout(180)
 def test_lab_down_leaves_no_process_mount_or_namespace(release_lab, tmp_path):
     """A second, small lab of the same release beside the session's: up, a job running in it, down."""
-    small = Lab(LabSpec(state_dir=tmp_path / "lab", nodes=2, port_base=free_port_base(4), python=sys.executable,
-                        slurm=release_lab.spec.slurm, site_users=False))
+    small = Lab(
+        LabSpec(
+            state_dir=tmp_path / "lab",
+            nodes=2,
+            port_base=free_port_base(4),
+            python=sys.executable,
+            slurm=release_lab.spec.slurm,
+            site_users=False,
+        )
+    )
     try:
         small.up()
         env = small.client_env()
-        job = ops.submit_batch("#!/bin/sh\nsleep 300\n", ["-N2", "-o", "/dev/null", f"--chdir={small.paths.work}"],
-                               timeout=20, env=env)
+        job = ops.submit_batch(
+            "#!/bin/sh\nsleep 300\n",
+            ["-N2", "-o", "/dev/null", f"--chdir={small.paths.work}"],
+            timeout=20,
+            env=env,
+        )
         state = ""
         for _ in range(100):
             state = ops.job_info(job, timeout=20, env=env).state
@@ -104,15 +134,36 @@ def test_netns_lab_of_the_release(release_lab, tmp_path):
     """--netns on the release: each node's own hostname and address (gloo resolves them inside the
     root through the lab's hosts file); down removes the namespaces, mounts and processes."""
     from conftest import up_or_skip
-    small = Lab(LabSpec(state_dir=tmp_path / "netns", nodes=2, port_base=free_port_base(4), python=sys.executable,
-                        slurm=release_lab.spec.slurm, netns=True))
+
+    small = Lab(
+        LabSpec(
+            state_dir=tmp_path / "netns",
+            nodes=2,
+            port_base=free_port_base(4),
+            python=sys.executable,
+            slurm=release_lab.spec.slurm,
+            netns=True,
+        )
+    )
     try:
         up_or_skip(small)
         env = small.client_env()
-        script = (f"#!/bin/bash\nsrun -l {sys.executable} -c "
-                  "'import socket, torch; print(socket.gethostname(), socket.gethostbyname(socket.gethostname()))'\n")
-        job = ops.submit_batch(script, ["-N2", "--ntasks-per-node=1", f"-o{small.paths.work}/out-%j",
-                                        f"--chdir={small.paths.work}"], timeout=20, env=env, user=small.job_user)
+        script = (
+            f"#!/bin/bash\nsrun -l {sys.executable} -c "
+            "'import socket, torch; print(socket.gethostname(), socket.gethostbyname(socket.gethostname()))'\n"
+        )
+        job = ops.submit_batch(
+            script,
+            [
+                "-N2",
+                "--ntasks-per-node=1",
+                f"-o{small.paths.work}/out-%j",
+                f"--chdir={small.paths.work}",
+            ],
+            timeout=20,
+            env=env,
+            user=small.job_user,
+        )
         info = sj.wait_completed(small, job, timeout=150)
         out = sorted((small.paths.work / f"out-{job}").read_text().split("\n"))
         assert info.state == "COMPLETED", out

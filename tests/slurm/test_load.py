@@ -20,13 +20,20 @@ def test_twenty_jobs_failing_at_once(lab, clean_drains):
     jobs = []
     for i in range(JOBS):
         rank = i % 2
-        script = sj.batch_script(lab, train_args="--steps 40 --step-sleep 0.05",
-                                 scout_args=f"--scout-inject=sigkill,rank={rank},step=3",
-                                 pre=f"sleep $(( {int(start_at)} - $(date +%s) > 0 ? {int(start_at)} - $(date +%s) : 0 ))")
-        jobs.append((sj.submit(lab, script, nodes=1, tasks_per_node=2, extra=("--no-requeue",)), rank))
+        script = sj.batch_script(
+            lab,
+            train_args="--steps 40 --step-sleep 0.05",
+            scout_args=f"--scout-inject=sigkill,rank={rank},step=3",
+            pre=f"sleep $(( {int(start_at)} - $(date +%s) > 0 ? {int(start_at)} - $(date +%s) : 0 ))",
+        )
+        jobs.append(
+            (sj.submit(lab, script, nodes=1, tasks_per_node=2, extra=("--no-requeue",)), rank)
+        )
     for job, _ in jobs:
         sj.wait_finished(lab, job, timeout=500)
-    drained = {n.name: n.reason for n in ops.list_nodes(timeout=10, env=lab.client_env()) if n.is_drained}
+    drained = {
+        n.name: n.reason for n in ops.list_nodes(timeout=10, env=lab.client_env()) if n.is_drained
+    }
     expected_nodes = set()
     for job, rank in jobs:
         node = sj.places(lab, job)[rank].node

@@ -14,7 +14,9 @@ pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]
 
 def _uninterrupted(lab) -> str:
     final = lab.paths.work / f"final-clean-{time.time_ns()}.txt"
-    job = sj.submit(lab, sj.batch_script(lab, train_args=f"--steps 40 --momentum 0.9 --out {final}"))
+    job = sj.submit(
+        lab, sj.batch_script(lab, train_args=f"--steps 40 --momentum 0.9 --out {final}")
+    )
     assert sj.wait_completed(lab, job).state == "COMPLETED"
     return final.read_text()
 
@@ -31,14 +33,19 @@ def test_hang_loop(lab, clean_drains, tmp_path):
     job, _ = sj.closed_loop(lab, "sleep,rank=1,step=25", 1, "hang")
     # the incident page of the failed run renders in headless Chromium (issue 8)
     from browser import check_real_incident
+
     started = time.monotonic()
     m = check_real_incident(lab, job, tmp_path, restart=0, world=4, suspects={1})
-    print(f"\nHTML incident page checked in Chromium in {time.monotonic() - started:.1f} s, pixels {m['pixels']}")
+    print(
+        f"\nHTML incident page checked in Chromium in {time.monotonic() - started:.1f} s, pixels {m['pixels']}"
+    )
 
 
 @pytest.mark.timeout(240)
 def test_shared_failure_drains_nothing(lab, clean_drains):
-    script = sj.batch_script(lab, train_args="--steps 40", scout_args="--scout-inject=raise,rank=all,step=5")
+    script = sj.batch_script(
+        lab, train_args="--steps 40", scout_args="--scout-inject=raise,rank=all,step=5"
+    )
     job = sj.submit(lab, script)
     sj.wait_finished(lab, job)
     info = sj.wait_completed(lab, job)
@@ -51,7 +58,9 @@ def test_shared_failure_drains_nothing(lab, clean_drains):
 
 @pytest.mark.timeout(300)
 def test_restart_limit_stops_a_job_that_fails_everywhere(lab, clean_drains):
-    script = sj.batch_script(lab, train_args="--steps 40", scout_args="--scout-inject=exit,rank=1,step=3,restart=any")
+    script = sj.batch_script(
+        lab, train_args="--steps 40", scout_args="--scout-inject=exit,rank=1,step=3,restart=any"
+    )
     job = sj.submit(lab, script, nodes=1, tasks_per_node=2)
     info = sj.wait_completed(lab, job, timeout=280)
     # the lab allows 2 restarts: runs 0 and 1 were requeued, run 2 was not
@@ -66,7 +75,9 @@ def test_restart_limit_stops_a_job_that_fails_everywhere(lab, clean_drains):
 def test_two_jobs_failing_at_once_are_each_handled(lab, clean_drains):
     jobs = []
     for r in (0, 1):
-        script = sj.batch_script(lab, train_args="--steps 30", scout_args=f"--scout-inject=sigkill,rank={r},step=5")
+        script = sj.batch_script(
+            lab, train_args="--steps 30", scout_args=f"--scout-inject=sigkill,rank={r},step=5"
+        )
         jobs.append((sj.submit(lab, script, nodes=1, tasks_per_node=2, extra=("--exclusive",)), r))
     for job, r in jobs:
         sj.wait_finished(lab, job)
@@ -74,7 +85,9 @@ def test_two_jobs_failing_at_once_are_each_handled(lab, clean_drains):
     for job, r in jobs:
         node = sj.places(lab, job, 0)[r].node
         shown = sj.show_json(lab, job, restart=0)
-        assert shown["kind"] == "crash" and [(s["rank"], s["node"]) for s in shown["suspects"]] == [(r, node)]
+        assert shown["kind"] == "crash" and [(s["rank"], s["node"]) for s in shown["suspects"]] == [
+            (r, node)
+        ]
         assert node in drained and f"job {job} run 0" in drained[node]
     assert len(drained) == 2
     for job, _ in jobs:
@@ -82,7 +95,7 @@ def test_two_jobs_failing_at_once_are_each_handled(lab, clean_drains):
         assert info.state == "COMPLETED" and info.restart_count == 1
 
 
-FORGE = r'''
+FORGE = r"""
 python3 - <<'PY'
 import glob, json, os
 alloc = os.environ["SLURM_JOB_NODELIST"]
@@ -96,13 +109,18 @@ for path in glob.glob(os.path.join(run, "*.json")):
     json.dump(d, open(path, "w"))
 print("forged records to name", fake)
 PY
-'''
+"""
 
 
 @pytest.mark.timeout(240)
 def test_record_naming_a_node_outside_the_allocation_drains_nothing(lab, clean_drains):
-    script = sj.batch_script(lab, train_args="--steps 40", scout_args="--scout-inject=exit,rank=0,step=5",
-                             pre=f"export EVIDENCE={lab.paths.evidence}/scoutlab/$SLURM_JOB_ID", post=FORGE)
+    script = sj.batch_script(
+        lab,
+        train_args="--steps 40",
+        scout_args="--scout-inject=exit,rank=0,step=5",
+        pre=f"export EVIDENCE={lab.paths.evidence}/scoutlab/$SLURM_JOB_ID",
+        post=FORGE,
+    )
     job = sj.submit(lab, script, nodes=1, tasks_per_node=2)
     sj.wait_finished(lab, job)
     assert "forged records to name" in sj.output(lab, job)

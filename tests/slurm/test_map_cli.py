@@ -16,8 +16,13 @@ pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 
 
 def _scout(lab, *args):
-    res = subprocess.run([sys.executable, "-m", "scout_slurm.cli", *args], capture_output=True, text=True,
-                         env=lab.client_env(), timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-m", "scout_slurm.cli", *args],
+        capture_output=True,
+        text=True,
+        env=lab.client_env(),
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     return res.stdout
 

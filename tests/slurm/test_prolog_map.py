@@ -67,11 +67,22 @@ def check_job_folder(lab, job: JobInfo, uid: int) -> None:
         assert owner_mode(folder.node_dir(node)) == (0, 0, 0o755)
     for d in (folder.path, folder.nodes_dir):
         assert owner_mode(d) == (0, 0, 0o755), d
-    for d in (folder.run_dir(0), folder.ranks_dir(0), folder.progress_dir(0), folder.findings_dir(0),
-              folder.stacks_dir(0), folder.checkpoints_dir):
+    for d in (
+        folder.run_dir(0),
+        folder.ranks_dir(0),
+        folder.progress_dir(0),
+        folder.findings_dir(0),
+        folder.stacks_dir(0),
+        folder.checkpoints_dir,
+    ):
         assert owner_mode(d) == (uid, slurm.pw_gid, 0o2750), d
     assert owner_mode(folder.results_dir) == (slurm.pw_uid, slurm.pw_gid, 0o755)
-    assert sorted(p.name for p in folder.path.iterdir()) == ["checkpoints", "nodes", "results", "run-0"]
+    assert sorted(p.name for p in folder.path.iterdir()) == [
+        "checkpoints",
+        "nodes",
+        "results",
+        "run-0",
+    ]
     log = hooks_log(lab)
     for node in job.nodes:
         assert f'"job_id": {job.job_id}, "node": "{node}"' in log and "prolog.map_written" in log
@@ -81,9 +92,17 @@ def check_job_folder(lab, job: JobInfo, uid: int) -> None:
 
 def test_prolog_records_each_allocated_node(lab):
     env = lab.client_env()
-    job_id = ops.submit_batch("#!/bin/sh\nsrun true\n",
-                              ["-N2", "--ntasks-per-node=2", f"--chdir={lab.paths.work}",
-                               f"--output={lab.paths.work}/prolog-map-%j.out"], timeout=T, env=env)
+    job_id = ops.submit_batch(
+        "#!/bin/sh\nsrun true\n",
+        [
+            "-N2",
+            "--ntasks-per-node=2",
+            f"--chdir={lab.paths.work}",
+            f"--output={lab.paths.work}/prolog-map-%j.out",
+        ],
+        timeout=T,
+        env=env,
+    )
     job = wait_finished(job_id, env)
     assert job.state == "COMPLETED", job
     check_job_folder(lab, job, 0)
@@ -92,9 +111,19 @@ def test_prolog_records_each_allocated_node(lab):
 def test_prolog_hands_the_run_folder_to_the_jobs_user(lab):
     env = lab.client_env()
     nobody = pwd.getpwnam("nobody")
-    job_id = ops.submit_batch("#!/bin/sh\nsrun true\n",
-                              ["-N2", "--ntasks-per-node=2", f"--uid={nobody.pw_uid}", f"--gid={nobody.pw_gid}",
-                               f"--chdir={lab.paths.work}", "--output=/dev/null"], timeout=T, env=env)
+    job_id = ops.submit_batch(
+        "#!/bin/sh\nsrun true\n",
+        [
+            "-N2",
+            "--ntasks-per-node=2",
+            f"--uid={nobody.pw_uid}",
+            f"--gid={nobody.pw_gid}",
+            f"--chdir={lab.paths.work}",
+            "--output=/dev/null",
+        ],
+        timeout=T,
+        env=env,
+    )
     job = wait_finished(job_id, env)
     assert job.state == "COMPLETED", job
     assert job.user_id == nobody.pw_uid

@@ -37,8 +37,12 @@ CASES = [
 def _script(lab, mode: str, scout_args: str) -> str:
     if mode == "ddp":
         return sj.batch_script(lab, train_args="--steps 14 --step-sleep 0", scout_args=scout_args)
-    return sj.batch_script(lab, train=FSDP2, train_args="--steps 14" + (" --hsdp" if mode == "hsdp" else ""),
-                           scout_args=scout_args)
+    return sj.batch_script(
+        lab,
+        train=FSDP2,
+        train_args="--steps 14" + (" --hsdp" if mode == "hsdp" else ""),
+        scout_args=scout_args,
+    )
 
 
 def _findings(lab, job) -> list[Finding]:
@@ -47,10 +51,17 @@ def _findings(lab, job) -> list[Finding]:
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("mode,fault,rank,step", CASES, ids=[f"{c[0]}-rank{c[2]}-{c[1].split(',')[0]}" for c in CASES])
+@pytest.mark.parametrize(
+    "mode,fault,rank,step", CASES, ids=[f"{c[0]}-rank{c[2]}-{c[1].split(',')[0]}" for c in CASES]
+)
 def test_replay_names_the_rank_whose_compute_is_corrupt(lab, clean_drains, mode, fault, rank, step):
-    job = sj.submit(lab, _script(lab, mode, f"--scout-consensus-every=2 --scout-replay-every=2 --scout-inject={fault}"),
-                    extra=("--no-requeue",))
+    job = sj.submit(
+        lab,
+        _script(
+            lab, mode, f"--scout-consensus-every=2 --scout-replay-every=2 --scout-inject={fault}"
+        ),
+        extra=("--no-requeue",),
+    )
     sj.wait_finished(lab, job)
     shown = sj.show_json(lab, job, restart=0)
     out = sj.output(lab, job)
@@ -61,22 +72,33 @@ def test_replay_names_the_rank_whose_compute_is_corrupt(lab, clean_drains, mode,
     # only the replay saw it: the state votes (every 2 steps) agreed, the corruption having spread
     assert [(f.rank, f.component, f.step) for f in sdc] == [(rank, "compute", step)], sdc
     assert "compute corruption" in sdc[0].summary
-    assert (f"rank {rank}'s recomputation of layer" in out and f"at step {step}; ending this rank (exit 88)" in out), \
-        out[-3000:]
+    assert (
+        f"rank {rank}'s recomputation of layer" in out
+        and f"at step {step}; ending this rank (exit 88)" in out
+    ), out[-3000:]
 
 
 @pytest.mark.timeout(180)
 def test_clean_hsdp_run_with_replay_every_step_names_nobody(lab, clean_drains):
-    job = sj.submit(lab, _script(lab, "hsdp", "--scout-consensus-every=1 --scout-replay-every=1"),
-                    extra=("--no-requeue",))
+    job = sj.submit(
+        lab,
+        _script(lab, "hsdp", "--scout-consensus-every=1 --scout-replay-every=1"),
+        extra=("--no-requeue",),
+    )
     sj.wait_finished(lab, job)
     shown = sj.show_json(lab, job, restart=0)
     out = sj.output(lab, job)
     assert shown["kind"] == "clean" and shown["suspects"] == [], (shown, out[-3000:])
-    assert "replica groups [(0, 2), (1, 3)]" in out and "in-situ replay every 1 steps over layers ['0', '2', '4']" in out
+    assert (
+        "replica groups [(0, 2), (1, 3)]" in out
+        and "in-situ replay every 1 steps over layers ['0', '2', '4']" in out
+    )
     assert [f for f in _findings(lab, job) if f.kind != FindingKind.INFO] == []
     # two replicas a shard: no majority, so the at-rest witness keeps every window (after steps 1 to 13)
-    assert (shown["coverage"]["at_rest_windows"], shown["coverage"]["at_rest_stopped"]) == (13, ""), shown["coverage"]
+    assert (shown["coverage"]["at_rest_windows"], shown["coverage"]["at_rest_stopped"]) == (
+        13,
+        "",
+    ), shown["coverage"]
 
 
 @pytest.mark.timeout(180)
@@ -84,16 +106,28 @@ def test_hsdp_weight_fault_with_two_replicas_is_inconclusive_and_names_the_pair(
     # HSDP 2x2: rank 2's shard has one replica (rank 0); a difference has no majority, so nobody is drained.
     # The flip comes after step 3, outside the at-rest witness's window (steps 2 -> 3 and 4 -> 5 with
     # votes every 2): no witness, so the verdict stays inconclusive (the witness case is below)
-    job = sj.submit(lab, _script(lab, "hsdp", "--scout-consensus-every=2 --scout-replay-every=2 "
-                                              "--scout-inject=bitflip,bit=20,rank=2,step=3,target=weights"),
-                    extra=("--no-requeue",))
+    job = sj.submit(
+        lab,
+        _script(
+            lab,
+            "hsdp",
+            "--scout-consensus-every=2 --scout-replay-every=2 "
+            "--scout-inject=bitflip,bit=20,rank=2,step=3,target=weights",
+        ),
+        extra=("--no-requeue",),
+    )
     sj.wait_finished(lab, job)
     shown = sj.show_json(lab, job, restart=0)
-    assert shown["kind"] == "inconclusive" and shown["suspects"] == [], (shown, sj.output(lab, job)[-3000:])
+    assert shown["kind"] == "inconclusive" and shown["suspects"] == [], (
+        shown,
+        sj.output(lab, job)[-3000:],
+    )
     unsure = [f for f in _findings(lab, job) if f.component == "weights"]
     assert unsure and all(f.kind == FindingKind.NO_MAJORITY and f.step >= 4 for f in unsure)
-    assert "no strict majority among 2 replicas (ranks 0, 2) for weights at step 4: inconclusive" in \
-        {f.summary for f in unsure}
+    assert (
+        "no strict majority among 2 replicas (ranks 0, 2) for weights at step 4: inconclusive"
+        in {f.summary for f in unsure}
+    )
     assert "rank 0: " in unsure[0].details[0] and "rank 2: " in unsure[0].details[0]
 
 
@@ -107,10 +141,17 @@ NAN_CASES = [
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("mode,fault,rank", NAN_CASES, ids=[f"{c[0]}-rank{c[2]}" for c in NAN_CASES])
+@pytest.mark.parametrize(
+    "mode,fault,rank", NAN_CASES, ids=[f"{c[0]}-rank{c[2]}" for c in NAN_CASES]
+)
 def test_nan_is_named_on_the_rank_where_it_began(lab, clean_drains, mode, fault, rank):
-    job = sj.submit(lab, _script(lab, mode, f"--scout-consensus-every=2 --scout-replay-every=2 --scout-inject={fault}"),
-                    extra=("--no-requeue",))
+    job = sj.submit(
+        lab,
+        _script(
+            lab, mode, f"--scout-consensus-every=2 --scout-replay-every=2 --scout-inject={fault}"
+        ),
+        extra=("--no-requeue",),
+    )
     sj.wait_finished(lab, job)
     shown = sj.show_json(lab, job, restart=0)
     out = sj.output(lab, job)
@@ -123,16 +164,29 @@ def test_nan_is_named_on_the_rank_where_it_began(lab, clean_drains, mode, fault,
     assert {f.rank for f in sdc} == {rank}
     # every rank's own note: the injected one from step 3, the others from step 4 (or not at all, if the vote at
     # step 4 came before they read their flags)
-    notes = {f.rank: f.step for f in _findings(lab, job) if f.kind == FindingKind.INFO and "non-finite since" in f.summary}
+    notes = {
+        f.rank: f.step
+        for f in _findings(lab, job)
+        if f.kind == FindingKind.INFO and "non-finite since" in f.summary
+    }
     assert notes.get(rank) == 3 and all(s == 4 for r, s in notes.items() if r != rank), notes
-    assert f"rank {rank}'s loss became non-finite first, at step 3; ending this rank (exit 88)" in out, out[-3000:]
+    assert (
+        f"rank {rank}'s loss became non-finite first, at step 3; ending this rank (exit 88)" in out
+    ), out[-3000:]
 
 
 @pytest.mark.timeout(180)
 def test_nan_on_every_rank_at_once_is_divergence_and_drains_nobody(lab, clean_drains):
-    job = sj.submit(lab, _script(lab, "fsdp", "--scout-consensus-every=2 --scout-replay-every=2 "
-                                              "--scout-inject=nan,rank=all,step=3,every=1,target=activations"),
-                    extra=("--no-requeue",))
+    job = sj.submit(
+        lab,
+        _script(
+            lab,
+            "fsdp",
+            "--scout-consensus-every=2 --scout-replay-every=2 "
+            "--scout-inject=nan,rank=all,step=3,every=1,target=activations",
+        ),
+        extra=("--no-requeue",),
+    )
     sj.wait_finished(lab, job)
     shown = sj.show_json(lab, job, restart=0)
     out = sj.output(lab, job)
@@ -145,26 +199,37 @@ def test_nan_on_every_rank_at_once_is_divergence_and_drains_nobody(lab, clean_dr
 
 
 @pytest.mark.timeout(240)
-def test_the_onset_of_a_replay_finding_is_bounded_by_the_last_replay_of_that_layer(lab, clean_drains):
+def test_the_onset_of_a_replay_finding_is_bounded_by_the_last_replay_of_that_layer(
+    lab, clean_drains
+):
     """Issue 19: corruption of layer '2' (index 1) from step 9, between the replays of other layers.
     Replays every 2 steps over layers 0 and 2: layer 1 passes at step 8, layer 0 passes at step 10,
     layer 1 fails at step 12. The onset is step 9 (the last pass of that layer + 1), not 11 (the last
     pass of any replay + 1), and the rerun resumes from the checkpoint at step 5, not the one at 10."""
     ckpt = lab.paths.work / f"ckpt-onset-{time.time_ns()}"
     fault = "scale,factor=1.5,rank=3,step=9,every=1,target=activations,layer=2"
-    script = sj.batch_script(lab, train_args=f"--steps 14 --step-sleep 0 --ckpt-dir {ckpt} --ckpt-every 5",
-                             scout_args=f"--scout-consensus-every=2 --scout-replay-every=2 --scout-inject={fault}")
+    script = sj.batch_script(
+        lab,
+        train_args=f"--steps 14 --step-sleep 0 --ckpt-dir {ckpt} --ckpt-every 5",
+        scout_args=f"--scout-consensus-every=2 --scout-replay-every=2 --scout-inject={fault}",
+    )
     job = sj.submit(lab, script)
     sj.wait_finished(lab, job)
     shown = sj.show_json(lab, job, restart=0)
     out = sj.output(lab, job)
-    assert shown["kind"] == "sdc" and [s["rank"] for s in shown["suspects"]] == [3], (shown, out[-3000:])
+    assert shown["kind"] == "sdc" and [s["rank"] for s in shown["suspects"]] == [3], (
+        shown,
+        out[-3000:],
+    )
     sdc = [f for f in _findings(lab, job) if f.kind == FindingKind.SDC]
     assert [(f.rank, f.step, f.since_step) for f in sdc] == [(3, 12, 9)], sdc
     assert "the last replay of layer '2' that passed was at step 8" in sdc[0].summary
-    assert shown["first_suspect_step"] == 9 <= 9          # no later than the fault's first step
+    assert shown["first_suspect_step"] == 9 <= 9  # no later than the fault's first step
     info = sj.wait_completed(lab, job)
-    assert info.state == "COMPLETED" and info.restart_count == 1, (info, sj.output(lab, job)[-3000:])
+    assert info.state == "COMPLETED" and info.restart_count == 1, (
+        info,
+        sj.output(lab, job)[-3000:],
+    )
     resume = [a for a in sj.actions(lab, job, 0).actions if a.kind.value == "resume_from"]
     assert len(resume) == 1 and resume[0].target.endswith("step-5.pt"), resume
     assert sj.output(lab, job).count(f"resumed from {ckpt}/step-5.pt at step 5") == 4
@@ -180,22 +245,41 @@ WITNESS_CASES = [
     ("fsdp", "bitflip,bit=12,rank=1,step=4,target=optimizer", 1, "optimizer", "changed at rest"),
     # DDP: rank 3's own gradient of layer 0's weight counted twice before the all-reduce: every
     # replica applies the same wrong update; rank 3's local gradient, as the replay source, tells
-    ("ddp", "scale,factor=2,rank=3,step=3,every=1,target=local_gradients", 3, "compute", "training-time weight gradient"),
+    (
+        "ddp",
+        "scale,factor=2,rank=3,step=3,every=1,target=local_gradients",
+        3,
+        "compute",
+        "training-time weight gradient",
+    ),
 ]
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("mode,fault,rank,component,said", WITNESS_CASES,
-                         ids=[f"{c[0]}-rank{c[2]}-{c[3]}" for c in WITNESS_CASES])
-def test_a_witness_names_the_rank_where_no_majority_can(lab, clean_drains, mode, fault, rank, component, said):
-    job = sj.submit(lab, _script(lab, mode, f"--scout-consensus-every=2 --scout-replay-every=2 --scout-inject={fault}"),
-                    extra=("--no-requeue",))
+@pytest.mark.parametrize(
+    "mode,fault,rank,component,said",
+    WITNESS_CASES,
+    ids=[f"{c[0]}-rank{c[2]}-{c[3]}" for c in WITNESS_CASES],
+)
+def test_a_witness_names_the_rank_where_no_majority_can(
+    lab, clean_drains, mode, fault, rank, component, said
+):
+    job = sj.submit(
+        lab,
+        _script(
+            lab, mode, f"--scout-consensus-every=2 --scout-replay-every=2 --scout-inject={fault}"
+        ),
+        extra=("--no-requeue",),
+    )
     sj.wait_finished(lab, job)
     shown = sj.show_json(lab, job, restart=0)
     out = sj.output(lab, job)
     node = sj.places(lab, job)[rank].node
     assert shown["kind"] == "sdc", (shown, out[-3000:])
-    assert [(s["rank"], s["node"]) for s in shown["suspects"]] == [(rank, node)], (shown, out[-3000:])
+    assert [(s["rank"], s["node"]) for s in shown["suspects"]] == [(rank, node)], (
+        shown,
+        out[-3000:],
+    )
     sdc = [f for f in _findings(lab, job) if f.kind == FindingKind.SDC]
     assert [(f.rank, f.component) for f in sdc] == [(rank, component)], sdc
     assert said in sdc[0].summary, sdc[0].summary
@@ -208,8 +292,13 @@ def test_a_wrong_optimizer_update_without_replicas_is_named_and_drained(lab, cle
     wrote and no vote exists; the update replay (every 2 steps; at step 4 rank 2 is the source and
     rank 1 recomputes its update wrongly) names rank 1, and its node is drained."""
     fault = "bitflip,bit=20,rank=1,step=3,every=1,target=update"
-    job = sj.submit(lab, _script(lab, "fsdp", f"--scout-consensus-every=2 --scout-replay-every=0 --scout-inject={fault}"),
-                    extra=("--no-requeue",))
+    job = sj.submit(
+        lab,
+        _script(
+            lab, "fsdp", f"--scout-consensus-every=2 --scout-replay-every=0 --scout-inject={fault}"
+        ),
+        extra=("--no-requeue",),
+    )
     sj.wait_finished(lab, job)
     shown = sj.show_json(lab, job, restart=0)
     out = sj.output(lab, job)
@@ -218,7 +307,12 @@ def test_a_wrong_optimizer_update_without_replicas_is_named_and_drained(lab, cle
     assert [(s["rank"], s["node"]) for s in shown["suspects"]] == [(1, node)]
     sdc = [f for f in _findings(lab, job) if f.kind == FindingKind.SDC]
     assert [(f.rank, f.component, f.step) for f in sdc] == [(1, "optimizer", 4)], sdc
-    assert "optimizer update replay every 2 steps" in out and "rank 1's optimizer update differs" in out, out[-3000:]
+    assert (
+        "optimizer update replay every 2 steps" in out
+        and "rank 1's optimizer update differs" in out
+    ), out[-3000:]
     assert shown["coverage"]["update_rounds"] >= 1, shown["coverage"]
-    drained = {n.name: n.reason for n in ops.list_nodes(timeout=10, env=lab.client_env()) if n.is_drained}
+    drained = {
+        n.name: n.reason for n in ops.list_nodes(timeout=10, env=lab.client_env()) if n.is_drained
+    }
     assert drained.get(node, "").startswith(f"scout: sdc rank 1 job {job}"), drained

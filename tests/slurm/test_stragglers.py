@@ -37,11 +37,25 @@ def _stragglers(lab: Lab, job: int) -> list[Finding]:
     return [f for f in _findings(lab, job) if f.kind == FindingKind.STRAGGLER]
 
 
-def _run(lab: Lab, inject: str, steps: int, *, pre: str = TIMING_ENV, nodes: int = 2, tasks_per_node: int = 2,
-         timeout: float = 150) -> int:
-    script = sj.batch_script(lab, train_args=f"--steps {steps}", scout_args=f"--scout-inject={inject}" if inject else "",
-                             pre=pre)
-    job = sj.submit(lab, script, nodes=nodes, tasks_per_node=tasks_per_node, extra=("--no-requeue",))
+def _run(
+    lab: Lab,
+    inject: str,
+    steps: int,
+    *,
+    pre: str = TIMING_ENV,
+    nodes: int = 2,
+    tasks_per_node: int = 2,
+    timeout: float = 150,
+) -> int:
+    script = sj.batch_script(
+        lab,
+        train_args=f"--steps {steps}",
+        scout_args=f"--scout-inject={inject}" if inject else "",
+        pre=pre,
+    )
+    job = sj.submit(
+        lab, script, nodes=nodes, tasks_per_node=tasks_per_node, extra=("--no-requeue",)
+    )
     sj.wait_finished(lab, job, timeout=timeout)
     return job
 
@@ -58,8 +72,12 @@ def test_compute_straggler_is_named_and_reported_not_drained(lab, clean_drains):
     # partial one at 16. The delay starts at step 6, so no round before it names rank 3, and the finding
     # comes at the second round in a row that did (15 on a quiet machine; a round spoilt by the
     # machine's own noise moves it to the final round, never earlier and never without two in a row)
-    rounds = [(int(step), outcome, ranks.replace(" ", "").rstrip(","))
-              for step, outcome, ranks in re.findall(r"scout: timing round \d+ at step (\d+): (\w+) \(([^)]*)\)", out)]
+    rounds = [
+        (int(step), outcome, ranks.replace(" ", "").rstrip(","))
+        for step, outcome, ranks in re.findall(
+            r"scout: timing round \d+ at step (\d+): (\w+) \(([^)]*)\)", out
+        )
+    ]
     print("rounds:", rounds)
     assert [r[0] for r in rounds][:3] == [5, 10, 15], out[-3000:]
     named = [step for step, outcome, ranks in rounds if outcome == "compute" and ranks == "3"]
@@ -74,9 +92,16 @@ def test_compute_straggler_is_named_and_reported_not_drained(lab, clean_drains):
     acts = sj.actions(lab, job)
     assert acts is not None and acts.actions == ()
     assert any("drain_stragglers" in h for h in acts.held_back), acts
-    assert f"rank 3 is a confirmed straggler at step {found[0].step} (compute); policy report" in out
-    text = subprocess.run([sys.executable, "-m", "scout_slurm.cli", "show", str(job)], capture_output=True,
-                          text=True, env=lab.client_env(), timeout=60).stdout
+    assert (
+        f"rank 3 is a confirmed straggler at step {found[0].step} (compute); policy report" in out
+    )
+    text = subprocess.run(
+        [sys.executable, "-m", "scout_slurm.cli", "show", str(job)],
+        capture_output=True,
+        text=True,
+        env=lab.client_env(),
+        timeout=60,
+    ).stdout
     assert "timing votes:" in text and "compute straggler" in text
 
 
@@ -107,11 +132,19 @@ def test_one_input_stall_is_not_a_straggler(lab, clean_drains):
 
 # -- a slow link, in a lab whose nodes have their own network -----------------------------------
 
+
 @pytest.fixture(scope="module")
 def netns_lab():
     state = Path(f"/tmp/scout-lab-stragglers-{os.getpid()}")
-    cluster = Lab(LabSpec(state_dir=state, nodes=4, port_base=free_port_base(5, 17000, 19990), python=sys.executable,
-                          netns=True))
+    cluster = Lab(
+        LabSpec(
+            state_dir=state,
+            nodes=4,
+            port_base=free_port_base(5, 17000, 19990),
+            python=sys.executable,
+            netns=True,
+        )
+    )
     try:
         up_or_skip(cluster)
         yield cluster
@@ -136,17 +169,29 @@ def test_slow_link_names_its_node_as_communication_straggler(netns_lab):
     slow = "n3"
     shape = _slow_link(slow)
     try:
-        job = _run(netns_lab, "", 11, nodes=4, tasks_per_node=1, timeout=180,
-                   pre=TIMING_ENV + " SCOUT_TIMING_PROBE_BYTES=131072")
+        job = _run(
+            netns_lab,
+            "",
+            11,
+            nodes=4,
+            tasks_per_node=1,
+            timeout=180,
+            pre=TIMING_ENV + " SCOUT_TIMING_PROBE_BYTES=131072",
+        )
     finally:
         unshape_link(slow)
     out = sj.output(netns_lab, job)
     places = sj.places(netns_lab, job)
     ranks = sorted(r for r, p in places.items() if p.node == slow)
     found = _stragglers(netns_lab, job)
-    print(f"slow link on {slow} ({shape}): {[(f.rank, f.node, f.component) for f in found]}",
-          *(found[0].details if found else ()), sep="\n  ")
-    assert [(f.rank, f.node, f.component) for f in found] == [(r, slow, "communication") for r in ranks], out[-3000:]
+    print(
+        f"slow link on {slow} ({shape}): {[(f.rank, f.node, f.component) for f in found]}",
+        *(found[0].details if found else ()),
+        sep="\n  ",
+    )
+    assert [(f.rank, f.node, f.component) for f in found] == [
+        (r, slow, "communication") for r in ranks
+    ], out[-3000:]
     assert found[0].step == 10
     v = sj.verdict(netns_lab, job)
     assert v.kind.value == "straggler" and v.suspect_nodes == (slow,)
@@ -156,11 +201,18 @@ def test_slow_link_names_its_node_as_communication_straggler(netns_lab):
 def test_hang_at_a_timing_vote_still_names_the_rank_that_stopped(lab, clean_drains):
     # rank 1 stops after step 5, where the others enter scout's timing vote: they must be seen
     # waiting inside it, and rank 1 behind
-    script = sj.batch_script(lab, train_args="--steps 400", pre=TIMING_ENV,
-                             scout_args="--scout-stall-floor=4 --scout-inject=sleep,rank=1,step=5")
+    script = sj.batch_script(
+        lab,
+        train_args="--steps 400",
+        pre=TIMING_ENV,
+        scout_args="--scout-stall-floor=4 --scout-inject=sleep,rank=1,step=5",
+    )
     job = sj.submit(lab, script, extra=("--no-requeue",))
     sj.wait_finished(lab, job, timeout=150)
     d = sj.decision(lab, job)
     v = sj.verdict(lab, job)
-    assert v.kind.value == "hang" and [s.rank for s in v.suspects] == [1], (v, sj.output(lab, job)[-2000:])
+    assert v.kind.value == "hang" and [s.rank for s in v.suspects] == [1], (
+        v,
+        sj.output(lab, job)[-2000:],
+    )
     assert d is not None and d.culprits == (1,)

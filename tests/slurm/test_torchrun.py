@@ -29,10 +29,13 @@ scout-srun --scout-stall-floor=4 --scout-inject=sleep,rank=3,step=5 -N2 --ntasks
     places = sj.places(lab, job)
     assert {p.launcher for p in places.values()} == {"torchrun"}
     f = sj.folder(lab, job)
-    assert sorted(p.name for p in f.progress_dir(0).glob("rank-*.json")) == [f"rank-{r}.json" for r in range(4)]
+    assert sorted(p.name for p in f.progress_dir(0).glob("rank-*.json")) == [
+        f"rank-{r}.json" for r in range(4)
+    ]
     shown = sj.show_json(lab, job, restart=0)
     assert shown["kind"] == "hang", shown
     assert [s["rank"] for s in shown["suspects"]] == [3]
     # worker 3's node is the node whose watchdog published its progress
     import json
+
     assert shown["suspects"][0]["node"] == json.loads(f.progress_path(0, 3).read_text())["node"]

@@ -28,8 +28,17 @@ TRAIN = JOBS / "train_ddp.py"
 USER_HOOK_JOB = JOBS / "ddp_user_hook.py"
 BOOTSTRAP_DIR = Path(scout_slurm.__file__).resolve().parent / "bootstrap" / "site"
 # What the parent's environment must not leak into a rank: these are set per run.
-_RUN_KEYS = ("PYTHONPATH", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-             "SLURM_RESTART_COUNT", "TORCH_FR_BUFFER_SIZE")
+_RUN_KEYS = (
+    "PYTHONPATH",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "SLURM_RESTART_COUNT",
+    "TORCH_FR_BUFFER_SIZE",
+)
 
 
 def free_port() -> int:
@@ -64,8 +73,15 @@ class RankRun:
     stderr: str
 
 
-def run_ranks(argv: list[str], env: dict[str, str], *, cwd: Path, world: int = 2, deadline_s: float = 60.0,
-              python: str = sys.executable) -> list[RankRun]:
+def run_ranks(
+    argv: list[str],
+    env: dict[str, str],
+    *,
+    cwd: Path,
+    world: int = 2,
+    deadline_s: float = 60.0,
+    python: str = sys.executable,
+) -> list[RankRun]:
     """Start `world` ranks of `python argv...` as a gloo job on 127.0.0.1, wait for them until the
     deadline, and kill (by pid) any of them still running then."""
     cwd.mkdir(parents=True, exist_ok=True)
@@ -74,11 +90,28 @@ def run_ranks(argv: list[str], env: dict[str, str], *, cwd: Path, world: int = 2
     codes: list[int | None] = []
     try:
         for rank in range(world):
-            rank_env = dict(env, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-            with open(cwd / f"rank-{rank}.out", "wb") as out, open(cwd / f"rank-{rank}.err", "wb") as err:
-                procs.append(subprocess.Popen([python, *argv], env=rank_env, cwd=cwd, stdout=out, stderr=err,
-                                              stdin=subprocess.DEVNULL))
+            rank_env = dict(
+                env,
+                RANK=str(rank),
+                LOCAL_RANK=str(rank),
+                WORLD_SIZE=str(world),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+            )
+            with (
+                open(cwd / f"rank-{rank}.out", "wb") as out,
+                open(cwd / f"rank-{rank}.err", "wb") as err,
+            ):
+                procs.append(
+                    subprocess.Popen(
+                        [python, *argv],
+                        env=rank_env,
+                        cwd=cwd,
+                        stdout=out,
+                        stderr=err,
+                        stdin=subprocess.DEVNULL,
+                    )
+                )
         end = time.monotonic() + deadline_s
         for p in procs:
             try:
@@ -90,8 +123,15 @@ def run_ranks(argv: list[str], env: dict[str, str], *, cwd: Path, world: int = 2
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    return [RankRun(rank, codes[rank], (cwd / f"rank-{rank}.out").read_text(errors="replace"),
-                    (cwd / f"rank-{rank}.err").read_text(errors="replace")) for rank in range(world)]
+    return [
+        RankRun(
+            rank,
+            codes[rank],
+            (cwd / f"rank-{rank}.out").read_text(errors="replace"),
+            (cwd / f"rank-{rank}.err").read_text(errors="replace"),
+        )
+        for rank in range(world)
+    ]
 
 
 def assert_clean(runs: list[RankRun]) -> None:
@@ -100,8 +140,14 @@ def assert_clean(runs: list[RankRun]) -> None:
         assert f"rank {r.rank}: done" in r.stdout
         # rank 0 announces what replay covers and, at its first vote (the end-of-training one in a
         # run shorter than K), the replica groups; anything else scout says on stderr is a warning
-        said = [line for line in r.stderr.splitlines() if "scout:" in line
-                and not line.startswith(("scout: in-situ replay every ", "scout: state votes every ", "scout: framework: "))]
+        said = [
+            line
+            for line in r.stderr.splitlines()
+            if "scout:" in line
+            and not line.startswith(
+                ("scout: in-situ replay every ", "scout: state votes every ", "scout: framework: ")
+            )
+        ]
         assert said == [], r.stderr
 
 
@@ -120,7 +166,11 @@ def tensor_bytes(checkpoint: Path) -> list[bytes]:
 
 
 def checkpoint_notes(folder: Path) -> dict[str, dict]:
-    return {p.name: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))} if folder.exists() else {}
+    return (
+        {p.name: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
+        if folder.exists()
+        else {}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -128,8 +178,23 @@ def scout_run(tmp_path_factory) -> tuple[Path, list[RankRun]]:
     """One 2-rank, 20-step run of the demo job under the bootstrap, shared by several tests."""
     run_dir = tmp_path_factory.mktemp("scout-run")
     env = scout_env(run_dir, SCOUT_CHECKPOINTS_DIR=str(run_dir / "notes"))
-    runs = run_ranks([str(TRAIN), "--steps", "20", "--step-sleep", "0", "--timeout", "30", "--ckpt-dir", "ckpt",
-                      "--ckpt-every", "10"], env, cwd=run_dir)
+    runs = run_ranks(
+        [
+            str(TRAIN),
+            "--steps",
+            "20",
+            "--step-sleep",
+            "0",
+            "--timeout",
+            "30",
+            "--ckpt-dir",
+            "ckpt",
+            "--ckpt-every",
+            "10",
+        ],
+        env,
+        cwd=run_dir,
+    )
     return run_dir, runs
 
 
@@ -152,30 +217,51 @@ def test_progress_record_counts_every_collective_and_step(scout_run):
         assert not view.active  # atexit marked the record as finished
         ops = [e.op for e in view.recent]
         assert [e.seq for e in view.recent] == list(range(1, 44))
-        assert [op for op in ops if op != "scout_vote"] == ["ddp_bucket_all_reduce", "all_reduce"] * 20
+        assert [op for op in ops if op != "scout_vote"] == [
+            "ddp_bucket_all_reduce",
+            "all_reduce",
+        ] * 20
         assert ops.count("scout_vote") == 3
         # the flag is one int64 summed over the side group, not one per rank gathered
         # (at 100k ranks: 800 KB and 100k output tensors); the exchange after the saves gathers
         assert [e.nbytes for e in view.recent if e.op == "scout_vote"].count(8) == 1
         assert {e.nbytes for e in view.recent if e.op == "all_reduce"} == {4}
         assert all(e.left_ns >= e.entered_ns > 0 for e in view.recent)
-    assert [(e.seq, e.op, e.nbytes) for e in read_progress(run_dir, 0).recent] == \
-           [(e.seq, e.op, e.nbytes) for e in read_progress(run_dir, 1).recent]
+    assert [(e.seq, e.op, e.nbytes) for e in read_progress(run_dir, 0).recent] == [
+        (e.seq, e.op, e.nbytes) for e in read_progress(run_dir, 1).recent
+    ]
 
 
 @pytest.mark.timeout(90)
 def test_bootstrap_changes_no_numbers(tmp_path):
     """Three ranks, not two: scout's DDP hook must scale as DDP does (times 1/3, not divided by
     3; the two round differently), which a world of two cannot show."""
-    argv = [str(TRAIN), "--steps", "5", "--step-sleep", "0", "--timeout", "30", "--out", "checksum.txt",
-            "--ckpt-dir", "ckpt", "--ckpt-every", "5"]
+    argv = [
+        str(TRAIN),
+        "--steps",
+        "5",
+        "--step-sleep",
+        "0",
+        "--timeout",
+        "30",
+        "--out",
+        "checksum.txt",
+        "--ckpt-dir",
+        "ckpt",
+        "--ckpt-every",
+        "5",
+    ]
     hooked = run_ranks(argv, scout_env(tmp_path / "scout"), cwd=tmp_path / "scout", world=3)
     plain = run_ranks(argv, bare_env(), cwd=tmp_path / "bare", world=3)
     assert_clean(hooked)
     assert_clean(plain)
-    assert read_progress(tmp_path / "scout", 2).coll_entered == 10 + 1  # and the end-of-training vote
+    assert (
+        read_progress(tmp_path / "scout", 2).coll_entered == 10 + 1
+    )  # and the end-of-training vote
     assert not (tmp_path / "bare" / "progress").exists()
-    assert (tmp_path / "scout" / "checksum.txt").read_text() == (tmp_path / "bare" / "checksum.txt").read_text()
+    assert (tmp_path / "scout" / "checksum.txt").read_text() == (
+        tmp_path / "bare" / "checksum.txt"
+    ).read_text()
     with_scout = tensor_bytes(tmp_path / "scout" / "ckpt" / "step-5.pt")
     without = tensor_bytes(tmp_path / "bare" / "ckpt" / "step-5.pt")
     # 4 parameters, plus the RNG states the demo saves since its checkpoints restore them
@@ -200,8 +286,11 @@ def test_torch_save_by_rank0_writes_checkpoint_notes(scout_run):
 @pytest.mark.timeout(60)
 def test_user_comm_hook_composes_and_dot_saves_write_no_note(tmp_path):
     env = scout_env(tmp_path, SCOUT_CHECKPOINTS_DIR=str(tmp_path / "notes"))
-    runs = run_ranks([str(USER_HOOK_JOB), "--steps", "4", "--save-dir", str(tmp_path), "--timeout", "30"], env,
-                     cwd=tmp_path)
+    runs = run_ranks(
+        [str(USER_HOOK_JOB), "--steps", "4", "--save-dir", str(tmp_path), "--timeout", "30"],
+        env,
+        cwd=tmp_path,
+    )
     assert_clean(runs)
     for rank in (0, 1):
         view = read_progress(tmp_path, rank)
@@ -210,7 +299,10 @@ def test_user_comm_hook_composes_and_dot_saves_write_no_note(tmp_path):
         # (and scout's own: the checkpoint flag and signatures for final.pt at the end, no flag per step,
         # and the end-of-training vote)
         assert view.coll_entered == view.coll_completed == 8 + 2 + 1
-        assert [e.op for e in view.recent if e.op != "scout_vote"] == ["ddp_bucket_all_reduce", "all_reduce"] * 4
+        assert [e.op for e in view.recent if e.op != "scout_vote"] == [
+            "ddp_bucket_all_reduce",
+            "all_reduce",
+        ] * 4
     assert (tmp_path / ".scratch.pt").exists() and (tmp_path / "final.pt").exists()
     notes = checkpoint_notes(tmp_path / "notes")
     assert list(notes) == ["run-0-step-4-rank-0.json"]
@@ -222,9 +314,15 @@ def test_site_sitecustomize_still_runs_under_the_bootstrap(tmp_path):
     user_site = tmp_path / "user-site"
     user_site.mkdir()
     (user_site / "sitecustomize.py").write_text(
-        "import os\nwith open(os.environ['USER_SITE_MARKER'], 'a') as fh:\n    fh.write(f'{os.getpid()}\\n')\n")
+        "import os\nwith open(os.environ['USER_SITE_MARKER'], 'a') as fh:\n    fh.write(f'{os.getpid()}\\n')\n"
+    )
     env = scout_env(tmp_path, extra_path=(user_site,), USER_SITE_MARKER=str(tmp_path / "marker"))
-    runs = run_ranks([str(TRAIN), "--steps", "3", "--step-sleep", "0", "--timeout", "30"], env, cwd=tmp_path, world=1)
+    runs = run_ranks(
+        [str(TRAIN), "--steps", "3", "--step-sleep", "0", "--timeout", "30"],
+        env,
+        cwd=tmp_path,
+        world=1,
+    )
     assert_clean(runs)
     assert len((tmp_path / "marker").read_text().split()) == 1
     view = read_progress(tmp_path, 0)
@@ -236,14 +334,26 @@ def test_job_runs_with_a_warning_where_scout_is_not_importable(tmp_path):
     """The job's interpreter lacks scout_slurm (as in a container or another environment) and
     SCOUT_PACKAGE_DIR names a folder that is not there: the job runs, scout says so once."""
     if sys.prefix == sys.base_prefix:
-        pytest.skip("needs a virtual environment: its base interpreter is the one without scout_slurm")
-    base_python = getattr(sys, "_base_executable", "") or os.path.join(sys.base_prefix, "bin", "python3")
+        pytest.skip(
+            "needs a virtual environment: its base interpreter is the one without scout_slurm"
+        )
+    base_python = getattr(sys, "_base_executable", "") or os.path.join(
+        sys.base_prefix, "bin", "python3"
+    )
     missing = tmp_path / "not-here"
-    env = scout_env(tmp_path, extra_path=tuple(Path(p) for p in site.getsitepackages()),  # torch, not scout
-                    SCOUT_PACKAGE_DIR=str(missing))
+    env = scout_env(
+        tmp_path,
+        extra_path=tuple(Path(p) for p in site.getsitepackages()),  # torch, not scout
+        SCOUT_PACKAGE_DIR=str(missing),
+    )
     # a job that imports nothing of scout's (the demo job finds its code through the package)
-    runs = run_ranks([str(USER_HOOK_JOB), "--steps", "2", "--timeout", "30"], env, cwd=tmp_path, world=1,
-                     python=base_python)
+    runs = run_ranks(
+        [str(USER_HOOK_JOB), "--steps", "2", "--timeout", "30"],
+        env,
+        cwd=tmp_path,
+        world=1,
+        python=base_python,
+    )
     run = runs[0]
     assert run.returncode == 0, run.stderr
     assert "rank 0: done" in run.stdout
@@ -335,23 +445,40 @@ _REVERSIBLE_BEFORE_IMPORT = textwrap.dedent("""
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("script", [_REVERSIBLE_AFTER_IMPORT, _REVERSIBLE_BEFORE_IMPORT],
-                         ids=["after-torch-import", "import-hook"])
+@pytest.mark.parametrize(
+    "script",
+    [_REVERSIBLE_AFTER_IMPORT, _REVERSIBLE_BEFORE_IMPORT],
+    ids=["after-torch-import", "import-hook"],
+)
 def test_hooks_are_reversible(script, tmp_path):
     """In a fresh process each, so the module's state starts clean and no test hook is needed."""
     (tmp_path / "progress").mkdir()
-    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "progress"), str(free_port())],
-                          env=bare_env(), cwd=tmp_path, capture_output=True, text=True, timeout=50)
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "progress"), str(free_port())],
+        env=bare_env(),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "reversible: ok" in proc.stdout
 
 
 @pytest.mark.timeout(90)
 def test_skip_allreduce_desyncs_the_named_rank(tmp_path):
-    (tmp_path / "run" / "findings").mkdir(parents=True)  # scout-task prepares the run's evidence folder
-    env = scout_env(tmp_path, SCOUT_INJECT="skip_allreduce,rank=1,step=3", SCOUT_RUN_DIR=str(tmp_path / "run"))
-    runs = run_ranks([str(TRAIN), "--steps", "8", "--step-sleep", "0", "--timeout", "5"], env, cwd=tmp_path,
-                     deadline_s=40)
+    (tmp_path / "run" / "findings").mkdir(
+        parents=True
+    )  # scout-task prepares the run's evidence folder
+    env = scout_env(
+        tmp_path, SCOUT_INJECT="skip_allreduce,rank=1,step=3", SCOUT_RUN_DIR=str(tmp_path / "run")
+    )
+    runs = run_ranks(
+        [str(TRAIN), "--steps", "8", "--step-sleep", "0", "--timeout", "5"],
+        env,
+        cwd=tmp_path,
+        deadline_s=40,
+    )
     assert "scout: injecting fault skip_allreduce on rank 1 at step 3" in runs[1].stderr
     assert "scout: injection not recorded" not in runs[1].stderr
     assert "injecting" not in runs[0].stderr
@@ -369,8 +496,12 @@ def test_skip_allreduce_desyncs_the_named_rank(tmp_path):
 @pytest.mark.timeout(60)
 def test_exit_fault_gives_its_code_on_the_named_rank(tmp_path):
     env = scout_env(tmp_path, SCOUT_INJECT="exit,rank=0,step=2,code=3")
-    runs = run_ranks([str(TRAIN), "--steps", "6", "--step-sleep", "0", "--timeout", "10"], env, cwd=tmp_path,
-                     deadline_s=40)
+    runs = run_ranks(
+        [str(TRAIN), "--steps", "6", "--step-sleep", "0", "--timeout", "10"],
+        env,
+        cwd=tmp_path,
+        deadline_s=40,
+    )
     assert runs[0].returncode == 3, runs[0].stderr
     assert "scout: injecting fault exit on rank 0 at step 2" in runs[0].stderr
     assert runs[1].returncode != 0 and "injecting" not in runs[1].stderr
@@ -393,7 +524,11 @@ _FORWARDING_JOB = textwrap.dedent("""
 def test_fsdp2_collectives_recorded_and_forwarded_ones_once(tmp_path):
     """FSDP2 on torch 2.13 calls all_gather_single and reduce_scatter_single: in the record (before,
     every FSDP2 rank stood at 0 collectives). A collective torch forwards to another is one entry."""
-    runs = run_ranks([str(JOBS / "train_fsdp2.py"), "--steps", "4"], scout_env(tmp_path / "fsdp"), cwd=tmp_path / "a")
+    runs = run_ranks(
+        [str(JOBS / "train_fsdp2.py"), "--steps", "4"],
+        scout_env(tmp_path / "fsdp"),
+        cwd=tmp_path / "a",
+    )
     assert [r.returncode for r in runs] == [0, 0], [r.stderr[-2000:] for r in runs]
     views = [read_progress(tmp_path / "fsdp", rank) for rank in (0, 1)]
     ops = [e.op for e in views[0].recent]
@@ -405,5 +540,8 @@ def test_fsdp2_collectives_recorded_and_forwarded_ones_once(tmp_path):
     runs = run_ranks([str(job)], scout_env(tmp_path / "fwd"), cwd=tmp_path / "b")
     assert [r.returncode for r in runs] == [0, 0], [r.stderr[-2000:] for r in runs]
     view = read_progress(tmp_path / "fwd", 0)
-    assert [e.op for e in view.recent if e.op != "scout_vote"] == \
-        ["all_gather_into_tensor", "reduce_scatter_tensor", "all_gather_object"], view.recent
+    assert [e.op for e in view.recent if e.op != "scout_vote"] == [
+        "all_gather_into_tensor",
+        "reduce_scatter_tensor",
+        "all_gather_object",
+    ], view.recent

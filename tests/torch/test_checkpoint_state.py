@@ -17,7 +17,9 @@ from scout_slurm.remediation.eligibility import CheckpointStatus, assess
 from scout_slurm.evidence.checkfiles import file_problem
 from scout_slurm.remediation.records import Agreement, CheckpointNote
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the rank runner of test_bootstrap.py, one copy
+sys.path.insert(
+    0, str(Path(__file__).resolve().parent)
+)  # the rank runner of test_bootstrap.py, one copy
 from test_bootstrap import JOBS, TRAIN, run_ranks, scout_env  # noqa: E402
 
 pytestmark = [pytest.mark.torch]
@@ -28,7 +30,9 @@ DCP_JOB = JOBS / "train_dcp.py"
 def _env(base: Path, name: str, **extra: str) -> dict[str, str]:
     run_dir = base / name
     (run_dir / "findings").mkdir(parents=True, exist_ok=True)  # scout-task makes it in a real job
-    return scout_env(run_dir, SCOUT_CHECKPOINTS_DIR=str(base / "notes"), SCOUT_RUN_DIR=str(run_dir), **extra)
+    return scout_env(
+        run_dir, SCOUT_CHECKPOINTS_DIR=str(base / "notes"), SCOUT_RUN_DIR=str(run_dir), **extra
+    )
 
 
 def _ok(runs) -> None:
@@ -37,7 +41,10 @@ def _ok(runs) -> None:
 
 
 def _findings(run_dir: Path) -> dict[str, dict]:
-    return {p.name: json.loads(p.read_text()) for p in sorted((run_dir / "findings").glob("resume-*.json"))}
+    return {
+        p.name: json.loads(p.read_text())
+        for p in sorted((run_dir / "findings").glob("resume-*.json"))
+    }
 
 
 def _notes(base: Path) -> list[CheckpointNote]:
@@ -50,24 +57,44 @@ def test_dcp_save_is_one_record_of_every_file_and_its_resume_is_verified(tmp_pat
     _ok(run_ranks([str(DCP_JOB), "--ckpt", str(ck)], _env(tmp_path, "a"), cwd=tmp_path / "a"))
     [note] = _notes(tmp_path)
     on_disk = sorted(str(p.relative_to(ck)) for p in ck.rglob("*") if p.is_file())
-    assert (note.saver, note.path, note.step, note.ranks_saved, note.world) == ("dcp.save", str(ck), 4, (0, 1), 2)
-    assert sorted(f.name for f in note.files) == on_disk and len(on_disk) >= 3  # .metadata + one file per rank
+    assert (note.saver, note.path, note.step, note.ranks_saved, note.world) == (
+        "dcp.save",
+        str(ck),
+        4,
+        (0, 1),
+        2,
+    )
+    assert (
+        sorted(f.name for f in note.files) == on_disk and len(on_disk) >= 3
+    )  # .metadata + one file per rank
     assert note.exchanged_at_save and note.agreement == "agreed"
     sigs = {s.component: s for s in note.signatures}
     assert {"model", "optimizer", "rng_cpu", "rng_python", "rng_numpy", "data"} <= set(sigs)
     assert all(s.agreed and len(set(s.per_rank)) == 1 for s in sigs.values())
-    assert note.software.torch == torch.__version__ and note.software.cuda is None  # CPU build: no CUDA, no NCCL
+    assert (
+        note.software.torch == torch.__version__ and note.software.cuda is None
+    )  # CPU build: no CUDA, no NCCL
     assert file_problem(note) is None
     assert assess([note], {}, {}, file_problem)[0].status == CheckpointStatus.ELIGIBLE
 
-    runs = run_ranks([str(DCP_JOB), "--ckpt", str(ck), "--resume"],
-                     _env(tmp_path, "b", SCOUT_RESUME_CHECKPOINT=str(ck), SCOUT_STEP_OFFSET="4", SLURM_RESTART_COUNT="1"),
-                     cwd=tmp_path / "b")
+    runs = run_ranks(
+        [str(DCP_JOB), "--ckpt", str(ck), "--resume"],
+        _env(
+            tmp_path,
+            "b",
+            SCOUT_RESUME_CHECKPOINT=str(ck),
+            SCOUT_STEP_OFFSET="4",
+            SLURM_RESTART_COUNT="1",
+        ),
+        cwd=tmp_path / "b",
+    )
     _ok(runs)
     found = _findings(tmp_path / "b")
     assert sorted(found) == ["resume-verified-rank-0.json", "resume-verified-rank-1.json"], found
-    assert "model, optimizer, rng_cpu, rng_python, rng_numpy, data equal the record" in found[
-        "resume-verified-rank-1.json"]["summary"]
+    assert (
+        "model, optimizer, rng_cpu, rng_python, rng_numpy, data equal the record"
+        in found["resume-verified-rank-1.json"]["summary"]
+    )
     # a shard rewritten after the record: the folder's check names it
     shard = next(p for p in ck.iterdir() if p.suffix == ".distcp")
     data = shard.read_bytes()
@@ -79,7 +106,9 @@ def test_dcp_save_is_one_record_of_every_file_and_its_resume_is_verified(tmp_pat
 def test_replicas_that_disagree_at_the_save_reject_the_checkpoint(tmp_path):
     # rank 1's weights get one flipped bit at step 3 and no vote ends it: at the save (step 4) the
     # two replicas' model signatures differ
-    env = _env(tmp_path, "a", SCOUT_INJECT="bitflip,bit=20,rank=1,step=3", SCOUT_CONSENSUS_EVERY="0")
+    env = _env(
+        tmp_path, "a", SCOUT_INJECT="bitflip,bit=20,rank=1,step=3", SCOUT_CONSENSUS_EVERY="0"
+    )
     _ok(run_ranks([str(DCP_JOB), "--ckpt", str(tmp_path / "ck")], env, cwd=tmp_path / "a"))
     [note] = _notes(tmp_path)
     sigs = {s.component: s for s in note.signatures}
@@ -93,9 +122,27 @@ def test_replicas_that_disagree_at_the_save_reject_the_checkpoint(tmp_path):
 @pytest.mark.timeout(150)
 def test_torch_save_resume_is_verified_bit_for_bit_and_an_altered_file_is_a_loud_mismatch(tmp_path):
     ckpt = tmp_path / "ckpt"
-    train = [str(TRAIN), "--steps", "12", "--step-sleep", "0", "--timeout", "30", "--ckpt-dir", str(ckpt),
-             "--ckpt-every", "5", "--sched", "--momentum", "0.9"]
-    _ok(run_ranks([*train, "--out", str(tmp_path / "a.txt")], _env(tmp_path, "a"), cwd=tmp_path / "a"))
+    train = [
+        str(TRAIN),
+        "--steps",
+        "12",
+        "--step-sleep",
+        "0",
+        "--timeout",
+        "30",
+        "--ckpt-dir",
+        str(ckpt),
+        "--ckpt-every",
+        "5",
+        "--sched",
+        "--momentum",
+        "0.9",
+    ]
+    _ok(
+        run_ranks(
+            [*train, "--out", str(tmp_path / "a.txt")], _env(tmp_path, "a"), cwd=tmp_path / "a"
+        )
+    )
     notes = {n.step: n for n in _notes(tmp_path)}
     assert sorted(notes) == [5, 10]
     five = notes[5]
@@ -104,12 +151,30 @@ def test_torch_save_resume_is_verified_bit_for_bit_and_an_altered_file_is_a_loud
     assert (five.saver, five.ranks_saved, five.exchanged_at_save) == ("torch.save", (0,), False)
     assert five.agreement == "agreed at step 12, the first exchange after the save at step 5"
     assert five.agreement_kind is Agreement.AGREED
-    assert {s.component for s in five.signatures} >= {"model", "optimizer", "scheduler", "rng_cpu", "data"}
-    assert all(s.agreed and len(set(s.per_rank)) == 1 for s in five.signatures if not s.component.startswith("rng"))
+    assert {s.component for s in five.signatures} >= {
+        "model",
+        "optimizer",
+        "scheduler",
+        "rng_cpu",
+        "data",
+    }
+    assert all(
+        s.agreed and len(set(s.per_rank)) == 1
+        for s in five.signatures
+        if not s.component.startswith("rng")
+    )
     assert assess([five], {}, {}, file_problem)[0].status == CheckpointStatus.ELIGIBLE
 
-    resume = dict(SCOUT_RESUME_CHECKPOINT=str(ckpt / "step-5.pt"), SCOUT_STEP_OFFSET="5", SLURM_RESTART_COUNT="1")
-    b = run_ranks([*train, "--out", str(tmp_path / "b.txt")], _env(tmp_path, "b", **resume), cwd=tmp_path / "b")
+    resume = dict(
+        SCOUT_RESUME_CHECKPOINT=str(ckpt / "step-5.pt"),
+        SCOUT_STEP_OFFSET="5",
+        SLURM_RESTART_COUNT="1",
+    )
+    b = run_ranks(
+        [*train, "--out", str(tmp_path / "b.txt")],
+        _env(tmp_path, "b", **resume),
+        cwd=tmp_path / "b",
+    )
     _ok(b)
     found = _findings(tmp_path / "b")
     assert sorted(found) == ["resume-verified-rank-0.json", "resume-verified-rank-1.json"], found
@@ -125,10 +190,16 @@ def test_torch_save_resume_is_verified_bit_for_bit_and_an_altered_file_is_a_loud
     state["model"][first].view(-1)[0] += 1e-3
     torch.save(state, ckpt / "step-5.pt")
     assert "changed on disk after its record" in file_problem(five)
-    c = run_ranks(train, _env(tmp_path, "c", SCOUT_RESUME_MISMATCH="fatal", **resume), cwd=tmp_path / "c")
+    c = run_ranks(
+        train, _env(tmp_path, "c", SCOUT_RESUME_MISMATCH="fatal", **resume), cwd=tmp_path / "c"
+    )
     for r in c:
         assert r.returncode == 90, f"rank {r.rank} exited {r.returncode}\n{r.stderr}"
-        assert "RESUME MISMATCH" in r.stderr and "model: restored" in r.stderr and "SCOUT_RESUME_MISMATCH=fatal" in r.stderr
+        assert (
+            "RESUME MISMATCH" in r.stderr
+            and "model: restored" in r.stderr
+            and "SCOUT_RESUME_MISMATCH=fatal" in r.stderr
+        )
     found = _findings(tmp_path / "c")
     assert sorted(found) == ["resume-mismatch-rank-0.json", "resume-mismatch-rank-1.json"]
     assert "differs from its record" in found["resume-mismatch-rank-0.json"]["summary"]
@@ -138,16 +209,30 @@ def test_torch_save_resume_is_verified_bit_for_bit_and_an_altered_file_is_a_loud
 def test_sharded_dcp_save_is_not_called_a_disagreement_and_each_shard_is_verified(tmp_path):
     # FSDP2: every rank holds a different shard; no state vote has told scout the replica groups
     ck = tmp_path / "ck"
-    _ok(run_ranks([str(DCP_JOB), "--fsdp", "--ckpt", str(ck)], _env(tmp_path, "a", SCOUT_CONSENSUS_EVERY="0"),
-                  cwd=tmp_path / "a"))
+    _ok(
+        run_ranks(
+            [str(DCP_JOB), "--fsdp", "--ckpt", str(ck)],
+            _env(tmp_path, "a", SCOUT_CONSENSUS_EVERY="0"),
+            cwd=tmp_path / "a",
+        )
+    )
     [note] = _notes(tmp_path)
     model = {s.component: s for s in note.signatures}["model"]
     assert model.per_rank[0] != model.per_rank[1]  # two shards
     assert note.agreement.startswith("not exchanged: sharded parameters (DTensor)")
     assert assess([note], {}, {}, file_problem)[0].status == CheckpointStatus.CANDIDATE
-    runs = run_ranks([str(DCP_JOB), "--fsdp", "--ckpt", str(ck), "--resume"],
-                     _env(tmp_path, "b", SCOUT_CONSENSUS_EVERY="0", SCOUT_RESUME_CHECKPOINT=str(ck),
-                          SCOUT_STEP_OFFSET="4", SLURM_RESTART_COUNT="1"), cwd=tmp_path / "b")
+    runs = run_ranks(
+        [str(DCP_JOB), "--fsdp", "--ckpt", str(ck), "--resume"],
+        _env(
+            tmp_path,
+            "b",
+            SCOUT_CONSENSUS_EVERY="0",
+            SCOUT_RESUME_CHECKPOINT=str(ck),
+            SCOUT_STEP_OFFSET="4",
+            SLURM_RESTART_COUNT="1",
+        ),
+        cwd=tmp_path / "b",
+    )
     _ok(runs)
     found = _findings(tmp_path / "b")
     assert sorted(found) == ["resume-verified-rank-0.json", "resume-verified-rank-1.json"], found
@@ -158,16 +243,37 @@ def test_sharded_dcp_save_is_not_called_a_disagreement_and_each_shard_is_verifie
 def test_a_dcp_folder_renamed_after_the_save_is_recorded_and_resumed_under_its_final_name(tmp_path):
     # saved into ck.tmp/, then rank 0 renames the folder to ck/ (after a barrier): the record follows
     ck = tmp_path / "ck"
-    _ok(run_ranks([str(DCP_JOB), "--ckpt", str(ck), "--rename-from-tmp"], _env(tmp_path, "a"), cwd=tmp_path / "a"))
+    _ok(
+        run_ranks(
+            [str(DCP_JOB), "--ckpt", str(ck), "--rename-from-tmp"],
+            _env(tmp_path, "a"),
+            cwd=tmp_path / "a",
+        )
+    )
     assert not (tmp_path / "ck.tmp").exists()
     [note] = _notes(tmp_path)
-    assert (note.path, note.saved_as, note.saver, note.agreement) == (str(ck), f"{ck}.tmp", "dcp.save", "agreed")
-    assert sorted(f.name for f in note.files) == sorted(str(p.relative_to(ck)) for p in ck.rglob("*") if p.is_file())
+    assert (note.path, note.saved_as, note.saver, note.agreement) == (
+        str(ck),
+        f"{ck}.tmp",
+        "dcp.save",
+        "agreed",
+    )
+    assert sorted(f.name for f in note.files) == sorted(
+        str(p.relative_to(ck)) for p in ck.rglob("*") if p.is_file()
+    )
     assert file_problem(note) is None
     assert assess([note], {}, {}, file_problem)[0].status == CheckpointStatus.ELIGIBLE
-    runs = run_ranks([str(DCP_JOB), "--ckpt", str(ck), "--resume"],
-                     _env(tmp_path, "b", SCOUT_RESUME_CHECKPOINT=str(ck), SCOUT_STEP_OFFSET="4", SLURM_RESTART_COUNT="1"),
-                     cwd=tmp_path / "b")
+    runs = run_ranks(
+        [str(DCP_JOB), "--ckpt", str(ck), "--resume"],
+        _env(
+            tmp_path,
+            "b",
+            SCOUT_RESUME_CHECKPOINT=str(ck),
+            SCOUT_STEP_OFFSET="4",
+            SLURM_RESTART_COUNT="1",
+        ),
+        cwd=tmp_path / "b",
+    )
     _ok(runs)
     found = _findings(tmp_path / "b")
     assert sorted(found) == ["resume-verified-rank-0.json", "resume-verified-rank-1.json"], found
@@ -176,24 +282,57 @@ def test_a_dcp_folder_renamed_after_the_save_is_recorded_and_resumed_under_its_f
 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("atomic", ["replace", "hidden"])
-def test_an_atomic_torch_save_is_recorded_under_its_final_name_and_resumed_bit_for_bit(tmp_path, atomic):
+def test_an_atomic_torch_save_is_recorded_under_its_final_name_and_resumed_bit_for_bit(
+    tmp_path, atomic
+):
     # NAME.tmp (or the hidden .NAME.tmp, not a checkpoint until renamed) then os.replace to NAME
     ckpt = tmp_path / "ckpt"
-    train = [str(TRAIN), "--steps", "12", "--step-sleep", "0", "--timeout", "30", "--ckpt-dir", str(ckpt),
-             "--ckpt-every", "5", "--sched", "--momentum", "0.9", "--atomic-save", atomic]
-    _ok(run_ranks([*train, "--out", str(tmp_path / "a.txt")], _env(tmp_path, "a"), cwd=tmp_path / "a"))
+    train = [
+        str(TRAIN),
+        "--steps",
+        "12",
+        "--step-sleep",
+        "0",
+        "--timeout",
+        "30",
+        "--ckpt-dir",
+        str(ckpt),
+        "--ckpt-every",
+        "5",
+        "--sched",
+        "--momentum",
+        "0.9",
+        "--atomic-save",
+        atomic,
+    ]
+    _ok(
+        run_ranks(
+            [*train, "--out", str(tmp_path / "a.txt")], _env(tmp_path, "a"), cwd=tmp_path / "a"
+        )
+    )
     assert sorted(p.name for p in ckpt.iterdir()) == ["step-10.pt", "step-5.pt"]
     notes = {n.step: n for n in _notes(tmp_path)}
     assert sorted(notes) == [5, 10]
     tmp_name = {"replace": "step-5.pt.tmp", "hidden": ".step-5.pt.tmp"}[atomic]
     five = notes[5]
-    assert (five.path, five.saved_as, five.agreement_kind) == (str(ckpt / "step-5.pt"), str(ckpt / tmp_name),
-                                                               Agreement.AGREED)
+    assert (five.path, five.saved_as, five.agreement_kind) == (
+        str(ckpt / "step-5.pt"),
+        str(ckpt / tmp_name),
+        Agreement.AGREED,
+    )
     assert file_problem(five) is None
     assert assess([five], {}, {}, file_problem)[0].status == CheckpointStatus.ELIGIBLE
     resume = dict(SCOUT_RESUME_CHECKPOINT=five.path, SCOUT_STEP_OFFSET="5", SLURM_RESTART_COUNT="1")
-    _ok(run_ranks([*train, "--out", str(tmp_path / "b.txt")], _env(tmp_path, "b", **resume), cwd=tmp_path / "b"))
+    _ok(
+        run_ranks(
+            [*train, "--out", str(tmp_path / "b.txt")],
+            _env(tmp_path, "b", **resume),
+            cwd=tmp_path / "b",
+        )
+    )
     found = _findings(tmp_path / "b")
     assert sorted(found) == ["resume-verified-rank-0.json", "resume-verified-rank-1.json"], found
-    assert f"restored {ckpt / 'step-5.pt'} (step 5)" in found["resume-verified-rank-0.json"]["summary"]
+    assert (
+        f"restored {ckpt / 'step-5.pt'} (step 5)" in found["resume-verified-rank-0.json"]["summary"]
+    )
     assert (tmp_path / "b.txt").read_text() == (tmp_path / "a.txt").read_text()

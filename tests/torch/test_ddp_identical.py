@@ -30,8 +30,13 @@ def test_ddp_under_scout_gives_plain_ddps_bits(tmp_path, world):
     run_dir = tmp_path / "scout" / "run"
     for d in ("findings", "ranks"):  # as scout-task prepares them
         (run_dir / d).mkdir(parents=True)
-    scout = run_ranks(argv, scout_env(tmp_path / "scout", SCOUT_RUN_DIR=str(run_dir)), cwd=tmp_path / "scout",
-                      world=world, deadline_s=100)
+    scout = run_ranks(
+        argv,
+        scout_env(tmp_path / "scout", SCOUT_RUN_DIR=str(run_dir)),
+        cwd=tmp_path / "scout",
+        world=world,
+        deadline_s=100,
+    )
     for r in (*plain, *scout):
         assert r.returncode == 0, f"rank {r.rank} exited {r.returncode}\n{r.stderr}"
     bare, hooked = _outputs(tmp_path / "bare", world), _outputs(tmp_path / "scout", world)
@@ -61,10 +66,17 @@ def test_the_wrapper_never_holds_the_gil_into_gloos_queue(tmp_path):
     (measured: every run, at 2000 iterations)."""
     env = bare_env()
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
-    runs = run_ranks([str(JOBS / "pg_wrapper_stress.py"), "--iterations", "1500", "--hang-s", "60"], env,
-                     cwd=tmp_path, world=2, deadline_s=90)
+    runs = run_ranks(
+        [str(JOBS / "pg_wrapper_stress.py"), "--iterations", "1500", "--hang-s", "60"],
+        env,
+        cwd=tmp_path,
+        world=2,
+        deadline_s=90,
+    )
     for r in runs:
-        assert r.returncode == 0, f"rank {r.rank} exited {r.returncode} (1 with every thread dumped: deadlocked)\n{r.stdout}\n{r.stderr}"
+        assert r.returncode == 0, (
+            f"rank {r.rank} exited {r.returncode} (1 with every thread dumped: deadlocked)\n{r.stdout}\n{r.stderr}"
+        )
         assert f"rank {r.rank}: 1500 iterations through the wrapper in" in r.stdout, r.stdout
 
 
@@ -79,12 +91,25 @@ def test_buckets_are_left_at_the_end_of_their_backward(tmp_path):
     import sys
 
     repo = Path(__file__).resolve().parents[2]
-    out = subprocess.run([sys.executable, str(JOBS / "pg_wrapper_record.py")], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=50, env={"PYTHONPATH": str(repo), "PATH": "/usr/bin:/bin"})
+    out = subprocess.run(
+        [sys.executable, str(JOBS / "pg_wrapper_record.py")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=50,
+        env={"PYTHONPATH": str(repo), "PATH": "/usr/bin:/bin"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
-    assert seen == {"inside": [2, 0], "after": [2, 2], "inside_failing": [4, 2], "after_failed": [4, 2],
-                    "next_backward": [6, 6], "settled": [8, 8], "outside": [9, 9]}, seen
+    assert seen == {
+        "inside": [2, 0],
+        "after": [2, 2],
+        "inside_failing": [4, 2],
+        "after_failed": [4, 2],
+        "next_backward": [6, 6],
+        "settled": [8, 8],
+        "outside": [9, 9],
+    }, seen
 
 
 @pytest.mark.timeout(120)
@@ -97,12 +122,19 @@ def test_a_bucket_still_in_flight_at_the_end_of_a_backward_is_left_on_the_traini
     run_dir = tmp_path / "run"
     for d in ("findings", "ranks"):
         (run_dir / d).mkdir(parents=True)
-    runs = run_ranks([str(JOB), "--steps", "3", "--out", "final", "--late-rank", "1", "--late-s", "0.4"],
-                     scout_env(tmp_path, SCOUT_RUN_DIR=str(run_dir)), cwd=tmp_path, world=2, deadline_s=100)
+    runs = run_ranks(
+        [str(JOB), "--steps", "3", "--out", "final", "--late-rank", "1", "--late-s", "0.4"],
+        scout_env(tmp_path, SCOUT_RUN_DIR=str(run_dir)),
+        cwd=tmp_path,
+        world=2,
+        deadline_s=100,
+    )
     for r in runs:
         assert r.returncode == 0, f"rank {r.rank} exited {r.returncode}\n{r.stderr}"
     for rank in range(2):
         view = read_progress(tmp_path, rank)
         assert view.opt_steps == 3 and view.coll_entered == view.coll_completed
         cost = read_record(run_dir / "ranks" / f"cost-{rank}.json", ScoutCost)
-        assert cost.comm_thread_calls == 0, f"rank {rank}: scout's Python ran {cost.comm_thread_calls} times on gloo's threads"
+        assert cost.comm_thread_calls == 0, (
+            f"rank {rank}: scout's Python ran {cost.comm_thread_calls} times on gloo's threads"
+        )

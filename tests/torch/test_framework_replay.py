@@ -19,16 +19,37 @@ pytestmark = [pytest.mark.torch]
 
 
 def _needs(module: str, extra: str = "frameworks") -> pytest.MarkDecorator:
-    return pytest.mark.skipif(importlib.util.find_spec(module.split(".")[0]) is None,
-                              reason=f"{module} is not installed (pip install -e '.[{extra}]')")
+    return pytest.mark.skipif(
+        importlib.util.find_spec(module.split(".")[0]) is None,
+        reason=f"{module} is not installed (pip install -e '.[{extra}]')",
+    )
 
 
-def _run(tmp_path: Path, job: str, world: int, *, steps: int = 12, extra: tuple[str, ...] = (), **scout: str):
+def _run(
+    tmp_path: Path,
+    job: str,
+    world: int,
+    *,
+    steps: int = 12,
+    extra: tuple[str, ...] = (),
+    **scout: str,
+):
     run_dir = tmp_path / "run"
     (run_dir / "findings").mkdir(parents=True)
-    env = scout_env(run_dir, SCOUT_RUN_DIR=str(run_dir), SCOUT_CONSENSUS_EVERY="5", SCOUT_REPLAY_EVERY="2", **scout)
-    runs = run_ranks([str(JOBS / job), "--steps", str(steps), "--step-sleep", "0", "--timeout", "60", *extra], env,
-                     cwd=run_dir, world=world, deadline_s=240)
+    env = scout_env(
+        run_dir,
+        SCOUT_RUN_DIR=str(run_dir),
+        SCOUT_CONSENSUS_EVERY="5",
+        SCOUT_REPLAY_EVERY="2",
+        **scout,
+    )
+    runs = run_ranks(
+        [str(JOBS / job), "--steps", str(steps), "--step-sleep", "0", "--timeout", "60", *extra],
+        env,
+        cwd=run_dir,
+        world=world,
+        deadline_s=240,
+    )
     return run_dir, runs
 
 
@@ -54,23 +75,37 @@ def test_tuple_dataclass_and_keyword_layers_are_replayed(tmp_path):
 
 @pytest.mark.timeout(200)
 def test_corrupt_tuple_output_is_named_by_replay(tmp_path):
-    run_dir, runs = _run(tmp_path, "train_structured.py", 3,
-                         SCOUT_INJECT="scale,factor=1.5,rank=1,step=3,every=1,target=activations,layer=gate")
+    run_dir, runs = _run(
+        tmp_path,
+        "train_structured.py",
+        3,
+        SCOUT_INJECT="scale,factor=1.5,rank=1,step=3,every=1,target=activations,layer=gate",
+    )
     assert [r.returncode for r in runs][1] == 88, runs[1].stderr[-3000:]
     assert "recomputation of layer 'gate' differs" in runs[1].stderr
-    assert _sdc_compute(run_dir) and all(n.startswith("sdc-compute-rank-1-") for n in _sdc_compute(run_dir))
+    assert _sdc_compute(run_dir) and all(
+        n.startswith("sdc-compute-rank-1-") for n in _sdc_compute(run_dir)
+    )
 
 
 @_needs("megatron.core")
 @pytest.mark.timeout(240)
 def test_megatron_parallel_layers_replay_finds_planted_activation_corruption(tmp_path):
-    run_dir, runs = _run(tmp_path, "train_megatron.py", 3,
-                         SCOUT_INJECT="scale,factor=1.5,rank=1,step=3,every=1,target=activations,layer=fc1")
-    assert "Megatron-Core parallel_state tp=1 pp=1 cp=1 dp=3" in runs[0].stderr, runs[0].stderr[-3000:]
+    run_dir, runs = _run(
+        tmp_path,
+        "train_megatron.py",
+        3,
+        SCOUT_INJECT="scale,factor=1.5,rank=1,step=3,every=1,target=activations,layer=fc1",
+    )
+    assert "Megatron-Core parallel_state tp=1 pp=1 cp=1 dp=3" in runs[0].stderr, runs[0].stderr[
+        -3000:
+    ]
     assert "over layers ['fc1', 'fc2']" in runs[0].stderr
     assert runs[1].returncode == 88, runs[1].stderr[-3000:]
     assert all("could not recompute" not in r.stderr for r in runs)
-    assert _sdc_compute(run_dir) and all(n.startswith("sdc-compute-rank-1-") for n in _sdc_compute(run_dir))
+    assert _sdc_compute(run_dir) and all(
+        n.startswith("sdc-compute-rank-1-") for n in _sdc_compute(run_dir)
+    )
 
 
 @_needs("deepspeed")
@@ -80,11 +115,17 @@ def test_deepspeed_zero_engine_is_found_and_votes_its_weights(tmp_path, zero):
     run_dir, runs = _run(tmp_path, "train_deepspeed.py", 2, extra=("--zero", str(zero)))
     for r in runs:
         assert r.returncode == 0, r.stderr[-3000:]
-    banner = next(line for line in runs[0].stderr.splitlines() if line.startswith("scout: framework: "))
-    assert f"DeepSpeed engine, ZeRO-{zero}" in banner and "replica groups [[0, 1]]" in banner, banner
+    banner = next(
+        line for line in runs[0].stderr.splitlines() if line.startswith("scout: framework: ")
+    )
+    assert f"DeepSpeed engine, ZeRO-{zero}" in banner and "replica groups [[0, 1]]" in banner, (
+        banner
+    )
     assert f"optimizer state not voted: DeepSpeed ZeRO-{zero} partitions it" in banner, banner
     cov = _coverage(run_dir)
-    assert cov["votes"] >= 2 and cov["last_clean_step"] == 12 and cov["replay_failed_rounds"] == 0, cov
+    assert (
+        cov["votes"] >= 2 and cov["last_clean_step"] == 12 and cov["replay_failed_rounds"] == 0
+    ), cov
 
 
 @_needs("torchtitan", "titan")
@@ -93,11 +134,16 @@ def test_torchtitan_debug_model_fsdp2_and_mesh_discovery_on_cpu(tmp_path):
     """TorchTitan's debug Llama-3 built, its ParallelDims mesh (dp_replicate x dp_shard = 2 x 2),
     FSDP2 over it, and scout's replica groups read from the mesh by dimension name."""
     from test_bootstrap import bare_env
+
     env = dict(bare_env(), PYTHONPATH=str(Path(__file__).resolve().parents[2]))
-    runs = run_ranks([str(JOBS / "titan_mesh.py")], env, cwd=tmp_path / "titan", world=4, deadline_s=200)
+    runs = run_ranks(
+        [str(JOBS / "titan_mesh.py")], env, cwd=tmp_path / "titan", world=4, deadline_s=200
+    )
     for r in runs:
         assert r.returncode == 0, r.stderr[-3000:]
-        said = json.loads(next(line for line in r.stdout.splitlines() if line.startswith("TITAN "))[6:])
+        said = json.loads(
+            next(line for line in r.stdout.splitlines() if line.startswith("TITAN "))[6:]
+        )
         assert said["fsdp"] and said["mesh"] == ["dp_replicate", "dp_shard"], said
         assert said["groups"] == [[0, 2], [1, 3]], said
         assert "dimensions ('dp_replicate', 'dp_shard')" in said["how"], said

@@ -21,8 +21,13 @@ pytestmark = [pytest.mark.torch]
 def test_the_probe_measures_each_pair_across_nodes_and_none_within_one(tmp_path, nodes):
     names = nodes.split(",")
     world = len(names)
-    runs = run_ranks([str(JOBS / "link_probe.py"), "--nodes", nodes], bare_env(), cwd=tmp_path, world=world,
-                     deadline_s=90)
+    runs = run_ranks(
+        [str(JOBS / "link_probe.py"), "--nodes", nodes],
+        bare_env(),
+        cwd=tmp_path,
+        world=world,
+        deadline_s=90,
+    )
     assert [r.returncode for r in runs] == [0] * world, [r.stderr[-2000:] for r in runs]
     got = [json.loads(r.stdout.strip().splitlines()[-1]) for r in runs]
     assert all(g["nodes"] == names for g in got)
@@ -32,5 +37,11 @@ def test_the_probe_measures_each_pair_across_nodes_and_none_within_one(tmp_path,
                 there, back = got[a][kind][b], got[b][kind][a]
                 if a == b or names[a] == names[b]:
                     assert there == back == -1.0, (kind, a, b, there, back)
-                else:   # measured once, by the end that started the round trip
-                    assert (there > 0) != (back > 0) and max(there, back) < 5.0, (kind, a, b, there, back)
+                else:  # measured once, by the end that started the round trip
+                    assert (there > 0) != (back > 0) and max(there, back) < 5.0, (
+                        kind,
+                        a,
+                        b,
+                        there,
+                        back,
+                    )

@@ -22,20 +22,36 @@ pytestmark = [pytest.mark.torch]
 SDC_EXIT = 88
 
 
-def _run(tmp_path: Path, world: int, *extra: str, steps: int = 10, job: str = "fsdp2", **scout: str):
+def _run(
+    tmp_path: Path, world: int, *extra: str, steps: int = 10, job: str = "fsdp2", **scout: str
+):
     run_dir = tmp_path / "run"
     (run_dir / "findings").mkdir(parents=True)
-    env = scout_env(run_dir, SCOUT_RUN_DIR=str(run_dir), SCOUT_CONSENSUS_EVERY="1", SCOUT_REPLAY_EVERY="0",
-                    SCOUT_AT_REST="0", **scout)
+    env = scout_env(
+        run_dir,
+        SCOUT_RUN_DIR=str(run_dir),
+        SCOUT_CONSENSUS_EVERY="1",
+        SCOUT_REPLAY_EVERY="0",
+        SCOUT_AT_REST="0",
+        **scout,
+    )
     script = [str(JOBS / "train_fsdp2.py")] if job == "fsdp2" else [str(TRAIN), "--step-sleep", "0"]
-    runs = run_ranks([*script, "--steps", str(steps), "--timeout", "60", *extra], env,
-                     cwd=run_dir, world=world, deadline_s=180)
+    runs = run_ranks(
+        [*script, "--steps", str(steps), "--timeout", "60", *extra],
+        env,
+        cwd=run_dir,
+        world=world,
+        deadline_s=180,
+    )
     return run_dir, runs
 
 
 def _findings(run_dir: Path) -> dict[str, dict]:
-    return {p.name: json.loads(p.read_text()) for p in (run_dir / "findings").glob("*.json")
-            if not p.name.startswith("injected-")}
+    return {
+        p.name: json.loads(p.read_text())
+        for p in (run_dir / "findings").glob("*.json")
+        if not p.name.startswith("injected-")
+    }
 
 
 def test_decide_rule():
@@ -77,17 +93,24 @@ def test_plan_segments_rotates_over_every_element_once():
 
 
 def test_hyperparameters_are_plain_values_or_none():
-    assert hyperparameters({"params": [1], "lr": 0.1, "betas": (0.9, 0.99), "foreach": None}) == \
-        {"lr": 0.1, "betas": [0.9, 0.99], "foreach": None}
+    assert hyperparameters({"params": [1], "lr": 0.1, "betas": (0.9, 0.99), "foreach": None}) == {
+        "lr": 0.1,
+        "betas": [0.9, 0.99],
+        "foreach": None,
+    }
     import torch
+
     assert hyperparameters({"params": [], "lr": torch.tensor(0.1)}) is None
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("spec,rank,first", [
-    ("bitflip,bit=12,every=1", 2, 3),                  # persistent: outvoted as a recomputer at step 3
-    ("sign,every=1,transient=1", 1, 5),                # in training only: named when it is the source (5 % 4)
-])
+@pytest.mark.parametrize(
+    "spec,rank,first",
+    [
+        ("bitflip,bit=12,every=1", 2, 3),  # persistent: outvoted as a recomputer at step 3
+        ("sign,every=1,transient=1", 1, 5),  # in training only: named when it is the source (5 % 4)
+    ],
+)
 def test_pure_fsdp_wrong_update_is_named(tmp_path, spec, rank, first):
     run_dir, runs = _run(tmp_path, 4, SCOUT_INJECT=f"{spec},rank={rank},step=3,target=update")
     assert runs[rank].returncode == SDC_EXIT, runs[rank].stderr[-3000:]
@@ -101,7 +124,12 @@ def test_pure_fsdp_wrong_update_is_named(tmp_path, spec, rank, first):
 @pytest.mark.timeout(240)
 def test_hsdp_pair_wrong_update_is_named(tmp_path):
     """HSDP 2x2: the vote between rank 3 and its one replica has no majority; the update replay names it."""
-    run_dir, runs = _run(tmp_path, 4, "--hsdp", SCOUT_INJECT="scale,factor=1.0001,rank=3,step=3,target=update,every=1")
+    run_dir, runs = _run(
+        tmp_path,
+        4,
+        "--hsdp",
+        SCOUT_INJECT="scale,factor=1.0001,rank=3,step=3,target=update,every=1",
+    )
     assert runs[3].returncode == SDC_EXIT, runs[3].stderr[-3000:]
     named = {f["rank"] for f in _findings(run_dir).values() if f["kind"] == "sdc"}
     assert named == {3}, _findings(run_dir)
@@ -109,16 +137,24 @@ def test_hsdp_pair_wrong_update_is_named(tmp_path):
 
 @pytest.mark.timeout(400)
 def test_clean_runs_name_nobody_and_three_replicas_turn_it_off(tmp_path):
-    for name, world, extra, job in (("fsdp", 4, (), "fsdp2"), ("hsdp", 4, ("--hsdp",), "fsdp2"),
-                                    ("ddp2", 2, ("--momentum", "0.9"), "ddp")):
-        run_dir, runs = _run(tmp_path / name, world, *extra, steps=12, job=job, SCOUT_UPDATE_MAX_BYTES="4096")
+    for name, world, extra, job in (
+        ("fsdp", 4, (), "fsdp2"),
+        ("hsdp", 4, ("--hsdp",), "fsdp2"),
+        ("ddp2", 2, ("--momentum", "0.9"), "ddp"),
+    ):
+        run_dir, runs = _run(
+            tmp_path / name, world, *extra, steps=12, job=job, SCOUT_UPDATE_MAX_BYTES="4096"
+        )
         assert all(r.returncode == 0 for r in runs), (name, runs[0].stderr[-3000:])
         assert _findings(run_dir) == {}, name
-        assert "optimizer update replay every 1 steps" in runs[0].stderr, (name, runs[0].stderr[-2000:])
+        assert "optimizer update replay every 1 steps" in runs[0].stderr, (
+            name,
+            runs[0].stderr[-2000:],
+        )
         votes = json.loads((run_dir / "votes.json").read_text())
         assert votes["update_rounds"] == 12, (name, votes)
     # DDP over four ranks: the state vote among four replicas names a wrong update; no replay
     run_dir, runs = _run(tmp_path / "ddp4", 4, job="ddp", steps=4)
     assert all(r.returncode == 0 for r in runs)
-    assert "optimizer update replay" not in runs[0].stderr   # nothing said: the state votes cover it
+    assert "optimizer update replay" not in runs[0].stderr  # nothing said: the state votes cover it
     assert json.loads((run_dir / "votes.json").read_text()).get("update_rounds") is None

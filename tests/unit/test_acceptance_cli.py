@@ -17,8 +17,24 @@ def test_acceptance_on_a_site_without_slurm_fails_every_step_honestly(tmp_path):
     bad = tmp_path / "slurm.conf"
     bad.write_text("ThisIsNotAKey=1\n")  # sbatch refuses it at once (a missing file makes it wait)
     env = {"SLURM_CONF": str(bad), "SCOUT_CONFIG": ""}
-    res = CliRunner().invoke(main, ["acceptance", "--site", "--partition", "gpu", "--evidence-root", str(ev),
-                                    "--workdir", str(work), "-o", str(out), "--job-timeout", "20"], env=env)
+    res = CliRunner().invoke(
+        main,
+        [
+            "acceptance",
+            "--site",
+            "--partition",
+            "gpu",
+            "--evidence-root",
+            str(ev),
+            "--workdir",
+            str(work),
+            "-o",
+            str(out),
+            "--job-timeout",
+            "20",
+        ],
+        env=env,
+    )
     assert res.exit_code == 1, res.output
     report = json.loads((out / "acceptance.json").read_text())
     status = {s["step"]: s["status"] for s in report["steps"]}
@@ -32,4 +48,6 @@ def test_acceptance_on_a_site_without_slurm_fails_every_step_honestly(tmp_path):
     # the disk writer wrote in the evidence file system and removed its file; nothing is left running
     assert list(ev.iterdir()) == []
     assert "load generators stopped" in res.output
-    assert "Unable to process configuration file" in details["1"]  # sbatch's own words reach the report
+    assert (
+        "Unable to process configuration file" in details["1"]
+    )  # sbatch's own words reach the report

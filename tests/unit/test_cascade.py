@@ -7,12 +7,38 @@ from hypothesis import strategies as st
 
 from scout_slurm.evidence.cascade import CASCADE_PATTERNS, mentions_peer_failure
 
-FRAGMENTS = ("Connection closed by peer", "connection RESET by peer", "Timed out waiting", "pair closure",
-             "BROKEN PIPE", "remote process exited", "NCCL communicator was aborted", "nccl Error",
-             "ProcessGroupNCCL", "ProcessGroupNCCL's watchdog: Timeout", "processgroupnccl abort", "DistBackendError",
-             "connectFullMesh", "Socket Timeout", "recv operation", "send operation", "Application timeout caused",
-             "watchdog caught collective operation timeout", "timeout", "abort", "NCCL", "Connection closed",
-             "\n", " ", "K", "\u212a", "\u017f", "\u0130", "é", "RuntimeError: ")
+FRAGMENTS = (
+    "Connection closed by peer",
+    "connection RESET by peer",
+    "Timed out waiting",
+    "pair closure",
+    "BROKEN PIPE",
+    "remote process exited",
+    "NCCL communicator was aborted",
+    "nccl Error",
+    "ProcessGroupNCCL",
+    "ProcessGroupNCCL's watchdog: Timeout",
+    "processgroupnccl abort",
+    "DistBackendError",
+    "connectFullMesh",
+    "Socket Timeout",
+    "recv operation",
+    "send operation",
+    "Application timeout caused",
+    "watchdog caught collective operation timeout",
+    "timeout",
+    "abort",
+    "NCCL",
+    "Connection closed",
+    "\n",
+    " ",
+    "K",
+    "\u212a",
+    "\u017f",
+    "\u0130",
+    "é",
+    "RuntimeError: ",
+)
 
 
 def per_line(lines):
@@ -29,20 +55,32 @@ def test_same_answer_as_the_regex_per_line(lines):
 
 
 def test_known_tails():
-    gloo = ["Traceback (most recent call last):", "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
-            "Connection closed by peer [10.12.3.17]:52431"]
+    gloo = [
+        "Traceback (most recent call last):",
+        "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
+        "Connection closed by peer [10.12.3.17]:52431",
+    ]
     assert mentions_peer_failure(gloo)
-    assert mentions_peer_failure(["[rank3]: ProcessGroupNCCL's watchdog got stuck", "then a Timeout"]) is False
+    assert (
+        mentions_peer_failure(["[rank3]: ProcessGroupNCCL's watchdog got stuck", "then a Timeout"])
+        is False
+    )
     assert mentions_peer_failure(["ProcessGroupNCCL: Watchdog caught a Timeout"])
-    assert not mentions_peer_failure(["Fatal Python error: Segmentation fault", "ValueError: bad shape"])
+    assert not mentions_peer_failure(
+        ["Fatal Python error: Segmentation fault", "ValueError: bad shape"]
+    )
     assert not mentions_peer_failure([])
     # a line break between the two halves is no match, as per line
     assert not mentions_peer_failure(["Connection closed", "by peer"])
 
 
 def test_the_last_line_shortcut_leaves_earlier_lines_and_other_text_to_the_full_check():
-    assert mentions_peer_failure(["Broken pipe", "exiting"])                 # only an earlier line says it
-    assert mentions_peer_failure(["ok", "CONNECTION RESET BY PEER"])          # the last line, any case
-    assert mentions_peer_failure(["ok", "ProcessGroupNCCL timeout"])          # the gapped pattern: full check
-    assert mentions_peer_failure(["é", "Connection closed by peer é"])        # non-ASCII last line: the regex
+    assert mentions_peer_failure(["Broken pipe", "exiting"])  # only an earlier line says it
+    assert mentions_peer_failure(["ok", "CONNECTION RESET BY PEER"])  # the last line, any case
+    assert mentions_peer_failure(
+        ["ok", "ProcessGroupNCCL timeout"]
+    )  # the gapped pattern: full check
+    assert mentions_peer_failure(
+        ["é", "Connection closed by peer é"]
+    )  # non-ASCII last line: the regex
     assert not mentions_peer_failure(["é", "closed by"])

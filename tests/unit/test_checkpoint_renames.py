@@ -28,14 +28,25 @@ ORIGINALS = (os.rename, os.replace, shutil.move)
 def make_watch(notes: Path, *, world: int = 1, exchange=None) -> CheckpointWatch:
     side = object() if world > 1 else None
     all_reduce, all_gather = exchange or (None, None)
-    return CheckpointWatch(rank=0, world=world, side=side, notes_dir=notes, run_dir=None, restart=0, offset=0,
-                           all_gather=all_gather, all_reduce=all_reduce, groups=lambda: None,
-                           completed_steps=lambda: 7)
+    return CheckpointWatch(
+        rank=0,
+        world=world,
+        side=side,
+        notes_dir=notes,
+        run_dir=None,
+        restart=0,
+        offset=0,
+        all_gather=all_gather,
+        all_reduce=all_reduce,
+        groups=lambda: None,
+        completed_steps=lambda: 7,
+    )
 
 
 def _runtime() -> patches.Runtime:
     """An in-job runtime with scout's defaults, for the rename patches alone."""
     from scout_slurm.jobconfig import JobConfig
+
     return patches.Runtime(JobConfig(), progress_dir=None, checkpoints_dir=None)
 
 
@@ -55,7 +66,9 @@ def watch(tmp_path):
 
 
 def notes(tmp_path) -> dict[str, CheckpointNote]:
-    return {p.name: read_record(p, CheckpointNote) for p in sorted((tmp_path / "notes").glob("*.json"))}
+    return {
+        p.name: read_record(p, CheckpointNote) for p in sorted((tmp_path / "notes").glob("*.json"))
+    }
 
 
 def save_file(path: Path, watch: CheckpointWatch, step: int, data: bytes = b"weights") -> None:
@@ -66,7 +79,11 @@ def save_file(path: Path, watch: CheckpointWatch, step: int, data: bytes = b"wei
 def eligible(note: CheckpointNote) -> bool:
     """Not rejected: one rank has no replica to agree with, so its record is a candidate at best."""
     status = assess([note], {}, {}, file_problem)[0].status
-    return status == (CheckpointStatus.ELIGIBLE if note.agreement_kind is Agreement.AGREED else CheckpointStatus.CANDIDATE)
+    return status == (
+        CheckpointStatus.ELIGIBLE
+        if note.agreement_kind is Agreement.AGREED
+        else CheckpointStatus.CANDIDATE
+    )
 
 
 @pytest.mark.parametrize("how", ["os.replace", "os.rename", "Path.rename", "Path.replace"])
@@ -77,8 +94,12 @@ def test_the_atomic_save_is_recorded_under_its_final_name(tmp_path, watch, how):
     save_file(tmp, watch, 5)
     [(name, before)] = notes(tmp_path).items()
     assert before.path == str(tmp) and "the file is gone" not in (file_problem(before) or "")
-    {"os.replace": lambda: os.replace(tmp, final), "os.rename": lambda: os.rename(str(tmp), str(final)),
-     "Path.rename": lambda: tmp.rename(final), "Path.replace": lambda: tmp.replace(final)}[how]()
+    {
+        "os.replace": lambda: os.replace(tmp, final),
+        "os.rename": lambda: os.rename(str(tmp), str(final)),
+        "Path.rename": lambda: tmp.rename(final),
+        "Path.replace": lambda: tmp.replace(final),
+    }[how]()
     after = notes(tmp_path)[name]
     assert (after.path, after.saved_as) == (str(final), str(tmp))
     # a rename is not a change: the same digests, and the record now holds where the bytes are
@@ -90,7 +111,9 @@ def test_the_atomic_save_is_recorded_under_its_final_name(tmp_path, watch, how):
 def test_shutil_move_into_a_folder_follows_the_name_it_returns(tmp_path, watch):
     (tmp_path / "done").mkdir()
     save_file(tmp_path / "step-5.pt", watch, 5)
-    assert shutil.move(str(tmp_path / "step-5.pt"), str(tmp_path / "done")) == str(tmp_path / "done" / "step-5.pt")
+    assert shutil.move(str(tmp_path / "step-5.pt"), str(tmp_path / "done")) == str(
+        tmp_path / "done" / "step-5.pt"
+    )
     [note] = notes(tmp_path).values()
     assert note.path == str(tmp_path / "done" / "step-5.pt") and file_problem(note) is None
 
@@ -144,6 +167,7 @@ def test_a_rename_of_anything_else_changes_no_record(tmp_path, watch, monkeypatc
 
     def resolved(_path):  # an unrelated name never gets as far as resolving paths
         raise AssertionError("canonical() called for an unrelated rename")
+
     monkeypatch.setattr(ckptstate, "canonical", resolved)
     os.rename(tmp_path / "train.log", tmp_path / "train.log.1")
     os.replace(tmp_path / "other.pt.tmp", tmp_path / "other.pt")
@@ -164,8 +188,12 @@ def test_the_jobs_rename_errors_are_unchanged(tmp_path, watch, capsys):
             fn(missing, tmp_path / "x")
         with pytest.raises(FileNotFoundError) as want:
             getattr(fn, "__scout_original__")(missing, tmp_path / "x")
-        assert (got.value.errno, got.value.filename, got.value.filename2, str(got.value)) == \
-            (want.value.errno, want.value.filename, want.value.filename2, str(want.value))
+        assert (got.value.errno, got.value.filename, got.value.filename2, str(got.value)) == (
+            want.value.errno,
+            want.value.filename,
+            want.value.filename2,
+            str(want.value),
+        )
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "f").write_bytes(b"x")
     (tmp_path / "dir.tmp").mkdir()
@@ -190,9 +218,12 @@ def test_a_failure_of_scouts_part_never_reaches_the_job(tmp_path, watch, monkeyp
 
     def broken(src, dst):
         raise RuntimeError("scout's bug")
+
     monkeypatch.setattr(watch, "moved", broken)
     assert os.replace(tmp_path / "step-5.pt.tmp", tmp_path / "step-5.pt") is None
-    assert shutil.move(str(tmp_path / "step-5.pt"), str(tmp_path / "s.pt")) == str(tmp_path / "s.pt")
+    assert shutil.move(str(tmp_path / "step-5.pt"), str(tmp_path / "s.pt")) == str(
+        tmp_path / "s.pt"
+    )
     assert (tmp_path / "s.pt").read_bytes() == b"weights"
     # said once, loudly (the guard switched the record off at the first failure), never raised into the job
     err = capsys.readouterr().err
@@ -203,12 +234,14 @@ def test_a_failure_of_scouts_part_never_reaches_the_job(tmp_path, watch, monkeyp
 def test_the_pending_exchange_writes_the_final_name(tmp_path):
     """Saved by one rank of two: the replicas' signatures follow at the next step. A rename before
     that step must not be undone by the exchange writing the note it kept."""
+
     def all_reduce(t, group):
         assert group is w.side  # SUM of "did I save": this rank did
 
     def all_gather(got, vec, group):
         for g in got:
             g.copy_(vec)
+
     handle = patches.InstalledHooks()
     patches._patch_renames(_runtime(), handle)
     w = make_watch(tmp_path / "notes", world=2, exchange=(all_reduce, all_gather))
@@ -216,7 +249,9 @@ def test_the_pending_exchange_writes_the_final_name(tmp_path):
     try:
         save_file(tmp_path / "step-5.pt.tmp", w, 5)
         [(dest, pending)] = w.pending
-        assert pending.path == str(tmp_path / "step-5.pt.tmp") and pending.agreement.startswith("not exchanged")
+        assert pending.path == str(tmp_path / "step-5.pt.tmp") and pending.agreement.startswith(
+            "not exchanged"
+        )
         os.replace(tmp_path / "step-5.pt.tmp", tmp_path / "step-5.pt")
         assert w.pending[0][1].path == str(tmp_path / "step-5.pt")
         assert read_record(dest, CheckpointNote).path == str(tmp_path / "step-5.pt")
@@ -228,8 +263,11 @@ def test_the_pending_exchange_writes_the_final_name(tmp_path):
     done = read_record(dest, CheckpointNote)
     # the exchange at step 7 (the watch's step), after the save at step 5: the replicas agreed there
     assert (done.path, done.saved_as, done.ranks_saved, done.agreement) == (
-        str(tmp_path / "step-5.pt"), str(tmp_path / "step-5.pt.tmp"), (0, 1),
-        "agreed at step 7, the first exchange after the save at step 5")
+        str(tmp_path / "step-5.pt"),
+        str(tmp_path / "step-5.pt.tmp"),
+        (0, 1),
+        "agreed at step 7, the first exchange after the save at step 5",
+    )
     assert file_problem(done) is None and eligible(done)
 
 
@@ -242,8 +280,12 @@ def test_a_hidden_temporary_name_is_recorded_once_renamed_to_a_visible_one(tmp_p
     assert notes(tmp_path) == {}
     os.replace(tmp_path / ".still-hidden", tmp_path / "step-5.pt")
     [note] = notes(tmp_path).values()
-    assert (note.path, note.step, note.saver, note.saved_as) == (str(tmp_path / "step-5.pt"), 7, "torch.save",
-                                                                 str(hidden))
+    assert (note.path, note.step, note.saver, note.saved_as) == (
+        str(tmp_path / "step-5.pt"),
+        7,
+        "torch.save",
+        str(hidden),
+    )
     assert file_problem(note) is None
 
 
@@ -257,7 +299,10 @@ def test_a_checkpoint_replaced_at_the_same_name(tmp_path, watch):
     os.replace(tmp_path / "latest.pt.tmp", latest)
     by_step = {n.step: n for n in notes(tmp_path).values()}
     assert by_step[5].path == by_step[10].path == str(latest)
-    assert "changed on disk after its record" in file_problem(by_step[5]) and file_problem(by_step[10]) is None
+    assert (
+        "changed on disk after its record" in file_problem(by_step[5])
+        and file_problem(by_step[10]) is None
+    )
     os.replace(latest, tmp_path / "kept.pt")
     by_step = {n.step: n for n in notes(tmp_path).values()}
     assert (by_step[5].path, by_step[10].path) == (str(latest), str(tmp_path / "kept.pt"))
@@ -265,8 +310,12 @@ def test_a_checkpoint_replaced_at_the_same_name(tmp_path, watch):
 
 def test_a_record_written_before_saved_as_existed_is_still_read(tmp_path):
     from scout_slurm.evidence.store import record_to_obj
-    obj = record_to_obj(CheckpointNote(path="/ck/step-5.pt", step=5, rank=0, restart=0, saved_at=1.0,
-                                       size_bytes=3, sha256="ab"))
+
+    obj = record_to_obj(
+        CheckpointNote(
+            path="/ck/step-5.pt", step=5, rank=0, restart=0, saved_at=1.0, size_bytes=3, sha256="ab"
+        )
+    )
     del obj["saved_as"]
     (tmp_path / "n.json").write_text(json.dumps(obj))
     assert read_record(tmp_path / "n.json", CheckpointNote).saved_as == ""
@@ -279,6 +328,7 @@ def test_installed_only_with_a_checkpoints_folder(tmp_path):
     import subprocess
     import sys
     import textwrap
+
     script = textwrap.dedent("""
         import os, shutil, sys
         from pathlib import Path
@@ -298,16 +348,20 @@ def test_installed_only_with_a_checkpoints_folder(tmp_path):
         assert "torch" not in sys.modules, "following renames must not import torch"
         print("ok")
     """)
-    res = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
     assert (res.returncode, res.stdout.strip()) == (0, "ok"), res.stderr
 
 
 def test_a_dcp_folder_renamed_by_a_rank_other_than_the_one_that_recorded_it(tmp_path):
     """DCP: every rank takes part, the lowest rank writes the one record; the script may have any
     rank rename the folder after its barrier."""
+
     def all_gather(got, vec, group):
         for g in got:
             g.copy_(vec)
+
     tmp, final = tmp_path / "step-4.tmp", tmp_path / "step-4"
     tmp.mkdir()
     (tmp / ".metadata").write_bytes(b"meta")

@@ -27,8 +27,10 @@ def test_status_of_an_empty_dir_is_a_one_line_error(runner, tmp_path, extra):
     res = runner.invoke(main, ["lab", "status", "--state-dir", str(tmp_path), *extra])
     assert res.exit_code == 1
     assert res.stdout == ""
-    assert res.stderr == (f"Error: no lab cluster in {tmp_path.resolve()}: start one with "
-                          f"`scout lab up --state-dir {tmp_path.resolve()}`\n")
+    assert res.stderr == (
+        f"Error: no lab cluster in {tmp_path.resolve()}: start one with "
+        f"`scout lab up --state-dir {tmp_path.resolve()}`\n"
+    )
     assert "Traceback" not in res.output
     assert res.exception is not None and type(res.exception) is SystemExit
 
@@ -45,14 +47,27 @@ def test_up_on_a_busy_port_is_a_one_line_error(runner, tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen(1)
         port = busy.getsockname()[1]
-        res = runner.invoke(main, ["lab", "up", "--nodes", "1", "--port-base", str(port),
-                                   "--state-dir", str(tmp_path / "lab")])
+        res = runner.invoke(
+            main,
+            [
+                "lab",
+                "up",
+                "--nodes",
+                "1",
+                "--port-base",
+                str(port),
+                "--state-dir",
+                str(tmp_path / "lab"),
+            ],
+        )
     assert res.exit_code == 1
     assert res.stdout == ""
     line = res.stderr.strip()
     assert "\n" not in line and line.startswith("Error: ")
     # with Slurm installed the port check speaks; without it, the install check does
-    assert (f"port(s) {port}" in line and "choose another --port-base" in line) or "apt-get install" in line
+    assert (
+        f"port(s) {port}" in line and "choose another --port-base" in line
+    ) or "apt-get install" in line
     assert not (tmp_path / "lab").exists()  # nothing was created before the check
 
 

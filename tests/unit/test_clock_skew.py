@@ -12,46 +12,117 @@ import dataclasses
 
 import pytest
 
-from scout_slurm.evidence.records import (ChildState, CollectiveEntry, ExitRecord, FindingKind, ProgressSnapshot,
-                                          RankPlace, VerdictKind)
+from scout_slurm.evidence.records import (
+    ChildState,
+    CollectiveEntry,
+    ExitRecord,
+    FindingKind,
+    ProgressSnapshot,
+    RankPlace,
+    VerdictKind,
+)
 from scout_slurm.localise.stall import decide_stall
 from scout_slurm.localise.verdict import JobEvidence, localise
 
-T = 1_700_000_000.0            # real time of the culprit's death
+T = 1_700_000_000.0  # real time of the culprit's death
 NODE = {0: "n1", 1: "n1", 2: "n2", 3: "n2"}
 SKEWS = (-30.0, -5.0, -1.5, 1.5, 5.0, 30.0)
 
 
-def snap(rank: int, *, entered: int, completed: int, published_at: float, state=ChildState.RUNNING,
-         idle_s: float = 0.0, mono_offset_ns: int = 0) -> ProgressSnapshot:
+def snap(
+    rank: int,
+    *,
+    entered: int,
+    completed: int,
+    published_at: float,
+    state=ChildState.RUNNING,
+    idle_s: float = 0.0,
+    mono_offset_ns: int = 0,
+) -> ProgressSnapshot:
     # the ring's times are CLOCK_MONOTONIC of the rank's node: another base on every node
-    recent = tuple(CollectiveEntry(seq=s, op="all_reduce", nbytes=4096, group_size=4,
-                                   entered_ns=mono_offset_ns + s * 1_000_000,
-                                   left_ns=mono_offset_ns + s * 1_000_000 + 500 if s <= completed else 0)
-                   for s in range(max(1, entered - 3), entered + 1))
-    return ProgressSnapshot(rank=rank, node=NODE[rank], pid=100 + rank, published_at=published_at, child_state=state,
-                            coll_entered=entered, coll_completed=completed, in_collective=entered > completed,
-                            current_op="all_reduce" if entered > completed else "", opt_steps=completed // 2,
-                            pg_seq=completed, idle_s=idle_s, step_time_s=0.5, recent=recent, publish_seq=40 + rank)
+    recent = tuple(
+        CollectiveEntry(
+            seq=s,
+            op="all_reduce",
+            nbytes=4096,
+            group_size=4,
+            entered_ns=mono_offset_ns + s * 1_000_000,
+            left_ns=mono_offset_ns + s * 1_000_000 + 500 if s <= completed else 0,
+        )
+        for s in range(max(1, entered - 3), entered + 1)
+    )
+    return ProgressSnapshot(
+        rank=rank,
+        node=NODE[rank],
+        pid=100 + rank,
+        published_at=published_at,
+        child_state=state,
+        coll_entered=entered,
+        coll_completed=completed,
+        in_collective=entered > completed,
+        current_op="all_reduce" if entered > completed else "",
+        opt_steps=completed // 2,
+        pg_seq=completed,
+        idle_s=idle_s,
+        step_time_s=0.5,
+        recent=recent,
+        publish_seq=40 + rank,
+    )
 
 
 def place(rank: int) -> RankPlace:
-    return RankPlace(job_id=7, restart=0, rank=rank, local_rank=rank % 2, world_size=4, node=NODE[rank],
-                     hostname=NODE[rank], task_pid=10 + rank, child_pid=100 + rank, gpu_uuids=(),
-                     cuda_visible_devices="", nic="", master_addr="n1", master_port=29500, started_at=T - 100)
+    return RankPlace(
+        job_id=7,
+        restart=0,
+        rank=rank,
+        local_rank=rank % 2,
+        world_size=4,
+        node=NODE[rank],
+        hostname=NODE[rank],
+        task_pid=10 + rank,
+        child_pid=100 + rank,
+        gpu_uuids=(),
+        cuda_visible_devices="",
+        nic="",
+        master_addr="n1",
+        master_port=29500,
+        started_at=T - 100,
+    )
 
 
-def died(rank: int, at: float, progress: ProgressSnapshot | None, *, cascade: bool = False,
-         stderr: str = "RuntimeError: CUDA error: an illegal memory access was encountered") -> ExitRecord:
-    return ExitRecord(rank=rank, node=NODE[rank], pid=100 + rank, exit_code=1, signal=0, core_dumped=False, at=at,
-                      killed_by_scout=False, last_progress=progress,
-                      stderr_tail=("RuntimeError: [../gloo/transport/tcp/pair.cc:598] Connection closed by peer",)
-                      if cascade else (stderr,))
+def died(
+    rank: int,
+    at: float,
+    progress: ProgressSnapshot | None,
+    *,
+    cascade: bool = False,
+    stderr: str = "RuntimeError: CUDA error: an illegal memory access was encountered",
+) -> ExitRecord:
+    return ExitRecord(
+        rank=rank,
+        node=NODE[rank],
+        pid=100 + rank,
+        exit_code=1,
+        signal=0,
+        core_dumped=False,
+        at=at,
+        killed_by_scout=False,
+        last_progress=progress,
+        stderr_tail=("RuntimeError: [../gloo/transport/tcp/pair.cc:598] Connection closed by peer",)
+        if cascade
+        else (stderr,),
+    )
 
 
 def evidence(exits: dict[int, ExitRecord]) -> JobEvidence:
-    return JobEvidence(job_id=7, restart=0, world_size=4, places={r: place(r) for r in range(4)}, exits=exits,
-                       job_exit_code=256)
+    return JobEvidence(
+        job_id=7,
+        restart=0,
+        world_size=4,
+        places={r: place(r) for r in range(4)},
+        exits=exits,
+        job_exit_code=256,
+    )
 
 
 def clock(node: str, skewed_node: str, skew: float):
@@ -59,7 +130,9 @@ def clock(node: str, skewed_node: str, skew: float):
     return lambda real: real + (skew if node == skewed_node else 0.0)
 
 
-def crash_with_a_second_primary(skew: float, skewed_node: str, culprit: int, other: int) -> JobEvidence:
+def crash_with_a_second_primary(
+    skew: float, skewed_node: str, culprit: int, other: int
+) -> JobEvidence:
     """`culprit` dies first, before entering collective 10; `other` (on the other node) then fails on
     its own, with an error that is no known cascade, while waiting inside collective 10; the
     remaining ranks report the peer's death."""
@@ -71,7 +144,9 @@ def crash_with_a_second_primary(skew: float, skewed_node: str, culprit: int, oth
             exits[r] = died(r, wall(T), s)
         elif r == other:
             s = snap(r, entered=10, completed=9, published_at=wall(T + 0.4))
-            exits[r] = died(r, wall(T + 1.0), s, stderr="RuntimeError: unexpected error in the data loader")
+            exits[r] = died(
+                r, wall(T + 1.0), s, stderr="RuntimeError: unexpected error in the data loader"
+            )
         else:
             s = snap(r, entered=10, completed=9, published_at=wall(T + 0.5))
             exits[r] = died(r, wall(T + 1.2), s, cascade=True)
@@ -86,9 +161,13 @@ def test_progress_order_names_the_culprit_whatever_the_clocks_say(skew, culprit,
     ev = crash_with_a_second_primary(skew, skewed_node, culprit, other)
     verdict = localise(ev, now=T + 60)
     assert verdict.kind == VerdictKind.CRASH
-    assert [(s.rank, s.node) for s in verdict.suspects] == [(culprit, NODE[culprit])], verdict.reasoning
+    assert [(s.rank, s.node) for s in verdict.suspects] == [(culprit, NODE[culprit])], (
+        verdict.reasoning
+    )
     assert verdict.first_failure_at == ev.exits[culprit].at
-    assert any(f"later in progress: ranks [{other}]" in line for line in verdict.reasoning), verdict.reasoning
+    assert any(f"later in progress: ranks [{other}]" in line for line in verdict.reasoning), (
+        verdict.reasoning
+    )
 
 
 def test_the_timestamps_alone_would_have_named_the_wrong_rank():
@@ -134,17 +213,25 @@ def test_across_nodes_a_tie_in_progress_is_not_broken_by_the_clocks(skew):
     for r in range(4):
         wall = clock(NODE[r], "n2", skew)
         if r in (1, 2):
-            exits[r] = died(r, wall(T + 0.01 * r), snap(r, entered=9, completed=9, published_at=wall(T)))
+            exits[r] = died(
+                r, wall(T + 0.01 * r), snap(r, entered=9, completed=9, published_at=wall(T))
+            )
         else:
-            exits[r] = died(r, wall(T + 1), snap(r, entered=10, completed=9, published_at=wall(T + 0.5)), cascade=True)
+            exits[r] = died(
+                r,
+                wall(T + 1),
+                snap(r, entered=10, completed=9, published_at=wall(T + 0.5)),
+                cascade=True,
+            )
     verdict = localise(evidence(exits), now=T + 60)
     assert sorted((s.rank, s.node) for s in verdict.suspects) == [(1, "n1"), (2, "n2")]
-    assert verdict.confidence < 0.8   # below the default minimum to drain
+    assert verdict.confidence < 0.8  # below the default minimum to drain
 
 
 # -------------------------------------------------------------------------------------------
 # The watchdogs' stall rule
 # -------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("skew", SKEWS)
 @pytest.mark.parametrize("culprit", range(4))
@@ -152,17 +239,31 @@ def test_across_nodes_a_tie_in_progress_is_not_broken_by_the_clocks(skew):
 def test_decide_stall_names_the_rank_behind_whatever_the_clocks_say(skew, culprit, which):
     """The culprit hangs before collective 10; the others wait inside it. With the culprit's clock
     ahead, its snapshot looks the freshest; with it behind, the stalest: neither matters."""
-    skewed = NODE[culprit] if which == "culprit's node" else ({"n1": "n2", "n2": "n1"}[NODE[culprit]])
+    skewed = (
+        NODE[culprit] if which == "culprit's node" else ({"n1": "n2", "n2": "n1"}[NODE[culprit]])
+    )
     snapshots = {}
     for r in range(4):
         wall = clock(NODE[r], skewed, skew)
-        offset = 10**12 if NODE[r] == "n2" else 0    # another boot, another monotonic base
+        offset = 10**12 if NODE[r] == "n2" else 0  # another boot, another monotonic base
         if r == culprit:
-            snapshots[r] = snap(r, entered=9, completed=9, published_at=wall(T + 12), idle_s=12.0,
-                                mono_offset_ns=offset)
+            snapshots[r] = snap(
+                r,
+                entered=9,
+                completed=9,
+                published_at=wall(T + 12),
+                idle_s=12.0,
+                mono_offset_ns=offset,
+            )
         else:
-            snapshots[r] = snap(r, entered=10, completed=9, published_at=wall(T + 11.5), idle_s=11.5,
-                                mono_offset_ns=offset)
+            snapshots[r] = snap(
+                r,
+                entered=10,
+                completed=9,
+                published_at=wall(T + 11.5),
+                idle_s=11.5,
+                mono_offset_ns=offset,
+            )
     call = decide_stall(snapshots, 4)
     assert call.culprits == (culprit,) and call.kind == FindingKind.HANG, call.reasoning
 
@@ -171,8 +272,12 @@ def test_decide_stall_names_the_rank_behind_whatever_the_clocks_say(skew, culpri
 def test_decide_stall_is_the_same_call_on_every_node(skew):
     """Every watchdog reads the same snapshots with its own clock; the call does not depend on it:
     re-stamping all snapshots by a node's offset changes nothing."""
-    base = {r: snap(r, entered=9 if r == 3 else 10, completed=9, published_at=T + r) for r in range(4)}
-    shifted = {r: dataclasses.replace(s, published_at=s.published_at + skew) for r, s in base.items()}
+    base = {
+        r: snap(r, entered=9 if r == 3 else 10, completed=9, published_at=T + r) for r in range(4)
+    }
+    shifted = {
+        r: dataclasses.replace(s, published_at=s.published_at + skew) for r, s in base.items()
+    }
     assert decide_stall(base, 4) == decide_stall(shifted, 4)
     assert decide_stall(base, 4).culprits == (3,)
 
@@ -180,7 +285,15 @@ def test_decide_stall_is_the_same_call_on_every_node(skew):
 @pytest.mark.parametrize("skew", SKEWS)
 def test_a_stopped_rank_is_named_whatever_its_clock(skew):
     """Everyone at the same point, one process SIGSTOPped: its node's clock is no evidence."""
-    snapshots = {r: snap(r, entered=10, completed=9, published_at=T + (skew if NODE[r] == "n2" else 0.0),
-                         state=ChildState.STOPPED if r == 2 else ChildState.RUNNING) for r in range(4)}
+    snapshots = {
+        r: snap(
+            r,
+            entered=10,
+            completed=9,
+            published_at=T + (skew if NODE[r] == "n2" else 0.0),
+            state=ChildState.STOPPED if r == 2 else ChildState.RUNNING,
+        )
+        for r in range(4)
+    }
     call = decide_stall(snapshots, 4)
     assert call.culprits == (2,)

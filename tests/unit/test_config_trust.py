@@ -12,13 +12,25 @@ from pathlib import Path
 import pytest
 
 from scout_slurm import config
-from scout_slurm.config import (SAFE_CONFIG, HookConfig, RemediationConfig, SiteConfig, load_config,
-                                load_hook_config)
+from scout_slurm.config import (
+    SAFE_CONFIG,
+    HookConfig,
+    RemediationConfig,
+    SiteConfig,
+    load_config,
+    load_hook_config,
+)
 from scout_slurm.errors import UntrustedPath
-from scout_slurm.trust import (command_problem, directory_problem, file_problem, link_problem,
-                               read_trusted_file, resolve_trusted)
+from scout_slurm.trust import (
+    command_problem,
+    directory_problem,
+    file_problem,
+    link_problem,
+    read_trusted_file,
+    resolve_trusted,
+)
 
-USER = 1001           # a plain user; no passwd entry needed
+USER = 1001  # a plain user; no passwd entry needed
 ROOT_ONLY = {0}
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
 
@@ -51,25 +63,41 @@ def st(mode: int, uid: int = 0, size: int = 100) -> os.stat_result:
 # The pure rules
 # --------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("mode, uid, size, words", [
-    (stat.S_IFREG | 0o644, 0, 100, None),
-    (stat.S_IFREG | 0o600, 0, 1 << 20, None),
-    (stat.S_IFREG | 0o444, 64030, 100, None),             # the trusted SlurmUser
-    (stat.S_IFREG | 0o666, 0, 100, "mode 0666) is writable by group or others"),
-    (stat.S_IFREG | 0o664, 0, 100, "writable by group or others"),
-    (stat.S_IFREG | 0o646, 0, 100, "writable by group or others"),
-    (stat.S_IFREG | 0o644, USER, 100, f"owned by uid {USER}, not by a trusted owner (uid 0, 64030)"),
-    (stat.S_IFREG | 0o666, USER, 100, "not by a trusted owner (uid 0, 64030) and writable by group or others"),
-    (stat.S_IFREG | 0o644, 0, (1 << 20) + 1, "is 1048577 bytes, more than the 1048576 allowed"),
-    (stat.S_IFIFO | 0o644, 0, 0, "is a FIFO (named pipe)"),
-    (stat.S_IFLNK | 0o777, 0, 10, "is a symbolic link"),
-    (stat.S_IFCHR | 0o644, 0, 0, "is a character device"),
-    (stat.S_IFBLK | 0o644, 0, 0, "is a block device"),
-    (stat.S_IFSOCK | 0o644, 0, 0, "is a socket"),
-    (stat.S_IFDIR | 0o755, 0, 0, "is a directory"),
-])
+
+@pytest.mark.parametrize(
+    "mode, uid, size, words",
+    [
+        (stat.S_IFREG | 0o644, 0, 100, None),
+        (stat.S_IFREG | 0o600, 0, 1 << 20, None),
+        (stat.S_IFREG | 0o444, 64030, 100, None),  # the trusted SlurmUser
+        (stat.S_IFREG | 0o666, 0, 100, "mode 0666) is writable by group or others"),
+        (stat.S_IFREG | 0o664, 0, 100, "writable by group or others"),
+        (stat.S_IFREG | 0o646, 0, 100, "writable by group or others"),
+        (
+            stat.S_IFREG | 0o644,
+            USER,
+            100,
+            f"owned by uid {USER}, not by a trusted owner (uid 0, 64030)",
+        ),
+        (
+            stat.S_IFREG | 0o666,
+            USER,
+            100,
+            "not by a trusted owner (uid 0, 64030) and writable by group or others",
+        ),
+        (stat.S_IFREG | 0o644, 0, (1 << 20) + 1, "is 1048577 bytes, more than the 1048576 allowed"),
+        (stat.S_IFIFO | 0o644, 0, 0, "is a FIFO (named pipe)"),
+        (stat.S_IFLNK | 0o777, 0, 10, "is a symbolic link"),
+        (stat.S_IFCHR | 0o644, 0, 0, "is a character device"),
+        (stat.S_IFBLK | 0o644, 0, 0, "is a block device"),
+        (stat.S_IFSOCK | 0o644, 0, 0, "is a socket"),
+        (stat.S_IFDIR | 0o755, 0, 0, "is a directory"),
+    ],
+)
 def test_file_rule(mode, uid, size, words):
-    problem = file_problem("/etc/scout/scout.toml", st(mode, uid, size), {0, 64030}, max_bytes=1 << 20)
+    problem = file_problem(
+        "/etc/scout/scout.toml", st(mode, uid, size), {0, 64030}, max_bytes=1 << 20
+    )
     if words is None:
         assert problem is None
     else:
@@ -77,24 +105,31 @@ def test_file_rule(mode, uid, size, words):
 
 
 def test_file_rule_says_what_to_do():
-    problem = file_problem("/etc/scout/scout.toml", st(stat.S_IFREG | 0o666, USER), ROOT_ONLY, max_bytes=1 << 20)
+    problem = file_problem(
+        "/etc/scout/scout.toml", st(stat.S_IFREG | 0o666, USER), ROOT_ONLY, max_bytes=1 << 20
+    )
     assert f"owner uid {USER}, mode 0666" in problem
-    assert problem.endswith("fix: chown root:root /etc/scout/scout.toml && chmod 644 /etc/scout/scout.toml")
+    assert problem.endswith(
+        "fix: chown root:root /etc/scout/scout.toml && chmod 644 /etc/scout/scout.toml"
+    )
 
 
-@pytest.mark.parametrize("mode, uid, sticky_ok, ok", [
-    (stat.S_IFDIR | 0o755, 0, True, True),
-    (stat.S_IFDIR | 0o700, 0, True, True),
-    (stat.S_IFDIR | 0o1777, 0, True, True),       # /tmp: others cannot replace root's entries
-    (stat.S_IFDIR | 0o1777, 0, False, False),     # ... but may add new ones
-    (stat.S_IFDIR | 0o1777, USER, True, False),   # a user's sticky directory is the user's
-    (stat.S_IFDIR | 0o777, 0, True, False),
-    (stat.S_IFDIR | 0o775, 0, True, False),
-    (stat.S_IFDIR | 0o757, 0, True, False),
-    (stat.S_IFDIR | 0o755, USER, True, False),
-    (stat.S_IFREG | 0o755, 0, True, False),
-    (stat.S_IFLNK | 0o777, 0, True, False),
-])
+@pytest.mark.parametrize(
+    "mode, uid, sticky_ok, ok",
+    [
+        (stat.S_IFDIR | 0o755, 0, True, True),
+        (stat.S_IFDIR | 0o700, 0, True, True),
+        (stat.S_IFDIR | 0o1777, 0, True, True),  # /tmp: others cannot replace root's entries
+        (stat.S_IFDIR | 0o1777, 0, False, False),  # ... but may add new ones
+        (stat.S_IFDIR | 0o1777, USER, True, False),  # a user's sticky directory is the user's
+        (stat.S_IFDIR | 0o777, 0, True, False),
+        (stat.S_IFDIR | 0o775, 0, True, False),
+        (stat.S_IFDIR | 0o757, 0, True, False),
+        (stat.S_IFDIR | 0o755, USER, True, False),
+        (stat.S_IFREG | 0o755, 0, True, False),
+        (stat.S_IFLNK | 0o777, 0, True, False),
+    ],
+)
 def test_directory_rule(mode, uid, sticky_ok, ok):
     problem = directory_problem("/opt/x", st(mode, uid), ROOT_ONLY, sticky_ok=sticky_ok)
     assert (problem is None) is ok
@@ -102,14 +137,17 @@ def test_directory_rule(mode, uid, sticky_ok, ok):
         assert problem.endswith("fix: chown root:root /opt/x && chmod go-w /opt/x")
 
 
-@pytest.mark.parametrize("mode, uid, words", [
-    (stat.S_IFREG | 0o755, 0, None),
-    (stat.S_IFREG | 0o4755, 0, None),
-    (stat.S_IFREG | 0o777, 0, "writable by group or others"),
-    (stat.S_IFREG | 0o755, USER, f"owned by uid {USER}"),
-    (stat.S_IFDIR | 0o755, 0, "is a directory"),
-    (stat.S_IFIFO | 0o755, 0, "is a FIFO"),
-])
+@pytest.mark.parametrize(
+    "mode, uid, words",
+    [
+        (stat.S_IFREG | 0o755, 0, None),
+        (stat.S_IFREG | 0o4755, 0, None),
+        (stat.S_IFREG | 0o777, 0, "writable by group or others"),
+        (stat.S_IFREG | 0o755, USER, f"owned by uid {USER}"),
+        (stat.S_IFDIR | 0o755, 0, "is a directory"),
+        (stat.S_IFIFO | 0o755, 0, "is a FIFO"),
+    ],
+)
 def test_command_rule(mode, uid, words):
     problem = command_problem("/opt/slurm/bin/scontrol", st(mode, uid), ROOT_ONLY)
     assert problem is None if words is None else words in problem
@@ -120,17 +158,23 @@ def test_command_rule(mode, uid, words):
 def test_link_rule():
     assert link_problem("/opt/slurm", st(stat.S_IFLNK | 0o777, 0), ROOT_ONLY) is None
     problem = link_problem("/tmp/x", st(stat.S_IFLNK | 0o777, USER), ROOT_ONLY)
-    assert f"/tmp/x is a symbolic link owned by uid {USER}" in problem and "chown -h root:root /tmp/x" in problem
+    assert (
+        f"/tmp/x is a symbolic link owned by uid {USER}" in problem
+        and "chown -h root:root /tmp/x" in problem
+    )
 
 
 def test_safe_config():
     assert SAFE_CONFIG == SiteConfig(remediation=RemediationConfig(observe_only=True))
-    assert SAFE_CONFIG.evidence.root == "/var/lib/scout/evidence" and SAFE_CONFIG.slurm.bin_dir == ""
+    assert (
+        SAFE_CONFIG.evidence.root == "/var/lib/scout/evidence" and SAFE_CONFIG.slurm.bin_dir == ""
+    )
 
 
 # --------------------------------------------------------------------------------------------
 # Real files, as root
 # --------------------------------------------------------------------------------------------
+
 
 @pytest.fixture(autouse=True)
 def no_site_file(tmp_path, monkeypatch):
@@ -163,12 +207,18 @@ def put(where: Path, text: str, *, mode: int = 0o644, uid: int = 0) -> Path:
 def mkdir(where: Path, *, mode: int = 0o755, uid: int = 0) -> Path:
     where.mkdir()
     os.chown(where, uid, 0)
-    os.chmod(where, mode)   # after mkdir: the umask would drop bits asked of mkdir
+    os.chmod(where, mode)  # after mkdir: the umask would drop bits asked of mkdir
     return where
 
 
-def bin_dir(where: Path, *, mode: int = 0o755, uid: int = 0, scontrol_mode: int = 0o755,
-            scontrol_uid: int = 0) -> Path:
+def bin_dir(
+    where: Path,
+    *,
+    mode: int = 0o755,
+    uid: int = 0,
+    scontrol_mode: int = 0o755,
+    scontrol_uid: int = 0,
+) -> Path:
     d = mkdir(where, mode=mode, uid=uid)
     put(d / "scontrol", "#!/bin/sh\nexit 0\n", mode=scontrol_mode, uid=scontrol_uid)
     put(d / "squeue", "#!/bin/sh\nexit 0\n", mode=0o755)
@@ -191,9 +241,11 @@ def refused(result: HookConfig, *words: str) -> str:
 def test_good_root_owned_file(site):
     path = put(site / "scout.toml", GOOD)
     result = load_hook_config({}, path=path)
-    assert result == HookConfig(config.parse_config({"slurm": {"retries": 7},
-                                                     "remediation": {"min_confidence": 0.9}}),
-                                None, str(path))
+    assert result == HookConfig(
+        config.parse_config({"slurm": {"retries": 7}, "remediation": {"min_confidence": 0.9}}),
+        None,
+        str(path),
+    )
     assert load_hook_config({"SCOUT_CONFIG": str(path)}) == result
 
 
@@ -209,7 +261,10 @@ def test_default_path_read_when_present_and_defaults_when_absent(site, monkeypat
 @needs_root
 def test_missing_named_file_is_refused(site):
     missing = site / "nope.toml"
-    refused(load_hook_config({}, path=missing), f"{missing}: site config not found (named by the caller)")
+    refused(
+        load_hook_config({}, path=missing),
+        f"{missing}: site config not found (named by the caller)",
+    )
     refused(load_hook_config({"SCOUT_CONFIG": str(missing)}), "named by SCOUT_CONFIG")
     refused(load_hook_config({"SCOUT_CONFIG": str(site / "no" / "dir.toml")}), "not found")
 
@@ -217,8 +272,13 @@ def test_missing_named_file_is_refused(site):
 @needs_root
 def test_world_writable_file_is_refused(site):
     path = put(site / "scout.toml", EVIL, mode=0o666)
-    refused(load_hook_config({}, path=path), str(path), "owner uid 0, mode 0666", "writable by group or others",
-            f"chown root:root {path} && chmod 644 {path}")
+    refused(
+        load_hook_config({}, path=path),
+        str(path),
+        "owner uid 0, mode 0666",
+        "writable by group or others",
+        f"chown root:root {path} && chmod 644 {path}",
+    )
 
 
 @needs_root
@@ -229,8 +289,12 @@ def test_group_writable_file_is_refused(site):
 @needs_root
 def test_user_owned_file_is_refused(site):
     path = put(site / "scout.toml", EVIL, uid=USER)
-    refused(load_hook_config({}, path=path), str(path), f"owner uid {USER}, mode 0644",
-            f"owned by uid {USER}, not by a trusted owner (uid 0)")
+    refused(
+        load_hook_config({}, path=path),
+        str(path),
+        f"owner uid {USER}, mode 0644",
+        f"owned by uid {USER}, not by a trusted owner (uid 0)",
+    )
 
 
 @needs_root
@@ -258,6 +322,7 @@ def test_fifo_opened_in_a_race_does_not_block(site, monkeypatch):
     # the lstat said "regular file" and a FIFO took its place before the open (only a trusted uid
     # could do that here, but the hook must still not hang): O_NONBLOCK and the fstat catch it
     from scout_slurm import trust
+
     fifo = site / "scout.toml"
     os.mkfifo(fifo, 0o644)
     calls = []
@@ -286,8 +351,12 @@ def test_symlink_to_a_good_file_is_refused(site):
 def test_group_writable_parent_directory_is_refused(site):
     d = mkdir(site / "etc", mode=0o775)
     path = put(d / "scout.toml", GOOD)
-    refused(load_hook_config({}, path=path), f"{d} (owner uid 0, mode 0775)", "writable by group or others",
-            f"chown root:root {d} && chmod go-w {d}")
+    refused(
+        load_hook_config({}, path=path),
+        f"{d} (owner uid 0, mode 0775)",
+        "writable by group or others",
+        f"chown root:root {d} && chmod go-w {d}",
+    )
 
 
 @needs_root
@@ -300,7 +369,9 @@ def test_user_owned_parent_directory_is_refused(site):
 def test_user_owned_grandparent_is_refused(site):
     # a user who owns any directory on the way can rename what lies below it
     d = mkdir(mkdir(site / "home", uid=USER) / "etc")
-    refused(load_hook_config({}, path=put(d / "scout.toml", GOOD)), f"{site / 'home'} (owner uid {USER}")
+    refused(
+        load_hook_config({}, path=put(d / "scout.toml", GOOD)), f"{site / 'home'} (owner uid {USER}"
+    )
 
 
 @needs_root
@@ -318,7 +389,9 @@ def test_file_in_a_world_writable_directory_is_refused(site):
 @needs_root
 def test_file_in_a_user_owned_sticky_directory_is_refused(site):
     d = mkdir(site / "tmp", mode=0o1777, uid=USER)
-    refused(load_hook_config({}, path=put(d / "scout.toml", GOOD)), f"{d} (owner uid {USER}, mode 1777)")
+    refused(
+        load_hook_config({}, path=put(d / "scout.toml", GOOD)), f"{d} (owner uid {USER}, mode 1777)"
+    )
 
 
 @needs_root
@@ -328,13 +401,19 @@ def test_oversized_file_is_refused(site):
 
 
 @needs_root
-@pytest.mark.parametrize("text, words", [
-    ("[slurm\n", "cannot read the site config"),
-    ("x = = 1", "cannot read the site config"),
-    ("[slurmm]\nretries = 1\n", "unknown section(s) slurmm"),
-    ("[slurm]\nretries = -1\n", "[slurm] retries must be a finite number >= 0"),
-    ("[remediation]\nobserve_only = false\nmin_confidence = 7\n", "min_confidence must be within 0..1"),
-])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("[slurm\n", "cannot read the site config"),
+        ("x = = 1", "cannot read the site config"),
+        ("[slurmm]\nretries = 1\n", "unknown section(s) slurmm"),
+        ("[slurm]\nretries = -1\n", "[slurm] retries must be a finite number >= 0"),
+        (
+            "[remediation]\nobserve_only = false\nmin_confidence = 7\n",
+            "min_confidence must be within 0..1",
+        ),
+    ],
+)
 def test_parse_and_validation_errors_are_refusals(site, text, words):
     path = put(site / "scout.toml", text)
     refused(load_hook_config({}, path=path), str(path), words)
@@ -351,18 +430,25 @@ def test_not_utf8_is_a_refusal(site):
 @needs_root
 def test_environment_applies_on_a_trusted_file(site):
     path = put(site / "scout.toml", GOOD)
-    result = load_hook_config({"SCOUT_SLURM_RETRIES": "2", "SCOUT_REMEDIATION_REQUEUE": "false"}, path=path)
+    result = load_hook_config(
+        {"SCOUT_SLURM_RETRIES": "2", "SCOUT_REMEDIATION_REQUEUE": "false"}, path=path
+    )
     assert result.refused is None
     assert result.config.slurm.retries == 2 and result.config.remediation.requeue is False
-    assert result.config.remediation.min_confidence == 0.9     # the file's, for what the environment leaves
+    assert (
+        result.config.remediation.min_confidence == 0.9
+    )  # the file's, for what the environment leaves
     assert result.source == f"{path} < environment (SCOUT_SLURM_RETRIES, SCOUT_REMEDIATION_REQUEUE)"
 
 
 @needs_root
 def test_environment_is_ignored_on_refusal(site):
     path = put(site / "scout.toml", EVIL, mode=0o666)
-    env = {"SCOUT_REMEDIATION_OBSERVE_ONLY": "false", "SCOUT_SLURM_RETRIES": "9",
-           "SCOUT_EVIDENCE_ROOT": "/elsewhere"}
+    env = {
+        "SCOUT_REMEDIATION_OBSERVE_ONLY": "false",
+        "SCOUT_SLURM_RETRIES": "9",
+        "SCOUT_EVIDENCE_ROOT": "/elsewhere",
+    }
     result = load_hook_config(env, path=path)
     refused(result)
     assert result.config.slurm.retries == 3
@@ -371,8 +457,10 @@ def test_environment_is_ignored_on_refusal(site):
 @needs_root
 def test_bad_environment_value_is_a_refusal(site):
     path = put(site / "scout.toml", GOOD)
-    refused(load_hook_config({"SCOUT_SLURM_RETRIES": "2x"}, path=path),
-            "environment (SCOUT_* variables): [slurm] retries: expected an integer, got '2x'")
+    refused(
+        load_hook_config({"SCOUT_SLURM_RETRIES": "2x"}, path=path),
+        "environment (SCOUT_* variables): [slurm] retries: expected an integer, got '2x'",
+    )
 
 
 @needs_root
@@ -387,7 +475,11 @@ def test_good_bin_dir(site):
 def test_user_owned_bin_dir_is_refused(site):
     b = bin_dir(site / "bin", uid=USER)
     path = put(site / "scout.toml", f'[slurm]\nbin_dir = "{b}"\n')
-    refused(load_hook_config({}, path=path), f"{b} (owner uid {USER}, mode 0755)", f"chown root:root {b}")
+    refused(
+        load_hook_config({}, path=path),
+        f"{b} (owner uid {USER}, mode 0755)",
+        f"chown root:root {b}",
+    )
 
 
 @needs_root
@@ -402,15 +494,22 @@ def test_sticky_bin_dir_is_refused(site):
     # others could plant a command that is missing today
     b = bin_dir(site / "bin", mode=0o1777)
     path = put(site / "scout.toml", f'[slurm]\nbin_dir = "{b}"\n')
-    refused(load_hook_config({}, path=path), f"{b} (owner uid 0, mode 1777)", "writable by group or others")
+    refused(
+        load_hook_config({}, path=path),
+        f"{b} (owner uid 0, mode 1777)",
+        "writable by group or others",
+    )
 
 
 @needs_root
 def test_user_owned_scontrol_is_refused(site):
     b = bin_dir(site / "bin", scontrol_uid=USER)
     path = put(site / "scout.toml", f'[slurm]\nbin_dir = "{b}"\n')
-    refused(load_hook_config({}, path=path), f"{b / 'scontrol'} (owner uid {USER}, mode 0755)",
-            f"chown root:root {b / 'scontrol'} && chmod 755 {b / 'scontrol'}")
+    refused(
+        load_hook_config({}, path=path),
+        f"{b / 'scontrol'} (owner uid {USER}, mode 0755)",
+        f"chown root:root {b / 'scontrol'} && chmod 755 {b / 'scontrol'}",
+    )
 
 
 @needs_root
@@ -438,7 +537,10 @@ def test_bin_dir_from_the_environment_is_checked_too(site):
 @needs_root
 def test_missing_bin_dir_is_refused(site):
     path = put(site / "scout.toml", f'[slurm]\nbin_dir = "{site / "nope"}"\n')
-    refused(load_hook_config({}, path=path), f"[slurm] bin_dir {site / 'nope'} (from {path}) does not exist")
+    refused(
+        load_hook_config({}, path=path),
+        f"[slurm] bin_dir {site / 'nope'} (from {path}) does not exist",
+    )
 
 
 @needs_root
@@ -457,14 +559,15 @@ def test_mode_666_config_naming_a_users_bin_dir(site):
 
 # symlinked directories: resolved like sshd's secure_filename, the link itself judged too
 
+
 @needs_root
 def test_root_owned_link_to_a_good_directory_is_followed(site):
     real = mkdir(site / "slurm-23.11")
     b = bin_dir(real / "bin")
-    (site / "slurm").symlink_to(real)          # /opt/slurm -> /opt/slurm-23.11
+    (site / "slurm").symlink_to(real)  # /opt/slurm -> /opt/slurm-23.11
     etc = mkdir(site / "shared-etc")
     put(etc / "scout.toml", f'[slurm]\nbin_dir = "{site / "slurm" / "bin"}"\n')
-    (site / "etc").symlink_to("shared-etc")    # a relative link
+    (site / "etc").symlink_to("shared-etc")  # a relative link
     result = load_hook_config({}, path=site / "etc" / "scout.toml")
     assert result.refused is None and result.config.slurm.bin_dir == str(site / "slurm" / "bin")
     real_path, _ = resolve_trusted(site / "slurm" / "bin" / "scontrol", ROOT_ONLY, follow_last=True)
@@ -486,8 +589,11 @@ def test_user_owned_link_in_a_sticky_directory_is_refused(site):
     put(good / "scout.toml", GOOD)
     link = tmp / "etc"
     link.symlink_to(good)
-    os.lchown(link, USER, 0)                   # its owner could point it anywhere at any time
-    refused(load_hook_config({}, path=link / "scout.toml"), f"{link} is a symbolic link owned by uid {USER}")
+    os.lchown(link, USER, 0)  # its owner could point it anywhere at any time
+    refused(
+        load_hook_config({}, path=link / "scout.toml"),
+        f"{link} is a symbolic link owned by uid {USER}",
+    )
 
 
 @needs_root

@@ -2,7 +2,12 @@
 
 import torch
 
-from scout_slurm.bootstrap.consensus import optimizer_tensors, state_signature, tensor_signature, vote
+from scout_slurm.bootstrap.consensus import (
+    optimizer_tensors,
+    state_signature,
+    tensor_signature,
+    vote,
+)
 
 
 def test_one_flipped_bit_changes_the_signature():
@@ -35,7 +40,7 @@ def test_vote():
     assert vote([7, 7, 7, 9]) == (7, [3])
     assert vote([1, 2, 2, 2, 2]) == (2, [0])
     assert vote([7, 7, 7, 7]) == (7, [])
-    assert vote([1, 2]) == (None, [])          # two replicas that disagree: no majority
+    assert vote([1, 2]) == (None, [])  # two replicas that disagree: no majority
     assert vote([1, 1, 2, 2]) == (None, [])
     assert vote([5]) == (5, [])
 

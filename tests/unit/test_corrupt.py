@@ -34,7 +34,9 @@ def _layer_run(spec: str | None, step: int):
     torch.manual_seed(0)
     layer = torch.nn.Linear(4, 3)
     if spec:
-        layer.register_forward_hook(compute_fault_hook(parse_fault(spec), 1, 0, lambda: step, lambda what: None))
+        layer.register_forward_hook(
+            compute_fault_hook(parse_fault(spec), 1, 0, lambda: step, lambda what: None)
+        )
     x = torch.randn(5, 4, requires_grad=True)
     out = layer(x)
     out.backward(torch.ones_like(out))

@@ -18,8 +18,10 @@ from scout_slurm.slurm.door import SLURM_COMMANDS, resolve_binary, run_slurm
 
 pytestmark = [
     pytest.mark.timeout(60),
-    pytest.mark.skipif(shutil.which("scontrol", path=os.environ.get("PATH", "") + ":/usr/bin") is None,
-                       reason="the Slurm client is not installed"),
+    pytest.mark.skipif(
+        shutil.which("scontrol", path=os.environ.get("PATH", "") + ":/usr/bin") is None,
+        reason="the Slurm client is not installed",
+    ),
 ]
 
 
@@ -116,21 +118,29 @@ def test_failing_command_reports_argv_exit_code_and_stderr(no_controller_env):
 
 
 def test_failing_command_without_check_returns_the_result(no_controller_env):
-    res = run_slurm("scontrol", ["show", "job", "99999"], timeout=20, env=no_controller_env, check=False)
+    res = run_slurm(
+        "scontrol", ["show", "job", "99999"], timeout=20, env=no_controller_env, check=False
+    )
     assert res.returncode == 1 and "Unable to contact slurm controller" in res.stderr
 
 
 def test_arguments_are_never_seen_by_a_shell(no_controller_env, tmp_path):
     marker = tmp_path / "pwned"
     hostile = f"n1;touch {marker};$(touch {marker})`touch {marker}`"
-    res = run_slurm("scontrol", ["show", "node", hostile], timeout=20, env=no_controller_env, check=False)
+    res = run_slurm(
+        "scontrol", ["show", "node", hostile], timeout=20, env=no_controller_env, check=False
+    )
     assert res.argv[-1] == hostile and res.returncode != 0
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("command", ["bash", "sh", "rm", "sacctmgr", "/usr/bin/scontrol", "scontrol ", "", "SCONTROL"])
+@pytest.mark.parametrize(
+    "command", ["bash", "sh", "rm", "sacctmgr", "/usr/bin/scontrol", "scontrol ", "", "SCONTROL"]
+)
 def test_non_slurm_command_is_refused(command):
-    with pytest.raises(SlurmError, match="is not a Slurm command scout runs; known: sacct, sbatch, scancel"):
+    with pytest.raises(
+        SlurmError, match="is not a Slurm command scout runs; known: sacct, sbatch, scancel"
+    ):
         run_slurm(command, ["--version"], timeout=5)
 
 
@@ -175,5 +185,7 @@ def test_silent_controller_times_out(silent_controller_env):
 
 def test_silent_controller_without_our_timeout_is_scontrols_own_error(silent_controller_env):
     # the same silent controller, given time: scontrol's MessageTimeout ends it, as a plain failure
-    res = run_slurm("scontrol", ["show", "job", "99999"], timeout=20, env=silent_controller_env, check=False)
+    res = run_slurm(
+        "scontrol", ["show", "job", "99999"], timeout=20, env=silent_controller_env, check=False
+    )
     assert res.returncode == 1 and "Socket timed out on send/recv operation" in res.stderr

@@ -11,7 +11,9 @@ import pytest
 from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.hooks.epilog import _job_started
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="ownership checks need root to create root-owned files")
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0, reason="ownership checks need root to create root-owned files"
+)
 
 
 def _folder(tmp_path) -> JobFolder:

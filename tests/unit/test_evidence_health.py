@@ -24,7 +24,7 @@ def _enospc() -> BaseException:
 def test_storage_errno_follows_the_cause():
     assert storage_errno(_enospc()) == errno.ENOSPC
     assert storage_errno(OSError(errno.EROFS, "ro")) == errno.EROFS
-    assert storage_errno(OSError(errno.ELOOP, "link")) is None   # a planted link is not a full disk
+    assert storage_errno(OSError(errno.ELOOP, "link")) is None  # a planted link is not a full disk
     assert storage_errno(EvidenceError("bad record")) is None
 
 
@@ -37,7 +37,9 @@ def test_first_failure_is_logged_then_once_a_minute():
     assert h.failures == 4 and h.last_path == "/ev/a"
 
 
-@pytest.mark.parametrize("policy,at,ends", [("fail", 129.9, False), ("fail", 130.0, True), ("warn", 1e9, False)])
+@pytest.mark.parametrize(
+    "policy,at,ends", [("fail", 129.9, False), ("fail", 130.0, True), ("warn", 1e9, False)]
+)
 def test_the_job_ends_only_under_fail_after_the_grace(policy, at, ends):
     h = EvidenceHealth(policy=policy, grace_s=30)
     h.failed(100.0, "/ev/a", _enospc())
@@ -58,4 +60,6 @@ def test_a_good_write_resets_the_grace():
 def test_config_rejects_an_unknown_policy():
     with pytest.raises(ConfigError, match="on_evidence_loss"):
         parse_config({"watchdog": {"on_evidence_loss": "ignore"}})
-    assert parse_config({"watchdog": {"on_evidence_loss": "warn"}}).watchdog.on_evidence_loss == "warn"
+    assert (
+        parse_config({"watchdog": {"on_evidence_loss": "warn"}}).watchdog.on_evidence_loss == "warn"
+    )

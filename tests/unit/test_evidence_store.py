@@ -24,13 +24,32 @@ from hypothesis import strategies as st
 from scout_slurm.errors import EvidenceError
 from scout_slurm.evidence import codec, safeio
 from scout_slurm.evidence.records import (
-    ChildState, CollectiveEntry, ExitRecord, Finding, FindingKind, ProgressSnapshot, RankPlace,
-    StallDecision, Suspect, Verdict, VerdictKind,
+    ChildState,
+    CollectiveEntry,
+    ExitRecord,
+    Finding,
+    FindingKind,
+    ProgressSnapshot,
+    RankPlace,
+    StallDecision,
+    Suspect,
+    Verdict,
+    VerdictKind,
 )
 from scout_slurm.evidence.store import (
-    KIND_KEY, MAX_JSON_DEPTH, MAX_RECORD_BYTES, EvidenceMissing, atomic_write_bytes,
-    create_record_exclusive, list_records, read_record, record_from_obj, record_to_bytes,
-    record_to_obj, safe_read_bytes, write_record,
+    KIND_KEY,
+    MAX_JSON_DEPTH,
+    MAX_RECORD_BYTES,
+    EvidenceMissing,
+    atomic_write_bytes,
+    create_record_exclusive,
+    list_records,
+    read_record,
+    record_from_obj,
+    record_to_bytes,
+    record_to_obj,
+    safe_read_bytes,
+    write_record,
 )
 
 # -------------------------------------------------------------------------------------------
@@ -40,13 +59,32 @@ from scout_slurm.evidence.store import (
 
 def progress(rank: int = 3, **changes) -> ProgressSnapshot:
     base = ProgressSnapshot(
-        rank=rank, node="node-01", pid=4242, published_at=1_700_000_000.25,
-        child_state=ChildState.RUNNING, coll_entered=120, coll_completed=119, in_collective=True,
-        current_op="all_reduce", opt_steps=40, pg_seq=119, idle_s=12.5, step_time_s=0.75,
-        recent=(CollectiveEntry(seq=119, op="all_reduce", nbytes=1 << 20, group_size=8,
-                                entered_ns=10_000, left_ns=12_000),
-                CollectiveEntry(seq=120, op="broadcast", nbytes=64, group_size=8,
-                                entered_ns=13_000, left_ns=0)),
+        rank=rank,
+        node="node-01",
+        pid=4242,
+        published_at=1_700_000_000.25,
+        child_state=ChildState.RUNNING,
+        coll_entered=120,
+        coll_completed=119,
+        in_collective=True,
+        current_op="all_reduce",
+        opt_steps=40,
+        pg_seq=119,
+        idle_s=12.5,
+        step_time_s=0.75,
+        recent=(
+            CollectiveEntry(
+                seq=119,
+                op="all_reduce",
+                nbytes=1 << 20,
+                group_size=8,
+                entered_ns=10_000,
+                left_ns=12_000,
+            ),
+            CollectiveEntry(
+                seq=120, op="broadcast", nbytes=64, group_size=8, entered_ns=13_000, left_ns=0
+            ),
+        ),
         bootstrap_active=False,
     )
     return dataclasses.replace(base, **changes)
@@ -54,34 +92,98 @@ def progress(rank: int = 3, **changes) -> ProgressSnapshot:
 
 SAMPLES = {
     "rank-place": RankPlace(
-        job_id=1234, restart=0, rank=3, local_rank=1, world_size=8, node="node-01",
-        hostname="node-01.cluster", task_pid=100, child_pid=101, gpu_uuids=("GPU-a", "GPU-b"),
-        cuda_visible_devices="0,1", nic="ib0", master_addr="10.0.0.1", master_port=29500,
-        started_at=1_700_000_000.0),
+        job_id=1234,
+        restart=0,
+        rank=3,
+        local_rank=1,
+        world_size=8,
+        node="node-01",
+        hostname="node-01.cluster",
+        task_pid=100,
+        child_pid=101,
+        gpu_uuids=("GPU-a", "GPU-b"),
+        cuda_visible_devices="0,1",
+        nic="ib0",
+        master_addr="10.0.0.1",
+        master_port=29500,
+        started_at=1_700_000_000.0,
+    ),
     "progress": progress(),
     "progress-defaults": ProgressSnapshot(
-        rank=0, node="n", pid=1, published_at=0.0, child_state=ChildState.STARTING,
-        coll_entered=0, coll_completed=0, in_collective=False, current_op="", opt_steps=0,
-        pg_seq=-1, idle_s=0.0, step_time_s=0.0),
+        rank=0,
+        node="n",
+        pid=1,
+        published_at=0.0,
+        child_state=ChildState.STARTING,
+        coll_entered=0,
+        coll_completed=0,
+        in_collective=False,
+        current_op="",
+        opt_steps=0,
+        pg_seq=-1,
+        idle_s=0.0,
+        step_time_s=0.0,
+    ),
     "exit": ExitRecord(
-        rank=3, node="node-01", pid=4242, exit_code=-1, signal=9, core_dumped=False,
-        at=1_700_000_100.5, killed_by_scout=True, last_progress=progress(),
-        stderr_tail=("Traceback (most recent call last):", "RuntimeError: NCCL timeout")),
+        rank=3,
+        node="node-01",
+        pid=4242,
+        exit_code=-1,
+        signal=9,
+        core_dumped=False,
+        at=1_700_000_100.5,
+        killed_by_scout=True,
+        last_progress=progress(),
+        stderr_tail=("Traceback (most recent call last):", "RuntimeError: NCCL timeout"),
+    ),
     "exit-no-progress": ExitRecord(
-        rank=0, node="node-02", pid=7, exit_code=1, signal=0, core_dumped=True, at=2.0,
-        killed_by_scout=False, last_progress=None),
-    "finding": Finding(rank=5, node="node-02", kind=FindingKind.DESYNC, at=3.5,
-                       summary="entered broadcast while others entered all_reduce",
-                       details=("seq 120", "majority: all_reduce"), step=40),
-    "stall-decision": StallDecision(decided_by=2, at=4.0, culprits=(3, 7),
-                                    kind=FindingKind.HANG, reasoning=("rank 3 is behind",)),
+        rank=0,
+        node="node-02",
+        pid=7,
+        exit_code=1,
+        signal=0,
+        core_dumped=True,
+        at=2.0,
+        killed_by_scout=False,
+        last_progress=None,
+    ),
+    "finding": Finding(
+        rank=5,
+        node="node-02",
+        kind=FindingKind.DESYNC,
+        at=3.5,
+        summary="entered broadcast while others entered all_reduce",
+        details=("seq 120", "majority: all_reduce"),
+        step=40,
+    ),
+    "stall-decision": StallDecision(
+        decided_by=2,
+        at=4.0,
+        culprits=(3, 7),
+        kind=FindingKind.HANG,
+        reasoning=("rank 3 is behind",),
+    ),
     "verdict": Verdict(
-        job_id=1234, restart=0, kind=VerdictKind.HANG,
-        suspects=(Suspect(rank=3, node="node-01", kind=VerdictKind.HANG, confidence=0.9,
-                          evidence=("behind by 1 collective",)),
-                  Suspect(rank=7, node="node-02", kind=VerdictKind.HANG, confidence=0.5)),
-        confidence=0.9, reasoning=("3 of 8 ranks agree",), first_failure_at=5.0,
-        first_suspect_step=40, world_size=8, created_at=6.0),
+        job_id=1234,
+        restart=0,
+        kind=VerdictKind.HANG,
+        suspects=(
+            Suspect(
+                rank=3,
+                node="node-01",
+                kind=VerdictKind.HANG,
+                confidence=0.9,
+                evidence=("behind by 1 collective",),
+            ),
+            Suspect(rank=7, node="node-02", kind=VerdictKind.HANG, confidence=0.5),
+        ),
+        confidence=0.9,
+        reasoning=("3 of 8 ranks agree",),
+        first_failure_at=5.0,
+        first_suspect_step=40,
+        world_size=8,
+        created_at=6.0,
+    ),
 }
 
 
@@ -126,8 +228,14 @@ def test_json_shape_enums_by_value_tuples_as_lists_nested_objects_without_a_tag(
     nested = obj["last_progress"]
     assert KIND_KEY not in nested and nested["schema_version"] == 1
     assert nested["child_state"] == "running"
-    assert nested["recent"][1] == {"seq": 120, "op": "broadcast", "nbytes": 64, "group_size": 8,
-                                   "entered_ns": 13_000, "left_ns": 0}
+    assert nested["recent"][1] == {
+        "seq": 120,
+        "op": "broadcast",
+        "nbytes": 64,
+        "group_size": 8,
+        "entered_ns": 13_000,
+        "left_ns": 0,
+    }
     assert obj_of(SAMPLES["exit-no-progress"])["last_progress"] is None
     finding = obj_of(SAMPLES["finding"])
     # The type tag and the Finding's own `kind` field live side by side.
@@ -155,26 +263,69 @@ _s = st.text(st.characters(codec="utf-8"), max_size=30)
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.builds(
-    ProgressSnapshot, rank=_i64, node=_s, pid=_i64, published_at=_f,
-    child_state=st.sampled_from(ChildState), coll_entered=_i64, coll_completed=_i64,
-    in_collective=st.booleans(), current_op=_s, opt_steps=_i64, pg_seq=_i64, idle_s=_f,
-    step_time_s=_f, bootstrap_active=st.booleans(),
-    recent=st.lists(st.builds(CollectiveEntry, seq=_i64, op=_s, nbytes=_i64, group_size=_i64,
-                              entered_ns=_i64, left_ns=_i64), max_size=4).map(tuple)))
+@given(
+    st.builds(
+        ProgressSnapshot,
+        rank=_i64,
+        node=_s,
+        pid=_i64,
+        published_at=_f,
+        child_state=st.sampled_from(ChildState),
+        coll_entered=_i64,
+        coll_completed=_i64,
+        in_collective=st.booleans(),
+        current_op=_s,
+        opt_steps=_i64,
+        pg_seq=_i64,
+        idle_s=_f,
+        step_time_s=_f,
+        bootstrap_active=st.booleans(),
+        recent=st.lists(
+            st.builds(
+                CollectiveEntry,
+                seq=_i64,
+                op=_s,
+                nbytes=_i64,
+                group_size=_i64,
+                entered_ns=_i64,
+                left_ns=_i64,
+            ),
+            max_size=4,
+        ).map(tuple),
+    )
+)
 def test_any_progress_snapshot_round_trips(record):
-    assert record_from_obj(ProgressSnapshot, json.loads(record_to_bytes(record)),
-                           source="p") == record
+    assert (
+        record_from_obj(ProgressSnapshot, json.loads(record_to_bytes(record)), source="p") == record
+    )
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.builds(
-    Verdict, job_id=_i64, restart=_i64, kind=st.sampled_from(VerdictKind), confidence=_f,
-    suspects=st.lists(st.builds(Suspect, rank=_i64, node=_s, kind=st.sampled_from(VerdictKind),
-                                confidence=_f, evidence=st.lists(_s, max_size=3).map(tuple)),
-                      max_size=4).map(tuple),
-    reasoning=st.lists(_s, max_size=4).map(tuple), first_failure_at=_f,
-    first_suspect_step=_i64, world_size=_i64, created_at=_f))
+@given(
+    st.builds(
+        Verdict,
+        job_id=_i64,
+        restart=_i64,
+        kind=st.sampled_from(VerdictKind),
+        confidence=_f,
+        suspects=st.lists(
+            st.builds(
+                Suspect,
+                rank=_i64,
+                node=_s,
+                kind=st.sampled_from(VerdictKind),
+                confidence=_f,
+                evidence=st.lists(_s, max_size=3).map(tuple),
+            ),
+            max_size=4,
+        ).map(tuple),
+        reasoning=st.lists(_s, max_size=4).map(tuple),
+        first_failure_at=_f,
+        first_suspect_step=_i64,
+        world_size=_i64,
+        created_at=_f,
+    )
+)
 def test_any_verdict_round_trips(record):
     assert record_from_obj(Verdict, json.loads(record_to_bytes(record)), source="v") == record
 
@@ -182,7 +333,8 @@ def test_any_verdict_round_trips(record):
 _json = st.recursive(
     st.none() | st.booleans() | st.integers() | _f | _s,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_s, inner, max_size=4),
-    max_leaves=20)
+    max_leaves=20,
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -196,8 +348,9 @@ def test_mangled_objects_only_ever_raise_evidence_error(changes):
         assert str(e).startswith("exit-3.json: ")
 
 
-@settings(max_examples=200, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(st.binary(max_size=200) | _json.map(lambda v: json.dumps(v).encode()))
 def test_arbitrary_file_contents_only_ever_raise_evidence_error(tmp_path, data):
     path = put(tmp_path / "rank-0.json", data)
@@ -211,8 +364,11 @@ def test_the_writer_refuses_a_record_it_could_not_read_back(tmp_path):
     path = tmp_path / "p.json"
     with pytest.raises(EvidenceError) as bad_type:
         write_record(path, progress(rank="3"))
-    refused(bad_type, "ProgressSnapshot to be written: field rank: expected an integer, got '3'",
-            "a bug in the code that built the record; nothing was written")
+    refused(
+        bad_type,
+        "ProgressSnapshot to be written: field rank: expected an integer, got '3'",
+        "a bug in the code that built the record; nothing was written",
+    )
     with pytest.raises(EvidenceError) as nan:
         write_record(path, progress(idle_s=float("nan")))
     refused(nan, "field idle_s: expected a finite number")
@@ -237,51 +393,86 @@ def _mutate(path_keys, value):
         else:
             target[path_keys[-1]] = value
         return obj
+
     return apply
 
 
 VALIDATION_CASES = [
     ("wrong kind", _mutate([KIND_KEY], "progress"), "is a 'progress' record, expected 'exit'"),
     ("no kind", _mutate([KIND_KEY], KeyError), "has no 'record_kind'"),
-    ("newer schema", _mutate(["schema_version"], 2),
-     "schema_version 2 is newer than this scout understands (1); upgrade scout"),
-    ("newer schema, new fields", lambda o: {**o, "schema_version": 2, "cgroup": "x"},
-     "schema_version 2 is newer than this scout understands (1); upgrade scout"),
-    ("newer nested schema", _mutate(["last_progress", "schema_version"], 9),
-     "field last_progress: ProgressSnapshot schema_version 9 is newer"),
-    ("schema not int", _mutate(["schema_version"], "1"),
-     "schema_version must be a positive integer, got '1'"),
+    (
+        "newer schema",
+        _mutate(["schema_version"], 2),
+        "schema_version 2 is newer than this scout understands (1); upgrade scout",
+    ),
+    (
+        "newer schema, new fields",
+        lambda o: {**o, "schema_version": 2, "cgroup": "x"},
+        "schema_version 2 is newer than this scout understands (1); upgrade scout",
+    ),
+    (
+        "newer nested schema",
+        _mutate(["last_progress", "schema_version"], 9),
+        "field last_progress: ProgressSnapshot schema_version 9 is newer",
+    ),
+    (
+        "schema not int",
+        _mutate(["schema_version"], "1"),
+        "schema_version must be a positive integer, got '1'",
+    ),
     ("schema zero", _mutate(["schema_version"], 0), "schema_version must be a positive integer"),
     ("no schema", _mutate(["schema_version"], KeyError), "has no schema_version"),
     ("unknown key", _mutate(["hostname"], "x"), "unknown field 'hostname' (valid: at, "),
-    ("unknown nested key", _mutate(["last_progress", "extra"], 1),
-     "unknown field 'extra' in field last_progress"),
-    ("tag in nested", _mutate(["last_progress", KIND_KEY], "progress"),
-     "unknown field 'record_kind' in field last_progress"),
+    (
+        "unknown nested key",
+        _mutate(["last_progress", "extra"], 1),
+        "unknown field 'extra' in field last_progress",
+    ),
+    (
+        "tag in nested",
+        _mutate(["last_progress", KIND_KEY], "progress"),
+        "unknown field 'record_kind' in field last_progress",
+    ),
     ("missing field", _mutate(["pid"], KeyError), "field pid: missing"),
-    ("nested wrong type", _mutate(["last_progress", "coll_entered"], "abc"),
-     "field last_progress.coll_entered: expected an integer, got 'abc'"),
+    (
+        "nested wrong type",
+        _mutate(["last_progress", "coll_entered"], "abc"),
+        "field last_progress.coll_entered: expected an integer, got 'abc'",
+    ),
     ("bool as int", _mutate(["signal"], True), "field signal: expected an integer, got true"),
     ("float as int", _mutate(["exit_code"], 1.0), "field exit_code: expected an integer, got 1.0"),
     ("int too big", _mutate(["pid"], 2**63), "field pid: expected an integer, got"),
     ("int as bool", _mutate(["core_dumped"], 1), "field core_dumped: expected true or false"),
     ("string as float", _mutate(["at"], "1.0"), "field at: expected a number, got '1.0'"),
     ("huge int as float", _mutate(["at"], 10**400), "field at: expected a finite number"),
-    ("bad enum", _mutate(["last_progress", "child_state"], "zombie"),
-     "field last_progress.child_state: expected one of 'starting', 'running'"),
-    ("tuple element", _mutate(["last_progress", "recent", 1, "seq"], None),
-     "field last_progress.recent[1].seq: expected an integer, got null"),
+    (
+        "bad enum",
+        _mutate(["last_progress", "child_state"], "zombie"),
+        "field last_progress.child_state: expected one of 'starting', 'running'",
+    ),
+    (
+        "tuple element",
+        _mutate(["last_progress", "recent", 1, "seq"], None),
+        "field last_progress.recent[1].seq: expected an integer, got null",
+    ),
     ("tuple not list", _mutate(["stderr_tail"], "oops"), "field stderr_tail: expected a list"),
-    ("tuple of str", _mutate(["stderr_tail"], ["ok", 3]),
-     "field stderr_tail[1]: expected a string, got 3"),
-    ("optional wrong", _mutate(["last_progress"], []),
-     "field last_progress: expected a JSON object (ProgressSnapshot), got a list"),
+    (
+        "tuple of str",
+        _mutate(["stderr_tail"], ["ok", 3]),
+        "field stderr_tail[1]: expected a string, got 3",
+    ),
+    (
+        "optional wrong",
+        _mutate(["last_progress"], []),
+        "field last_progress: expected a JSON object (ProgressSnapshot), got a list",
+    ),
     ("surrogate", _mutate(["node"], "\ud800"), "field node: expected a string"),
 ]
 
 
-@pytest.mark.parametrize("mutate,expected", [c[1:] for c in VALIDATION_CASES],
-                         ids=[c[0] for c in VALIDATION_CASES])
+@pytest.mark.parametrize(
+    "mutate,expected", [c[1:] for c in VALIDATION_CASES], ids=[c[0] for c in VALIDATION_CASES]
+)
 def test_malformed_records_are_refused_naming_the_file_and_field(tmp_path, mutate, expected):
     obj = mutate(obj_of(SAMPLES["exit"]))
     path = put(tmp_path / "exit-3.json", json.dumps(obj))
@@ -313,8 +504,9 @@ TEXT_CASES = [
 ]
 
 
-@pytest.mark.parametrize("data,expected", [c[1:] for c in TEXT_CASES],
-                         ids=[c[0] for c in TEXT_CASES])
+@pytest.mark.parametrize(
+    "data,expected", [c[1:] for c in TEXT_CASES], ids=[c[0] for c in TEXT_CASES]
+)
 def test_unparseable_files_are_refused_naming_the_file(tmp_path, data, expected):
     path = put(tmp_path / "rank-0.json", data)
     with pytest.raises(EvidenceError) as excinfo:
@@ -474,8 +666,9 @@ def test_a_missing_file_is_evidence_missing(job_tree):
     with pytest.raises(EvidenceMissing, match="rank-9.json: does not exist"):
         read_record(pdir / "rank-9.json", ProgressSnapshot, root=root)
     with pytest.raises(EvidenceMissing, match="component .*/run-4 does not exist"):
-        read_record(root / "lab" / "77" / "run-4" / "progress" / "rank-0.json",
-                    ProgressSnapshot, root=root)
+        read_record(
+            root / "lab" / "77" / "run-4" / "progress" / "rank-0.json", ProgressSnapshot, root=root
+        )
     # A file where a directory should be is not "missing".
     put(root / "lab" / "78", b"")
     with pytest.raises(EvidenceError, match="component .*/78 is not a directory"):
@@ -535,8 +728,14 @@ def test_a_failure_after_the_rename_reports_it_with_the_new_file_in_place(tmp_pa
 
 
 def _big_finding(letter: str) -> Finding:
-    return Finding(rank=0, node="n", kind=FindingKind.INFO, at=1.0, summary=letter,
-                   details=tuple(letter * 1000 for _ in range(1000)))
+    return Finding(
+        rank=0,
+        node="n",
+        kind=FindingKind.INFO,
+        at=1.0,
+        summary=letter,
+        details=tuple(letter * 1000 for _ in range(1000)),
+    )
 
 
 @pytest.mark.timeout(60)
@@ -577,8 +776,11 @@ def tiny_fs(tmp_path):
         pytest.skip("mounting a tmpfs needs root")
     mnt = tmp_path / "tiny"
     mnt.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
     try:
@@ -608,8 +810,13 @@ def test_a_full_disk_is_reported_and_keeps_the_old_file(tiny_fs):
 
 
 def _decision(by: int) -> StallDecision:
-    return StallDecision(decided_by=by, at=float(by), culprits=(3,), kind=FindingKind.HANG,
-                         reasoning=(f"decided by {by}",))
+    return StallDecision(
+        decided_by=by,
+        at=float(by),
+        culprits=(3,),
+        kind=FindingKind.HANG,
+        reasoning=(f"decided by {by}",),
+    )
 
 
 def test_the_second_exclusive_create_loses_and_the_first_record_stays(tmp_path):
@@ -715,13 +922,12 @@ def test_list_records_refuses_an_unsafe_or_missing_directory(job_tree, tmp_path)
             list_records(run1 / "progress", "rank-*.json", ProgressSnapshot, **kwargs)
     (root / "lab" / "77" / "run-2").symlink_to(pdir.parent)
     with pytest.raises(EvidenceError, match="component .*/run-2 is a symbolic link"):
-        list_records(root / "lab" / "77" / "run-2" / "progress", "*", ProgressSnapshot,
-                     root=root)
+        list_records(root / "lab" / "77" / "run-2" / "progress", "*", ProgressSnapshot, root=root)
     with pytest.raises(EvidenceMissing, match="does not exist"):
-        list_records(root / "lab" / "77" / "run-9" / "progress", "*", ProgressSnapshot,
-                     root=root)
+        list_records(root / "lab" / "77" / "run-9" / "progress", "*", ProgressSnapshot, root=root)
     with pytest.raises(EvidenceError, match="outside the evidence root"):
         list_records(tmp_path, "*", ProgressSnapshot, root=root)
-    records, errors = list_records(root / "lab" / "77" / "run-0" / "progress", "rank-*.json",
-                                   ProgressSnapshot, root=root)
+    records, errors = list_records(
+        root / "lab" / "77" / "run-0" / "progress", "rank-*.json", ProgressSnapshot, root=root
+    )
     assert [r.rank for r in records] == [0] and errors == []

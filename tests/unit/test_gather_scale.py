@@ -12,7 +12,13 @@ import pytest
 from scout_slurm.errors import EvidenceError
 from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.records import ProgressSnapshot
-from scout_slurm.evidence.store import MAX_JSON_DEPTH, list_records, read_record, record_to_obj, write_record
+from scout_slurm.evidence.store import (
+    MAX_JSON_DEPTH,
+    list_records,
+    read_record,
+    record_to_obj,
+    write_record,
+)
 from scout_slurm.evidence.gather import gather_evidence
 from scout_slurm.localise.verdict import localise
 from tests.unit.test_verdict import GLOO_PEER, NOW, exited, place, snap
@@ -32,8 +38,12 @@ def test_published_snapshot_not_read_when_the_exit_carries_a_later_one(tmp_path)
     for r in range(4):
         final = snap(r, completed=40 if r != 2 else 38)
         stderr = ("Fatal Python error: Segmentation fault",) if r == 2 else ("Traceback", GLOO_PEER)
-        write_record(folder.rank_exit_path(0, r), exited(r, 1, signal=11 if r == 2 else 0, stderr=stderr,
-                                                         progress=final if r != 3 else None))
+        write_record(
+            folder.rank_exit_path(0, r),
+            exited(
+                r, 1, signal=11 if r == 2 else 0, stderr=stderr, progress=final if r != 3 else None
+            ),
+        )
     # ranks 0-2 exited with their final progress: their published files are not opened (a
     # corrupt one says nothing); rank 3's exit has none, so its published snapshot is used
     for r in range(3):
@@ -44,12 +54,16 @@ def test_published_snapshot_not_read_when_the_exit_carries_a_later_one(tmp_path)
     assert sorted(ev.snapshots) == [3]
     assert ev.last_progress(2).coll_completed == 38 and ev.last_progress(3).coll_completed == 40
     v = localise(ev, now=NOW)
-    assert v.kind.value == "crash" and [(s.rank, s.node) for s in v.suspects] == [(2, ev.node_of(2))]
+    assert v.kind.value == "crash" and [(s.rank, s.node) for s in v.suspects] == [
+        (2, ev.node_of(2))
+    ]
 
 
 def test_torchrun_reads_every_published_snapshot(tmp_path):
     folder = job(tmp_path, world=1)
-    write_record(folder.rank_place_path(0, 0), dataclasses.replace(place(0, 1), launcher="torchrun"))
+    write_record(
+        folder.rank_place_path(0, 0), dataclasses.replace(place(0, 1), launcher="torchrun")
+    )
     write_record(folder.rank_exit_path(0, 0), exited(0, 1, progress=snap(0)))
     for r in range(3):
         write_record(folder.progress_path(0, r), snap(r))
@@ -63,8 +77,10 @@ def test_listing_refuses_links_fifos_and_excluded_names_are_not_opened(tmp_path)
     write_record(d / "rank-0.json", snap(0))
     os.symlink(d / "rank-0.json", d / "rank-1.json")
     os.mkfifo(d / "rank-2.json")
-    os.mkfifo(d / "rank-3.json")          # excluded: never opened, so no complaint either
-    records, errors = list_records(d, "rank-*.json", ProgressSnapshot, root=tmp_path, exclude={"rank-3.json"})
+    os.mkfifo(d / "rank-3.json")  # excluded: never opened, so no complaint either
+    records, errors = list_records(
+        d, "rank-*.json", ProgressSnapshot, root=tmp_path, exclude={"rank-3.json"}
+    )
     assert [r.rank for r in records] == [0]
     assert len(errors) == 2
     assert "rank-1.json" in errors[0] and "symbolic link" in errors[0]

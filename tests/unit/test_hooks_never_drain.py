@@ -31,16 +31,24 @@ JOB = 4711
 T0 = 1_700_000_000.0
 # what a hook logs when it gives up on purpose; "*.bug"/"unexpected_error" mean an exception
 # nobody expected reached the last-resort handler
-GIVE_UP = {"prolog": ("prolog.bad_config", "prolog.bad_environment", "prolog.folder_failed",
-                      "prolog.job_folders_failed", "prolog.write_failed"),
-           "epilog": ("epilog.failed",),
-           "controller": ("controller.failed",)}
+GIVE_UP = {
+    "prolog": (
+        "prolog.bad_config",
+        "prolog.bad_environment",
+        "prolog.folder_failed",
+        "prolog.job_folders_failed",
+        "prolog.write_failed",
+    ),
+    "epilog": ("epilog.failed",),
+    "controller": ("controller.failed",),
+}
 UNEXPECTED = ("prolog.unexpected_error", "epilog.bug", "controller.bug")
 
 
 # -------------------------------------------------------------------------------------------
 # Running a hook as Slurm does
 # -------------------------------------------------------------------------------------------
+
 
 @dataclass
 class HookRun:
@@ -60,13 +68,22 @@ class HookRun:
             text = json.dumps(rec, ensure_ascii=False)
             if all(n in text for n in needles):
                 return rec
-        raise AssertionError(f"{self.hook}: no log line {'in ' + str(events) if events else ''} with "
-                             f"{needles!r}; stderr:\n{self.stderr[-4000:]}")
+        raise AssertionError(
+            f"{self.hook}: no log line {'in ' + str(events) if events else ''} with "
+            f"{needles!r}; stderr:\n{self.stderr[-4000:]}"
+        )
 
 
 def run_hook(hook: str, env: dict[str, str], *, timeout: float = 60) -> HookRun:
-    proc = subprocess.run([sys.executable, "-m", f"scout_slurm.hooks.{hook}"], env=env, cwd="/",
-                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        [sys.executable, "-m", f"scout_slurm.hooks.{hook}"],
+        env=env,
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
     logs = []
     for line in proc.stderr.splitlines():
         if line.startswith("{"):
@@ -78,24 +95,31 @@ def run_hook(hook: str, env: dict[str, str], *, timeout: float = 60) -> HookRun:
     bugs = [r for r in logs if r.get("event") in UNEXPECTED]
     assert not bugs, f"{hook} hit an unexpected error:\n{proc.stderr[-4000:]}"
     assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
-    assert proc.returncode == 0, f"{hook} exited {proc.returncode}: Slurm would drain the node\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, (
+        f"{hook} exited {proc.returncode}: Slurm would drain the node\n{proc.stderr[-4000:]}"
+    )
     return run
 
 
 @dataclass
 class Site:
     """A site as one hook run sees it: config file, evidence root, an empty bin dir."""
+
     tmp: Path
     root: Path
     config: Path
     nobin: Path
 
-    def write_config(self, extra: str = "", *, localise_on: str = "controller", root: Path | None = None) -> None:
+    def write_config(
+        self, extra: str = "", *, localise_on: str = "controller", root: Path | None = None
+    ) -> None:
         self.config.write_text(
             f'[evidence]\nroot = "{root or self.root}"\n'
             f'[slurm]\nbin_dir = "{self.nobin}"\ntimeout_s = 5\nretries = 0\n'
-            f'[prolog]\ntime_budget_s = 8\n'
-            f'[epilog]\ntime_budget_s = 20\nwait_for_nodes_s = 0\nlocalise_on = "{localise_on}"\n' + extra)
+            f"[prolog]\ntime_budget_s = 8\n"
+            f'[epilog]\ntime_budget_s = 20\nwait_for_nodes_s = 0\nlocalise_on = "{localise_on}"\n'
+            + extra
+        )
 
     @property
     def job_dir(self) -> Path:
@@ -105,21 +129,39 @@ class Site:
         env = {
             # no Slurm command on PATH, and none in [slurm] bin_dir; SLURM_CONF names nothing,
             # so that even a fallback to /usr/bin could not reach a real cluster
-            "PATH": str(self.nobin), "SLURM_CONF": str(self.tmp / "no-slurm.conf"),
-            "SCOUT_CONFIG": str(self.config), "LANG": "C.UTF-8",
-            "SLURM_JOB_ID": str(JOB), "SLURM_JOB_UID": "0", "SLURM_JOB_USER": "root",
-            "SLURM_CLUSTER_NAME": CLUSTER, "SLURM_JOB_RESTART_COUNT": "0", "SLURM_JOB_PARTITION": "debug",
+            "PATH": str(self.nobin),
+            "SLURM_CONF": str(self.tmp / "no-slurm.conf"),
+            "SCOUT_CONFIG": str(self.config),
+            "LANG": "C.UTF-8",
+            "SLURM_JOB_ID": str(JOB),
+            "SLURM_JOB_UID": "0",
+            "SLURM_JOB_USER": "root",
+            "SLURM_CLUSTER_NAME": CLUSTER,
+            "SLURM_JOB_RESTART_COUNT": "0",
+            "SLURM_JOB_PARTITION": "debug",
             "SLURM_JOB_WORK_DIR": str(self.tmp),
         }
         if hook == "prolog":
-            env.update(SLURMD_NODENAME="n1", SLURM_NODELIST="n[1-2]", SLURM_SCRIPT_CONTEXT="prolog_slurmd")
+            env.update(
+                SLURMD_NODENAME="n1", SLURM_NODELIST="n[1-2]", SLURM_SCRIPT_CONTEXT="prolog_slurmd"
+            )
         elif hook == "epilog":
-            env.update(SLURMD_NODENAME="n1", SLURM_NODELIST="n[1-2]", SLURM_SCRIPT_CONTEXT="epilog_slurmd",
-                       SLURM_JOB_EXIT_CODE="256", SLURM_JOB_EXIT_CODE2="1:0")
+            env.update(
+                SLURMD_NODENAME="n1",
+                SLURM_NODELIST="n[1-2]",
+                SLURM_SCRIPT_CONTEXT="epilog_slurmd",
+                SLURM_JOB_EXIT_CODE="256",
+                SLURM_JOB_EXIT_CODE2="1:0",
+            )
         else:
-            env.update(SLURM_JOB_NODELIST="n[1-2]", SLURM_JOB_NAME="train", SLURM_SCRIPT_CONTEXT="epilog_slurmctld",
-                       SLURM_JOB_EXIT_CODE="256", SLURM_JOB_EXIT_CODE2="1:0")
-        if os.environ.get("PYTHONPATH"):   # the tree under test, when it is not the installed one
+            env.update(
+                SLURM_JOB_NODELIST="n[1-2]",
+                SLURM_JOB_NAME="train",
+                SLURM_SCRIPT_CONTEXT="epilog_slurmctld",
+                SLURM_JOB_EXIT_CODE="256",
+                SLURM_JOB_EXIT_CODE2="1:0",
+            )
+        if os.environ.get("PYTHONPATH"):  # the tree under test, when it is not the installed one
             env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         for key, value in changes.items():
             if value is None:
@@ -142,20 +184,52 @@ def site(tmp_path) -> Site:
 # Evidence of a failed job: rank 2 on n2 crashed, the others failed because of it
 # -------------------------------------------------------------------------------------------
 
+
 def place(rank: int) -> RankPlace:
-    return RankPlace(job_id=JOB, restart=0, rank=rank, local_rank=rank % 2, world_size=4, node=f"n{rank // 2 + 1}",
-                     hostname="host", task_pid=100 + rank, child_pid=200 + rank, gpu_uuids=(),
-                     cuda_visible_devices="", nic="lo", master_addr="127.0.0.1", master_port=29500,
-                     started_at=T0)
+    return RankPlace(
+        job_id=JOB,
+        restart=0,
+        rank=rank,
+        local_rank=rank % 2,
+        world_size=4,
+        node=f"n{rank // 2 + 1}",
+        hostname="host",
+        task_pid=100 + rank,
+        child_pid=200 + rank,
+        gpu_uuids=(),
+        cuda_visible_devices="",
+        nic="lo",
+        master_addr="127.0.0.1",
+        master_port=29500,
+        started_at=T0,
+    )
 
 
 def exit_record(rank: int) -> ExitRecord:
     if rank == 2:
-        return ExitRecord(rank=2, node="n2", pid=202, exit_code=-1, signal=11, core_dumped=False, at=T0 + 30,
-                          killed_by_scout=False, last_progress=None)
-    return ExitRecord(rank=rank, node=f"n{rank // 2 + 1}", pid=200 + rank, exit_code=1, signal=0, core_dumped=False,
-                      at=T0 + 31, killed_by_scout=False, last_progress=None,
-                      stderr_tail=("RuntimeError: Connection closed by peer",))
+        return ExitRecord(
+            rank=2,
+            node="n2",
+            pid=202,
+            exit_code=-1,
+            signal=11,
+            core_dumped=False,
+            at=T0 + 30,
+            killed_by_scout=False,
+            last_progress=None,
+        )
+    return ExitRecord(
+        rank=rank,
+        node=f"n{rank // 2 + 1}",
+        pid=200 + rank,
+        exit_code=1,
+        signal=0,
+        core_dumped=False,
+        at=T0 + 31,
+        killed_by_scout=False,
+        last_progress=None,
+        stderr_tail=("RuntimeError: Connection closed by peer",),
+    )
 
 
 def write_job_tree(job_dir: Path) -> None:
@@ -181,6 +255,7 @@ def actions(site: Site) -> ActionsRecord:
 # -------------------------------------------------------------------------------------------
 # The site config
 # -------------------------------------------------------------------------------------------
+
 
 def _config_missing(site: Site) -> None:
     site.config.unlink()
@@ -214,7 +289,10 @@ def _config_unreadable(site: Site) -> None:
 
 CONFIG_CASES = {
     "missing": (_config_missing, "site config not found"),
-    "a directory": (_config_is_a_directory, "is a directory (owner uid 0, mode 0755), not a regular file"),
+    "a directory": (
+        _config_is_a_directory,
+        "is a directory (owner uid 0, mode 0755), not a regular file",
+    ),
     "malformed TOML": (_config_malformed, "cannot read the site config"),
     "not UTF-8": (_config_not_utf8, "cannot read the site config"),
     "unknown key": (_config_unknown_key, "unknown key(s) drain_everything in [epilog]"),
@@ -238,13 +316,16 @@ def test_a_broken_site_config_is_logged_and_exits_0(site, hook, case):
 # The evidence storage
 # -------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("hook", HOOKS)
 def test_a_missing_evidence_root_is_logged_and_not_created(site, hook):
     gone = site.tmp / "not-mounted" / "evidence"
     site.write_config(root=gone)
     run = run_hook(hook, site.env(hook))
     run.logged(str(gone), "does not exist")
-    assert not gone.parent.exists(), "a hook created the evidence root: the shared file system is not mounted?"
+    assert not gone.parent.exists(), (
+        "a hook created the evidence root: the shared file system is not mounted?"
+    )
 
 
 @pytest.mark.parametrize("hook", HOOKS)
@@ -277,7 +358,7 @@ def plant_bad_records(job_dir: Path, outside: Path) -> dict[str, str]:
     """Files a job could leave for a root hook; returns name -> what the hook must say of it."""
     ranks, progress, findings = (job_dir / "run-0" / d for d in ("ranks", "progress", "findings"))
     (ranks / "rank-5.json").write_bytes(b'{"record_kind": "rank-place", "rank": ')
-    with open(ranks / "exit-6.json", "wb") as fh:       # sparse: 5 MiB without writing them
+    with open(ranks / "exit-6.json", "wb") as fh:  # sparse: 5 MiB without writing them
         fh.truncate(5 * 1024 * 1024)
     os.mkfifo(ranks / "rank-7.json")
     (ranks / "exit-8.json").symlink_to("/etc/passwd")
@@ -287,10 +368,18 @@ def plant_bad_records(job_dir: Path, outside: Path) -> dict[str, str]:
     (progress / "rank-0.json").write_bytes(b"[" * 200_000)
     (progress / "rank-1.json").write_bytes(b'{"record_kind": "progress", "rank": 1e999}')
     (findings / "evil.json").mkdir()
-    (findings / "nul.json").write_bytes(b'{"record_kind": "finding", "rank": 0, "summary": "a\x00b"' + b"}" * 3)
-    return {"rank-5.json": "not valid JSON", "exit-6.json": "limit", "rank-7.json": "FIFO",
-            "exit-8.json": "symbolic link", "rank-9.json": "hard links", "progress/rank-0.json": "nested deeper",
-            "findings/evil.json": "directory"}
+    (findings / "nul.json").write_bytes(
+        b'{"record_kind": "finding", "rank": 0, "summary": "a\x00b"' + b"}" * 3
+    )
+    return {
+        "rank-5.json": "not valid JSON",
+        "exit-6.json": "limit",
+        "rank-7.json": "FIFO",
+        "exit-8.json": "symbolic link",
+        "rank-9.json": "hard links",
+        "progress/rank-0.json": "nested deeper",
+        "findings/evil.json": "directory",
+    }
 
 
 @pytest.mark.parametrize("hook", ("controller", "epilog"))
@@ -304,7 +393,9 @@ def test_planted_records_are_refused_by_name_and_the_crash_is_still_found(site, 
     for name, reason in expected.items():
         run.logged(name, reason)
     verdict = json.loads((site.job_dir / "results" / "verdict-0.json").read_text())
-    assert verdict["kind"] == "crash" and [(s["rank"], s["node"]) for s in verdict["suspects"]] == [(2, "n2")]
+    assert verdict["kind"] == "crash" and [(s["rank"], s["node"]) for s in verdict["suspects"]] == [
+        (2, "n2")
+    ]
 
 
 def test_the_prolog_ignores_planted_records(site):
@@ -319,8 +410,11 @@ def test_the_prolog_ignores_planted_records(site):
 @contextlib.contextmanager
 def full_tmpfs(where: Path):
     where.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0755", "tmpfs", str(where)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k,mode=0755", "tmpfs", str(where)],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
     try:
@@ -385,8 +479,10 @@ def test_without_slurm_commands_the_plan_is_kept_pending(site, hook):
     /usr/bin's), the drain stays pending in the actions file for a later retry. (The old drain
     rule, so that the job's own evidence plans a drain: tests/unit/test_drain_rule.py has the new.)"""
     write_job_tree(site.job_dir)
-    site.write_config('[drain]\ndrain_on = "job-evidence"\n',
-                      localise_on="batch-host" if hook == "epilog" else "controller")
+    site.write_config(
+        '[drain]\ndrain_on = "job-evidence"\n',
+        localise_on="batch-host" if hook == "epilog" else "controller",
+    )
     run = run_hook(hook, site.env(hook))
     run.logged("scontrol", "was not found", str(site.nobin), events=("controller.job_info_failed",))
     assert not run.events("slurm.call"), run.events("slurm.call")
@@ -401,23 +497,52 @@ def test_without_slurm_commands_the_plan_is_kept_pending(site, hook):
 # The one non-zero exit: the Epilog on a local hardware error, when the site asks for it
 # -------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("hardware_error,drain,expected", [
-    (True, True, 1), (True, False, 0), (False, True, 0), (False, False, 0),
-])
+
+@pytest.mark.parametrize(
+    "hardware_error,drain,expected",
+    [
+        (True, True, 1),
+        (True, False, 0),
+        (False, True, 0),
+        (False, False, 0),
+    ],
+)
 def test_epilog_exit_status_decision(hardware_error, drain, expected):
-    assert epilog.exit_status(hardware_error, EpilogConfig(drain_on_local_hardware_error=drain)) == expected
+    assert (
+        epilog.exit_status(hardware_error, EpilogConfig(drain_on_local_hardware_error=drain))
+        == expected
+    )
 
 
 def node_evidence(node: str, job_id: int, *, hardware_error: bool) -> NodeEvidence:
-    lines = (KernelLine(12.5, "nvidia-xid", "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus."),)
-    return NodeEvidence(node=node, job_id=job_id, kernel_lines=lines if hardware_error else (), gpu_errors=(),
-                        leftover=(), hardware_error=hardware_error, collected_at=T0, problems=())
+    lines = (
+        KernelLine(
+            12.5, "nvidia-xid", "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus."
+        ),
+    )
+    return NodeEvidence(
+        node=node,
+        job_id=job_id,
+        kernel_lines=lines if hardware_error else (),
+        gpu_errors=(),
+        leftover=(),
+        hardware_error=hardware_error,
+        collected_at=T0,
+        problems=(),
+    )
 
 
-@pytest.mark.parametrize("hardware_error,drain,expected", [
-    (True, True, 1), (True, False, 0), (False, True, 0),
-])
-def test_epilog_main_drains_only_for_a_hardware_error_when_asked(site, hardware_error, drain, expected):
+@pytest.mark.parametrize(
+    "hardware_error,drain,expected",
+    [
+        (True, True, 1),
+        (True, False, 0),
+        (False, True, 0),
+    ],
+)
+def test_epilog_main_drains_only_for_a_hardware_error_when_asked(
+    site, hardware_error, drain, expected
+):
     write_job_tree(site.job_dir)
     site.write_config(f"drain_on_local_hardware_error = {'true' if drain else 'false'}\n")
     seen = []
@@ -428,19 +553,31 @@ def test_epilog_main_drains_only_for_a_hardware_error_when_asked(site, hardware_
 
     assert epilog.main(environ=site.env("epilog"), collect=collect) == expected
     assert seen == [("n1", JOB)]
-    written = read_record(site.job_dir / "nodes" / "n1" / "epilog.json", NodeEvidence, root=site.root)
+    written = read_record(
+        site.job_dir / "nodes" / "n1" / "epilog.json", NodeEvidence, root=site.root
+    )
     assert written.hardware_error is hardware_error
 
 
 def test_epilog_drains_for_a_hardware_error_even_when_the_evidence_cannot_be_written(site):
     """The node's own hardware verdict does not depend on the shared storage."""
     site.write_config("drain_on_local_hardware_error = true\n", root=site.tmp / "not-mounted")
-    assert epilog.main(environ=site.env("epilog"),
-                       collect=lambda n, j, *, job_started_wall: node_evidence(n, j, hardware_error=True)) == 1
+    assert (
+        epilog.main(
+            environ=site.env("epilog"),
+            collect=lambda n, j, *, job_started_wall: node_evidence(n, j, hardware_error=True),
+        )
+        == 1
+    )
 
 
 def test_epilog_never_drains_when_it_cannot_tell(site):
     """A bad environment means no evidence was collected: no drain, whatever the config."""
     site.write_config("drain_on_local_hardware_error = true\n")
-    assert epilog.main(environ=site.env("epilog", SLURM_JOB_ID="x"),
-                       collect=lambda n, j, *, job_started_wall: node_evidence(n, j, hardware_error=True)) == 0
+    assert (
+        epilog.main(
+            environ=site.env("epilog", SLURM_JOB_ID="x"),
+            collect=lambda n, j, *, job_started_wall: node_evidence(n, j, hardware_error=True),
+        )
+        == 0
+    )

@@ -29,8 +29,15 @@ from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.records import RankPlace
 from scout_slurm.hooks import prolog
 from scout_slurm.hwmap import collect, join, nvml, sysfs
-from scout_slurm.hwmap.records import (Affinity, GpuInfo, GpuNic, HardwareMap, IbPort, NicInfo,
-                                       NicKind)
+from scout_slurm.hwmap.records import (
+    Affinity,
+    GpuInfo,
+    GpuNic,
+    HardwareMap,
+    IbPort,
+    NicInfo,
+    NicKind,
+)
 from scout_slurm.report.map_table import RankMapRow, rank_map_rows, render_rank_map_table
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs"
@@ -46,6 +53,7 @@ MIG_UUID = "MIG-0a1b2c3d-4e5f-5a6b-9c7d-8e9f0a1b2c3d"
 # -------------------------------------------------------------------------------------------
 # A fake NVML: the object `read_gpus(loader=...)` gets instead of the pynvml module
 # -------------------------------------------------------------------------------------------
+
 
 class FakeNvml:
     """pynvml's API over a list of GPUs; `fail` maps (function, gpu index or None) to the
@@ -106,7 +114,8 @@ class FakeNvml:
         gpu = self._gpu("nvmlDeviceGetPciInfo", handle)
 
         class Pci:
-            busId = gpu["bus"].encode()   # pynvml's struct field is bytes
+            busId = gpu["bus"].encode()  # pynvml's struct field is bytes
+
         return Pci()
 
     def nvmlDeviceGetEccMode(self, handle):
@@ -130,10 +139,21 @@ class FakeNvml:
 
 def two_gpus():
     return [
-        {"uuid": GPU0_UUID, "serial": "1654922001234", "name": "NVIDIA H100 80GB HBM3",
-         "bus": "00000000:04:00.0", "ecc": [1, 1]},
-        {"uuid": GPU1_UUID, "serial": "1654922005678", "name": "NVIDIA H100 80GB HBM3",
-         "bus": "00000000:81:00.0", "ecc": [1, 1], "migs": [MIG_UUID]},
+        {
+            "uuid": GPU0_UUID,
+            "serial": "1654922001234",
+            "name": "NVIDIA H100 80GB HBM3",
+            "bus": "00000000:04:00.0",
+            "ecc": [1, 1],
+        },
+        {
+            "uuid": GPU1_UUID,
+            "serial": "1654922005678",
+            "name": "NVIDIA H100 80GB HBM3",
+            "bus": "00000000:81:00.0",
+            "ecc": [1, 1],
+            "migs": [MIG_UUID],
+        },
     ]
 
 
@@ -158,14 +178,42 @@ class StepClock:
 # -------------------------------------------------------------------------------------------
 
 VM_NICS = (
-    NicInfo(name="eth0", mac="02:fc:00:00:00:01", pci_address="0000:00:03.0", numa_node=-1,
-            speed_mbps=-1, operstate="up", kind=NicKind.ETHERNET),
-    NicInfo(name="ifb0", mac="5a:21:02:a3:fe:23", pci_address="", numa_node=-1, speed_mbps=-1,
-            operstate="down", kind=NicKind.VIRTUAL),
-    NicInfo(name="ifb1", mac="de:43:b0:29:25:43", pci_address="", numa_node=-1, speed_mbps=-1,
-            operstate="down", kind=NicKind.VIRTUAL),
-    NicInfo(name="lo", mac="00:00:00:00:00:00", pci_address="", numa_node=-1, speed_mbps=-1,
-            operstate="unknown", kind=NicKind.LOOPBACK),
+    NicInfo(
+        name="eth0",
+        mac="02:fc:00:00:00:01",
+        pci_address="0000:00:03.0",
+        numa_node=-1,
+        speed_mbps=-1,
+        operstate="up",
+        kind=NicKind.ETHERNET,
+    ),
+    NicInfo(
+        name="ifb0",
+        mac="5a:21:02:a3:fe:23",
+        pci_address="",
+        numa_node=-1,
+        speed_mbps=-1,
+        operstate="down",
+        kind=NicKind.VIRTUAL,
+    ),
+    NicInfo(
+        name="ifb1",
+        mac="de:43:b0:29:25:43",
+        pci_address="",
+        numa_node=-1,
+        speed_mbps=-1,
+        operstate="down",
+        kind=NicKind.VIRTUAL,
+    ),
+    NicInfo(
+        name="lo",
+        mac="00:00:00:00:00:00",
+        pci_address="",
+        numa_node=-1,
+        speed_mbps=-1,
+        operstate="unknown",
+        kind=NicKind.LOOPBACK,
+    ),
 )
 
 
@@ -178,9 +226,18 @@ def test_recorded_vm_has_no_infiniband_and_says_nothing_about_it():
 
 
 def test_recorded_vm_identity_cpu_memory_exact():
-    assert sysfs.read_identity(VM / "proc") == ("vm", "70cc3484-e812-4a51-867e-1b7d6a6e1060",
-                                                "6.18.44-fc-v669", ())
-    assert sysfs.read_cpu_memory(VM / "proc") == ("Intel(R) Xeon(R) Processor", 1, 24684084 * 1024, ())
+    assert sysfs.read_identity(VM / "proc") == (
+        "vm",
+        "70cc3484-e812-4a51-867e-1b7d6a6e1060",
+        "6.18.44-fc-v669",
+        (),
+    )
+    assert sysfs.read_cpu_memory(VM / "proc") == (
+        "Intel(R) Xeon(R) Processor",
+        1,
+        24684084 * 1024,
+        (),
+    )
 
 
 def test_recorded_vm_pci_path_goes_through_the_virtio_parent():
@@ -189,20 +246,41 @@ def test_recorded_vm_pci_path_goes_through_the_virtio_parent():
 
 
 def test_recorded_vm_full_map_exact():
-    hwmap = collect.collect_hardware_map("n1", sysfs_root=VM / "sys", proc_root=VM / "proc",
-                                         nvml_loader=loader_of(FakeNvml([])), clock=StepClock(step=0.0))
+    hwmap = collect.collect_hardware_map(
+        "n1",
+        sysfs_root=VM / "sys",
+        proc_root=VM / "proc",
+        nvml_loader=loader_of(FakeNvml([])),
+        clock=StepClock(step=0.0),
+    )
     assert hwmap == HardwareMap(
-        node="n1", hostname="vm", boot_id="70cc3484-e812-4a51-867e-1b7d6a6e1060", kernel="6.18.44-fc-v669",
-        cpu_model="Intel(R) Xeon(R) Processor", cpu_sockets=1, memory_bytes=24684084 * 1024,
-        gpus=(), nics=VM_NICS, ib_ports=(), gpu_nic_affinity=(), nvml_status="no-gpu", problems=(),
-        collected_at=1_800_000_000.0, duration_s=0.0)
+        node="n1",
+        hostname="vm",
+        boot_id="70cc3484-e812-4a51-867e-1b7d6a6e1060",
+        kernel="6.18.44-fc-v669",
+        cpu_model="Intel(R) Xeon(R) Processor",
+        cpu_sockets=1,
+        memory_bytes=24684084 * 1024,
+        gpus=(),
+        nics=VM_NICS,
+        ib_ports=(),
+        gpu_nic_affinity=(),
+        nvml_status="no-gpu",
+        problems=(),
+        collected_at=1_800_000_000.0,
+        duration_s=0.0,
+    )
 
 
 def test_recorder_reproduces_this_machine(tmp_path):
     """record_sysfs.py on the live /sys and /proc gives a tree that parses like the live one."""
     out = tmp_path / "rec"
-    proc = subprocess.run([sys.executable, str(FIXTURES / "record_sysfs.py"), str(out)],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, str(FIXTURES / "record_sysfs.py"), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert sysfs.read_nics(out / "sys") == sysfs.read_nics(Path("/sys"))
     assert sysfs.read_ib_ports(out / "sys") == sysfs.read_ib_ports(Path("/sys"))
@@ -218,18 +296,53 @@ def test_recorder_reproduces_this_machine(tmp_path):
 # -------------------------------------------------------------------------------------------
 
 IB_NICS = (
-    NicInfo(name="eth0", mac="3c:fd:fe:a1:b2:c3", pci_address="0000:05:00.0", numa_node=0,
-            speed_mbps=10000, operstate="up", kind=NicKind.ETHERNET),
-    NicInfo(name="eth1", mac="3c:fd:fe:a1:b2:d4", pci_address="0000:c1:00.0", numa_node=1,
-            speed_mbps=-1, operstate="down", kind=NicKind.ETHERNET),
-    NicInfo(name="ib0", mac="00:00:10:49:fe:80:00:00:00:00:00:00:b8:ce:f6:03:00:a1:b2:c4",
-            pci_address="0000:03:00.0", numa_node=0, speed_mbps=200000, operstate="up",
-            kind=NicKind.INFINIBAND),
-    NicInfo(name="lo", mac="00:00:00:00:00:00", pci_address="", numa_node=-1, speed_mbps=-1,
-            operstate="unknown", kind=NicKind.LOOPBACK),
+    NicInfo(
+        name="eth0",
+        mac="3c:fd:fe:a1:b2:c3",
+        pci_address="0000:05:00.0",
+        numa_node=0,
+        speed_mbps=10000,
+        operstate="up",
+        kind=NicKind.ETHERNET,
+    ),
+    NicInfo(
+        name="eth1",
+        mac="3c:fd:fe:a1:b2:d4",
+        pci_address="0000:c1:00.0",
+        numa_node=1,
+        speed_mbps=-1,
+        operstate="down",
+        kind=NicKind.ETHERNET,
+    ),
+    NicInfo(
+        name="ib0",
+        mac="00:00:10:49:fe:80:00:00:00:00:00:00:b8:ce:f6:03:00:a1:b2:c4",
+        pci_address="0000:03:00.0",
+        numa_node=0,
+        speed_mbps=200000,
+        operstate="up",
+        kind=NicKind.INFINIBAND,
+    ),
+    NicInfo(
+        name="lo",
+        mac="00:00:00:00:00:00",
+        pci_address="",
+        numa_node=-1,
+        speed_mbps=-1,
+        operstate="unknown",
+        kind=NicKind.LOOPBACK,
+    ),
 )
-IB_PORTS = (IbPort(hca="mlx5_0", port=1, guid="0xb8cef60300a1b2c4", state="4: ACTIVE",
-                   rate="200 Gb/sec (4X HDR)", link_layer="InfiniBand"),)
+IB_PORTS = (
+    IbPort(
+        hca="mlx5_0",
+        port=1,
+        guid="0xb8cef60300a1b2c4",
+        state="4: ACTIVE",
+        rate="200 Gb/sec (4X HDR)",
+        link_layer="InfiniBand",
+    ),
+)
 
 
 def test_constructed_nics_and_ib_ports_exact():
@@ -240,10 +353,22 @@ def test_constructed_nics_and_ib_ports_exact():
 def test_constructed_pci_paths():
     root = GPU_IB / "sys"
     assert sysfs.pci_path(root, "0000:04:00.0") == (
-        "pci0000:00", "0000:00:01.0", "0000:01:00.0", "0000:02:01.0", "0000:04:00.0")
+        "pci0000:00",
+        "0000:00:01.0",
+        "0000:01:00.0",
+        "0000:02:01.0",
+        "0000:04:00.0",
+    )
     assert sysfs.pci_path(root, "0000:03:00.0") == (
-        "pci0000:00", "0000:00:01.0", "0000:01:00.0", "0000:02:00.0", "0000:03:00.0")
-    assert sysfs.pci_path(root, "00000000:04:00.0") == sysfs.pci_path(root, "0000:04:00.0")  # NVML form
+        "pci0000:00",
+        "0000:00:01.0",
+        "0000:01:00.0",
+        "0000:02:00.0",
+        "0000:03:00.0",
+    )
+    assert sysfs.pci_path(root, "00000000:04:00.0") == sysfs.pci_path(
+        root, "0000:04:00.0"
+    )  # NVML form
     assert sysfs.pci_path(root, "not-an-address") == ()
 
 
@@ -267,10 +392,19 @@ def test_nic_affinity_counts_shared_bridges():
     gpu = ("pci0000:00", "0000:00:01.0", "0000:01:00.0", "0000:02:01.0", "0000:04:00.0")
     deep = ("pci0000:00", "0000:00:01.0", "0000:01:00.0", "0000:02:01.0", "0000:09:00.0")
     shallow = ("pci0000:00", "0000:00:01.0", "0000:01:00.0", "0000:02:00.0", "0000:0a:00.0")
-    assert sysfs.nic_affinity(gpu, 0, eth, deep) == (Affinity.SAME_PCI_SWITCH, 3)   # same downstream port
+    assert sysfs.nic_affinity(gpu, 0, eth, deep) == (
+        Affinity.SAME_PCI_SWITCH,
+        3,
+    )  # same downstream port
     assert sysfs.nic_affinity(gpu, 0, ib, shallow) == (Affinity.SAME_PCI_SWITCH, 2)
-    assert sysfs.nic_affinity(gpu, 0, ib, ("pci0000:00", "0000:00:07.0", "0000:0a:00.0")) == (Affinity.SAME_NUMA, 0)
-    assert sysfs.nic_affinity(gpu, 0, replace(ib, numa_node=1), ("pci0000:40", "0000:40:01.0")) == (Affinity.NONE, 0)
+    assert sysfs.nic_affinity(gpu, 0, ib, ("pci0000:00", "0000:00:07.0", "0000:0a:00.0")) == (
+        Affinity.SAME_NUMA,
+        0,
+    )
+    assert sysfs.nic_affinity(gpu, 0, replace(ib, numa_node=1), ("pci0000:40", "0000:40:01.0")) == (
+        Affinity.NONE,
+        0,
+    )
     assert sysfs.nic_affinity((), -1, ib, ()) == (Affinity.NONE, 0)
 
 
@@ -281,45 +415,90 @@ def test_nearest_nic_ignores_virtual_and_loopback():
 
 def test_constructed_full_map_with_fake_nvml():
     fake = FakeNvml(two_gpus())
-    hwmap = collect.collect_hardware_map("gpu017", sysfs_root=GPU_IB / "sys", proc_root=GPU_IB / "proc",
-                                         nvml_loader=loader_of(fake), clock=StepClock(step=0.5))
+    hwmap = collect.collect_hardware_map(
+        "gpu017",
+        sysfs_root=GPU_IB / "sys",
+        proc_root=GPU_IB / "proc",
+        nvml_loader=loader_of(fake),
+        clock=StepClock(step=0.5),
+    )
     assert fake.shutdown_called
     assert hwmap.problems == ()
     assert hwmap.nvml_status == "ok"
-    assert (hwmap.hostname, hwmap.kernel, hwmap.cpu_model, hwmap.cpu_sockets, hwmap.memory_bytes) == (
-        "gpu-node-017", "5.15.0-105-generic", "AMD EPYC 7763 64-Core Processor", 2, 2113454080 * 1024)
+    assert (
+        hwmap.hostname,
+        hwmap.kernel,
+        hwmap.cpu_model,
+        hwmap.cpu_sockets,
+        hwmap.memory_bytes,
+    ) == (
+        "gpu-node-017",
+        "5.15.0-105-generic",
+        "AMD EPYC 7763 64-Core Processor",
+        2,
+        2113454080 * 1024,
+    )
     assert hwmap.gpus == (
-        GpuInfo(index=0, uuid=GPU0_UUID, serial="1654922001234", pci_bus_id="0000:04:00.0",
-                name="NVIDIA H100 80GB HBM3", driver_version="550.54.15", cuda_driver_version="12.4",
-                ecc_mode="enabled", numa_node=0),
-        GpuInfo(index=1, uuid=GPU1_UUID, serial="1654922005678", pci_bus_id="0000:81:00.0",
-                name="NVIDIA H100 80GB HBM3", driver_version="550.54.15", cuda_driver_version="12.4",
-                ecc_mode="enabled", numa_node=1, mig_uuids=(MIG_UUID,)),
+        GpuInfo(
+            index=0,
+            uuid=GPU0_UUID,
+            serial="1654922001234",
+            pci_bus_id="0000:04:00.0",
+            name="NVIDIA H100 80GB HBM3",
+            driver_version="550.54.15",
+            cuda_driver_version="12.4",
+            ecc_mode="enabled",
+            numa_node=0,
+        ),
+        GpuInfo(
+            index=1,
+            uuid=GPU1_UUID,
+            serial="1654922005678",
+            pci_bus_id="0000:81:00.0",
+            name="NVIDIA H100 80GB HBM3",
+            driver_version="550.54.15",
+            cuda_driver_version="12.4",
+            ecc_mode="enabled",
+            numa_node=1,
+            mig_uuids=(MIG_UUID,),
+        ),
     )
     assert hwmap.nics == IB_NICS
     assert hwmap.ib_ports == IB_PORTS
-    assert hwmap.gpu_nic_affinity == (GpuNic(GPU0_UUID, "ib0", Affinity.SAME_PCI_SWITCH),
-                                      GpuNic(GPU1_UUID, "eth1", Affinity.SAME_NUMA))
+    assert hwmap.gpu_nic_affinity == (
+        GpuNic(GPU0_UUID, "ib0", Affinity.SAME_PCI_SWITCH),
+        GpuNic(GPU1_UUID, "eth1", Affinity.SAME_NUMA),
+    )
     # the record survives the store's typed round trip
     assert store.record_from_obj(HardwareMap, store.record_to_obj(hwmap), source="test") == hwmap
 
 
 def test_time_budget_skips_the_remaining_parts_and_says_so():
     # every clock call advances 4 s: identity and CPU fit in 10 s, the rest does not
-    hwmap = collect.collect_hardware_map("n1", sysfs_root=GPU_IB / "sys", proc_root=GPU_IB / "proc",
-                                         nvml_loader=loader_of(FakeNvml(two_gpus())),
-                                         clock=StepClock(step=4.0), deadline_s=10.0)
+    hwmap = collect.collect_hardware_map(
+        "n1",
+        sysfs_root=GPU_IB / "sys",
+        proc_root=GPU_IB / "proc",
+        nvml_loader=loader_of(FakeNvml(two_gpus())),
+        clock=StepClock(step=4.0),
+        deadline_s=10.0,
+    )
     assert hwmap.hostname == "gpu-node-017" and hwmap.cpu_sockets == 2
     assert hwmap.gpus == () and hwmap.nvml_status == "not collected"
     skipped = [p.split(":")[0] for p in hwmap.problems]
-    assert skipped == ["skipped network interfaces", "skipped infiniband ports", "skipped gpus (nvml)",
-                       "skipped gpu-nic affinity"]
+    assert skipped == [
+        "skipped network interfaces",
+        "skipped infiniband ports",
+        "skipped gpus (nvml)",
+        "skipped gpu-nic affinity",
+    ]
     assert "over the time budget of 10 s" in hwmap.problems[0]
 
 
 # -------------------------------------------------------------------------------------------
 # Unreadable files: reported, never raised, never hung
 # -------------------------------------------------------------------------------------------
+
 
 def _in_thread(fn, timeout=10.0):
     box = {}
@@ -335,23 +514,30 @@ def test_unreadable_sysfs_files_become_problems(tmp_path):
     shutil.copytree(GPU_IB, tree, symlinks=True)
     eth0 = tree / "sys/devices/pci0000:00/0000:00:02.0/0000:05:00.0/net/eth0"
     (eth0 / "operstate").unlink()
-    os.mkfifo(eth0 / "operstate")                    # a reader that opened it blocking would hang
+    os.mkfifo(eth0 / "operstate")  # a reader that opened it blocking would hang
     (eth0 / "address").unlink()
-    (eth0 / "address").mkdir()                       # root can read anything; not a directory
-    rate = tree / "sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:00.0/0000:03:00.0/infiniband/mlx5_0/ports/1/rate"
+    (eth0 / "address").mkdir()  # root can read anything; not a directory
+    rate = (
+        tree
+        / "sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:00.0/0000:03:00.0/infiniband/mlx5_0/ports/1/rate"
+    )
     rate.unlink()
-    rate.symlink_to("nowhere")                       # dangling
+    rate.symlink_to("nowhere")  # dangling
     (tree / "proc/meminfo").unlink()
     os.mkfifo(tree / "proc/meminfo")
 
     nics, problems = _in_thread(lambda: sysfs.read_nics(tree / "sys"))
     eth = nics[0]
     assert (eth.name, eth.mac, eth.operstate, eth.speed_mbps) == ("eth0", "", "unknown", 10000)
-    assert problems == (f"{tree}/sys/class/net/eth0/address: not a regular file (directory)",
-                        f"{tree}/sys/class/net/eth0/operstate: not a regular file (FIFO)")
+    assert problems == (
+        f"{tree}/sys/class/net/eth0/address: not a regular file (directory)",
+        f"{tree}/sys/class/net/eth0/operstate: not a regular file (FIFO)",
+    )
     ports, problems = _in_thread(lambda: sysfs.read_ib_ports(tree / "sys"))
     assert ports[0].rate == "" and ports[0].state == "4: ACTIVE"
-    assert problems == (f"{tree}/sys/class/infiniband/mlx5_0/ports/1/rate: No such file or directory",)
+    assert problems == (
+        f"{tree}/sys/class/infiniband/mlx5_0/ports/1/rate: No such file or directory",
+    )
     model, sockets, memory, problems = _in_thread(lambda: sysfs.read_cpu_memory(tree / "proc"))
     assert (model, sockets, memory) == ("AMD EPYC 7763 64-Core Processor", 2, -1)
     assert problems == (f"{tree}/proc/meminfo: not a regular file (FIFO)",)
@@ -360,8 +546,12 @@ def test_unreadable_sysfs_files_become_problems(tmp_path):
 def test_missing_class_net_and_identity_are_problems(tmp_path):
     (tmp_path / "sys").mkdir()
     (tmp_path / "proc").mkdir()
-    hwmap = collect.collect_hardware_map("n1", sysfs_root=tmp_path / "sys", proc_root=tmp_path / "proc",
-                                         nvml_loader=loader_of(FakeNvml([])))
+    hwmap = collect.collect_hardware_map(
+        "n1",
+        sysfs_root=tmp_path / "sys",
+        proc_root=tmp_path / "proc",
+        nvml_loader=loader_of(FakeNvml([])),
+    )
     assert hwmap.nics == () and hwmap.hostname == ""
     assert f"{tmp_path}/sys/class/net: missing" in hwmap.problems
     assert f"{tmp_path}/proc/sys/kernel/random/boot_id: No such file or directory" in hwmap.problems
@@ -396,12 +586,16 @@ def test_cpuinfo_and_meminfo_parsers_never_raise(text):
 # NVML: broken, missing, empty
 # -------------------------------------------------------------------------------------------
 
+
 def test_broken_nvml_is_reported_in_problems():
-    fake = FakeNvml(two_gpus(), fail={
-        ("nvmlDeviceGetSerial", 1): pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST),
-        ("nvmlDeviceGetEccMode", 0): pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED),
-        ("nvmlDeviceGetName", 1): pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN),
-    })
+    fake = FakeNvml(
+        two_gpus(),
+        fail={
+            ("nvmlDeviceGetSerial", 1): pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST),
+            ("nvmlDeviceGetEccMode", 0): pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED),
+            ("nvmlDeviceGetName", 1): pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN),
+        },
+    )
     gpus, status, problems = nvml.read_gpus(loader_of(fake))
     assert [g.uuid for g in gpus] == [GPU0_UUID, GPU1_UUID]
     assert (gpus[0].ecc_mode, gpus[1].serial, gpus[1].name) == ("unknown", "", "")
@@ -415,31 +609,63 @@ def test_broken_nvml_is_reported_in_problems():
 
 
 def test_not_supported_alone_is_not_an_error():
-    fake = FakeNvml(two_gpus()[:1], fail={("nvmlDeviceGetSerial", 0): pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)})
+    fake = FakeNvml(
+        two_gpus()[:1],
+        fail={("nvmlDeviceGetSerial", 0): pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)},
+    )
     gpus, status, problems = nvml.read_gpus(loader_of(fake))
     assert status == "ok" and gpus[0].serial == ""
     assert problems == ("nvmlDeviceGetSerial(gpu 0): not supported",)
 
 
 def test_lost_gpu_handle_and_foreign_exceptions_are_errors():
-    fake = FakeNvml(two_gpus(), fail={("nvmlDeviceGetHandleByIndex", 0): pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST),
-                                      ("nvmlDeviceGetPciInfo", 1): RuntimeError("driver said no")})
+    fake = FakeNvml(
+        two_gpus(),
+        fail={
+            ("nvmlDeviceGetHandleByIndex", 0): pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST),
+            ("nvmlDeviceGetPciInfo", 1): RuntimeError("driver said no"),
+        },
+    )
     gpus, status, problems = nvml.read_gpus(loader_of(fake))
     assert [g.index for g in gpus] == [1] and gpus[0].pci_bus_id == ""
-    assert problems == ("nvmlDeviceGetHandleByIndex(gpu 0): GPU is lost",
-                        "nvmlDeviceGetPciInfo(gpu 1): RuntimeError: driver said no")
+    assert problems == (
+        "nvmlDeviceGetHandleByIndex(gpu 0): GPU is lost",
+        "nvmlDeviceGetPciInfo(gpu 1): RuntimeError: driver said no",
+    )
     assert status.startswith("error: 2 NVML call(s) failed")
 
 
-@pytest.mark.parametrize("loader, expected", [
-    (lambda: (_ for _ in ()).throw(ImportError("No module named 'pynvml'")), "no-library"),
-    (loader_of(FakeNvml(fail={("nvmlInit", None): pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)})), "no-library"),
-    (loader_of(FakeNvml([])), "no-gpu"),
-    (loader_of(FakeNvml(fail={("nvmlInit", None): pynvml.NVMLError(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)})),
-     "error: nvmlInit: Driver Not Loaded"),
-    (loader_of(FakeNvml(fail={("nvmlDeviceGetCount", None): pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)})),
-     "error: 1 NVML call(s) failed; first: nvmlDeviceGetCount(): Unknown Error"),
-])
+@pytest.mark.parametrize(
+    "loader, expected",
+    [
+        (lambda: (_ for _ in ()).throw(ImportError("No module named 'pynvml'")), "no-library"),
+        (
+            loader_of(
+                FakeNvml(
+                    fail={("nvmlInit", None): pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)}
+                )
+            ),
+            "no-library",
+        ),
+        (loader_of(FakeNvml([])), "no-gpu"),
+        (
+            loader_of(
+                FakeNvml(
+                    fail={("nvmlInit", None): pynvml.NVMLError(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)}
+                )
+            ),
+            "error: nvmlInit: Driver Not Loaded",
+        ),
+        (
+            loader_of(
+                FakeNvml(
+                    fail={("nvmlDeviceGetCount", None): pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)}
+                )
+            ),
+            "error: 1 NVML call(s) failed; first: nvmlDeviceGetCount(): Unknown Error",
+        ),
+    ],
+)
 def test_nvml_status(loader, expected):
     gpus, status, _ = nvml.read_gpus(loader)
     assert gpus == () and status == expected
@@ -455,33 +681,49 @@ def test_real_library_absent_here_is_no_library():
 # CUDA_VISIBLE_DEVICES
 # -------------------------------------------------------------------------------------------
 
+
 def _gpu(index, uuid, bus, migs=()):
-    return GpuInfo(index=index, uuid=uuid, serial=f"S{index}", pci_bus_id=bus, name="g", driver_version="",
-                   cuda_driver_version="", ecc_mode="enabled", numa_node=0, mig_uuids=migs)
+    return GpuInfo(
+        index=index,
+        uuid=uuid,
+        serial=f"S{index}",
+        pci_bus_id=bus,
+        name="g",
+        driver_version="",
+        cuda_driver_version="",
+        ecc_mode="enabled",
+        numa_node=0,
+        mig_uuids=migs,
+    )
 
 
 # NVML's index order is not PCI order here: CUDA_DEVICE_ORDER=PCI_BUS_ID counts by bus id
-MAP_GPUS = (_gpu(0, "GPU-cccc-0001", "0000:81:00.0"),
-            _gpu(1, "GPU-aaaa-0002", "0000:04:00.0", migs=("MIG-1111-aaaa", "MIG-2222-aaaa")),
-            _gpu(2, "GPU-aaab-0003", "0000:05:00.0"))
+MAP_GPUS = (
+    _gpu(0, "GPU-cccc-0001", "0000:81:00.0"),
+    _gpu(1, "GPU-aaaa-0002", "0000:04:00.0", migs=("MIG-1111-aaaa", "MIG-2222-aaaa")),
+    _gpu(2, "GPU-aaab-0003", "0000:05:00.0"),
+)
 
 
-@pytest.mark.parametrize("cvd, expected", [
-    ("0", ("GPU-aaaa-0002",)),
-    ("2,0", ("GPU-cccc-0001", "GPU-aaaa-0002")),
-    (" 1 , 2 ", ("GPU-aaab-0003", "GPU-cccc-0001")),
-    ("GPU-cccc-0001", ("GPU-cccc-0001",)),
-    ("GPU-cccc", ("GPU-cccc-0001",)),                    # unique prefix, as CUDA accepts
-    ("GPU-aaa,0", ()),                                  # ambiguous prefix: CUDA stops there
-    ("0,7,1", ("GPU-aaaa-0002",)),                       # stops at the first bad entry
-    ("0,-1,1", ("GPU-aaaa-0002",)),
-    ("MIG-2222-aaaa", ("GPU-aaaa-0002",)),               # MIG instance -> its GPU
-    ("MIG-GPU-aaaa-0002/1/0", ("GPU-aaaa-0002",)),       # pre-R470 MIG form
-    ("MIG-9999", ()),
-    ("0,0,GPU-aaaa-0002", ("GPU-aaaa-0002",)),
-    ("", ("GPU-aaaa-0002", "GPU-aaab-0003", "GPU-cccc-0001")),   # unset: all, in PCI order
-    ("NoDevFiles", ()),
-])
+@pytest.mark.parametrize(
+    "cvd, expected",
+    [
+        ("0", ("GPU-aaaa-0002",)),
+        ("2,0", ("GPU-cccc-0001", "GPU-aaaa-0002")),
+        (" 1 , 2 ", ("GPU-aaab-0003", "GPU-cccc-0001")),
+        ("GPU-cccc-0001", ("GPU-cccc-0001",)),
+        ("GPU-cccc", ("GPU-cccc-0001",)),  # unique prefix, as CUDA accepts
+        ("GPU-aaa,0", ()),  # ambiguous prefix: CUDA stops there
+        ("0,7,1", ("GPU-aaaa-0002",)),  # stops at the first bad entry
+        ("0,-1,1", ("GPU-aaaa-0002",)),
+        ("MIG-2222-aaaa", ("GPU-aaaa-0002",)),  # MIG instance -> its GPU
+        ("MIG-GPU-aaaa-0002/1/0", ("GPU-aaaa-0002",)),  # pre-R470 MIG form
+        ("MIG-9999", ()),
+        ("0,0,GPU-aaaa-0002", ("GPU-aaaa-0002",)),
+        ("", ("GPU-aaaa-0002", "GPU-aaab-0003", "GPU-cccc-0001")),  # unset: all, in PCI order
+        ("NoDevFiles", ()),
+    ],
+)
 def test_resolve_visible_uuids(cvd, expected):
     assert nvml.resolve_visible_uuids(cvd, MAP_GPUS) == expected
 
@@ -501,6 +743,7 @@ def test_resolve_returns_only_known_uuids_once(cvd):
 # The Prolog, in-process
 # -------------------------------------------------------------------------------------------
 
+
 @pytest.fixture(autouse=True)
 def _restore_logging():
     """prolog.main() configures logging onto the test's (soon closed) stderr: put it back."""
@@ -511,7 +754,7 @@ def _restore_logging():
 
 JOB_UID = 65534
 JOB_GID = pwd.getpwuid(JOB_UID).pw_gid
-SLURM_USER = "daemon"              # stands for SlurmUser: a system user every Debian has
+SLURM_USER = "daemon"  # stands for SlurmUser: a system user every Debian has
 SLURM_UID, SLURM_GID = pwd.getpwnam(SLURM_USER).pw_uid, pwd.getpwnam(SLURM_USER).pw_gid
 CLUSTER = "testc"
 
@@ -527,16 +770,27 @@ def hook_env(tmp_path, monkeypatch):
     conf = tmp_path / "scout.toml"
 
     def configure(*, evidence=root, fail_on_broken_gpu=False, time_budget_s=20.0):
-        conf.write_text(f'[evidence]\nroot = "{evidence}"\nslurm_user = "{SLURM_USER}"\n[prolog]\ntime_budget_s = {time_budget_s}\n'
-                        f"fail_on_broken_gpu = {'true' if fail_on_broken_gpu else 'false'}\n")
+        conf.write_text(
+            f'[evidence]\nroot = "{evidence}"\nslurm_user = "{SLURM_USER}"\n[prolog]\ntime_budget_s = {time_budget_s}\n'
+            f"fail_on_broken_gpu = {'true' if fail_on_broken_gpu else 'false'}\n"
+        )
+
     configure()
-    for k, v in {"SLURM_JOB_ID": "4242", "SLURM_JOB_UID": str(JOB_UID), "SLURM_JOB_USER": "nobody",
-                 "SLURMD_NODENAME": "n1", "SLURM_CLUSTER_NAME": CLUSTER, "SLURM_JOB_RESTART_COUNT": "0",
-                 "SLURM_SCRIPT_CONTEXT": "prolog_slurmd", "SCOUT_CONFIG": str(conf)}.items():
+    for k, v in {
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_UID": str(JOB_UID),
+        "SLURM_JOB_USER": "nobody",
+        "SLURMD_NODENAME": "n1",
+        "SLURM_CLUSTER_NAME": CLUSTER,
+        "SLURM_JOB_RESTART_COUNT": "0",
+        "SLURM_SCRIPT_CONTEXT": "prolog_slurmd",
+        "SCOUT_CONFIG": str(conf),
+    }.items():
         monkeypatch.setenv(k, v)
 
     class Env:
         pass
+
     env = Env()
     env.root, env.conf, env.configure = root, conf, configure
     env.folder = JobFolder(root, CLUSTER, 4242)
@@ -544,8 +798,11 @@ def hook_env(tmp_path, monkeypatch):
 
 
 def run_prolog(fake=None, tree=GPU_IB):
-    return prolog.main(sysfs_root=tree / "sys", proc_root=tree / "proc",
-                       nvml_loader=loader_of(fake if fake is not None else FakeNvml(two_gpus())))
+    return prolog.main(
+        sysfs_root=tree / "sys",
+        proc_root=tree / "proc",
+        nvml_loader=loader_of(fake if fake is not None else FakeNvml(two_gpus())),
+    )
 
 
 def owner_mode(path):
@@ -565,8 +822,14 @@ def test_prolog_writes_the_map_and_lays_out_the_folder(hook_env):
     for d in (f.cluster_dir, f.path, f.nodes_dir, f.node_dir("n1")):
         assert owner_mode(d) == (0, 0, 0o755, True), d
     # the job's folders: its uid, SlurmUser's group (setgid), so the controller Epilog reads them
-    for d in (f.run_dir(0), f.ranks_dir(0), f.progress_dir(0), f.findings_dir(0), f.stacks_dir(0),
-              f.checkpoints_dir):
+    for d in (
+        f.run_dir(0),
+        f.ranks_dir(0),
+        f.progress_dir(0),
+        f.findings_dir(0),
+        f.stacks_dir(0),
+        f.checkpoints_dir,
+    ):
         assert owner_mode(d) == (JOB_UID, SLURM_GID, 0o2750, True), d
     # SlurmUser's own: where the controller writes its verdict, and the cluster's pending incidents
     assert owner_mode(f.results_dir) == (SLURM_UID, SLURM_GID, 0o755, True)
@@ -581,7 +844,10 @@ def test_prolog_second_node_and_restart_share_the_folder(hook_env, monkeypatch):
     assert run_prolog(tree=VM) == 0
     f = hook_env.folder
     assert store.read_record(f.node_dir("n2") / prolog.MAP_NAME, HardwareMap).hostname == "vm"
-    assert store.read_record(f.node_dir("n1") / prolog.MAP_NAME, HardwareMap).hostname == "gpu-node-017"
+    assert (
+        store.read_record(f.node_dir("n1") / prolog.MAP_NAME, HardwareMap).hostname
+        == "gpu-node-017"
+    )
     assert owner_mode(f.run_dir(1)) == (JOB_UID, SLURM_GID, 0o2750, True)
     assert owner_mode(f.run_dir(0)) == (JOB_UID, SLURM_GID, 0o2750, True)
 
@@ -625,8 +891,8 @@ def test_prolog_refuses_a_run_folder_owned_by_someone_else(hook_env, capsys):
     run.mkdir(parents=True)
     os.chown(run, 12345, 12345)
     assert run_prolog() == 0
-    assert (hook_env.folder.node_dir("n1") / prolog.MAP_NAME).is_file()   # the map is still written
-    assert owner_mode(run)[:2] == (12345, 12345)                          # and nothing was taken over
+    assert (hook_env.folder.node_dir("n1") / prolog.MAP_NAME).is_file()  # the map is still written
+    assert owner_mode(run)[:2] == (12345, 12345)  # and nothing was taken over
     assert not (run / "ranks").exists()
     err = capsys.readouterr().err
     assert "prolog.job_folders_failed" in err and "owned by uid 12345, expected uid 65534" in err
@@ -648,7 +914,9 @@ def test_prolog_exit_0_when_the_config_is_unreadable(hook_env, monkeypatch, caps
     monkeypatch.setenv("SCOUT_CONFIG", str(hook_env.conf))
     assert run_prolog() == 0
     assert list(hook_env.root.iterdir()) == []
-    assert capsys.readouterr().err.count("prolog.config_refused") == 2   # safe defaults: observe only
+    assert (
+        capsys.readouterr().err.count("prolog.config_refused") == 2
+    )  # safe defaults: observe only
 
 
 def test_prolog_exit_0_without_slurm_environment(hook_env, monkeypatch, capsys):
@@ -660,15 +928,19 @@ def test_prolog_exit_0_without_slurm_environment(hook_env, monkeypatch, capsys):
 def test_prolog_exit_0_when_the_evidence_root_is_missing(hook_env, capsys):
     hook_env.configure(evidence=hook_env.root / "not-mounted")
     assert run_prolog() == 0
-    assert not (hook_env.root / "not-mounted").exists()     # no local stand-in for shared storage
+    assert not (hook_env.root / "not-mounted").exists()  # no local stand-in for shared storage
     assert "does not exist: create it on storage every node sees" in capsys.readouterr().err
 
 
 def test_prolog_exit_0_on_a_full_disk(hook_env, tmp_path, capsys):
     mnt = tmp_path / "full"
     mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
-                          capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     if proc.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
     try:
@@ -690,19 +962,33 @@ def test_prolog_exit_0_on_a_full_disk(hook_env, tmp_path, capsys):
 
 
 def _broken_gpu():
-    return FakeNvml(two_gpus(), fail={("nvmlDeviceGetSerial", 1): pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)})
+    return FakeNvml(
+        two_gpus(),
+        fail={("nvmlDeviceGetSerial", 1): pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)},
+    )
 
 
-@pytest.mark.parametrize("fail_on_broken_gpu, fake, expected", [
-    (True, "broken", 1),
-    (False, "broken", 0),
-    (True, "healthy", 0),
-    (True, "no-library", 0),
-    (True, "no-gpu", 0),
-])
-def test_prolog_exit_1_only_for_a_broken_gpu_when_asked(hook_env, capsys, fail_on_broken_gpu, fake, expected):
-    fakes = {"broken": _broken_gpu(), "healthy": FakeNvml(two_gpus()), "no-gpu": FakeNvml([]),
-             "no-library": FakeNvml(fail={("nvmlInit", None): pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)})}
+@pytest.mark.parametrize(
+    "fail_on_broken_gpu, fake, expected",
+    [
+        (True, "broken", 1),
+        (False, "broken", 0),
+        (True, "healthy", 0),
+        (True, "no-library", 0),
+        (True, "no-gpu", 0),
+    ],
+)
+def test_prolog_exit_1_only_for_a_broken_gpu_when_asked(
+    hook_env, capsys, fail_on_broken_gpu, fake, expected
+):
+    fakes = {
+        "broken": _broken_gpu(),
+        "healthy": FakeNvml(two_gpus()),
+        "no-gpu": FakeNvml([]),
+        "no-library": FakeNvml(
+            fail={("nvmlInit", None): pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)}
+        ),
+    }
     hook_env.configure(fail_on_broken_gpu=fail_on_broken_gpu)
     assert run_prolog(fakes[fake]) == expected
     hwmap = store.read_record(hook_env.folder.node_dir("n1") / prolog.MAP_NAME, HardwareMap)
@@ -720,16 +1006,24 @@ def test_prolog_time_budget_writes_what_it_has(hook_env, capsys):
     assert time.monotonic() - t0 < 2.5
     hwmap = store.read_record(hook_env.folder.node_dir("n1") / prolog.MAP_NAME, HardwareMap)
     assert hwmap.nics == IB_NICS and hwmap.gpus == () and hwmap.nvml_status == "interrupted"
-    assert any(p.startswith("timed out after") and p.endswith("while collecting gpus (nvml)")
-               for p in hwmap.problems)
+    assert any(
+        p.startswith("timed out after") and p.endswith("while collecting gpus (nvml)")
+        for p in hwmap.problems
+    )
     assert "prolog.collect_timeout" in capsys.readouterr().err
 
 
 def test_prolog_module_runs_as_slurm_runs_it(hook_env):
     """`python -m scout_slurm.hooks.prolog`: the real /sys, /proc and NVML of this machine."""
     env = {k: v for k, v in os.environ.items()}
-    proc = subprocess.run([sys.executable, "-m", "scout_slurm.hooks.prolog"], env=env, cwd="/",
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "scout_slurm.hooks.prolog"],
+        env=env,
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     hwmap = store.read_record(hook_env.folder.node_dir("n1") / prolog.MAP_NAME, HardwareMap)
     assert hwmap.node == "n1" and hwmap.boot_id == sysfs.read_identity(Path("/proc"))[1]
@@ -739,19 +1033,27 @@ def test_prolog_module_runs_as_slurm_runs_it(hook_env):
 # Each rank joins its node's map
 # -------------------------------------------------------------------------------------------
 
+
 def _constructed_map():
-    return collect.collect_hardware_map("n1", sysfs_root=GPU_IB / "sys", proc_root=GPU_IB / "proc",
-                                        nvml_loader=loader_of(FakeNvml(two_gpus())))
+    return collect.collect_hardware_map(
+        "n1",
+        sysfs_root=GPU_IB / "sys",
+        proc_root=GPU_IB / "proc",
+        nvml_loader=loader_of(FakeNvml(two_gpus())),
+    )
 
 
-@pytest.mark.parametrize("cvd, local_rank, gpus, nic", [
-    ("0", 0, (GPU0_UUID,), "ib0"),                 # bus 04 is first in PCI order; behind ib0's switch
-    ("1", 0, (GPU1_UUID,), "eth1"),
-    ("0,1", 1, (GPU1_UUID,), "eth1"),              # several visible: the one at LOCAL_RANK
-    ("", 2, (GPU0_UUID,), "ib0"),                  # unset: all visible, local rank 2 wraps to 0
-    (MIG_UUID, 0, (GPU1_UUID,), "eth1"),
-    ("7", 0, (), "ib0"),                           # nothing resolved: the first InfiniBand NIC up
-])
+@pytest.mark.parametrize(
+    "cvd, local_rank, gpus, nic",
+    [
+        ("0", 0, (GPU0_UUID,), "ib0"),  # bus 04 is first in PCI order; behind ib0's switch
+        ("1", 0, (GPU1_UUID,), "eth1"),
+        ("0,1", 1, (GPU1_UUID,), "eth1"),  # several visible: the one at LOCAL_RANK
+        ("", 2, (GPU0_UUID,), "ib0"),  # unset: all visible, local rank 2 wraps to 0
+        (MIG_UUID, 0, (GPU1_UUID,), "eth1"),
+        ("7", 0, (), "ib0"),  # nothing resolved: the first InfiniBand NIC up
+    ],
+)
 def test_join_with_map(cvd, local_rank, gpus, nic):
     place = replace(_place(0, "n1", []), cuda_visible_devices=cvd, local_rank=local_rank, nic="")
     joined = join.join_with_map(place, _constructed_map())
@@ -759,8 +1061,9 @@ def test_join_with_map(cvd, local_rank, gpus, nic):
 
 
 def test_join_keeps_a_nic_the_rank_already_named_and_falls_back_to_ethernet():
-    vm = collect.collect_hardware_map("n1", sysfs_root=VM / "sys", proc_root=VM / "proc",
-                                      nvml_loader=loader_of(FakeNvml([])))
+    vm = collect.collect_hardware_map(
+        "n1", sysfs_root=VM / "sys", proc_root=VM / "proc", nvml_loader=loader_of(FakeNvml([]))
+    )
     place = replace(_place(0, "n1", []), nic="")
     assert join.join_with_map(place, vm).nic == "eth0"
     assert join.join_with_map(replace(place, nic="bond0"), vm).nic == "bond0"
@@ -779,28 +1082,65 @@ def test_join_place_reads_the_prologs_map(hook_env):
 # The rank-to-hardware table
 # -------------------------------------------------------------------------------------------
 
+
 def _place(rank, node, uuids, nic="ib0", local_rank=None, hostname=None):
-    return RankPlace(job_id=4242, restart=0, rank=rank, local_rank=rank % 2 if local_rank is None else local_rank,
-                     world_size=4, node=node, hostname=hostname if hostname is not None else f"{node}.cl",
-                     task_pid=100 + rank, child_pid=200 + rank, gpu_uuids=tuple(uuids), cuda_visible_devices="",
-                     nic=nic, master_addr="10.0.0.1", master_port=29500, started_at=1.0)
+    return RankPlace(
+        job_id=4242,
+        restart=0,
+        rank=rank,
+        local_rank=rank % 2 if local_rank is None else local_rank,
+        world_size=4,
+        node=node,
+        hostname=hostname if hostname is not None else f"{node}.cl",
+        task_pid=100 + rank,
+        child_pid=200 + rank,
+        gpu_uuids=tuple(uuids),
+        cuda_visible_devices="",
+        nic=nic,
+        master_addr="10.0.0.1",
+        master_port=29500,
+        started_at=1.0,
+    )
 
 
 def _map(node, gpus):
-    return HardwareMap(node=node, hostname=f"{node}-host", boot_id="b", kernel="k", cpu_model="c", cpu_sockets=1,
-                       memory_bytes=1, gpus=tuple(gpus), nics=(), ib_ports=(), gpu_nic_affinity=(),
-                       nvml_status="ok", problems=(), collected_at=0.0, duration_s=0.0)
+    return HardwareMap(
+        node=node,
+        hostname=f"{node}-host",
+        boot_id="b",
+        kernel="k",
+        cpu_model="c",
+        cpu_sockets=1,
+        memory_bytes=1,
+        gpus=tuple(gpus),
+        nics=(),
+        ib_ports=(),
+        gpu_nic_affinity=(),
+        nvml_status="ok",
+        problems=(),
+        collected_at=0.0,
+        duration_s=0.0,
+    )
 
 
 def test_rank_map_rows_join_serials_by_uuid():
-    maps = {"n1": _map("n1", [_gpu(0, "GPU-a", "0000:04:00.0"), _gpu(1, "GPU-b", "0000:05:00.0")]),
-            "n2": _map("n2", [_gpu(0, "GPU-c", "0000:04:00.0")])}
-    places = [_place(3, "n3", ["GPU-x"]), _place(1, "n1", ["GPU-b"]), _place(0, "n1", ["GPU-a"]),
-              _place(2, "n2", ["GPU-c", "GPU-zz"], nic="", hostname=""), _place(1, "n9", ["GPU-q"])]
+    maps = {
+        "n1": _map("n1", [_gpu(0, "GPU-a", "0000:04:00.0"), _gpu(1, "GPU-b", "0000:05:00.0")]),
+        "n2": _map("n2", [_gpu(0, "GPU-c", "0000:04:00.0")]),
+    }
+    places = [
+        _place(3, "n3", ["GPU-x"]),
+        _place(1, "n1", ["GPU-b"]),
+        _place(0, "n1", ["GPU-a"]),
+        _place(2, "n2", ["GPU-c", "GPU-zz"], nic="", hostname=""),
+        _place(1, "n9", ["GPU-q"]),
+    ]
     assert rank_map_rows(places, maps) == [
         RankMapRow(0, 0, "n1", "n1.cl", ("GPU-a",), ("S0",), "ib0"),
-        RankMapRow(1, 1, "n1", "n1.cl", ("GPU-b",), ("S1",), "ib0"),                # first place of rank 1 kept
-        RankMapRow(2, 0, "n2", "n2-host", ("GPU-c", "GPU-zz"), ("S0", "?"), ""),    # hostname from the map
+        RankMapRow(1, 1, "n1", "n1.cl", ("GPU-b",), ("S1",), "ib0"),  # first place of rank 1 kept
+        RankMapRow(
+            2, 0, "n2", "n2-host", ("GPU-c", "GPU-zz"), ("S0", "?"), ""
+        ),  # hostname from the map
         RankMapRow(3, 1, "n3", "n3.cl", ("GPU-x",), ("?",), "ib0", map_missing=True),
     ]
 
@@ -808,16 +1148,20 @@ def test_rank_map_rows_join_serials_by_uuid():
 def test_rank_map_rows_cpu_only_and_empty():
     assert rank_map_rows([], {}) == []
     assert rank_map_rows([_place(0, "n1", [], nic="eth0")], {"n1": _map("n1", [])}) == [
-        RankMapRow(0, 0, "n1", "n1.cl", (), (), "eth0")]
+        RankMapRow(0, 0, "n1", "n1.cl", (), (), "eth0")
+    ]
 
 
 def test_render_rank_map_table_exact():
-    rows = [RankMapRow(0, 0, "n1", "host-a", ("GPU-a",), ("S0",), "ib0"),
-            RankMapRow(1, 1, "n10", "", ("GPU-b", "GPU-c"), ("S1", "?"), ""),
-            RankMapRow(12, 0, "n3", "host-c", (), (), "eth0", map_missing=True)]
+    rows = [
+        RankMapRow(0, 0, "n1", "host-a", ("GPU-a",), ("S0",), "ib0"),
+        RankMapRow(1, 1, "n10", "", ("GPU-b", "GPU-c"), ("S1", "?"), ""),
+        RankMapRow(12, 0, "n3", "host-c", (), (), "eth0", map_missing=True),
+    ]
     assert render_rank_map_table(rows) == (
         "RANK  LOCAL  NODE         HOSTNAME  GPU UUID     GPU SERIAL  NIC\n"
         "0     0      n1           host-a    GPU-a        S0          ib0\n"
         "1     1      n10          ?         GPU-b,GPU-c  S1,?        -\n"
-        "12    0      n3 (no map)  host-c    -            -           eth0\n")
+        "12    0      n3 (no map)  host-c    -            -           eth0\n"
+    )
     assert render_rank_map_table([]) == "no ranks recorded\n"

@@ -50,10 +50,19 @@ NOT_PURE = {
 
 # Importing any of these (or a module below them) from the pure core is a violation.
 RIM = (
-    "scout_slurm.evidence.store", "scout_slurm.evidence.safeio", "scout_slurm.evidence.gather",
-    "scout_slurm.evidence.digest", "scout_slurm.evidence.checkfiles",
-    "scout_slurm.slurm.door", "scout_slurm.slurm.ops", "scout_slurm.hooks", "scout_slurm.task",
-    "scout_slurm.launcher", "scout_slurm.lab", "scout_slurm.acceptance", "scout_slurm.inject",
+    "scout_slurm.evidence.store",
+    "scout_slurm.evidence.safeio",
+    "scout_slurm.evidence.gather",
+    "scout_slurm.evidence.digest",
+    "scout_slurm.evidence.checkfiles",
+    "scout_slurm.slurm.door",
+    "scout_slurm.slurm.ops",
+    "scout_slurm.hooks",
+    "scout_slurm.task",
+    "scout_slurm.launcher",
+    "scout_slurm.lab",
+    "scout_slurm.acceptance",
+    "scout_slurm.inject",
     "scout_slurm.cli",
 )
 FORBIDDEN_EXTERNAL = ("subprocess", "torch.distributed", "pynvml")
@@ -61,8 +70,11 @@ ENV_ATTRS = frozenset({"environ", "environb", "getenv", "getenvb", "putenv", "un
 
 
 def pure_modules() -> list[str]:
-    localise = sorted(f"scout_slurm.localise.{p.stem}" for p in (PACKAGE_DIR / "localise").glob("*.py")
-                      if p.stem != "__init__")
+    localise = sorted(
+        f"scout_slurm.localise.{p.stem}"
+        for p in (PACKAGE_DIR / "localise").glob("*.py")
+        if p.stem != "__init__"
+    )
     return localise + sorted(PURE_NAMED)
 
 
@@ -70,19 +82,22 @@ def pure_modules() -> list[str]:
 # The checker
 # --------------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Violation:
     path: str
     line: int
     what: str
-    via: tuple[str, ...] = ()   # the pure module, then the modules that led here
+    via: tuple[str, ...] = ()  # the pure module, then the modules that led here
 
     def __str__(self) -> str:
         chain = f" (reached from {' -> '.join(self.via)})" if len(self.via) > 1 else ""
         return f"{self.path}:{self.line}: {self.what}{chain}"
 
 
-Sources = Callable[[str], "tuple[str, str, bool] | None"]   # module -> (shown path, text, is package)
+Sources = Callable[
+    [str], "tuple[str, str, bool] | None"
+]  # module -> (shown path, text, is package)
 
 
 def package_sources(extra: dict[str, tuple[str, str]] | None = None) -> Sources:
@@ -104,6 +119,7 @@ def package_sources(extra: dict[str, tuple[str, str]] | None = None) -> Sources:
             if path.is_file():
                 return str(path.relative_to(PACKAGE_DIR.parent)), path.read_text(), is_pkg
         return None
+
     return get
 
 
@@ -114,14 +130,18 @@ def _within(name: str, prefixes: Iterable[str]) -> str | None:
     return None
 
 
-def _imports(tree: ast.Module, module: str, is_pkg: bool, sources: Sources, *,
-             function_level: bool) -> list[tuple[int, str]]:
+def _imports(
+    tree: ast.Module, module: str, is_pkg: bool, sources: Sources, *, function_level: bool
+) -> list[tuple[int, str]]:
     """(line, module name) of each import; `from a import b` gives a.b when that is a module."""
     out: list[tuple[int, str]] = []
 
     def visit(node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and not function_level:
+            if (
+                isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+                and not function_level
+            ):
                 continue
             if isinstance(child, ast.Import):
                 out.extend((child.lineno, a.name) for a in child.names)
@@ -133,9 +153,17 @@ def _imports(tree: ast.Module, module: str, is_pkg: bool, sources: Sources, *,
                     base = ".".join(parts[:keep] + ([base] if base else []))
                 for a in child.names:
                     sub = f"{base}.{a.name}"
-                    out.append((child.lineno, sub if a.name != "*" and (
-                        sources(sub) is not None or _within(sub, FORBIDDEN_EXTERNAL)) else base))
+                    out.append(
+                        (
+                            child.lineno,
+                            sub
+                            if a.name != "*"
+                            and (sources(sub) is not None or _within(sub, FORBIDDEN_EXTERNAL))
+                            else base,
+                        )
+                    )
             visit(child)
+
     visit(tree)
     return out
 
@@ -148,11 +176,19 @@ def _env_uses(tree: ast.Module) -> list[tuple[int, str]]:
             os_names |= {a.asname for a in node.names if a.name == "os" and a.asname}
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and node.attr in ENV_ATTRS and \
-                isinstance(node.value, ast.Name) and node.value.id in os_names:
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr in ENV_ATTRS
+            and isinstance(node.value, ast.Name)
+            and node.value.id in os_names
+        ):
             found.append((node.lineno, f"reads the environment (os.{node.attr})"))
-        elif isinstance(node, ast.Attribute) and node.attr == "distributed" and \
-                isinstance(node.value, ast.Name) and node.value.id == "torch":
+        elif (
+            isinstance(node, ast.Attribute)
+            and node.attr == "distributed"
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "torch"
+        ):
             found.append((node.lineno, "uses torch.distributed (forbidden in the pure core)"))
         elif isinstance(node, ast.ImportFrom) and node.module == "os":
             for a in node.names:
@@ -161,7 +197,9 @@ def _env_uses(tree: ast.Module) -> list[tuple[int, str]]:
     return found
 
 
-def check(pure: Iterable[str], sources: Sources, *, also_pure: Iterable[str] = ()) -> list[Violation]:
+def check(
+    pure: Iterable[str], sources: Sources, *, also_pure: Iterable[str] = ()
+) -> list[Violation]:
     """Every violation of the pure modules `pure`, each once, by path and line. `also_pure`:
     modules that count as pure when reached (checked by the same rules then) without being
     walked from."""
@@ -179,8 +217,10 @@ def check(pure: Iterable[str], sources: Sources, *, also_pure: Iterable[str] = (
     for root in pure:
         found = sources(root)
         if found is None:
-            raise AssertionError(f"pure module {root} has no source under {PACKAGE_DIR}: "
-                                 "fix the list in tests/unit/test_import_boundaries.py")
+            raise AssertionError(
+                f"pure module {root} has no source under {PACKAGE_DIR}: "
+                "fix the list in tests/unit/test_import_boundaries.py"
+            )
         todo = [(root, (root,))]
         visited: set[str] = set()
         while todo:
@@ -200,7 +240,14 @@ def check(pure: Iterable[str], sources: Sources, *, also_pure: Iterable[str] = (
             for line, name in _imports(tree, module, is_pkg, sources, function_level=is_pure):
                 external = _within(name, FORBIDDEN_EXTERNAL)
                 if external:
-                    add(Violation(shown, line, f"imports {name} (forbidden in the pure core: {external})", via))
+                    add(
+                        Violation(
+                            shown,
+                            line,
+                            f"imports {name} (forbidden in the pure core: {external})",
+                            via,
+                        )
+                    )
                     continue
                 rim = _within(name, RIM)
                 if rim and name not in pure_set:
@@ -218,6 +265,7 @@ def check(pure: Iterable[str], sources: Sources, *, also_pure: Iterable[str] = (
 # --------------------------------------------------------------------------------------------
 # The core as it is
 # --------------------------------------------------------------------------------------------
+
 
 def test_the_pure_core_imports_no_rim_no_environment_no_subprocess():
     violations = check(pure_modules(), package_sources())
@@ -246,26 +294,54 @@ def planted(text: str, **more: str) -> list[str]:
 
 
 def test_a_clean_planted_module_passes():
-    assert planted("import re\nfrom scout_slurm.evidence.records import Verdict\n"
-                   "from scout_slurm.localise import verdict\nfrom scout_slurm.remediation import plan\n") == []
+    assert (
+        planted(
+            "import re\nfrom scout_slurm.evidence.records import Verdict\n"
+            "from scout_slurm.localise import verdict\nfrom scout_slurm.remediation import plan\n"
+        )
+        == []
+    )
 
 
-@pytest.mark.parametrize("text, line, words", [
-    ("import json\nimport subprocess\n", 2, "imports subprocess"),
-    ("def f():\n    import subprocess\n    return subprocess.run\n", 2, "imports subprocess"),
-    ("import torch.distributed as dist\n", 1, "imports torch.distributed"),
-    ("from torch import distributed\n", 1, "imports torch.distributed"),
-    ("import pynvml\n", 1, "imports pynvml"),
-    ("import torch\n\ndef f():\n    return torch.distributed.get_rank()\n", 4, "uses torch.distributed"),
-    ("import os\n\nLEVEL = os.environ.get('X')\n", 3, "reads the environment (os.environ)"),
-    ("import os as o\ndef f():\n    return o.getenv('X')\n", 3, "reads the environment (os.getenv)"),
-    ("from os import environ\n", 1, "reads the environment (from os import environ)"),
-    ("from scout_slurm.evidence import store\n", 1, "imports scout_slurm.evidence.store (the rim"),
-    ("from scout_slurm.evidence.safeio import read_at\n", 1, "imports scout_slurm.evidence.safeio (the rim"),
-    ("def f():\n    from scout_slurm.hooks.controller import run\n", 2, "imports scout_slurm.hooks.controller"),
-    ("from ..slurm import door\n", 1, "imports scout_slurm.slurm.door (the rim"),
-    ("import scout_slurm.cli\n", 1, "imports scout_slurm.cli (the rim"),
-])
+@pytest.mark.parametrize(
+    "text, line, words",
+    [
+        ("import json\nimport subprocess\n", 2, "imports subprocess"),
+        ("def f():\n    import subprocess\n    return subprocess.run\n", 2, "imports subprocess"),
+        ("import torch.distributed as dist\n", 1, "imports torch.distributed"),
+        ("from torch import distributed\n", 1, "imports torch.distributed"),
+        ("import pynvml\n", 1, "imports pynvml"),
+        (
+            "import torch\n\ndef f():\n    return torch.distributed.get_rank()\n",
+            4,
+            "uses torch.distributed",
+        ),
+        ("import os\n\nLEVEL = os.environ.get('X')\n", 3, "reads the environment (os.environ)"),
+        (
+            "import os as o\ndef f():\n    return o.getenv('X')\n",
+            3,
+            "reads the environment (os.getenv)",
+        ),
+        ("from os import environ\n", 1, "reads the environment (from os import environ)"),
+        (
+            "from scout_slurm.evidence import store\n",
+            1,
+            "imports scout_slurm.evidence.store (the rim",
+        ),
+        (
+            "from scout_slurm.evidence.safeio import read_at\n",
+            1,
+            "imports scout_slurm.evidence.safeio (the rim",
+        ),
+        (
+            "def f():\n    from scout_slurm.hooks.controller import run\n",
+            2,
+            "imports scout_slurm.hooks.controller",
+        ),
+        ("from ..slurm import door\n", 1, "imports scout_slurm.slurm.door (the rim"),
+        ("import scout_slurm.cli\n", 1, "imports scout_slurm.cli (the rim"),
+    ],
+)
 def test_a_planted_violation_is_reported_by_module_and_line(text, line, words):
     found = planted(text)
     assert len(found) == 1, found
@@ -274,11 +350,15 @@ def test_a_planted_violation_is_reported_by_module_and_line(text, line, words):
 
 def test_a_violation_reached_through_another_module_names_the_chain():
     helper = "scout_slurm.planted_helper"
-    found = planted("from scout_slurm.planted_helper import thing\n",
-                    **{helper: "import re\nimport pynvml\n\ndef thing():\n    import subprocess\n"})
+    found = planted(
+        "from scout_slurm.planted_helper import thing\n",
+        **{helper: "import re\nimport pynvml\n\ndef thing():\n    import subprocess\n"},
+    )
     # pynvml runs on import; the function-level subprocess does not, and is not the pure module's
-    assert found == [f"scout_slurm/planted_helper.py:2: imports pynvml (forbidden in the pure core: pynvml) "
-                     f"(reached from {PLANTED} -> {helper})"]
+    assert found == [
+        f"scout_slurm/planted_helper.py:2: imports pynvml (forbidden in the pure core: pynvml) "
+        f"(reached from {PLANTED} -> {helper})"
+    ]
 
 
 def test_the_real_rim_reached_through_a_real_module_is_found():
@@ -287,7 +367,7 @@ def test_the_real_rim_reached_through_a_real_module_is_found():
     assert any("scout_slurm/hwmap/join.py" in v and "evidence.store" in v for v in found), found
 
 
-if __name__ == "__main__":   # a report of the whole core, for a person
+if __name__ == "__main__":  # a report of the whole core, for a person
     for v in check(pure_modules(), package_sources()):
         print(v)
     sys.exit(0)

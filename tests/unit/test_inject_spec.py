@@ -10,16 +10,19 @@ from scout_slurm.errors import ConfigError
 from scout_slurm.inject.spec import KINDS, PROCESS_FAULTS, FaultSpec, parse_fault
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("sleep,rank=1,step=5", FaultSpec("sleep", 1, 5)),
-    ("stop", FaultSpec("stop", None, 1)),
-    ("exit,rank=all,step=2,code=7", FaultSpec("exit", None, 2, code=7)),
-    ("spin,rank=3,step=4,seconds=2.5", FaultSpec("spin", 3, 4, seconds=2.5)),
-    ("sigkill,rank=0,step=3,restart=any", FaultSpec("sigkill", 0, 3, restart=None)),
-    ("segv,rank=2,restart=1", FaultSpec("segv", 2, 1, restart=1)),
-    (" skip_allreduce , rank = 1 , step = 9 ", FaultSpec("skip_allreduce", 1, 9)),
-    ("raise,rank=1,step=5,", FaultSpec("raise", 1, 5)),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("sleep,rank=1,step=5", FaultSpec("sleep", 1, 5)),
+        ("stop", FaultSpec("stop", None, 1)),
+        ("exit,rank=all,step=2,code=7", FaultSpec("exit", None, 2, code=7)),
+        ("spin,rank=3,step=4,seconds=2.5", FaultSpec("spin", 3, 4, seconds=2.5)),
+        ("sigkill,rank=0,step=3,restart=any", FaultSpec("sigkill", 0, 3, restart=None)),
+        ("segv,rank=2,restart=1", FaultSpec("segv", 2, 1, restart=1)),
+        (" skip_allreduce , rank = 1 , step = 9 ", FaultSpec("skip_allreduce", 1, 9)),
+        ("raise,rank=1,step=5,", FaultSpec("raise", 1, 5)),
+    ],
+)
 def test_parse(text, expected):
     assert parse_fault(text) == expected
 
@@ -34,21 +37,27 @@ def test_every_process_fault_kind_parses(kind):
     assert parse_fault(f"{kind},rank=1,step=2").kind == kind
 
 
-@pytest.mark.parametrize("text,reason", [
-    ("", "empty"),
-    (" , ", "empty"),
-    ("explode,rank=1", "unknown fault kind 'explode'; valid: sleep, spin"),
-    ("rank=1,sleep", "unknown fault kind"),
-    ("sleep,rank", "'rank' is not key=value"),
-    ("sleep,when=3", r"unknown key\(s\) \['when'\]; valid: .*rank, restart, seconds, sigma, step"),
-    ("sleep,rank=one", "SCOUT_INJECT='sleep,rank=one'"),
-    ("sleep,step=2.5", "invalid literal"),
-    ("sleep,seconds=soon", "could not convert"),
-    ("exit,code=x", "invalid literal"),
-    ("sleep,restart=first", "invalid literal"),
-    ("sleep,step=0", "step must be >= 1"),
-    ("sleep,step=-3", "step must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "text,reason",
+    [
+        ("", "empty"),
+        (" , ", "empty"),
+        ("explode,rank=1", "unknown fault kind 'explode'; valid: sleep, spin"),
+        ("rank=1,sleep", "unknown fault kind"),
+        ("sleep,rank", "'rank' is not key=value"),
+        (
+            "sleep,when=3",
+            r"unknown key\(s\) \['when'\]; valid: .*rank, restart, seconds, sigma, step",
+        ),
+        ("sleep,rank=one", "SCOUT_INJECT='sleep,rank=one'"),
+        ("sleep,step=2.5", "invalid literal"),
+        ("sleep,seconds=soon", "could not convert"),
+        ("exit,code=x", "invalid literal"),
+        ("sleep,restart=first", "invalid literal"),
+        ("sleep,step=0", "step must be >= 1"),
+        ("sleep,step=-3", "step must be >= 1"),
+    ],
+)
 def test_bad_spec_is_refused_with_the_reason(text, reason):
     with pytest.raises(ConfigError, match=reason):
         parse_fault(text)
@@ -60,7 +69,7 @@ def test_applies_to_one_rank_at_one_step_of_the_first_run():
     assert not spec.applies(rank=0, step=5, restart=0)
     assert not spec.applies(rank=1, step=4, restart=0)
     assert not spec.applies(rank=1, step=6, restart=0)
-    assert not spec.applies(rank=1, step=5, restart=1)      # the rerun after requeue is clean
+    assert not spec.applies(rank=1, step=5, restart=1)  # the rerun after requeue is clean
 
 
 def test_rank_all_applies_to_every_rank():
@@ -78,11 +87,18 @@ def test_restart_n_applies_to_that_run_only():
     assert [n for n in range(5) if spec.applies(rank=0, step=1, restart=n)] == [2]
 
 
-@given(kind=st.sampled_from(PROCESS_FAULTS), rank=st.one_of(st.none(), st.integers(0, 4096)),
-       step=st.integers(1, 10**6), code=st.integers(0, 255), restart=st.one_of(st.none(), st.integers(0, 99)))
+@given(
+    kind=st.sampled_from(PROCESS_FAULTS),
+    rank=st.one_of(st.none(), st.integers(0, 4096)),
+    step=st.integers(1, 10**6),
+    code=st.integers(0, 255),
+    restart=st.one_of(st.none(), st.integers(0, 99)),
+)
 def test_written_spec_parses_back(kind, rank, step, code, restart):
-    text = (f"{kind},rank={'all' if rank is None else rank},step={step},code={code},"
-            f"restart={'any' if restart is None else restart}")
+    text = (
+        f"{kind},rank={'all' if rank is None else rank},step={step},code={code},"
+        f"restart={'any' if restart is None else restart}"
+    )
     assert parse_fault(text) == FaultSpec(kind, rank, step, code=code, restart=restart)
 
 
@@ -97,6 +113,13 @@ def test_any_text_parses_or_is_refused_as_config_error(text):
 
 def test_an_update_fault_takes_a_numerical_kind_and_is_not_a_layer_fault():
     f = parse_fault("bitflip,bit=12,rank=1,step=3,target=update,every=1,transient=1")
-    assert (f.target, f.bit, f.rank, f.every, f.transient, f.is_compute) == ("update", 12, 1, 1, True, False)
+    assert (f.target, f.bit, f.rank, f.every, f.transient, f.is_compute) == (
+        "update",
+        12,
+        1,
+        1,
+        True,
+        False,
+    )
     with pytest.raises(ConfigError, match="target update takes a numerical kind"):
         parse_fault("sleep,target=update")

@@ -16,41 +16,45 @@ def shim(*command: str) -> list[str]:
     return [PY, "-m", "scout_slurm.task.shim", "--", *command]
 
 
-@pytest.mark.parametrize("options", [
-    ["--ntasks=4"],
-    ["--nodes=2", "--ntasks-per-node=2", "--gres=gpu:1"],
-    ["--ntasks-per-node", "2"],
-    ["--job-name", "x"],
-    ["--export", "ALL"],
-    ["--export", "ALL,NCCL_DEBUG=INFO"],
-    ["--cpu-bind", "none", "--mem", "4G"],
-    ["--time", "10:00", "--partition", "debug"],
-    ["--threads", "4"],
-    ["--accel-bind", "g"],
-    ["--msg-timeout", "30"],
-    ["--priority", "10"],
-    ["--profile", "none"],
-    ["--exclusive"],
-    ["--kill-on-bad-exit=1"],
-    ["--kill-on-bad-exit"],
-    ["--exclusive=user"],
-    ["--bcast"],
-    ["--compress"],
-    ["--nice"],
-    ["--nice=5"],
-    ["--propagate"],
-    ["--propagate=STACK"],
-    ["-l"],
-    ["-N2"],
-    ["-N", "2"],
-    ["-n", "8", "-c", "4"],
-    ["-lN", "2"],
-    ["-lN2"],
-    ["-lu"],
-    ["-F", "nodes.txt"],
-    ["-w", "n[1-2]", "-x", "n3"],
-    ["--overlap", "-K", "--unbuffered", "--label"],
-], ids=lambda o: " ".join(o))
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["--ntasks=4"],
+        ["--nodes=2", "--ntasks-per-node=2", "--gres=gpu:1"],
+        ["--ntasks-per-node", "2"],
+        ["--job-name", "x"],
+        ["--export", "ALL"],
+        ["--export", "ALL,NCCL_DEBUG=INFO"],
+        ["--cpu-bind", "none", "--mem", "4G"],
+        ["--time", "10:00", "--partition", "debug"],
+        ["--threads", "4"],
+        ["--accel-bind", "g"],
+        ["--msg-timeout", "30"],
+        ["--priority", "10"],
+        ["--profile", "none"],
+        ["--exclusive"],
+        ["--kill-on-bad-exit=1"],
+        ["--kill-on-bad-exit"],
+        ["--exclusive=user"],
+        ["--bcast"],
+        ["--compress"],
+        ["--nice"],
+        ["--nice=5"],
+        ["--propagate"],
+        ["--propagate=STACK"],
+        ["-l"],
+        ["-N2"],
+        ["-N", "2"],
+        ["-n", "8", "-c", "4"],
+        ["-lN", "2"],
+        ["-lN2"],
+        ["-lu"],
+        ["-F", "nodes.txt"],
+        ["-w", "n[1-2]", "-x", "n3"],
+        ["--overlap", "-K", "--unbuffered", "--label"],
+    ],
+    ids=lambda o: " ".join(o),
+)
 def test_srun_options_pass_through_unchanged(options):
     plan = split_args([*options, *CMD])
     assert plan.srun_options == tuple(options)
@@ -67,14 +71,32 @@ def test_double_dash_ends_the_options_for_a_command_with_its_own_dash_n():
 
 
 def test_options_after_the_command_belong_to_the_command():
-    plan = split_args(["-N2", "python", "train.py", "-N", "5", "--scout-inject=bogus", "--job-name", "y"])
+    plan = split_args(
+        ["-N2", "python", "train.py", "-N", "5", "--scout-inject=bogus", "--job-name", "y"]
+    )
     assert plan.srun_options == ("-N2",)
-    assert plan.command == ("python", "train.py", "-N", "5", "--scout-inject=bogus", "--job-name", "y")
+    assert plan.command == (
+        "python",
+        "train.py",
+        "-N",
+        "5",
+        "--scout-inject=bogus",
+        "--job-name",
+        "y",
+    )
     assert plan.scout_env == {}
 
 
 def test_torchrun_command_passes_as_is():
-    command = ["torchrun", "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d", "train.py", "--lr", "0.1"]
+    command = [
+        "torchrun",
+        "--nnodes=2",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
+        "train.py",
+        "--lr",
+        "0.1",
+    ]
     plan = split_args(["--nodes=2", "--ntasks-per-node=1", *command])
     assert plan.command == tuple(command)
     assert srun_argv(plan, PY) == ["--nodes=2", "--ntasks-per-node=1", *shim(*command)]
@@ -83,7 +105,9 @@ def test_torchrun_command_passes_as_is():
 # --- scout's options ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("argv", [["--scout-stall-floor=5"], ["--scout-stall-floor", "5"]], ids=["eq", "space"])
+@pytest.mark.parametrize(
+    "argv", [["--scout-stall-floor=5"], ["--scout-stall-floor", "5"]], ids=["eq", "space"]
+)
 def test_stall_floor_becomes_env_and_leaves_srun(argv):
     plan = split_args(["-N", "2", *argv, *CMD])
     assert plan.srun_options == ("-N", "2")
@@ -92,8 +116,11 @@ def test_stall_floor_becomes_env_and_leaves_srun(argv):
     assert not any(a.startswith("--scout") for a in srun_argv(plan, PY))
 
 
-@pytest.mark.parametrize("argv", [["--scout-inject=sleep,rank=1,step=5"], ["--scout-inject", "sleep,rank=1,step=5"]],
-                         ids=["eq", "space"])
+@pytest.mark.parametrize(
+    "argv",
+    [["--scout-inject=sleep,rank=1,step=5"], ["--scout-inject", "sleep,rank=1,step=5"]],
+    ids=["eq", "space"],
+)
 def test_inject_becomes_env(argv):
     plan = split_args([*argv, "--ntasks=4", *CMD])
     assert plan.scout_env == {"SCOUT_INJECT": "sleep,rank=1,step=5"}
@@ -101,7 +128,9 @@ def test_inject_becomes_env(argv):
     assert plan.command == tuple(CMD)
 
 
-@pytest.mark.parametrize("spec", ["explode,rank=1", "sleep,rank=one", "sleep,step=0", "sleep,when=3", ""])
+@pytest.mark.parametrize(
+    "spec", ["explode,rank=1", "sleep,rank=one", "sleep,step=0", "sleep,when=3", ""]
+)
 def test_bad_inject_spec_is_refused_before_any_task_starts(spec):
     with pytest.raises(ConfigError):
         split_args([f"--scout-inject={spec}", *CMD])
@@ -113,11 +142,23 @@ def test_config_becomes_env():
 
 
 def test_all_scout_options_together():
-    plan = split_args(["--scout-stall-floor=7", "-N2", "--scout-inject", "stop,rank=0,step=2",
-                       "--scout-config=/x.toml", "--exclusive", *CMD])
+    plan = split_args(
+        [
+            "--scout-stall-floor=7",
+            "-N2",
+            "--scout-inject",
+            "stop,rank=0,step=2",
+            "--scout-config=/x.toml",
+            "--exclusive",
+            *CMD,
+        ]
+    )
     assert plan.srun_options == ("-N2", "--exclusive")
-    assert plan.scout_env == {"SCOUT_WATCHDOG_STALL_FLOOR_S": "7", "SCOUT_INJECT": "stop,rank=0,step=2",
-                              "SCOUT_CONFIG": "/x.toml"}
+    assert plan.scout_env == {
+        "SCOUT_WATCHDOG_STALL_FLOOR_S": "7",
+        "SCOUT_INJECT": "stop,rank=0,step=2",
+        "SCOUT_CONFIG": "/x.toml",
+    }
 
 
 def test_unknown_scout_option_is_refused_with_the_valid_ones():
@@ -130,13 +171,17 @@ def test_scout_option_missing_its_value_is_refused():
         split_args(["--scout-stall-floor"])
 
 
-@pytest.mark.parametrize("argv", [[], ["-N", "2"], ["--exclusive", "--scout-stall-floor=5"], ["--"]])
+@pytest.mark.parametrize(
+    "argv", [[], ["-N", "2"], ["--exclusive", "--scout-stall-floor=5"], ["--"]]
+)
 def test_no_command_is_refused(argv):
     with pytest.raises(ScoutError, match="no command given"):
         split_args(argv)
 
 
-@pytest.mark.parametrize("argv,what", [(["--job-name"], "--job-name"), (["-N"], "-N"), (["-lN"], "-N")])
+@pytest.mark.parametrize(
+    "argv,what", [(["--job-name"], "--job-name"), (["-N"], "-N"), (["-lN"], "-N")]
+)
 def test_srun_option_missing_its_value_is_refused(argv, what):
     with pytest.raises(ScoutError, match=f"{what} needs a value"):
         split_args(argv)

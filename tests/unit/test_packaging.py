@@ -14,14 +14,35 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 # The packages whose every module a hook or an operator command may import.
-HOST_PACKAGES = ("scout_slurm.hooks", "scout_slurm.report", "scout_slurm.localise", "scout_slurm.remediation",
-                 "scout_slurm.evidence", "scout_slurm.slurm", "scout_slurm.hwmap")
-HOST_MODULES = ("scout_slurm.cli", "scout_slurm.config", "scout_slurm.jobenv", "scout_slurm.trust",
-                "scout_slurm.log", "scout_slurm.launcher.srun", "scout_slurm.task.shim")
+HOST_PACKAGES = (
+    "scout_slurm.hooks",
+    "scout_slurm.report",
+    "scout_slurm.localise",
+    "scout_slurm.remediation",
+    "scout_slurm.evidence",
+    "scout_slurm.slurm",
+    "scout_slurm.hwmap",
+)
+HOST_MODULES = (
+    "scout_slurm.cli",
+    "scout_slurm.config",
+    "scout_slurm.jobenv",
+    "scout_slurm.trust",
+    "scout_slurm.log",
+    "scout_slurm.launcher.srun",
+    "scout_slurm.task.shim",
+)
 # import name -> distribution in pyproject's core dependencies
 CORE_IMPORTS = {"click": "click", "structlog": "structlog", "pynvml": "nvidia-ml-py"}
-NEVER_ON_HOSTS = ("torch", "numpy", "xxhash", "scout_slurm.lab.", "scout_slurm.acceptance", "scout_slurm.inject",
-                  "scout_slurm.bootstrap")
+NEVER_ON_HOSTS = (
+    "torch",
+    "numpy",
+    "xxhash",
+    "scout_slurm.lab.",
+    "scout_slurm.acceptance",
+    "scout_slurm.inject",
+    "scout_slurm.bootstrap",
+)
 
 _PROBE = r"""
 import importlib, json, pkgutil, sys
@@ -41,23 +62,37 @@ print(json.dumps({"names": names, "loaded": loaded, "third_party": third}))
 
 def _probe() -> dict:
     code = _PROBE.replace("MODULES", repr(HOST_MODULES)).replace("PACKAGES", repr(HOST_PACKAGES))
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     return json.loads(out.stdout)
 
 
 def test_host_modules_import_neither_torch_nor_the_lab():
     seen = _probe()
     assert len(seen["names"]) > 40, seen["names"]  # the walk found the packages' modules
-    bad = [m for m in seen["loaded"] if m.startswith(NEVER_ON_HOSTS) or m in ("scout_slurm.lab.cluster",)]
+    bad = [
+        m
+        for m in seen["loaded"]
+        if m.startswith(NEVER_ON_HOSTS) or m in ("scout_slurm.lab.cluster",)
+    ]
     assert not bad, f"host-side modules import {bad}"
 
 
 def test_host_third_party_imports_are_core_dependencies():
     seen = _probe()
-    assert set(seen["third_party"]) <= set(CORE_IMPORTS), \
+    assert set(seen["third_party"]) <= set(CORE_IMPORTS), (
         f"host-side modules import {sorted(set(seen['third_party']) - set(CORE_IMPORTS))}, not core dependencies"
+    )
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     core = {d.split(">")[0].split("=")[0].split("<")[0].strip() for d in project["dependencies"]}
-    assert set(CORE_IMPORTS.values()) == core, f"core dependencies {core} differ from what the hosts import"
+    assert set(CORE_IMPORTS.values()) == core, (
+        f"core dependencies {core} differ from what the hosts import"
+    )
     job = {d.split(">")[0].split("=")[0].strip() for d in project["optional-dependencies"]["job"]}
     assert {"torch", "xxhash"} <= job and not job & core

@@ -121,7 +121,7 @@ def test_reader_of_a_non_record_gets_none(tmp_path):
     short.write_bytes(b"SCPR")
     assert read(short) is None
     assert read(tmp_path / "absent.bin") is None
-    assert read(tmp_path) is None                # a directory
+    assert read(tmp_path) is None  # a directory
 
 
 def test_writer_refuses_a_non_record(tmp_path):
@@ -134,7 +134,7 @@ def test_writer_refuses_a_non_record(tmp_path):
 def test_reader_gives_up_on_a_record_stuck_mid_write(record):
     with open(record, "r+b") as fh:
         fh.seek(8)
-        fh.write(struct.pack("<Q", 7))             # odd generation: a writer died mid-write
+        fh.write(struct.pack("<Q", 7))  # odd generation: a writer died mid-write
     assert read(record, retries=3) is None
 
 
@@ -167,7 +167,7 @@ def test_reads_are_consistent_while_another_thread_writes(record):
 
     writer = threading.Thread(target=hammer, daemon=True)
     switch = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)      # hand the GIL over often: more interleavings, and a fast test
+    sys.setswitchinterval(1e-5)  # hand the GIL over often: more interleavings, and a fast test
     writer.start()
     bad: list[str] = []
     seen = 0
@@ -175,19 +175,28 @@ def test_reads_are_consistent_while_another_thread_writes(record):
         for _ in range(10_000):
             v = read(record)
             if v is None:
-                continue                 # the reader gave up retrying: allowed, but never a torn view
+                continue  # the reader gave up retrying: allowed, but never a torn view
             seen += 1
             if v.coll_completed > v.coll_entered:
                 bad.append(f"completed {v.coll_completed} > entered {v.coll_entered}")
             if not v.coll_entered - 1 <= v.coll_completed:
-                bad.append(f"completed {v.coll_completed} lags entered {v.coll_entered} by more than one")
+                bad.append(
+                    f"completed {v.coll_completed} lags entered {v.coll_entered} by more than one"
+                )
             seqs = [e.seq for e in v.recent]
             if seqs != sorted(set(seqs)):
                 bad.append(f"ring seqs not ascending: {seqs}")
             if seqs != list(range(max(1, v.coll_entered - RING + 1), v.coll_entered + 1)):
-                bad.append(f"ring {seqs[:1]}..{seqs[-1:]} is not the last {RING} of {v.coll_entered} entered")
-            torn = [e for e in v.recent if e.nbytes != e.seq or e.op != op_of(e.seq)
-                    or (e.left_ns and e.left_ns < e.entered_ns)]
+                bad.append(
+                    f"ring {seqs[:1]}..{seqs[-1:]} is not the last {RING} of {v.coll_entered} entered"
+                )
+            torn = [
+                e
+                for e in v.recent
+                if e.nbytes != e.seq
+                or e.op != op_of(e.seq)
+                or (e.left_ns and e.left_ns < e.entered_ns)
+            ]
             if torn:
                 bad.append(f"torn ring entries: {torn[:2]}")
     finally:

@@ -47,15 +47,15 @@ def test_nothing_counts_before_timing_starts(clocked):
 def test_compute_between_collectives_and_overlap_counted_once(clocked):
     w, t = clocked
     w.take_timing(resume=True)
-    t.advance(10)                       # compute
+    t.advance(10)  # compute
     a = w.enter("ddp_bucket_all_reduce", 8, 2)
     t.advance(3)
-    b = w.enter("ddp_bucket_all_reduce", 8, 2)   # second bucket while the first is in flight
+    b = w.enter("ddp_bucket_all_reduce", 8, 2)  # second bucket while the first is in flight
     t.advance(4)
     w.leave(a)
     t.advance(2)
     w.leave(b)
-    t.advance(5)                        # compute again
+    t.advance(5)  # compute again
     assert _ms(w.take_timing(resume=True)) == (15.0, 9.0)
     t.advance(1)
     assert _ms(w.take_timing(resume=True)) == (1.0, 0.0)  # zeroed by the take
@@ -66,11 +66,11 @@ def test_pause_leaves_scouts_own_work_out(clocked):
     w.take_timing(resume=True)
     t.advance(10)
     w.pause_timing()
-    t.advance(100)                      # a vote on the side group, waiting for a slow peer
+    t.advance(100)  # a vote on the side group, waiting for a slow peer
     w.resume_timing()
     t.advance(4)
     assert _ms(w.take_timing(resume=False)) == (14.0, 0.0)
-    t.advance(50)                       # not resumed: nothing counts
+    t.advance(50)  # not resumed: nothing counts
     assert _ms(w.take_timing(resume=True)) == (0.0, 0.0)
 
 
@@ -79,14 +79,14 @@ def test_scout_collectives_while_paused_count_as_neither_compute_nor_collective(
     # that never arrives is seen behind), but their time is not the job's
     w, t = clocked
     w.take_timing(resume=True)
-    t.advance(10)                         # compute
+    t.advance(10)  # compute
     w.pause_timing()
     s = w.enter("scout_vote", 8, 2)
-    t.advance(30)                         # waiting for the peers in scout's vote
+    t.advance(30)  # waiting for the peers in scout's vote
     w.leave(s)
-    t.advance(5)                          # scout's own work after the vote
+    t.advance(5)  # scout's own work after the vote
     w.resume_timing()
-    t.advance(4)                          # compute again
+    t.advance(4)  # compute again
     s = w.enter("all_reduce", 4, 2)
     t.advance(2)
     w.leave(s)

@@ -7,21 +7,35 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scout_slurm.bootstrap.replicas import (coverage, pairs_disagreeing, replay_plan, replica_groups, shard_group,
-                                            vote_group, vote_groups)
+from scout_slurm.bootstrap.replicas import (
+    coverage,
+    pairs_disagreeing,
+    replay_plan,
+    replica_groups,
+    shard_group,
+    vote_group,
+    vote_groups,
+)
 from scout_slurm.errors import ConfigError
 from scout_slurm.inject.spec import parse_fault
 
 
-@pytest.mark.parametrize("mesh,dims,groups", [
-    ([0, 1, 2, 3], [0], [(0, 1, 2, 3)]),                      # DDP: everyone replicates
-    ([0, 1, 2, 3], [], [(0,), (1,), (2,), (3,)]),             # pure FSDP: nobody holds another's shard
-    ([[0, 1], [2, 3]], [0], [(0, 2), (1, 3)]),                # HSDP 2x2: same shard coordinate
-    ([[0, 1, 2, 3], [4, 5, 6, 7]], [0], [(0, 4), (1, 5), (2, 6), (3, 7)]),
-    ([[0, 1], [2, 3], [4, 5]], [0], [(0, 2, 4), (1, 3, 5)]),  # 3 replicas: a strict majority exists
-    ([[0, 1], [2, 3]], [0, 1], [(0, 1, 2, 3)]),
-    ([[3, 1], [0, 2]], [0], [(0, 3), (1, 2)]),                # mesh order is not rank order
-])
+@pytest.mark.parametrize(
+    "mesh,dims,groups",
+    [
+        ([0, 1, 2, 3], [0], [(0, 1, 2, 3)]),  # DDP: everyone replicates
+        ([0, 1, 2, 3], [], [(0,), (1,), (2,), (3,)]),  # pure FSDP: nobody holds another's shard
+        ([[0, 1], [2, 3]], [0], [(0, 2), (1, 3)]),  # HSDP 2x2: same shard coordinate
+        ([[0, 1, 2, 3], [4, 5, 6, 7]], [0], [(0, 4), (1, 5), (2, 6), (3, 7)]),
+        (
+            [[0, 1], [2, 3], [4, 5]],
+            [0],
+            [(0, 2, 4), (1, 3, 5)],
+        ),  # 3 replicas: a strict majority exists
+        ([[0, 1], [2, 3]], [0, 1], [(0, 1, 2, 3)]),
+        ([[3, 1], [0, 2]], [0], [(0, 3), (1, 2)]),  # mesh order is not rank order
+    ],
+)
 def test_replica_groups(mesh, dims, groups):
     assert replica_groups(mesh, dims) == groups
 
@@ -40,13 +54,16 @@ def test_shard_group_of_a_1d_mesh_is_everyone_in_mesh_order():
     assert shard_group([2, 0, 1, 3], 0, 1) == (2, 0, 1, 3)
 
 
-@pytest.mark.parametrize("values,outcome,outliers", [
-    ([5, 5, 5, 5], "agree", ()),
-    ([5, 5, 7, 5], "sdc", (2,)),
-    ([7, 5, 5, 5], "sdc", (0,)),
-    ([5, 7, 7, 5], "inconclusive", ()),
-    ([1, 2, 3, 4], "inconclusive", ()),
-])
+@pytest.mark.parametrize(
+    "values,outcome,outliers",
+    [
+        ([5, 5, 5, 5], "agree", ()),
+        ([5, 5, 7, 5], "sdc", (2,)),
+        ([7, 5, 5, 5], "sdc", (0,)),
+        ([5, 7, 7, 5], "inconclusive", ()),
+        ([1, 2, 3, 4], "inconclusive", ()),
+    ],
+)
 def test_vote_group_of_four(values, outcome, outliers):
     v = vote_group("output", (0, 1, 2, 3), values)
     assert (v.outcome, v.outliers) == (outcome, outliers)
@@ -55,7 +72,9 @@ def test_vote_group_of_four(values, outcome, outliers):
 def test_two_replicas_that_differ_are_inconclusive_and_say_which_pair():
     v = vote_group("weights", (0, 2), [9, 0, 8, 0])
     assert v.outcome == "inconclusive" and v.outliers == ()
-    assert "ranks 0 and 2 disagree on weights" in v.explanation and "cannot say which" in v.explanation
+    assert (
+        "ranks 0 and 2 disagree on weights" in v.explanation and "cannot say which" in v.explanation
+    )
 
 
 def test_votes_per_group_ignore_lone_ranks():
@@ -80,7 +99,9 @@ def test_vote_group_names_a_strict_minority_only(values, _):
 
 @pytest.mark.parametrize("layers,world", [(2, 4), (3, 4), (4, 2), (1, 4), (4, 4), (5, 3)])
 def test_replay_rotation_covers_every_layer_from_every_source(layers, world):
-    assert coverage(3, layers, world) == [(lay, src) for lay in range(layers) for src in range(world)]
+    assert coverage(3, layers, world) == [
+        (lay, src) for lay in range(layers) for src in range(world)
+    ]
 
 
 def test_replay_plan_steps():
@@ -88,17 +109,21 @@ def test_replay_plan_steps():
     assert replay_plan(4, 0, 2, 4) is None and replay_plan(4, 2, 0, 4) is None
     p = replay_plan(6, 2, 2, 4)
     assert (p.step, p.layer_index, p.source) == (6, 0, 1)
-    assert [(q.layer_index, q.source) for q in (replay_plan(s, 2, 3, 4) for s in (2, 4, 6, 8, 10))] == \
-        [(0, 0), (1, 1), (2, 2), (0, 1), (1, 2)]
+    assert [
+        (q.layer_index, q.source) for q in (replay_plan(s, 2, 3, 4) for s in (2, 4, 6, 8, 10))
+    ] == [(0, 0), (1, 1), (2, 2), (0, 1), (1, 2)]
 
 
-@pytest.mark.parametrize("text,fires", [
-    ("bitflip,rank=1,step=3", [3]),
-    ("scale,rank=1,step=3,every=2", [3, 5, 7, 9]),
-    ("scale,rank=1,step=3,every=2,until=6", [3, 5]),
-    ("noise,rank=1,step=3,until=5,target=activations", [3, 4, 5]),
-    ("sign,rank=1,step=4,every=3,until=10,target=gradients", [4, 7, 10]),
-])
+@pytest.mark.parametrize(
+    "text,fires",
+    [
+        ("bitflip,rank=1,step=3", [3]),
+        ("scale,rank=1,step=3,every=2", [3, 5, 7, 9]),
+        ("scale,rank=1,step=3,every=2,until=6", [3, 5]),
+        ("noise,rank=1,step=3,until=5,target=activations", [3, 4, 5]),
+        ("sign,rank=1,step=4,every=3,until=10,target=gradients", [4, 7, 10]),
+    ],
+)
 def test_recurring_faults(text, fires):
     spec = parse_fault(text)
     assert [s for s in range(1, 11) if spec.applies(1, s, 0)] == fires
@@ -107,18 +132,27 @@ def test_recurring_faults(text, fires):
 
 def test_compute_targets_and_their_keys():
     spec = parse_fault("noise,rank=2,step=4,every=1,target=gradients,layer=net.0,sigma=0.01")
-    assert (spec.kind, spec.target, spec.layer, spec.sigma, spec.every, spec.is_compute) == \
-        ("noise", "gradients", "net.0", 0.01, 1, True)
+    assert (spec.kind, spec.target, spec.layer, spec.sigma, spec.every, spec.is_compute) == (
+        "noise",
+        "gradients",
+        "net.0",
+        0.01,
+        1,
+        True,
+    )
     assert not parse_fault("scale,target=weights").is_compute
 
 
-@pytest.mark.parametrize("text,reason", [
-    ("sleep,target=activations", "takes a numerical kind"),
-    ("scale,step=5,until=4", "until=4 is before step=5"),
-    ("scale,every=-1", "every must be >= 0"),
-    ("noise,sigma=-1", "sigma must be >= 0"),
-    ("noise,target=logits", "target must be one of weights, optimizer, activations, gradients"),
-])
+@pytest.mark.parametrize(
+    "text,reason",
+    [
+        ("sleep,target=activations", "takes a numerical kind"),
+        ("scale,step=5,until=4", "until=4 is before step=5"),
+        ("scale,every=-1", "every must be >= 0"),
+        ("noise,sigma=-1", "sigma must be >= 0"),
+        ("noise,target=logits", "target must be one of weights, optimizer, activations, gradients"),
+    ],
+)
 def test_bad_compute_specs_are_refused(text, reason):
     with pytest.raises(ConfigError, match=reason):
         parse_fault(text)

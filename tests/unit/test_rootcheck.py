@@ -16,8 +16,18 @@ from scout_slurm.hooks import rootcheck as rc
 
 
 def _verdict(kind=VerdictKind.CRASH) -> Verdict:
-    return Verdict(job_id=5, restart=0, kind=kind, suspects=(Suspect(1, "n1", kind, 0.9),), confidence=0.9,
-                   reasoning=(), first_failure_at=0.0, first_suspect_step=-1, world_size=2, created_at=0.0)
+    return Verdict(
+        job_id=5,
+        restart=0,
+        kind=kind,
+        suspects=(Suspect(1, "n1", kind, 0.9),),
+        confidence=0.9,
+        reasoning=(),
+        first_failure_at=0.0,
+        first_suspect_step=-1,
+        world_size=2,
+        created_at=0.0,
+    )
 
 
 def test_the_self_test_computes_the_reference_signature_here():
@@ -34,15 +44,42 @@ def test_a_different_workload_gives_a_different_signature():
 
 
 def test_nvml_findings_from_readings():
-    gpus = [{"index": 0, "uuid": "GPU-a", "serial": "1320", "ecc_volatile": 3, "ecc_aggregate": 0,
-             "retired_pending": 0, "retired_dbe": 2, "remap_pending": 0, "remap_failed": 1, "pcie_replay": 5,
-             "throttle": 0x1},
-            {"index": 1, "uuid": "GPU-b", "serial": "1321", "ecc_volatile": 0, "ecc_aggregate": None,
-             "retired_pending": 0, "retired_dbe": 0, "remap_pending": 0, "remap_failed": 0, "pcie_replay": 500,
-             "throttle": 0x40 | 0x4}]
+    gpus = [
+        {
+            "index": 0,
+            "uuid": "GPU-a",
+            "serial": "1320",
+            "ecc_volatile": 3,
+            "ecc_aggregate": 0,
+            "retired_pending": 0,
+            "retired_dbe": 2,
+            "remap_pending": 0,
+            "remap_failed": 1,
+            "pcie_replay": 5,
+            "throttle": 0x1,
+        },
+        {
+            "index": 1,
+            "uuid": "GPU-b",
+            "serial": "1321",
+            "ecc_volatile": 0,
+            "ecc_aggregate": None,
+            "retired_pending": 0,
+            "retired_dbe": 0,
+            "remap_pending": 0,
+            "remap_failed": 0,
+            "pcie_replay": 500,
+            "throttle": 0x40 | 0x4,
+        },
+    ]
     got = [(f.category, f.gpu_serial) for f in rc.nvml_findings(gpus)]
-    assert got == [(rc.ECC, "1320"), (rc.RETIRED, "1320"), (rc.REMAPPED, "1320"), (rc.PCIE_REPLAY, "1321"),
-                   (rc.THROTTLE, "1321")]
+    assert got == [
+        (rc.ECC, "1320"),
+        (rc.RETIRED, "1320"),
+        (rc.REMAPPED, "1320"),
+        (rc.PCIE_REPLAY, "1321"),
+        (rc.THROTTLE, "1321"),
+    ]
 
 
 # `dcgmi diag -r 1` as it prints (DCGM 3.x table; the Fail row as a failing GPU shows it)
@@ -71,8 +108,12 @@ def test_dcgmi_failures_name_the_failed_test():
 
 def test_ib_deltas_only_counters_that_grew():
     before = {"mlx5_0/1/symbol_error": 4, "mlx5_0/1/link_downed": 1, "mlx5_0/1/port_rcv_errors": 0}
-    after = {"mlx5_0/1/symbol_error": 4, "mlx5_0/1/link_downed": 3, "mlx5_0/1/port_rcv_errors": 0,
-             "mlx5_1/1/link_downed": 9}    # a port not read at the start has no delta
+    after = {
+        "mlx5_0/1/symbol_error": 4,
+        "mlx5_0/1/link_downed": 3,
+        "mlx5_0/1/port_rcv_errors": 0,
+        "mlx5_1/1/link_downed": 9,
+    }  # a port not read at the start has no delta
     assert [f.detail for f in rc.ib_deltas(before, after)] == ["mlx5_0/1/link_downed +2"]
 
 
@@ -86,21 +127,31 @@ def test_ib_counters_read_from_a_sysfs_tree(tmp_path):
 
 
 def _checks(*findings: rc.RootFinding) -> rc.RootChecks:
-    return rc.RootChecks(node="n1", job_id=5, restart=0, verdict_kind=VerdictKind.CRASH, started_at=0.0, seconds=0.1,
-                         outcomes=(rc.CheckOutcome("kernel-log", "found", 0.0, tuple(findings)),))
+    return rc.RootChecks(
+        node="n1",
+        job_id=5,
+        restart=0,
+        verdict_kind=VerdictKind.CRASH,
+        started_at=0.0,
+        seconds=0.1,
+        outcomes=(rc.CheckOutcome("kernel-log", "found", 0.0, tuple(findings)),),
+    )
 
 
-@pytest.mark.parametrize("category,kind,corroborates", [
-    ("nvidia-xid", VerdictKind.CRASH, True),
-    ("machine-check", VerdictKind.SDC, True),
-    (rc.SIGNATURE, VerdictKind.SDC, True),
-    ("link-down", VerdictKind.CRASH, False),     # a link flap explains a hang, not a crash
-    ("link-down", VerdictKind.HANG, True),
-    (rc.IB_ERRORS, VerdictKind.INFRA, True),
-    (rc.THROTTLE, VerdictKind.CRASH, False),
-    (rc.THROTTLE, VerdictKind.STRAGGLER, True),
-    ("nvidia-xid", VerdictKind.INCONCLUSIVE, False),
-])
+@pytest.mark.parametrize(
+    "category,kind,corroborates",
+    [
+        ("nvidia-xid", VerdictKind.CRASH, True),
+        ("machine-check", VerdictKind.SDC, True),
+        (rc.SIGNATURE, VerdictKind.SDC, True),
+        ("link-down", VerdictKind.CRASH, False),  # a link flap explains a hang, not a crash
+        ("link-down", VerdictKind.HANG, True),
+        (rc.IB_ERRORS, VerdictKind.INFRA, True),
+        (rc.THROTTLE, VerdictKind.CRASH, False),
+        (rc.THROTTLE, VerdictKind.STRAGGLER, True),
+        ("nvidia-xid", VerdictKind.INCONCLUSIVE, False),
+    ],
+)
 def test_which_root_findings_corroborate_which_verdict(category, kind, corroborates):
     found = rc.corroborating(_checks(rc.RootFinding(category, "x")), kind)
     assert bool(found) is corroborates
@@ -113,31 +164,45 @@ def _root_owned_file(path: Path, text: str) -> Path:
     return path
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="the test kernel log must be root's (the check trusts only root's)")
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="the test kernel log must be root's (the check trusts only root's)"
+)
 def test_kernel_log_test_double_is_read_since_the_job_began(tmp_path):
     d = tmp_path / "kmsg"
     d.mkdir(mode=0o755)
     os.chmod(tmp_path, 0o755)
-    log = _root_owned_file(d / "n1.kmsg", "3,1,5000000,-;NVRM: Xid (PCI:0000:04:00): 79, GPU has fallen off the bus\n"
-                                          "3,2,9000000,-;mce: [Hardware Error]: Machine check events logged\n"
-                                          "6,3,9500000,-;eth0: renamed\n")
+    log = _root_owned_file(
+        d / "n1.kmsg",
+        "3,1,5000000,-;NVRM: Xid (PCI:0000:04:00): 79, GPU has fallen off the bus\n"
+        "3,2,9000000,-;mce: [Hardware Error]: Machine check events logged\n"
+        "6,3,9500000,-;eth0: renamed\n",
+    )
     out = rc.check_kernel_log(str(log), since_boot_s=8.0)
     assert out.status == "found" and "TEST DOUBLE" in out.note
-    assert [f.category for f in out.findings] == ["machine-check"]   # the Xid was before the job
-    os.chmod(log, 0o666)   # writable by others: not trusted, said so
+    assert [f.category for f in out.findings] == ["machine-check"]  # the Xid was before the job
+    os.chmod(log, 0o666)  # writable by others: not trusted, said so
     refused = rc.check_kernel_log(str(log), since_boot_s=8.0)
     assert refused.status == "error" and refused.findings == ()
 
 
 def test_run_checks_records_every_check_and_keeps_its_budget(tmp_path):
     started = time.monotonic()
-    out = rc.run_checks("n1", _verdict(), budget_s=3.0, kernel_source=str(tmp_path / "none.kmsg"), since_boot_s=0.0,
-                        ib_baseline=None)
+    out = rc.run_checks(
+        "n1",
+        _verdict(),
+        budget_s=3.0,
+        kernel_source=str(tmp_path / "none.kmsg"),
+        since_boot_s=0.0,
+        ib_baseline=None,
+    )
     took = time.monotonic() - started
     names = [o.name for o in out.outcomes]
     assert names == ["kernel-log", "infiniband", "nvml", "dcgmi-diag", "compute-signature"]
-    assert all(o.status in ("clean", "found", "not-available", "timed-out", "skipped", "error") for o in out.outcomes)
-    assert out.outcomes[0].status == "error"       # the named source does not exist: said, not raised
+    assert all(
+        o.status in ("clean", "found", "not-available", "timed-out", "skipped", "error")
+        for o in out.outcomes
+    )
+    assert out.outcomes[0].status == "error"  # the named source does not exist: said, not raised
     # the self-test needs 4 s of budget: with 3 s it is skipped, not run past the budget
     assert out.outcomes[-1].status == "skipped" and took < 3.0 + 1.0, (out, took)
     # the record round-trips through the evidence codec
@@ -147,33 +212,45 @@ def test_run_checks_records_every_check_and_keeps_its_budget(tmp_path):
 
 def test_wait_for_verdict_returns_none_when_none_appears(tmp_path):
     t = [0.0]
-    got = rc.wait_for_verdict(tmp_path / "verdict-0.json", tmp_path, 1.0, clock=lambda: t[0],
-                              sleep=lambda s: t.__setitem__(0, t[0] + s))
+    got = rc.wait_for_verdict(
+        tmp_path / "verdict-0.json",
+        tmp_path,
+        1.0,
+        clock=lambda: t[0],
+        sleep=lambda s: t.__setitem__(0, t[0] + s),
+    )
     assert got is None and t[0] >= 1.0
     write_record(tmp_path / "verdict-0.json", _verdict())
     assert rc.wait_for_verdict(tmp_path / "verdict-0.json", tmp_path, 0.0) == _verdict()
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="the test kernel log must be root's (the check trusts only root's)")
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="the test kernel log must be root's (the check trusts only root's)"
+)
 def test_the_epilog_checks_only_a_node_the_verdict_names(tmp_path):
     """hooks/epilog.py's step after epilog.json: n1 named, its checks recorded (with what the test
     double of its kernel log says); n2 not named, nothing run or written there."""
     from scout_slurm.config import DrainConfig, SiteConfig
     from scout_slurm.evidence.layout import JobFolder
     from scout_slurm.hooks.epilog import root_check_if_named
+
     os.chmod(tmp_path, 0o755)
     folder = JobFolder(tmp_path / "evidence", "c", 5)
     for n in ("n1", "n2"):
         folder.node_dir(n).mkdir(parents=True)
     kmsg = tmp_path / "kmsg"
     kmsg.mkdir(mode=0o755)
-    _root_owned_file(kmsg / "n1.kmsg", "3,1,5000000,-;EDAC MC0: 1 UE memory read error on CPU_SrcID#0\n")
+    _root_owned_file(
+        kmsg / "n1.kmsg", "3,1,5000000,-;EDAC MC0: 1 UE memory read error on CPU_SrcID#0\n"
+    )
     cfg = SiteConfig(drain=DrainConfig(root_check_s=6.0, test_kernel_log=str(kmsg / "{node}.kmsg")))
     for node in ("n1", "n2"):
         root_check_if_named(folder, node, _verdict(), cfg, deadline=time.monotonic() + 30)
     assert not rc.rootcheck_path(folder.node_dir("n2"), 0).exists()
     got = read_record(rc.rootcheck_path(folder.node_dir("n1"), 0), rc.RootChecks)
     assert got.node == "n1" and got.verdict_kind == VerdictKind.CRASH
-    assert [(f.category, f.detail) for f in got.findings] == [("edac", "EDAC MC0: 1 UE memory read error on CPU_SrcID#0")]
+    assert [(f.category, f.detail) for f in got.findings] == [
+        ("edac", "EDAC MC0: 1 UE memory read error on CPU_SrcID#0")
+    ]
     assert {o.name: o.status for o in got.outcomes}["compute-signature"] == "clean"
     assert [f.category for f in rc.corroborating(got, VerdictKind.CRASH)] == ["edac"]

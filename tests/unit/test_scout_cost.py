@@ -13,9 +13,18 @@ from scout_slurm.remediation.records import Agreement, CheckpointNote
 from scout_slurm.report.show import render_cost
 
 
-def _cost(rank: int, hooks_ms: float, wrapper_ms: float, steps: int = 100, wall_s: float = 20.0) -> ScoutCost:
-    return ScoutCost(rank=rank, restart=0, steps=steps, hooks_cpu_ns=int(hooks_ms * 1e6),
-                     wrapper_ns=int(wrapper_ms * 1e6), wrapper_calls=400, step_wall_ns=int(wall_s * 1e9))
+def _cost(
+    rank: int, hooks_ms: float, wrapper_ms: float, steps: int = 100, wall_s: float = 20.0
+) -> ScoutCost:
+    return ScoutCost(
+        rank=rank,
+        restart=0,
+        steps=steps,
+        hooks_cpu_ns=int(hooks_ms * 1e6),
+        wrapper_ns=int(wrapper_ms * 1e6),
+        wrapper_calls=400,
+        step_wall_ns=int(wall_s * 1e9),
+    )
 
 
 def test_cost_record_round_trips_and_states_per_step_and_share(tmp_path: Path):
@@ -38,23 +47,42 @@ def test_show_prints_every_rank_or_the_spread_and_costliest():
     assert many[2].startswith("  rank 11: 0.210 ms") and len(many) == 5
     assert render_cost([], ["cost-2.json: not JSON"])[0].startswith("scout's own cost: no record")
     # scout's Python on gloo's threads: said with the rank it happened on, and only there
-    off = render_cost([dataclasses.replace(_cost(0, 20.0, 10.0), comm_thread_calls=3), _cost(1, 20.0, 10.0)])
-    assert off[1].endswith("for 400 collectives; scout ran 3 times on the communication library's threads)")
+    off = render_cost(
+        [dataclasses.replace(_cost(0, 20.0, 10.0), comm_thread_calls=3), _cost(1, 20.0, 10.0)]
+    )
+    assert off[1].endswith(
+        "for 400 collectives; scout ran 3 times on the communication library's threads)"
+    )
     assert off[2].endswith("for 400 collectives)")
 
 
 def _kind(text: str) -> Agreement:
-    note = CheckpointNote(path="/c", step=5, rank=0, restart=0, saved_at=0.0, size_bytes=1, sha256="0" * 64,
-                          versions="", agreement=text)
+    note = CheckpointNote(
+        path="/c",
+        step=5,
+        rank=0,
+        restart=0,
+        saved_at=0.0,
+        size_bytes=1,
+        sha256="0" * 64,
+        versions="",
+        agreement=text,
+    )
     return note.agreement_kind
 
 
 def test_an_exchange_after_the_save_keeps_the_eligibility_rule_meaning():
     # at the save's own step: the words as before
-    assert _at_step("agreed", 5, -1) == "agreed" and _kind(_at_step("disagreed: model", 5, -1)) is Agreement.DISAGREED
+    assert (
+        _at_step("agreed", 5, -1) == "agreed"
+        and _kind(_at_step("disagreed: model", 5, -1)) is Agreement.DISAGREED
+    )
     # later: replicas agreeing at a step >= the save's make it eligible, as a clean vote there would
     later = _at_step("agreed", 5, 9)
-    assert later == "agreed at step 9, the first exchange after the save at step 5" and _kind(later) is Agreement.AGREED
+    assert (
+        later == "agreed at step 9, the first exchange after the save at step 5"
+        and _kind(later) is Agreement.AGREED
+    )
     # a later disagreement may have begun after the save: not the save's (the vote's verdict decides)
     differ = _at_step("disagreed: model differs on rank 1", 5, 9)
     assert _kind(differ) is Agreement.NOT_EXCHANGED and "model differs on rank 1" in differ
@@ -63,6 +91,7 @@ def test_an_exchange_after_the_save_keeps_the_eligibility_rule_meaning():
 def test_the_read_model_loads_every_ranks_cost_and_names_an_unreadable_one(tmp_path: Path):
     from scout_slurm.evidence.layout import JobFolder
     from scout_slurm.report.views import load_cost
+
     folder = JobFolder(tmp_path / "evidence", "lab", 7)
     assert load_cost(folder, 0) == ((), ())  # no ranks folder yet: nothing, no error
     folder.ranks_dir(0).mkdir(parents=True)

@@ -8,8 +8,16 @@ import pytest
 from scout_slurm.jobenv import task_context
 from scout_slurm.task.shim import master_port, parse_args, torch_environment
 
-ENV = {"SLURM_JOB_ID": "4711", "SLURM_STEP_ID": "3", "SLURM_PROCID": "5", "SLURM_STEP_NUM_TASKS": "8",
-       "SLURM_LOCALID": "1", "SLURM_NODEID": "2", "SLURMD_NODENAME": "node03", "SLURM_STEP_TASKS_PER_NODE": "2(x4)"}
+ENV = {
+    "SLURM_JOB_ID": "4711",
+    "SLURM_STEP_ID": "3",
+    "SLURM_PROCID": "5",
+    "SLURM_STEP_NUM_TASKS": "8",
+    "SLURM_LOCALID": "1",
+    "SLURM_NODEID": "2",
+    "SLURMD_NODENAME": "node03",
+    "SLURM_STEP_TASKS_PER_NODE": "2(x4)",
+}
 
 
 @pytest.mark.parametrize("first_job", [1, 1999, 2000, 123_456, 9_999_001])
@@ -22,15 +30,21 @@ def test_master_port_distinct_for_2000_consecutive_jobs_of_8_steps(first_job):
 def test_master_port_is_stable_and_in_range_for_any_ids():
     assert master_port(4711, 3) == master_port(4711, 3)
     for job in (0, 1, 65_535, 2**31 - 1, 2**40):
-        for step in (0, 7, 8, 4294967294, 4294967295):   # batch and extern step ids are huge
+        for step in (0, 7, 8, 4294967294, 4294967295):  # batch and extern step ids are huge
             assert 10_000 <= master_port(job, step) <= 25_999
 
 
 def test_torch_environment_from_slurm():
     ctx = task_context(ENV)
     env = torch_environment(ctx, ENV, master_addr="10.0.0.1")
-    assert env == {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
-                   "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": str(master_port(4711, 3))}
+    assert env == {
+        "RANK": "5",
+        "WORLD_SIZE": "8",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": str(master_port(4711, 3)),
+    }
 
 
 def test_torch_environment_keeps_variables_already_set():
@@ -54,9 +68,14 @@ def test_torch_environment_does_not_change_its_input():
     assert environ == ENV
 
 
-@pytest.mark.parametrize("argv,command", [(["--", "python", "train.py"], ["python", "train.py"]),
-                                          (["python", "-u", "train.py"], ["python", "-u", "train.py"]),
-                                          (["--", "tool", "--", "x"], ["tool", "--", "x"])])
+@pytest.mark.parametrize(
+    "argv,command",
+    [
+        (["--", "python", "train.py"], ["python", "train.py"]),
+        (["python", "-u", "train.py"], ["python", "-u", "train.py"]),
+        (["--", "tool", "--", "x"], ["tool", "--", "x"]),
+    ],
+)
 def test_parse_args(argv, command):
     assert parse_args(argv) == command
 
@@ -67,6 +86,7 @@ def test_unprepared_says_why_the_site_will_not_see_the_job(tmp_path):
     import os
     from scout_slurm.evidence.layout import JobFolder
     from scout_slurm.task.shim import unprepared
+
     f = JobFolder(tmp_path / "root", "c", 7)
     assert "does not exist on this node" in unprepared(f, 0)
     f.root.mkdir()
@@ -76,6 +96,6 @@ def test_unprepared_says_why_the_site_will_not_see_the_job(tmp_path):
     f.nodes_dir.mkdir()
     f.run_dir(0).mkdir()
     assert unprepared(f, 0) == ""
-    assert "did not lay out" in unprepared(f, 1)           # a requeued run the Prolog did not see
-    os.chown(f.path, 1001, 1001)                           # a job made it itself
+    assert "did not lay out" in unprepared(f, 1)  # a requeued run the Prolog did not see
+    os.chown(f.path, 1001, 1001)  # a job made it itself
     assert "not a root-owned folder" in unprepared(f, 0)

@@ -43,16 +43,24 @@ def test_fallback_hasher_is_blake2b_of_8_bytes_with_xxhash_interface():
         ref.update(part)
         assert h.digest() == ref.digest() and h.hexdigest() == ref.hexdigest()
         assert h.intdigest() == int.from_bytes(ref.digest(), "big")
-        assert f"{h.intdigest():016x}" == h.hexdigest()  # big-endian, as xxhash reads its own digest
-    assert signing._Blake2b64(b"abc").intdigest() == int.from_bytes(hashlib.blake2b(b"abc", digest_size=8).digest(), "big")
+        assert (
+            f"{h.intdigest():016x}" == h.hexdigest()
+        )  # big-endian, as xxhash reads its own digest
+    assert signing._Blake2b64(b"abc").intdigest() == int.from_bytes(
+        hashlib.blake2b(b"abc", digest_size=8).digest(), "big"
+    )
     assert signing._Blake2b64(b"abc").intdigest() != signing._Blake2b64(b"abd").intdigest()
 
 
 def test_xxhash_reads_its_digest_big_endian_as_the_fallback_does():
-    xxhash = pytest.importorskip("xxhash", reason="xxhash is not installed: nothing to compare the fallback with")
+    xxhash = pytest.importorskip(
+        "xxhash", reason="xxhash is not installed: nothing to compare the fallback with"
+    )
     h = xxhash.xxh3_64(b"scout")
     assert h.intdigest() == int.from_bytes(h.digest(), "big")
-    assert signing.new_hasher is xxhash.xxh3_64 and signing.HASH_NAME == "xxh3_64"  # xxhash, where it imports
+    assert (
+        signing.new_hasher is xxhash.xxh3_64 and signing.HASH_NAME == "xxh3_64"
+    )  # xxhash, where it imports
 
 
 @pytest.mark.parametrize("name", list(_tensors()))
@@ -65,7 +73,9 @@ def test_byte_view_gives_the_tensor_bytes(name):
 
 @pytest.mark.parametrize("name", list(_tensors()))
 def test_byte_view_and_signatures_equal_numpys(name, monkeypatch):
-    pytest.importorskip("numpy", reason="numpy is not installed: the signatures it gave cannot be compared")
+    pytest.importorskip(
+        "numpy", reason="numpy is not installed: the signatures it gave cannot be compared"
+    )
     t = _tensors()[name]
     x = t.contiguous().reshape(-1).view(torch.uint8)
     assert bytes(signing.byte_view(t)) == x.numpy().tobytes()
@@ -83,9 +93,13 @@ def test_byte_view_is_zero_copy_and_keeps_its_tensor_alive():
     view = signing.byte_view(t)
     t[3] = 1.0  # a write to the tensor shows in the view: it reads the tensor's memory, not a copy
     assert bytes(view[12:16]) == _reference_bytes(torch.tensor(1.0))
-    view = signing.byte_view(torch.arange(4096, dtype=torch.int64))  # the tensor is referenced by the view only
+    view = signing.byte_view(
+        torch.arange(4096, dtype=torch.int64)
+    )  # the tensor is referenced by the view only
     gc.collect()
-    junk = [torch.full((4096,), -1, dtype=torch.int64) for _ in range(16)]  # would reuse freed memory
+    junk = [
+        torch.full((4096,), -1, dtype=torch.int64) for _ in range(16)
+    ]  # would reuse freed memory
     assert bytes(view) == _reference_bytes(torch.arange(4096, dtype=torch.int64))
     del junk
 
@@ -99,21 +113,34 @@ def test_fallback_signatures_are_exact_fingerprints(monkeypatch):
     monkeypatch.setattr(signing, "new_hasher", signing._Blake2b64)
     tensors = _tensors()
     for name, t in tensors.items():
-        ref = hashlib.blake2b(f"{t.dtype}|{tuple(t.shape)}|".encode() + _reference_bytes(t), digest_size=8)
+        ref = hashlib.blake2b(
+            f"{t.dtype}|{tuple(t.shape)}|".encode() + _reference_bytes(t), digest_size=8
+        )
         assert signing.tensor_signature(t) == int.from_bytes(ref.digest(), "big"), name
     step = tensors["0-d (AdamW's step)"]
-    assert signing.tensor_signature(step) != signing.tensor_signature(step.reshape(1))  # the shape counts
+    assert signing.tensor_signature(step) != signing.tensor_signature(
+        step.reshape(1)
+    )  # the shape counts
     flipped = tensors["bfloat16"].clone()
     flipped.view(torch.int16)[2] ^= 1
-    assert signing.tensor_signature(flipped) != signing.tensor_signature(tensors["bfloat16"])  # one bit counts
+    assert signing.tensor_signature(flipped) != signing.tensor_signature(
+        tensors["bfloat16"]
+    )  # one bit counts
     named = list(tensors.items())
     ref = hashlib.blake2b(digest_size=8)
     for name, t in named:
-        ref.update(name.encode() + b"\0" + f"{t.dtype}|{tuple(t.shape)}|".encode() + _reference_bytes(t))
+        ref.update(
+            name.encode() + b"\0" + f"{t.dtype}|{tuple(t.shape)}|".encode() + _reference_bytes(t)
+        )
     assert signing.state_signature(named) == int.from_bytes(ref.digest(), "big")
     parts = [b"raw", bytearray(b"more"), memoryview(b"view"), ("a", 1), 2.5]
-    ref = hashlib.blake2b(b"rawmoreview" + repr(("a", 1)).encode() + repr(2.5).encode(), digest_size=8)
-    assert signing.bytes_sig(parts) == f"{int.from_bytes(ref.digest(), 'big') & 0x7FFFFFFFFFFFFFFF:016x}"
+    ref = hashlib.blake2b(
+        b"rawmoreview" + repr(("a", 1)).encode() + repr(2.5).encode(), digest_size=8
+    )
+    assert (
+        signing.bytes_sig(parts)
+        == f"{int.from_bytes(ref.digest(), 'big') & 0x7FFFFFFFFFFFFFFF:016x}"
+    )
 
 
 def test_optimizer_tensors_name_adamw_state_including_its_0d_step():
@@ -122,6 +149,8 @@ def test_optimizer_tensors_name_adamw_state_including_its_0d_step():
     model(torch.ones(1, 3)).sum().backward()
     opt.step()
     named = signing.optimizer_tensors(opt)
-    assert [n for n, _ in named] == [f"g0.p{i}.{k}" for i in (0, 1) for k in ("exp_avg", "exp_avg_sq", "step")]
+    assert [n for n, _ in named] == [
+        f"g0.p{i}.{k}" for i in (0, 1) for k in ("exp_avg", "exp_avg_sq", "step")
+    ]
     assert all(t.dim() == 0 for n, t in named if n.endswith(".step"))
     assert isinstance(signing.state_signature(named), int)

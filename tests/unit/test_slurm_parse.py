@@ -13,9 +13,17 @@ from hypothesis import strategies as st
 from scout_slurm.errors import SlurmError
 from scout_slurm.slurm import ops
 from scout_slurm.slurm.hostlist import expand_hostlist
-from scout_slurm.slurm.parse import (parse_sacct_state, JobInfo, NodeInfo, format_reason, parse_scontrol_job,
-                                     parse_scontrol_node, parse_scontrol_oneliner, parse_sinfo_json,
-                                     parse_squeue_json)
+from scout_slurm.slurm.parse import (
+    parse_sacct_state,
+    JobInfo,
+    NodeInfo,
+    format_reason,
+    parse_scontrol_job,
+    parse_scontrol_node,
+    parse_scontrol_oneliner,
+    parse_sinfo_json,
+    parse_squeue_json,
+)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm-22.05"
 HOSTILE = 'scout: "quoted" it\'s; rm -rf / $(x) `y` ' + "A" * 440
@@ -35,17 +43,35 @@ def by_name(nodes: list[NodeInfo]) -> dict[str, NodeInfo]:
 
 # -- squeue --json --------------------------------------------------------------------------
 
+
 def test_squeue_running():
     (job,) = parse_squeue_json(fixture("squeue-running.json"))
-    assert job == JobInfo(job_id=1, name="wrap", state="RUNNING", nodes=("n1", "n2"), batch_host="n1",
-                          excluded_nodes=(), restart_count=0, requeue=True, exit_code=0, comment="",
-                          user_id=0, reason="None")
+    assert job == JobInfo(
+        job_id=1,
+        name="wrap",
+        state="RUNNING",
+        nodes=("n1", "n2"),
+        batch_host="n1",
+        excluded_nodes=(),
+        restart_count=0,
+        requeue=True,
+        exit_code=0,
+        comment="",
+        user_id=0,
+        reason="None",
+    )
     assert not job.is_finished
 
 
 def test_squeue_completed():
     (job,) = parse_squeue_json(fixture("squeue-completed.json"))
-    assert (job.job_id, job.state, job.nodes, job.batch_host, job.exit_code) == (1, "COMPLETED", ("n1", "n2"), "n1", 0)
+    assert (job.job_id, job.state, job.nodes, job.batch_host, job.exit_code) == (
+        1,
+        "COMPLETED",
+        ("n1", "n2"),
+        "n1",
+        0,
+    )
     assert job.is_finished
 
 
@@ -54,14 +80,26 @@ def test_squeue_failed_has_raw_wait_status():
     assert sorted(jobs) == [1, 2]
     assert jobs[1].state == "COMPLETED"
     failed = jobs[2]
-    assert failed == JobInfo(job_id=2, name="wrap", state="FAILED", nodes=("n1",), batch_host="n1",
-                             excluded_nodes=("n4",), restart_count=0, requeue=True, exit_code=768,
-                             comment="", user_id=0, reason="NonZeroExitCode")
+    assert failed == JobInfo(
+        job_id=2,
+        name="wrap",
+        state="FAILED",
+        nodes=("n1",),
+        batch_host="n1",
+        excluded_nodes=("n4",),
+        restart_count=0,
+        requeue=True,
+        exit_code=768,
+        comment="",
+        user_id=0,
+        reason="NonZeroExitCode",
+    )
     assert failed.exit_code >> 8 == 3 and failed.exit_code & 0x7F == 0
     assert failed.is_finished
 
 
 # -- sinfo --json ---------------------------------------------------------------------------
+
 
 def test_sinfo_allocated():
     nodes = by_name(parse_sinfo_json(fixture("sinfo-allocated.json")))
@@ -86,18 +124,41 @@ def test_sinfo_drained_keeps_hostile_and_multiline_reasons_exactly():
 
 # -- scontrol show job -o ---------------------------------------------------------------------
 
+
 def test_scontrol_job_running():
     (job,) = parse_scontrol_job(fixture("scontrol-job-running.txt"))
-    assert job == JobInfo(job_id=1, name="wrap", state="RUNNING", nodes=("n1", "n2"), batch_host="n1",
-                          excluded_nodes=(), restart_count=0, requeue=True, exit_code=0, comment="",
-                          user_id=0, reason="None")
+    assert job == JobInfo(
+        job_id=1,
+        name="wrap",
+        state="RUNNING",
+        nodes=("n1", "n2"),
+        batch_host="n1",
+        excluded_nodes=(),
+        restart_count=0,
+        requeue=True,
+        exit_code=0,
+        comment="",
+        user_id=0,
+        reason="None",
+    )
 
 
 def test_scontrol_job_failed():
     (job,) = parse_scontrol_job(fixture("scontrol-job-failed.txt"))
-    assert job == JobInfo(job_id=2, name="wrap", state="FAILED", nodes=("n1",), batch_host="n1",
-                          excluded_nodes=("n4",), restart_count=0, requeue=True, exit_code=768, comment="",
-                          user_id=0, reason="NonZeroExitCode")
+    assert job == JobInfo(
+        job_id=2,
+        name="wrap",
+        state="FAILED",
+        nodes=("n1",),
+        batch_host="n1",
+        excluded_nodes=("n4",),
+        restart_count=0,
+        requeue=True,
+        exit_code=768,
+        comment="",
+        user_id=0,
+        reason="NonZeroExitCode",
+    )
 
 
 def test_scontrol_job_requeued_keeps_exclusion_order():
@@ -122,9 +183,13 @@ def test_scontrol_and_squeue_agree_on_the_failed_job():
     assert from_text == from_json
 
 
-@pytest.mark.parametrize("exit_field, raw", [("0:0", 0), ("3:0", 768), ("0:9", 9), ("1:15", 271), ("x", 0)])
+@pytest.mark.parametrize(
+    "exit_field, raw", [("0:0", 0), ("3:0", 768), ("0:9", 9), ("1:15", 271), ("x", 0)]
+)
 def test_scontrol_exit_code_as_raw_wait_status(exit_field, raw):
-    (job,) = parse_scontrol_job(f"JobId=7 JobName=a JobState=FAILED ExitCode={exit_field} NodeList=(null)")
+    (job,) = parse_scontrol_job(
+        f"JobId=7 JobName=a JobState=FAILED ExitCode={exit_field} NodeList=(null)"
+    )
     assert job.exit_code == raw
     assert job.nodes == () and job.user_id == -1
 
@@ -136,6 +201,7 @@ def test_scontrol_job_skips_other_lines():
 
 # -- scontrol show node -o --------------------------------------------------------------------
 
+
 def test_scontrol_node_allocated():
     nodes = by_name(parse_scontrol_node(fixture("scontrol-node-allocated.txt")))
     assert list(nodes) == ["n1", "n2", "n3", "n4"]
@@ -146,13 +212,15 @@ def test_scontrol_node_allocated():
 def test_scontrol_node_drained_drops_the_stamp_and_rebuilds_lines():
     nodes = by_name(parse_scontrol_node(fixture("scontrol-node-drained.txt")))
     assert nodes["n2"].flags == ("DRAIN",) and nodes["n2"].state == "IDLE"
-    assert nodes["n2"].reason == HOSTILE                      # " [root@2026-11-30T14:52:21]" dropped
-    assert nodes["n3"].reason == "line1\nline2"               # printed as "line1 [root@...]        line2"
+    assert nodes["n2"].reason == HOSTILE  # " [root@2026-11-30T14:52:21]" dropped
+    assert nodes["n3"].reason == "line1\nline2"  # printed as "line1 [root@...]        line2"
     assert nodes["n1"].is_idle and nodes["n4"].reason == ""
 
 
 def test_scontrol_and_sinfo_agree_on_drained_nodes():
-    assert parse_scontrol_node(fixture("scontrol-node-drained.txt")) == parse_sinfo_json(fixture("sinfo-drained.json"))
+    assert parse_scontrol_node(fixture("scontrol-node-drained.txt")) == parse_sinfo_json(
+        fixture("sinfo-drained.json")
+    )
 
 
 def test_oneliner_value_runs_until_next_key():
@@ -162,29 +230,54 @@ def test_oneliner_value_runs_until_next_key():
 
 # -- later Slurm versions' JSON forms, which the parsers also accept ----------------------------
 
+
 def test_wrapped_numbers_and_list_states():
-    text = json.dumps({"jobs": [{"job_id": {"set": True, "number": 5}, "job_state": ["FAILED"],
-                                 "exit_code": {"set": True, "number": 256}, "restart_cnt": {"set": False},
-                                 "user_id": "12", "nodes": "n[1-2]"}]})
+    text = json.dumps(
+        {
+            "jobs": [
+                {
+                    "job_id": {"set": True, "number": 5},
+                    "job_state": ["FAILED"],
+                    "exit_code": {"set": True, "number": 256},
+                    "restart_cnt": {"set": False},
+                    "user_id": "12",
+                    "nodes": "n[1-2]",
+                }
+            ]
+        }
+    )
     (job,) = parse_squeue_json(text)
     assert (job.job_id, job.state, job.exit_code, job.restart_count, job.user_id, job.nodes) == (
-        5, "FAILED", 256, 0, 12, ("n1", "n2"))
+        5,
+        "FAILED",
+        256,
+        0,
+        12,
+        ("n1", "n2"),
+    )
     (node,) = parse_sinfo_json(json.dumps({"nodes": [{"name": "n1", "state": ["IDLE", "DRAIN"]}]}))
     assert (node.state, node.flags) == ("IDLE", ("DRAIN",))
 
 
 # -- errors -------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("parser", [parse_squeue_json, parse_sinfo_json])
-@pytest.mark.parametrize("text, words", [
-    ("", "not JSON"),
-    ("slurm_load_jobs error: Unable to contact slurm controller", "not JSON"),
-    ('{"jobs": [', "not JSON"),
-    ("[" * 100_000, "not JSON"),                      # json.loads raises RecursionError on this
-    ("[]", "expected a JSON object, got list"),
-    ('"jobs"', "expected a JSON object, got str"),
-    ('{"errors": [{"error": "Invalid user", "errno": 2}], "jobs": [], "nodes": []}', "Slurm reported errors"),
-])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("", "not JSON"),
+        ("slurm_load_jobs error: Unable to contact slurm controller", "not JSON"),
+        ('{"jobs": [', "not JSON"),
+        ("[" * 100_000, "not JSON"),  # json.loads raises RecursionError on this
+        ("[]", "expected a JSON object, got list"),
+        ('"jobs"', "expected a JSON object, got str"),
+        (
+            '{"errors": [{"error": "Invalid user", "errno": 2}], "jobs": [], "nodes": []}',
+            "Slurm reported errors",
+        ),
+    ],
+)
 def test_json_errors(parser, text, words):
     with pytest.raises(SlurmError, match=words):
         parser(text)
@@ -214,6 +307,7 @@ def test_empty_lists_are_fine():
 
 # -- format_reason ------------------------------------------------------------------------------
 
+
 def test_format_reason():
     assert format_reason("a\nb\tc\x00d") == "a b c d"
     assert format_reason("x" * 2000) == "x" * 1000
@@ -223,12 +317,35 @@ def test_format_reason():
 
 # -- hostile input raises only SlurmError -----------------------------------------------------
 
-_scalar = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True),
-                    st.text(max_size=30), st.sampled_from(["n[1-2]", "n[2-1]", "²", "--5", "(null)", "n1;x", "IDLE"]))
-_json_value = st.recursive(_scalar, lambda inner: st.one_of(
-    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)), max_leaves=15)
-_JOB_KEYS = ["job_id", "name", "job_state", "nodes", "batch_host", "excluded_nodes", "restart_cnt", "requeue",
-             "exit_code", "comment", "user_id", "state_reason"]
+_scalar = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True),
+    st.text(max_size=30),
+    st.sampled_from(["n[1-2]", "n[2-1]", "²", "--5", "(null)", "n1;x", "IDLE"]),
+)
+_json_value = st.recursive(
+    _scalar,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=15,
+)
+_JOB_KEYS = [
+    "job_id",
+    "name",
+    "job_state",
+    "nodes",
+    "batch_host",
+    "excluded_nodes",
+    "restart_cnt",
+    "requeue",
+    "exit_code",
+    "comment",
+    "user_id",
+    "state_reason",
+]
 _NODE_KEYS = ["name", "state", "state_flags", "reason", "hostname", "address"]
 _job = st.dictionaries(st.sampled_from(_JOB_KEYS), _json_value, max_size=len(_JOB_KEYS))
 _node = st.dictionaries(st.sampled_from(_NODE_KEYS), _json_value, max_size=len(_NODE_KEYS))
@@ -242,15 +359,23 @@ def _only_slurm_error(fn, arg):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.one_of(st.lists(_job, max_size=3).map(lambda js: {"jobs": js}),
-                 st.dictionaries(st.sampled_from(["jobs", "errors", "meta"]), _json_value)))
+@given(
+    st.one_of(
+        st.lists(_job, max_size=3).map(lambda js: {"jobs": js}),
+        st.dictionaries(st.sampled_from(["jobs", "errors", "meta"]), _json_value),
+    )
+)
 def test_squeue_parser_raises_only_slurm_error(data):
     _only_slurm_error(parse_squeue_json, json.dumps(data))
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.one_of(st.lists(_node, max_size=3).map(lambda ns: {"nodes": ns}),
-                 st.dictionaries(st.sampled_from(["nodes", "errors", "meta"]), _json_value)))
+@given(
+    st.one_of(
+        st.lists(_node, max_size=3).map(lambda ns: {"nodes": ns}),
+        st.dictionaries(st.sampled_from(["nodes", "errors", "meta"]), _json_value),
+    )
+)
 def test_sinfo_parser_raises_only_slurm_error(data):
     _only_slurm_error(parse_sinfo_json, json.dumps(data))
 
@@ -262,13 +387,41 @@ def test_json_parsers_on_any_text_raise_only_slurm_error(text):
     _only_slurm_error(parse_sinfo_json, text)
 
 
-_KV_WORDS = ["JobId=", "NodeName=", "JobState=", "ExitCode=", "NodeList=", "ExcNodeList=", "Restarts=",
-             "UserId=", "State=", "Reason=", "Requeue=", "=", " ", "  ", "[root@t]", "        ", "\n", ":",
-             "(", ")", "²", "-", "n[1-2]", "n[", "x=y", "3:0", "a"]
+_KV_WORDS = [
+    "JobId=",
+    "NodeName=",
+    "JobState=",
+    "ExitCode=",
+    "NodeList=",
+    "ExcNodeList=",
+    "Restarts=",
+    "UserId=",
+    "State=",
+    "Reason=",
+    "Requeue=",
+    "=",
+    " ",
+    "  ",
+    "[root@t]",
+    "        ",
+    "\n",
+    ":",
+    "(",
+    ")",
+    "²",
+    "-",
+    "n[1-2]",
+    "n[",
+    "x=y",
+    "3:0",
+    "a",
+]
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.one_of(st.text(max_size=200), st.lists(st.sampled_from(_KV_WORDS), max_size=30).map("".join)))
+@given(
+    st.one_of(st.text(max_size=200), st.lists(st.sampled_from(_KV_WORDS), max_size=30).map("".join))
+)
 def test_scontrol_parsers_raise_only_slurm_error(text):
     for line in text.splitlines() or [text]:
         kv = parse_scontrol_oneliner(line)
@@ -281,29 +434,50 @@ def test_scontrol_parsers_raise_only_slurm_error(text):
 
 # -- ops.merged_exclusion (pure) --------------------------------------------------------------
 
-@pytest.mark.parametrize("current, add, merged", [
-    ((), ["n1"], "n1"),
-    (("n4",), ["n1"], "n[1,4]"),
-    (("n4", "n1"), ["n1"], "n[1,4]"),
-    (("n1", "n2"), ["n3"], "n[1-3]"),
-    (("n1",), [], "n1"),
-    ((), [], ""),
-    (("gpu01",), ["gpu02", "login"], "gpu[01-02],login"),
-])
+
+@pytest.mark.parametrize(
+    "current, add, merged",
+    [
+        ((), ["n1"], "n1"),
+        (("n4",), ["n1"], "n[1,4]"),
+        (("n4", "n1"), ["n1"], "n[1,4]"),
+        (("n1", "n2"), ["n3"], "n[1-3]"),
+        (("n1",), [], "n1"),
+        ((), [], ""),
+        (("gpu01",), ["gpu02", "login"], "gpu[01-02],login"),
+    ],
+)
 def test_merged_exclusion(current, add, merged):
     assert ops.merged_exclusion(current, add) == merged
     assert set(expand_hostlist(merged)) == {*current, *add}
 
 
-@pytest.mark.parametrize("bad", ["", "n1;x", "n 1", "n1,n2", "n[1-2]", "$(x)", "n1\n",
-                                 "n\u0661", "\u00e9t\u00e9", "n\uff11", "n" * 256])  # non-ASCII digits/letters, too long
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "",
+        "n1;x",
+        "n 1",
+        "n1,n2",
+        "n[1-2]",
+        "$(x)",
+        "n1\n",
+        "n\u0661",
+        "\u00e9t\u00e9",
+        "n\uff11",
+        "n" * 256,
+    ],
+)  # non-ASCII digits/letters, too long
 def test_merged_exclusion_refuses_bad_names(bad):
     with pytest.raises(SlurmError, match="refusing node name"):
         ops.merged_exclusion(("n1",), [bad])
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.from_regex(r"\An[0-9]{1,3}\Z"), max_size=10), st.lists(st.from_regex(r"\An[0-9]{1,3}\Z"), max_size=5))
+@given(
+    st.lists(st.from_regex(r"\An[0-9]{1,3}\Z"), max_size=10),
+    st.lists(st.from_regex(r"\An[0-9]{1,3}\Z"), max_size=5),
+)
 def test_merged_exclusion_is_the_union(current, add):
     merged = ops.merged_exclusion(current, add)
     assert set(expand_hostlist(merged)) == set(current) | set(add)
@@ -314,22 +488,27 @@ def test_a_cancelled_job_while_its_epilogs_run():
     squeue --json both say COMPLETING (ExitCode 0:15), so the base state must come from accounting
     (ops.job_end_state: sacct, else sacct -c), whose record `sacct -c` printed as below."""
     scontrol = parse_scontrol_job(fixture("scontrol-show-job-cancelled-in-epilogslurmctld.txt"))
-    assert [(j.job_id, j.state, j.exit_code, j.is_finished) for j in scontrol] == [(27453, "COMPLETING", 15, False)]
+    assert [(j.job_id, j.state, j.exit_code, j.is_finished) for j in scontrol] == [
+        (27453, "COMPLETING", 15, False)
+    ]
     squeue = by_id(parse_squeue_json(fixture("squeue-json-cancelled-in-epilogslurmctld.json")))
     assert squeue[27453].state == "COMPLETING" and not squeue[27453].is_finished
-    assert squeue[27451].state == "CANCELLED"   # an earlier cancelled job, its Epilogs done
+    assert squeue[27451].state == "CANCELLED"  # an earlier cancelled job, its Epilogs done
     assert parse_sacct_state(fixture("sacct-c-cancelled.txt"), 27453) == "CANCELLED"
 
 
-@pytest.mark.parametrize("text,job,state", [
-    ("27453|CANCELLED\n", 27453, "CANCELLED"),
-    ("27453|CANCELLED by 1001\n27453.batch|CANCELLED\n", 27453, "CANCELLED"),
-    ("27450|FAILED\n27450|COMPLETED\n", 27450, "COMPLETED"),     # requeued: the newest record
-    ("27450|FAILED\n", 27451, ""),
-    ("27450.0|TIMEOUT\n", 27450, ""),
-    ("", 1, ""),
-    ("garbage without bars\n", 1, ""),
-    ("1|\n", 1, ""),
-])
+@pytest.mark.parametrize(
+    "text,job,state",
+    [
+        ("27453|CANCELLED\n", 27453, "CANCELLED"),
+        ("27453|CANCELLED by 1001\n27453.batch|CANCELLED\n", 27453, "CANCELLED"),
+        ("27450|FAILED\n27450|COMPLETED\n", 27450, "COMPLETED"),  # requeued: the newest record
+        ("27450|FAILED\n", 27451, ""),
+        ("27450.0|TIMEOUT\n", 27450, ""),
+        ("", 1, ""),
+        ("garbage without bars\n", 1, ""),
+        ("1|\n", 1, ""),
+    ],
+)
 def test_sacct_state(text, job, state):
     assert parse_sacct_state(text, job) == state

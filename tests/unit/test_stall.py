@@ -7,8 +7,9 @@ from scout_slurm.localise.stall import decide_stall, find_desync, position
 
 
 def entry(seq: int, op: str = "all_reduce", nbytes: int = 4096) -> CollectiveEntry:
-    return CollectiveEntry(seq=seq, op=op, nbytes=nbytes, group_size=4, entered_ns=seq * 100,
-                           left_ns=seq * 100 + 50)
+    return CollectiveEntry(
+        seq=seq, op=op, nbytes=nbytes, group_size=4, entered_ns=seq * 100, left_ns=seq * 100 + 50
+    )
 
 
 def ring(n: int, **different: tuple[str, int]) -> tuple[CollectiveEntry, ...]:
@@ -20,13 +21,32 @@ def ring(n: int, **different: tuple[str, int]) -> tuple[CollectiveEntry, ...]:
     return tuple(out)
 
 
-def snap(rank: int, entered: int = 10, completed: int = 9, *, state: ChildState = ChildState.RUNNING,
-         in_collective: bool = True, recent: tuple[CollectiveEntry, ...] = (), node: str = "") -> ProgressSnapshot:
-    return ProgressSnapshot(rank=rank, node=node or f"node{rank // 2 + 1}", pid=1000 + rank, published_at=100.0,
-                            child_state=state, coll_entered=entered, coll_completed=completed,
-                            in_collective=in_collective, current_op="all_reduce" if in_collective else "none",
-                            opt_steps=completed // 3, pg_seq=completed, idle_s=75.0, step_time_s=0.5,
-                            recent=recent)
+def snap(
+    rank: int,
+    entered: int = 10,
+    completed: int = 9,
+    *,
+    state: ChildState = ChildState.RUNNING,
+    in_collective: bool = True,
+    recent: tuple[CollectiveEntry, ...] = (),
+    node: str = "",
+) -> ProgressSnapshot:
+    return ProgressSnapshot(
+        rank=rank,
+        node=node or f"node{rank // 2 + 1}",
+        pid=1000 + rank,
+        published_at=100.0,
+        child_state=state,
+        coll_entered=entered,
+        coll_completed=completed,
+        in_collective=in_collective,
+        current_op="all_reduce" if in_collective else "none",
+        opt_steps=completed // 3,
+        pg_seq=completed,
+        idle_s=75.0,
+        step_time_s=0.5,
+        recent=recent,
+    )
 
 
 # --- position -----------------------------------------------------------------------------
@@ -84,13 +104,22 @@ def test_first_disagreeing_sequence_number_decides():
 
 def test_sequence_not_seen_by_every_rank_is_skipped():
     # ring buffers overlap only from seq 3: seq 1-2 of rank 0 alone cannot be compared
-    rings = {0: ring(6, s1=("broadcast", 1), s2=("broadcast", 1)),
-             1: ring(6)[2:], 2: ring(6)[2:], 3: ring(6)[2:]}
+    rings = {
+        0: ring(6, s1=("broadcast", 1), s2=("broadcast", 1)),
+        1: ring(6)[2:],
+        2: ring(6)[2:],
+        3: ring(6)[2:],
+    }
     assert find_desync(rings) == ((), "")
 
 
 def test_no_strict_majority_names_nobody_but_explains():
-    rings = {0: ring(2), 1: ring(2), 2: ring(2, s2=("broadcast", 8)), 3: ring(2, s2=("broadcast", 8))}
+    rings = {
+        0: ring(2),
+        1: ring(2),
+        2: ring(2, s2=("broadcast", 8)),
+        3: ring(2, s2=("broadcast", 8)),
+    }
     ranks, why = find_desync(rings)
     assert ranks == ()
     assert "no strict majority" in why and "#2" in why
@@ -168,7 +197,7 @@ def test_exited_minority_is_named_before_positions():
 def test_desync_is_named_before_positions():
     snaps = {r: snap(r, 6, 5, recent=ring(6)) for r in range(4)}
     snaps[1] = snap(1, 6, 6, in_collective=False, recent=ring(6, s5=("broadcast", 64)))
-    snaps[0] = snap(0, 5, 4, recent=ring(5))   # behind by position, yet the desync at #5 decides
+    snaps[0] = snap(0, 5, 4, recent=ring(5))  # behind by position, yet the desync at #5 decides
     call = decide_stall(snaps, 4)
     assert call.kind == FindingKind.DESYNC
     assert call.culprits == (1,)

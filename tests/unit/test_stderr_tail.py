@@ -34,8 +34,10 @@ RuntimeError: boom at step 5
 /work/train.py:30: UserWarning: the keep-alive thread is still running
   warnings.warn(...)""".splitlines()
 
-OOM = ("RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
-       "you tried to allocate 8589934592 bytes. Error code 12 (Cannot allocate memory)")
+OOM = (
+    "RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+    "you tried to allocate 8589934592 bytes. Error code 12 (Cannot allocate memory)"
+)
 
 
 def exceptions(lines):
@@ -49,31 +51,56 @@ def test_each_traceback_gives_its_final_line_and_warnings_do_not():
 
 def test_torch_distributed_rank_prefix_is_read_past():
     # torch.distributed's excepthook writes every line of an uncaught exception as "[rankN]: ..."
-    lines = ["[rank1]: Traceback (most recent call last):", '[rank1]:   File "/w/t.py", line 3, in <module>',
-             "[rank1]:     x = torch.empty(1 << 31)", f"[rank1]: {OOM}"]
+    lines = [
+        "[rank1]: Traceback (most recent call last):",
+        '[rank1]:   File "/w/t.py", line 3, in <module>',
+        "[rank1]:     x = torch.empty(1 << 31)",
+        f"[rank1]: {OOM}",
+    ]
     assert exceptions(lines) == [OOM]
 
 
-@pytest.mark.parametrize("line,found", [
-    ("KeyboardInterrupt", "KeyboardInterrupt"),
-    ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
-     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"),
-    ("MemoryError", "MemoryError"),
-    ("AssertionError:", "AssertionError:"),
-])
+@pytest.mark.parametrize(
+    "line,found",
+    [
+        ("KeyboardInterrupt", "KeyboardInterrupt"),
+        (
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+        ),
+        ("MemoryError", "MemoryError"),
+        ("AssertionError:", "AssertionError:"),
+    ],
+)
 def test_exception_lines(line, found):
-    assert exceptions(["Traceback (most recent call last):", '  File "t.py", line 1, in <module>', line]) == [found]
+    assert exceptions(
+        ["Traceback (most recent call last):", '  File "t.py", line 1, in <module>', line]
+    ) == [found]
 
 
 def test_a_warning_printed_by_another_thread_inside_a_traceback_is_skipped():
-    lines = ["Traceback (most recent call last):", '  File "t.py", line 1, in <module>',
-             "/x/y.py:3: FutureWarning: deprecated", "", "ValueError: loss is nan"]
+    lines = [
+        "Traceback (most recent call last):",
+        '  File "t.py", line 1, in <module>',
+        "/x/y.py:3: FutureWarning: deprecated",
+        "",
+        "ValueError: loss is nan",
+    ]
     assert exceptions(lines) == ["ValueError: loss is nan"]
 
 
 def test_no_traceback_no_exception():
-    assert exceptions(["RuntimeError: said in a log line, no traceback", "step 20 loss 0.1",
-                       "Fatal Python error: Segmentation fault", "Thread 0x7f (most recent call first):"]) == []
+    assert (
+        exceptions(
+            [
+                "RuntimeError: said in a log line, no traceback",
+                "step 20 loss 0.1",
+                "Fatal Python error: Segmentation fault",
+                "Thread 0x7f (most recent call first):",
+            ]
+        )
+        == []
+    )
 
 
 def test_the_tail_keeps_the_last_exception_with_the_position_when_it_was_read():
@@ -83,12 +110,15 @@ def test_the_tail_keeps_the_last_exception_with_the_position_when_it_was_read():
         tail.feed(line + "\n")
     assert tail.last_exception.line == "RuntimeError: boom at step 5"
     assert tail.last_exception.position == 21 and tail.last_exception.at == 123.0
-    assert list(tail)[-1] == "  warnings.warn(...)" and len(tail) == 4   # still the last lines, bounded
+    assert (
+        list(tail)[-1] == "  warnings.warn(...)" and len(tail) == 4
+    )  # still the last lines, bounded
 
 
 def test_a_position_that_cannot_be_read_is_unknown():
     def broken() -> int:
         raise OSError("gone")
+
     tail = StderrTail(position=broken)
     for line in ("Traceback (most recent call last):", "ValueError: x"):
         tail.feed(line)
@@ -99,13 +129,15 @@ def test_pump_forwards_unchanged_and_keeps_the_exception_of_a_child_kept_alive(c
     """A real child: a non-daemon thread outlives the main thread's exception (as a user's metrics
     thread would); after the traceback the thread prints a warning. The tail's exception is the
     traceback's, and the bytes reach the job's stderr as the child wrote them."""
-    code = ("import threading, time, warnings, sys\n"
-            "def later():\n"
-            "    time.sleep(0.5)\n"
-            "    warnings.warn('still uploading metrics', FutureWarning)\n"
-            "threading.Thread(target=later, daemon=False).start()\n"
-            "raise ValueError('loss is nan at step 5')\n")
-    child = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE)   # ends by itself
+    code = (
+        "import threading, time, warnings, sys\n"
+        "def later():\n"
+        "    time.sleep(0.5)\n"
+        "    warnings.warn('still uploading metrics', FutureWarning)\n"
+        "threading.Thread(target=later, daemon=False).start()\n"
+        "raise ValueError('loss is nan at step 5')\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE)  # ends by itself
     tail = StderrTail(position=lambda: 42)
     pump = threading.Thread(target=_pump_stderr, args=(child, tail))
     pump.start()
@@ -117,9 +149,18 @@ def test_pump_forwards_unchanged_and_keeps_the_exception_of_a_child_kept_alive(c
         if child.poll() is None:
             child.kill()
     seen = tail.last_exception
-    assert seen is not None and seen.line == "ValueError: loss is nan at step 5" and seen.position == 42
-    assert "FutureWarning: still uploading metrics" in tail[-1]          # the last line is the warning
+    assert (
+        seen is not None
+        and seen.line == "ValueError: loss is nan at step 5"
+        and seen.position == 42
+    )
+    assert "FutureWarning: still uploading metrics" in tail[-1]  # the last line is the warning
     err = capfd.readouterr().err
-    alone = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=30).stderr.decode()
-    assert err == alone                       # byte for byte what the child writes without the shim
-    assert "Traceback (most recent call last):\n" in err and "ValueError: loss is nan at step 5\n" in err
+    alone = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, timeout=30
+    ).stderr.decode()
+    assert err == alone  # byte for byte what the child writes without the shim
+    assert (
+        "Traceback (most recent call last):\n" in err
+        and "ValueError: loss is nan at step 5\n" in err
+    )

@@ -25,7 +25,9 @@ def names(draw):
     out = []
     for _ in range(draw(st.integers(0, 30))):
         if shape == "mixed" and draw(st.booleans()):
-            out.append(draw(_parts) + draw(_digits) + draw(_parts) + draw(st.sampled_from(["", "7"])))
+            out.append(
+                draw(_parts) + draw(_digits) + draw(_parts) + draw(st.sampled_from(["", "7"]))
+            )
         else:
             out.append(pre + draw(_digits) + suf)
     return out
@@ -39,13 +41,20 @@ def test_fast_order_is_the_natural_order(listed):
 
 def test_equal_numbers_keep_the_listing_order_like_the_general_key():
     listed = ["rank-1.json", "rank-01.json", "rank-001.json", "rank-0.json"]
-    assert sorted_natural(listed) == sorted(listed, key=natural_key) == [
-        "rank-0.json", "rank-1.json", "rank-01.json", "rank-001.json"]
+    assert (
+        sorted_natural(listed)
+        == sorted(listed, key=natural_key)
+        == ["rank-0.json", "rank-1.json", "rank-01.json", "rank-001.json"]
+    )
 
 
 def test_a_name_with_a_superscript_digit_is_ordered_not_raised():
     listed = ["rank-1²3.json", "rank-2.json", "²"]
-    assert sorted_natural(listed) == sorted(listed, key=natural_key) == ["rank-1²3.json", "rank-2.json", "²"]
+    assert (
+        sorted_natural(listed)
+        == sorted(listed, key=natural_key)
+        == ["rank-1²3.json", "rank-2.json", "²"]
+    )
 
 
 def test_a_large_listing_in_rank_order():
@@ -57,7 +66,9 @@ def test_a_large_listing_in_rank_order():
 def test_list_records_returns_ranks_in_natural_order(tmp_path):
     for r in (10, 2, 1, 33, 0):
         write_record(tmp_path / f"rank-{r}.json", place(r, 40))
-    (tmp_path / "rank-x.json").write_text("{}")   # matches the glob, is no record: one error, order kept
+    (tmp_path / "rank-x.json").write_text(
+        "{}"
+    )  # matches the glob, is no record: one error, order kept
     records, errors = list_records(tmp_path, "rank-*.json", RankPlace)
     assert [p.rank for p in records] == [0, 1, 2, 10, 33]
     assert len(errors) == 1 and "rank-x.json" in errors[0]

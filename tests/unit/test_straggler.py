@@ -10,15 +10,28 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scout_slurm.errors import ConfigError
-from scout_slurm.localise.straggler import (Confirmation, LinkProbe, RankTiming, RoundDecision, TimingRules,
-                                            confirm, decide_round, link_rounds, node_link_scores, pairing_rounds,
-                                            robust_outliers, rules_from_environment)
+from scout_slurm.localise.straggler import (
+    Confirmation,
+    LinkProbe,
+    RankTiming,
+    RoundDecision,
+    TimingRules,
+    confirm,
+    decide_round,
+    link_rounds,
+    node_link_scores,
+    pairing_rounds,
+    robust_outliers,
+    rules_from_environment,
+)
 
 RULES = TimingRules(every=5, rel_floor=0.2, abs_floor_s=0.05, mad_factor=5.0, confirm_rounds=2)
 
 
 def _spread(values):
-    return robust_outliers(values, rel_floor=RULES.rel_floor, abs_floor=RULES.abs_floor_s, mad_factor=RULES.mad_factor)
+    return robust_outliers(
+        values, rel_floor=RULES.rel_floor, abs_floor=RULES.abs_floor_s, mad_factor=RULES.mad_factor
+    )
 
 
 def _timings(compute, comm=None):
@@ -30,6 +43,7 @@ NODES4 = ["n1", "n1", "n2", "n2"]
 
 
 # -- robust_outliers ------------------------------------------------------------------------------
+
 
 def test_one_slow_rank_of_four_is_named():
     s = _spread([0.02, 0.021, 0.019, 0.30])
@@ -86,7 +100,11 @@ def test_empty_and_single():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.floats(0.001, 10.0), min_size=4, max_size=32), st.integers(0, 31), st.floats(2.0, 20.0))
+@given(
+    st.lists(st.floats(0.001, 10.0), min_size=4, max_size=32),
+    st.integers(0, 31),
+    st.floats(2.0, 20.0),
+)
 def test_property_one_far_slower_rank_is_always_named(base, idx, factor):
     # every rank the same up to 1 %, one rank factor times slower and at least 0.1 s more
     ref = base[0]
@@ -107,8 +125,11 @@ def test_property_equal_within_floors_is_clean(noise, base):
 
 # -- decide_round ---------------------------------------------------------------------------------
 
+
 def test_round_compute_straggler_named_with_node():
-    d = decide_round(_timings([0.02, 0.02, 0.02, 0.30], [0.3, 0.3, 0.3, 0.01]), NODES4, None, 0.02, RULES)
+    d = decide_round(
+        _timings([0.02, 0.02, 0.02, 0.30], [0.3, 0.3, 0.3, 0.01]), NODES4, None, 0.02, RULES
+    )
     assert (d.outcome, d.ranks, d.nodes) == ("compute", (3,), ("n2",))
 
 
@@ -118,7 +139,10 @@ def test_round_whole_group_slow_names_nobody():
 
 
 def test_round_whole_group_within_floor_of_best_is_clean():
-    assert decide_round(_timings([0.03, 0.03, 0.03, 0.03]), NODES4, None, 0.02, RULES).outcome == "clean"
+    assert (
+        decide_round(_timings([0.03, 0.03, 0.03, 0.03]), NODES4, None, 0.02, RULES).outcome
+        == "clean"
+    )
 
 
 def test_round_two_slow_is_inconclusive():
@@ -170,7 +194,10 @@ def test_round_probe_noise_names_nobody():
         small[a][b] = 0.0005 + rng.random() * 0.002
         medium[a][b] = 0.002 + rng.random() * 0.004
     probe = LinkProbe(tuple(map(tuple, small)), tuple(map(tuple, medium)))
-    assert decide_round(_timings([0.02] * 4), ["n1", "n2", "n3", "n4"], probe, 0.02, RULES).outcome == "clean"
+    assert (
+        decide_round(_timings([0.02] * 4), ["n1", "n2", "n3", "n4"], probe, 0.02, RULES).outcome
+        == "clean"
+    )
 
 
 def test_node_link_scores_ignore_pairs_on_one_node():
@@ -180,6 +207,7 @@ def test_node_link_scores_ignore_pairs_on_one_node():
 
 
 # -- confirm ---------------------------------------------------------------------------------------
+
 
 def _named(rank):
     return RoundDecision("compute", (rank,), ("n",))
@@ -211,7 +239,9 @@ def test_streak_broken_by_a_clean_round_starts_over():
 
 
 def test_confirm_rounds_one_names_at_once_and_three_waits():
-    assert confirm(Confirmation(), _named(2), TimingRules(confirm_rounds=1)).confirmed == ("compute:rank:2",)
+    assert confirm(Confirmation(), _named(2), TimingRules(confirm_rounds=1)).confirmed == (
+        "compute:rank:2",
+    )
     rules3 = TimingRules(confirm_rounds=3)
     s = Confirmation()
     got = []
@@ -226,10 +256,13 @@ def test_group_slow_and_communication_keys():
     s = confirm(Confirmation(), RoundDecision("group_slow"), RULES).state
     assert confirm(s, RoundDecision("group_slow"), RULES).confirmed == ("group_slow",)
     s = confirm(Confirmation(), RoundDecision("communication", (2, 3), ("n2",)), RULES).state
-    assert confirm(s, RoundDecision("communication", (2, 3), ("n2",)), RULES).confirmed == ("communication:node:n2",)
+    assert confirm(s, RoundDecision("communication", (2, 3), ("n2",)), RULES).confirmed == (
+        "communication:node:n2",
+    )
 
 
 # -- pairing_rounds ---------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("n", range(0, 12))
 def test_pairing_rounds_cover_every_pair_once_and_no_rank_twice_per_round(n):
@@ -242,14 +275,25 @@ def test_pairing_rounds_cover_every_pair_once_and_no_rank_twice_per_round(n):
     assert len(rounds) <= max(n, 1)
 
 
-@pytest.mark.parametrize("nodes", [["a"] * 4, ["a", "a", "b", "b"], ["a", "b", "a", "b", "c"], ["a", "b", "c"],
-                                   ["a"] * 8 + ["b"] * 8, []])
+@pytest.mark.parametrize(
+    "nodes",
+    [
+        ["a"] * 4,
+        ["a", "a", "b", "b"],
+        ["a", "b", "a", "b", "c"],
+        ["a", "b", "c"],
+        ["a"] * 8 + ["b"] * 8,
+        [],
+    ],
+)
 def test_link_rounds_probe_each_pair_across_nodes_once_and_no_pair_within_one(nodes):
     rounds = link_rounds(nodes)
     seen = [p for r in rounds for p in r]
-    across = [(a, b) for a, b in itertools.combinations(range(len(nodes)), 2) if nodes[a] != nodes[b]]
+    across = [
+        (a, b) for a, b in itertools.combinations(range(len(nodes)), 2) if nodes[a] != nodes[b]
+    ]
     assert sorted(seen) == across
-    assert all(r for r in rounds)   # no empty round left for the ranks to walk through
+    assert all(r for r in rounds)  # no empty round left for the ranks to walk through
     for r in rounds:
         ranks = [x for p in r for x in p]
         assert len(ranks) == len(set(ranks))
@@ -262,28 +306,40 @@ def test_link_rounds_leave_no_link_between_two_nodes_unprobed_that_scores_read()
     # the probe with only the scheduled pairs measured reads the same scores as the full one
     small = [[probe.small[a][b] if (a, b) in kept else -1.0 for b in range(6)] for a in range(6)]
     medium = [[probe.medium[a][b] if (a, b) in kept else -1.0 for b in range(6)] for a in range(6)]
-    assert node_link_scores(LinkProbe(tuple(map(tuple, small)), tuple(map(tuple, medium))), nodes) == \
-        node_link_scores(probe, nodes)
+    assert node_link_scores(
+        LinkProbe(tuple(map(tuple, small)), tuple(map(tuple, medium))), nodes
+    ) == node_link_scores(probe, nodes)
 
 
 # -- settings --------------------------------------------------------------------------------------
 
+
 def test_rules_from_environment_reads_and_ignores_others():
-    r = rules_from_environment({"SCOUT_TIMING_EVERY": "5", "SCOUT_TIMING_ABS_FLOOR_S": "0.01",
-                                "SCOUT_TIMING_PROBE": "false", "SCOUT_TIMING_POLICY": "exit", "PATH": "/bin"})
+    r = rules_from_environment(
+        {
+            "SCOUT_TIMING_EVERY": "5",
+            "SCOUT_TIMING_ABS_FLOOR_S": "0.01",
+            "SCOUT_TIMING_PROBE": "false",
+            "SCOUT_TIMING_POLICY": "exit",
+            "PATH": "/bin",
+        }
+    )
     assert (r.every, r.abs_floor_s, r.probe, r.policy) == (5, 0.01, False, "exit")
     assert rules_from_environment({}) == TimingRules()
 
 
-@pytest.mark.parametrize("env, words", [
-    ({"SCOUT_TIMING_EVRY": "5"}, ["SCOUT_TIMING_EVRY", "SCOUT_TIMING_EVERY"]),
-    ({"SCOUT_TIMING_EVERY": "five"}, ["SCOUT_TIMING_EVERY", "'five'"]),
-    ({"SCOUT_TIMING_PROBE": "maybe"}, ["SCOUT_TIMING_PROBE"]),
-    ({"SCOUT_TIMING_POLICY": "drain"}, ["POLICY", "report"]),
-    ({"SCOUT_TIMING_CONFIRM_ROUNDS": "0"}, ["CONFIRM_ROUNDS"]),
-    ({"SCOUT_TIMING_REL_FLOOR": "nan"}, ["REL_FLOOR"]),
-    ({"SCOUT_TIMING_PROBE_BYTES": "0"}, ["PROBE_BYTES"]),
-])
+@pytest.mark.parametrize(
+    "env, words",
+    [
+        ({"SCOUT_TIMING_EVRY": "5"}, ["SCOUT_TIMING_EVRY", "SCOUT_TIMING_EVERY"]),
+        ({"SCOUT_TIMING_EVERY": "five"}, ["SCOUT_TIMING_EVERY", "'five'"]),
+        ({"SCOUT_TIMING_PROBE": "maybe"}, ["SCOUT_TIMING_PROBE"]),
+        ({"SCOUT_TIMING_POLICY": "drain"}, ["POLICY", "report"]),
+        ({"SCOUT_TIMING_CONFIRM_ROUNDS": "0"}, ["CONFIRM_ROUNDS"]),
+        ({"SCOUT_TIMING_REL_FLOOR": "nan"}, ["REL_FLOOR"]),
+        ({"SCOUT_TIMING_PROBE_BYTES": "0"}, ["PROBE_BYTES"]),
+    ],
+)
 def test_rules_from_environment_errors_name_the_variable(env, words):
     with pytest.raises(ConfigError) as exc:
         rules_from_environment(env)

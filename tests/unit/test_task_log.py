@@ -13,8 +13,16 @@ from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.jobenv import task_context
 from scout_slurm.log import TaskLog, configure, get_logger, level_from_env
 
-ENV = {"SLURM_JOB_ID": "4711", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "4",
-       "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURMD_NODENAME": "n1", "SLURM_STEP_TASKS_PER_NODE": "2(x2)"}
+ENV = {
+    "SLURM_JOB_ID": "4711",
+    "SLURM_STEP_ID": "0",
+    "SLURM_PROCID": "0",
+    "SLURM_STEP_NUM_TASKS": "4",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "0",
+    "SLURMD_NODENAME": "n1",
+    "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+}
 
 
 def test_the_shims_log_goes_to_its_file_not_to_the_jobs_stderr(tmp_path, capsys):
@@ -50,13 +58,15 @@ def test_the_task_log_follows_no_link_and_sends_errors_to_stderr_when_refused(tm
     log = TaskLog(tmp_path / "log.jsonl")
     log.write('{"event": "watchdog.state", "level": "info"}\n')
     log.write('{"event": "watchdog.exit_record_failed", "level": "error"}\n')
-    assert target.read_text() == ""            # the link was not followed
+    assert target.read_text() == ""  # the link was not followed
     err = capsys.readouterr().err
     assert "exit_record_failed" in err and "watchdog.state" not in err
     assert log.dropped == 2
 
 
-@pytest.mark.parametrize("text,expected", [("", 20), ("debug", 10), ("INFO", 20), ("warning", 30), ("nonsense", 20)])
+@pytest.mark.parametrize(
+    "text,expected", [("", 20), ("debug", 10), ("INFO", 20), ("warning", 30), ("nonsense", 20)]
+)
 def test_log_level_from_the_environment(monkeypatch, text, expected):
     monkeypatch.setenv("SCOUT_LOG_LEVEL", text)
     assert level_from_env() == expected
@@ -66,6 +76,7 @@ def test_the_start_banner_promises_the_exit_watch_only_and_says_where_evidence_g
     """At start scout cannot know whether the command uses torch.distributed: the start line
     promises no stall watch, votes, replay or timing (a data-preparation step shows it alone)."""
     from scout_slurm.task.shim import banner
+
     ctx = task_context(ENV)
     folder = JobFolder(tmp_path, "c", 4711)
     cfg = parse_config({"watchdog": {"stall_floor_s": 30}})
@@ -73,12 +84,15 @@ def test_the_start_banner_promises_the_exit_watch_only_and_says_where_evidence_g
     line = banner(ctx, cfg, env, folder)
     assert line.startswith("scout: watching job 4711 (run 0, 4 ranks): each task's exit")
     assert "watched for its exit only and never called stalled" in line
-    assert "max(30 s" not in line and "every 10 steps" not in line and "timing votes every" not in line
+    assert (
+        "max(30 s" not in line and "every 10 steps" not in line and "timing votes every" not in line
+    )
     assert str(folder.run_dir(0)) in line and "\n" not in line
 
 
 def test_the_init_banner_says_what_is_on_once_rank_0_enters_init(tmp_path):
     from scout_slurm.task.shim import init_banner
+
     ctx = task_context(ENV)
     cfg = parse_config({"watchdog": {"stall_floor_s": 30, "startup_grace_s": 8}})
     env = dict(ENV, SCOUT_CONSENSUS_EVERY="10", SCOUT_REPLAY_EVERY="0")
@@ -86,9 +100,15 @@ def test_the_init_banner_says_what_is_on_once_rank_0_enters_init(tmp_path):
     assert line.startswith("scout: job 4711, rank 0 entered init_process_group:")
     assert "max(30 s, 10 x its step time)" in line and "the start-up limit, 8 s" in line
     assert "only once a peer waits there" in line
-    assert "state votes every 10 steps" in line and "in-situ replay off" in line and "timing votes every 25 steps" in line
+    assert (
+        "state votes every 10 steps" in line
+        and "in-situ replay off" in line
+        and "timing votes every 25 steps" in line
+    )
     assert "\n" not in line
-    assert "unreadable (SCOUT_CONSENSUS_EVERY='ten')" in init_banner(ctx, cfg, dict(env, SCOUT_CONSENSUS_EVERY="ten"))
+    assert "unreadable (SCOUT_CONSENSUS_EVERY='ten')" in init_banner(
+        ctx, cfg, dict(env, SCOUT_CONSENSUS_EVERY="ten")
+    )
 
 
 def test_operator_commands_print_no_info_log_lines(tmp_path, monkeypatch, capsys):
@@ -96,6 +116,7 @@ def test_operator_commands_print_no_info_log_lines(tmp_path, monkeypatch, capsys
     from click.testing import CliRunner
 
     from scout_slurm.cli import main
+
     monkeypatch.delenv("SCOUT_LOG_LEVEL", raising=False)
     monkeypatch.setenv("SCOUT_EVIDENCE_ROOT", str(tmp_path))
     monkeypatch.delenv("SCOUT_CONFIG", raising=False)
@@ -119,8 +140,14 @@ def test_scout_show_on_a_job_with_no_scout_records_says_so_and_fails(tmp_path, m
     from click.testing import CliRunner
 
     from scout_slurm.cli import main
+
     folder = JobFolder(tmp_path / "evidence", "c", 77)
-    for d in (folder.ranks_dir(0), folder.progress_dir(0), folder.findings_dir(0), folder.nodes_dir):
+    for d in (
+        folder.ranks_dir(0),
+        folder.progress_dir(0),
+        folder.findings_dir(0),
+        folder.nodes_dir,
+    ):
         d.mkdir(parents=True)
     monkeypatch.setenv("SCOUT_EVIDENCE_ROOT", str(tmp_path / "evidence"))
     monkeypatch.delenv("SCOUT_CONFIG", raising=False)

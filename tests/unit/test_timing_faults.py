@@ -26,12 +26,15 @@ def test_input_stall_fires_once():
     assert [s for s in range(1, 20) if f.applies(0, s, 0)] == [2]
 
 
-@pytest.mark.parametrize("text, word", [
-    ("delay,rank=1,step=3", "seconds"),
-    ("input_stall,rank=1", "seconds"),
-    ("delay,seconds=-1", "0..3600"),
-    ("delay,seconds=7200", "0..3600"),
-])
+@pytest.mark.parametrize(
+    "text, word",
+    [
+        ("delay,rank=1,step=3", "seconds"),
+        ("input_stall,rank=1", "seconds"),
+        ("delay,seconds=-1", "0..3600"),
+        ("delay,seconds=7200", "0..3600"),
+    ],
+)
 def test_timing_faults_refuse_bad_specs(text, word):
     with pytest.raises(ConfigError, match=word):
         parse_fault(text)

@@ -11,15 +11,26 @@ import pytest
 
 from scout_slurm.evidence.records import ChildState, Finding, FindingKind, StallDecision
 from scout_slurm.localise.verdict import RULES, Rule, explain, localise, render_rules_markdown
-from tests.unit.test_verdict import (NOW, _straggler, cascade, entry, evidence, exited, finished, ranks,
-                                     snap)
+from tests.unit.test_verdict import (
+    NOW,
+    _straggler,
+    cascade,
+    entry,
+    evidence,
+    exited,
+    finished,
+    ranks,
+    snap,
+)
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 BLOCK = re.compile(r"<!-- verdict-rules:begin -->\n(.*?)<!-- verdict-rules:end -->", re.S)
 
 
 def stall(*culprits: int, kind: FindingKind = FindingKind.HANG) -> StallDecision:
-    return StallDecision(decided_by=0, at=NOW - 20, culprits=culprits, kind=kind, reasoning=("rank behind",))
+    return StallDecision(
+        decided_by=0, at=NOW - 20, culprits=culprits, kind=kind, reasoning=("rank behind",)
+    )
 
 
 def all_clean(world: int = 4) -> list:
@@ -31,24 +42,79 @@ ODD = tuple(entry(s) for s in range(1, 6)) + (entry(6, "broadcast", 64),)
 
 # one plain input a rule, and the ranks it names
 EXAMPLES = {
-    Rule.SDC_VOTE: (evidence(4, exits=all_clean(), job_exit_code=0, findings=[
-        Finding(rank=1, node="n1", kind=FindingKind.SDC, at=NOW - 9, summary="weights differ")]), [1]),
+    Rule.SDC_VOTE: (
+        evidence(
+            4,
+            exits=all_clean(),
+            job_exit_code=0,
+            findings=[
+                Finding(
+                    rank=1, node="n1", kind=FindingKind.SDC, at=NOW - 9, summary="weights differ"
+                )
+            ],
+        ),
+        [1],
+    ),
     Rule.STALL_NO_CULPRIT: (evidence(4, decision=stall()), []),
     Rule.STALL_CRASHED: (evidence(4, decision=stall(1), exits=[exited(1, signal=11)]), [1]),
-    Rule.STALL_STOPPED: (evidence(4, decision=stall(1), snapshots=[
-        snap(r, state=ChildState.STOPPED if r == 1 else ChildState.RUNNING) for r in range(4)]), [1]),
+    Rule.STALL_STOPPED: (
+        evidence(
+            4,
+            decision=stall(1),
+            snapshots=[
+                snap(r, state=ChildState.STOPPED if r == 1 else ChildState.RUNNING)
+                for r in range(4)
+            ],
+        ),
+        [1],
+    ),
     Rule.STALL_BEHIND: (evidence(4, decision=stall(1), snapshots=[snap(r) for r in range(4)]), [1]),
-    Rule.STALL_WIDE: (evidence(4, decision=stall(1, 2), snapshots=[snap(r) for r in range(4)]), [1, 2]),
-    Rule.DESYNC: (evidence(4, exits=[exited(3, signal=6, progress=snap(3, 5, entered=6, recent=AGREED[:6])),
-                                     exited(2, signal=15, progress=snap(2, 5, entered=6, recent=ODD)),
-                                     exited(0, signal=15, progress=snap(0, 7, entered=8, recent=AGREED)),
-                                     exited(1, signal=15, progress=snap(1, 7, entered=8, recent=AGREED))]), [2]),
-    Rule.STRAGGLER: (evidence(4, exits=all_clean(), job_exit_code=0, findings=[_straggler(3, "n2")]), [3]),
-    Rule.FAILED_AT_EXIT: (evidence(4, exits=[exited(0, signal=6, progress=finished(0))]
-                                   + [exited(r, progress=finished(r)) for r in (1, 2, 3)]), []),
-    Rule.NO_MAJORITY: (evidence(4, exits=all_clean(), job_exit_code=0, findings=[
-        Finding(rank=0, node="n1", kind=FindingKind.INFO, at=NOW - 9, component="weights",
-                summary="state vote inconclusive: replicas 0 and 1 disagree with no majority")]), []),
+    Rule.STALL_WIDE: (
+        evidence(4, decision=stall(1, 2), snapshots=[snap(r) for r in range(4)]),
+        [1, 2],
+    ),
+    Rule.DESYNC: (
+        evidence(
+            4,
+            exits=[
+                exited(3, signal=6, progress=snap(3, 5, entered=6, recent=AGREED[:6])),
+                exited(2, signal=15, progress=snap(2, 5, entered=6, recent=ODD)),
+                exited(0, signal=15, progress=snap(0, 7, entered=8, recent=AGREED)),
+                exited(1, signal=15, progress=snap(1, 7, entered=8, recent=AGREED)),
+            ],
+        ),
+        [2],
+    ),
+    Rule.STRAGGLER: (
+        evidence(4, exits=all_clean(), job_exit_code=0, findings=[_straggler(3, "n2")]),
+        [3],
+    ),
+    Rule.FAILED_AT_EXIT: (
+        evidence(
+            4,
+            exits=[exited(0, signal=6, progress=finished(0))]
+            + [exited(r, progress=finished(r)) for r in (1, 2, 3)],
+        ),
+        [],
+    ),
+    Rule.NO_MAJORITY: (
+        evidence(
+            4,
+            exits=all_clean(),
+            job_exit_code=0,
+            findings=[
+                Finding(
+                    rank=0,
+                    node="n1",
+                    kind=FindingKind.INFO,
+                    at=NOW - 9,
+                    component="weights",
+                    summary="state vote inconclusive: replicas 0 and 1 disagree with no majority",
+                )
+            ],
+        ),
+        [],
+    ),
     Rule.UNWATCHED_CLEAN: (evidence(4, places=False, job_exit_code=0), []),
     Rule.UNWATCHED_FAILED: (evidence(4, places=False, job_exit_code=256), []),
     Rule.CLEAN: (evidence(4, exits=all_clean(), job_exit_code=0), []),
@@ -59,9 +125,22 @@ EXAMPLES = {
     Rule.ALL_CASCADE: (evidence(4, exits=[cascade(r) for r in range(4)]), []),
     Rule.SHARED_FAILURE: (evidence(4, exits=[exited(r, 1) for r in range(3)] + [exited(3)]), []),
     Rule.CRASH_SOLE: (evidence(4, exits=[exited(1, 1)] + [cascade(r) for r in (0, 2, 3)]), [1]),
-    Rule.CRASH_FIRST: (evidence(4, exits=[exited(1, 1, progress=snap(1, 10)), exited(2, 1, progress=snap(2, 20)),
-                                          cascade(0), cascade(3)]), [1]),
-    Rule.CRASH_TIED: (evidence(4, exits=[exited(0, 1), exited(2, 1), cascade(1), cascade(3)]), [0, 2]),
+    Rule.CRASH_FIRST: (
+        evidence(
+            4,
+            exits=[
+                exited(1, 1, progress=snap(1, 10)),
+                exited(2, 1, progress=snap(2, 20)),
+                cascade(0),
+                cascade(3),
+            ],
+        ),
+        [1],
+    ),
+    Rule.CRASH_TIED: (
+        evidence(4, exits=[exited(0, 1), exited(2, 1), cascade(1), cascade(3)]),
+        [0, 2],
+    ),
 }
 
 
@@ -77,7 +156,7 @@ def test_each_rule_decides_its_example_as_the_table_says(rule):
     assert verdict == localise(ev, now=NOW)
     assert ranks(verdict) == named, verdict
     row = RULES[rule]
-    if row.factor:      # the factor multiplies what the per-culprit rule before it gave
+    if row.factor:  # the factor multiplies what the per-culprit rule before it gave
         base = RULES[consulted[0]]
         assert verdict.kind == base.kind
         assert verdict.confidence == round(base.confidence * row.confidence, 3)
@@ -97,10 +176,13 @@ def test_rules_are_consulted_in_table_order():
 
 def test_readme_shows_the_rule_table_as_rendered():
     found = BLOCK.search(README.read_text())
-    assert found, f"{README}: no <!-- verdict-rules:begin --> ... <!-- verdict-rules:end --> block in the verdict section"
+    assert found, (
+        f"{README}: no <!-- verdict-rules:begin --> ... <!-- verdict-rules:end --> block in the verdict section"
+    )
     assert found.group(1) == render_rules_markdown(), (
         "README's verdict-rules block differs from the table in scout_slurm/localise/verdict.py: paste the output "
-        "of `python -c 'from scout_slurm.localise.verdict import render_rules_markdown as r; print(r(), end=\"\")'`")
+        "of `python -c 'from scout_slurm.localise.verdict import render_rules_markdown as r; print(r(), end=\"\")'`"
+    )
 
 
 def test_the_rendering_has_one_row_a_rule():
@@ -114,10 +196,15 @@ def test_the_rendering_has_one_row_a_rule():
 
 def test_a_no_majority_finding_is_inconclusive_by_kind_or_by_its_words():
     from scout_slurm.evidence.records import is_no_majority
+
     worded = EXAMPLES[Rule.NO_MAJORITY][0].findings[0]
-    typed = dataclasses.replace(worded, kind=FindingKind.NO_MAJORITY, summary="replicas 0 and 1 disagree")
+    typed = dataclasses.replace(
+        worded, kind=FindingKind.NO_MAJORITY, summary="replicas 0 and 1 disagree"
+    )
     assert is_no_majority(worded) and is_no_majority(typed)
-    assert not is_no_majority(dataclasses.replace(worded, component=""))     # the words alone, no component
+    assert not is_no_majority(
+        dataclasses.replace(worded, component="")
+    )  # the words alone, no component
     for f in (worded, typed):
         ev = evidence(4, exits=all_clean(), job_exit_code=0, findings=[f])
         assert explain(ev, now=NOW)[1] == (Rule.NO_MAJORITY,)
@@ -125,15 +212,23 @@ def test_a_no_majority_finding_is_inconclusive_by_kind_or_by_its_words():
 
 def test_a_fault_injection_is_known_by_kind_or_by_its_words():
     from scout_slurm.evidence.records import is_fault_injection
-    worded = Finding(rank=2, node="n2", kind=FindingKind.INFO, at=NOW, summary="fault injected: hang")
+
+    worded = Finding(
+        rank=2, node="n2", kind=FindingKind.INFO, at=NOW, summary="fault injected: hang"
+    )
     assert is_fault_injection(worded)
-    assert is_fault_injection(dataclasses.replace(worded, kind=FindingKind.FAULT_INJECTED, summary="hang"))
+    assert is_fault_injection(
+        dataclasses.replace(worded, kind=FindingKind.FAULT_INJECTED, summary="hang")
+    )
     assert not is_fault_injection(dataclasses.replace(worded, kind=FindingKind.SDC))
     assert not is_fault_injection(dataclasses.replace(worded, summary="a fault injected"))
 
 
 def test_resume_outcomes():
     from scout_slurm.evidence.records import ResumeOutcome, resume_outcome
-    assert resume_outcome("RESUME MISMATCH: rank 0's state restored from x") is ResumeOutcome.MISMATCH
+
+    assert (
+        resume_outcome("RESUME MISMATCH: rank 0's state restored from x") is ResumeOutcome.MISMATCH
+    )
     assert resume_outcome("resume verified: rank 1 restored x (step 10)") is ResumeOutcome.VERIFIED
     assert resume_outcome("no checkpoint record for x") is ResumeOutcome.OTHER

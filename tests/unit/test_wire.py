@@ -8,14 +8,16 @@ from scout_slurm.bootstrap.wire import PackError, broadcast_packed, pack, unpack
 
 def _tensors():
     g = torch.Generator().manual_seed(3)
-    return [torch.randn(3, 5, generator=g),
-            torch.randn(7, generator=g).to(torch.bfloat16),
-            torch.tensor(2.5, dtype=torch.float64),                    # 0-d (AdamW's step)
-            torch.zeros(0, 4),                                         # empty
-            torch.tensor([True, False, True]),
-            torch.arange(11, dtype=torch.int16),                       # 22 bytes: the next one is padded
-            torch.randn(4, 6, generator=g).t(),                        # not contiguous
-            torch.get_rng_state()]
+    return [
+        torch.randn(3, 5, generator=g),
+        torch.randn(7, generator=g).to(torch.bfloat16),
+        torch.tensor(2.5, dtype=torch.float64),  # 0-d (AdamW's step)
+        torch.zeros(0, 4),  # empty
+        torch.tensor([True, False, True]),
+        torch.arange(11, dtype=torch.int16),  # 22 bytes: the next one is padded
+        torch.randn(4, 6, generator=g).t(),  # not contiguous
+        torch.get_rng_state(),
+    ]
 
 
 def test_pack_round_trip_is_bit_exact_with_every_offset_aligned():
@@ -27,8 +29,13 @@ def test_pack_round_trip_is_bit_exact_with_every_offset_aligned():
     assert len(out) == len(ts)
     for a, b in zip(ts, out):
         assert b.dtype == a.dtype and b.shape == a.shape
-        assert torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
-        assert (b.storage_offset() * b.element_size()) % 8 == 0 or b.numel() == 0   # bytes into the payload
+        assert torch.equal(
+            a.contiguous().reshape(-1).view(torch.uint8),
+            b.contiguous().reshape(-1).view(torch.uint8),
+        )
+        assert (
+            b.storage_offset() * b.element_size()
+        ) % 8 == 0 or b.numel() == 0  # bytes into the payload
 
 
 def test_empty_meta_and_no_tensors():
@@ -46,9 +53,12 @@ def test_a_source_that_cannot_pack_tells_the_others_first():
 
     def broadcast(t, src, group):
         sent.append(t.clone())
+
     with pytest.raises(PackError):
         broadcast_packed(broadcast, None, 0, 0, b"x", [torch.zeros(2, dtype=torch.complex64)])
-    assert len(sent) == 1 and int(sent[0][0]) == -1   # the header said "nothing": no rank waits for a payload
+    assert (
+        len(sent) == 1 and int(sent[0][0]) == -1
+    )  # the header said "nothing": no rank waits for a payload
 
 
 def test_nothing_to_send_is_none():

@@ -15,14 +15,18 @@ def _scout_install():
             from scout_slurm.bootstrap import patches
         except ImportError:
             import importlib.util
+
             pkg = os.environ.get("SCOUT_PACKAGE_DIR", "")
             # Only an absolute folder that holds the package: an empty or relative value would
             # run whatever __init__.py sits in the job's working directory.
             if not os.path.isabs(pkg) or not os.path.isfile(os.path.join(pkg, "__init__.py")):
-                raise ImportError(f"scout_slurm is not importable and SCOUT_PACKAGE_DIR={pkg!r} "
-                                  "is not a folder holding it") from None
+                raise ImportError(
+                    f"scout_slurm is not importable and SCOUT_PACKAGE_DIR={pkg!r} "
+                    "is not a folder holding it"
+                ) from None
             spec = importlib.util.spec_from_file_location(
-                "scout_slurm", os.path.join(pkg, "__init__.py"), submodule_search_locations=[pkg])
+                "scout_slurm", os.path.join(pkg, "__init__.py"), submodule_search_locations=[pkg]
+            )
             if spec is None or spec.loader is None:
                 raise
             module = importlib.util.module_from_spec(spec)
@@ -32,10 +36,13 @@ def _scout_install():
                 from scout_slurm.bootstrap import patches
             except BaseException:
                 # leave no half-imported package behind for the job's own imports
-                for name in [n for n in sys.modules if n == "scout_slurm" or n.startswith("scout_slurm.")]:
+                for name in [
+                    n for n in sys.modules if n == "scout_slurm" or n.startswith("scout_slurm.")
+                ]:
                     del sys.modules[name]
                 raise
         from scout_slurm import jobconfig
+
         patches.install_from_config(jobconfig.load())  # the one read of the job's settings
     except Exception as exc:  # the training job must run even if scout cannot watch it
         sys.stderr.write(f"scout: bootstrap not installed in pid {os.getpid()}: {exc!r}\n")
@@ -44,6 +51,7 @@ def _scout_install():
 def _chain_site_sitecustomize():
     import importlib.machinery
     import importlib.util
+
     here = os.path.dirname(os.path.abspath(__file__))
     path = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
