@@ -95,6 +95,16 @@ class VerdictKind(str, enum.Enum):
     UNCHECKED = "unchecked"
 
 
+class Cause(str, enum.Enum):
+    """What a failure came from, by the strongest evidence (localise/cause.py decides it): the
+    actions differ (a software failure never drains, excludes or watches a node)."""
+
+    SOFTWARE = "software"  # the job's own exception, a known user-side error, its own OOM
+    HARDWARE = "hardware"  # root evidence on the node, wrong numbers, device-lost errors, SIGBUS
+    INFRASTRUCTURE = "infrastructure"  # file system or network errors
+    UNKNOWN = "unknown"  # nothing decides: today's rule applies
+
+
 @dataclass(frozen=True)
 class CollectiveEntry:
     seq: int  # scout's own count of collectives this rank entered (1-based)
@@ -192,7 +202,10 @@ class ExitRecord:
     # (collectives entered + completed) when it was printed, -1 unknown: whole even in a digest
     exception: str = ""
     exception_position: int = -1
-    schema_version: int = 1
+    # the innermost frame of that traceback, 'path:line in function' ("" when none): where it was
+    # raised, so that a cause can tell the job's own code from a library's (version 2)
+    exception_at: str = ""
+    schema_version: int = 2
 
 
 @dataclass(frozen=True)
@@ -429,7 +442,13 @@ class Verdict:
     created_at: float
     # which of scout's checks ran in the run (None: no record of any, e.g. an older job or votes off)
     coverage: VoteCoverage | None = None
-    schema_version: int = 1
+    # what the failure came from and the evidence that decided it (version 2)
+    cause: Cause = Cause.UNKNOWN
+    cause_evidence: str = ""
+    # the job's own fault, where a rerun failing the same way proves a bug: "ValueError at
+    # train.py:73 in step" ("" when there is none)
+    fault_site: str = ""
+    schema_version: int = 2
 
     @property
     def suspect_nodes(self) -> tuple[str, ...]:

@@ -13,6 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from scout_slurm.evidence.cascade import CASCADE_PATTERNS, mentions_peer_failure  # noqa: F401 (re-exported)
 from scout_slurm.evidence.records import (
     ChildState,
     ExitRecord,
@@ -28,7 +29,7 @@ from scout_slurm.evidence.records import (
     VoteCoverage,
     is_no_majority,
 )
-from scout_slurm.evidence.cascade import CASCADE_PATTERNS, mentions_peer_failure  # noqa: F401 (re-exported)
+from scout_slurm.localise import cause
 from scout_slurm.localise.stall import find_desync, position
 from scout_slurm.task import exitcodes
 
@@ -415,6 +416,10 @@ def _verdict(
         if first_step >= 0
         else [_step(ev, s.rank) for s in suspects if _step(ev, s.rank) >= 0]
     )
+    found = cause.judge(
+        kind,
+        [(ev.exits[s.rank], _cause_exception(ev, s.rank)) for s in suspects if s.rank in ev.exits],
+    )
     return Verdict(
         job_id=ev.job_id,
         restart=ev.restart,
@@ -427,7 +432,27 @@ def _verdict(
         world_size=ev.world_size,
         created_at=now,
         coverage=ev.coverage,
+        cause=found.cause,
+        cause_evidence=found.evidence,
+        fault_site=found.fault_site,
     )
+
+
+def _cause_exception(ev: JobEvidence, rank: int) -> str:
+    """The exception a cause may be read from: the rank's own (`own_exception`), or, for a rank
+    that failed on its own before any progress was counted (a bug at start-up), its last one."""
+    e = ev.exits[rank]
+    own = own_exception(e, ev.last_progress(rank))
+    if own:
+        return own
+    if (
+        e.exception
+        and is_abnormal(e)
+        and not is_cascade(e)
+        and not mentions_peer_failure((e.exception,))
+    ):
+        return e.exception
+    return ""
 
 
 def _clean_or_unchecked(

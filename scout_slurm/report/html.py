@@ -158,6 +158,12 @@ def incident_section(bundle: IncidentBundle, *, heading_level: int = 2) -> list[
         f"(confidence {v.confidence:.2f}): {esc(who or 'no suspect named', 2000)}"
         + (f"; first suspect step {v.first_suspect_step}" if v.first_suspect_step >= 0 else "")
         + (
+            f'<br>cause: <b class="cause">{esc(v.cause.value)}</b> '
+            f"({esc(v.cause_evidence or 'no evidence recorded', 600)})"
+            if bad
+            else ""
+        )
+        + (
             ' <span class="sub">(computed now from the evidence; the Epilog recorded none)</span>'
             if bundle.verdict_computed
             else ""

@@ -21,6 +21,10 @@ EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(?:: .*|:)?")
 # torchrun's --tee as "[default0]:..."
 PREFIX = re.compile(r"\[[^\]\s]{1,40}\]: ?")
 MAX_FRAME_LINES = 2000  # a traceback that never ends is given up (a frame line is indented)
+# '  File "/w/train.py", line 73, in step': the innermost one before the exception line raised it
+FRAME_LINE = re.compile(
+    r'\s+File "(?P<path>[^"]{1,400})", line (?P<line>\d{1,9})(?:, in (?P<fn>\S{1,200}))?'
+)
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,8 @@ class ExceptionSeen:
     line: str  # the final "Type: message" line, at most 500 characters
     position: int  # the rank's collectives entered + completed when it was read; -1 unknown
     at: float  # wall clock when it was read
+    # the innermost frame of its traceback: 'path:line in function' ("" when none was printed)
+    raised_at: str = ""
 
 
 class TracebackReader:
@@ -39,14 +45,17 @@ class TracebackReader:
     def __init__(self) -> None:
         self._inside = False
         self._seen = 0
+        self._frame = ""
+        self.raised_at = ""  # the innermost frame of the traceback `feed` last ended
 
     def feed(self, line: str) -> str | None:
-        """The exception line when `line` ends a traceback, else None."""
+        """The exception line when `line` ends a traceback, else None (its innermost frame is then
+        in `raised_at`)."""
         prefix = PREFIX.match(line)
         if prefix is not None:
             line = line[prefix.end() :]
         if line.startswith(TRACEBACK_START):
-            self._inside, self._seen = True, 0
+            self._inside, self._seen, self._frame = True, 0, ""
             return None
         if not self._inside:
             return None
@@ -55,9 +64,14 @@ class TracebackReader:
             self._inside = False
             return None
         if not line.strip() or line.startswith((" ", "\t")):
+            frame = FRAME_LINE.match(line)
+            if frame is not None:
+                fn = frame["fn"]
+                self._frame = f"{frame['path']}:{frame['line']}" + (f" in {fn}" if fn else "")
             return None
         if EXCEPTION_LINE.fullmatch(line.rstrip()):
             self._inside = False
+            self.raised_at = self._frame
             return line.rstrip()[:500]
         return None
 
@@ -97,6 +111,5 @@ class StderrTail(deque):
                 pos = self._position()
             except Exception:  # noqa: BLE001 - a record that cannot be read: position unknown
                 pos = -1
-            self.last_exception = ExceptionSeen(
-                found, pos, self._wall()
-            )  # one assignment: read whole
+            # one assignment: read whole
+            self.last_exception = ExceptionSeen(found, pos, self._wall(), self._reader.raised_at)

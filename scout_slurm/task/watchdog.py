@@ -884,6 +884,7 @@ class Watchdog:
             external_termination=bool(self.external_signal),
             exception=seen.line if seen is not None else "",
             exception_position=seen.position if seen is not None else -1,
+            exception_at=seen.raised_at if seen is not None else "",
         )
         if not self._write_evidence(
             self.folder.rank_exit_path(self.ctx.restart, self.ctx.rank), record, what="exit_record"

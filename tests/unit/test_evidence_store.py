@@ -223,7 +223,7 @@ def test_every_record_class_round_trips_through_a_file(tmp_path, name):
 
 def test_json_shape_enums_by_value_tuples_as_lists_nested_objects_without_a_tag():
     obj = obj_of(SAMPLES["exit"])
-    assert obj[KIND_KEY] == "exit" and obj["schema_version"] == 1
+    assert obj[KIND_KEY] == "exit" and obj["schema_version"] == 2
     assert obj["stderr_tail"] == list(SAMPLES["exit"].stderr_tail)
     nested = obj["last_progress"]
     assert KIND_KEY not in nested and nested["schema_version"] == 1
@@ -402,13 +402,13 @@ VALIDATION_CASES = [
     ("no kind", _mutate([KIND_KEY], KeyError), "has no 'record_kind'"),
     (
         "newer schema",
-        _mutate(["schema_version"], 2),
-        "schema_version 2 is newer than this scout understands (1); upgrade scout",
+        _mutate(["schema_version"], 3),
+        "schema_version 3 is newer than this scout understands (2); upgrade scout",
     ),
     (
         "newer schema, new fields",
-        lambda o: {**o, "schema_version": 2, "cgroup": "x"},
-        "schema_version 2 is newer than this scout understands (1); upgrade scout",
+        lambda o: {**o, "schema_version": 3, "cgroup": "x"},
+        "schema_version 3 is newer than this scout understands (2); upgrade scout",
     ),
     (
         "newer nested schema",
