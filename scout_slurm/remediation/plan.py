@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Mapping, Sequence
 
 from scout_slurm.config import DrainConfig, RemediationConfig
-from scout_slurm.evidence.records import Verdict, VerdictKind
+from scout_slurm.evidence.records import Cause, Verdict, VerdictKind
 from scout_slurm.remediation.records import (
     CheckpointNote,
     CheckpointStatus,
@@ -213,11 +213,15 @@ def build_plan(
     checkpoint_reason: str = "",
     checkpoint_status: CheckpointStatus | None = None,
     decisions: Mapping[str, DrainDecision] | None = None,
+    earlier: Sequence[Verdict] = (),
+    software_retries: int = 1,
 ) -> Plan:
     """The actions for `verdict` and what the guards held back (pure). `checkpoint` is the one the
     recovery rule chose (`checkpoint_status`: as eligible or as candidate; `checkpoint_reason`: why).
     `decisions`: the drain rule's word on each suspect node (a node without one is drained, as
-    before the rule); a node it does not drain is excluded from the rerun all the same."""
+    before the rule); a node it does not drain is excluded from the rerun all the same.
+    `earlier`: the verdicts of the job's earlier runs; a software failure is requeued at most
+    `software_retries` times, and never when the run before failed the same way (`software_plan`)."""
     held: list[str] = []
     actions: list[PlannedAction] = []
     if verdict.kind == VerdictKind.CLEAN:
@@ -243,6 +247,17 @@ def build_plan(
                 "(the verdict's reasoning says why: a failure most ranks share would fail again anywhere, "
                 "a failure at exit came after the training had finished)",
             ),
+        )
+    if verdict.cause is Cause.SOFTWARE:
+        return software_plan(
+            verdict,
+            job,
+            cfg,
+            earlier=earlier,
+            software_retries=software_retries,
+            checkpoint=checkpoint,
+            checkpoint_reason=checkpoint_reason,
+            checkpoint_status=checkpoint_status,
         )
     drains: list[str] = []
     if verdict.kind not in DRAINABLE:
@@ -327,22 +342,98 @@ def build_plan(
                     excluded
                 )  # raises, naming it, on a node name Slurm would not take
                 actions.append(PlannedAction.of(Exclude(job.job_id, tuple(excluded))))
-            if checkpoint is not None:
-                actions.append(
-                    PlannedAction.of(
-                        ResumeFrom(
-                            checkpoint.path,
-                            checkpoint.step,
-                            verdict.first_suspect_step,
-                            checkpoint_reason,
-                            checkpoint_status,
-                        )
-                    )
-                )
-            else:
-                held.append(
-                    checkpoint_reason
-                    or "no recorded checkpoint before the first suspect step: the rerun "
-                    "starts as the script decides"
-                )
+            _resume(actions, held, verdict, checkpoint, checkpoint_reason, checkpoint_status)
     return Plan(tuple(actions), tuple(held), tuple(watched))
+
+
+def _resume(
+    actions: list[PlannedAction],
+    held: list[str],
+    verdict: Verdict,
+    checkpoint: CheckpointNote | None,
+    reason: str,
+    status: CheckpointStatus | None,
+) -> None:
+    if checkpoint is not None:
+        actions.append(
+            PlannedAction.of(
+                ResumeFrom(
+                    checkpoint.path, checkpoint.step, verdict.first_suspect_step, reason, status
+                )
+            )
+        )
+    else:
+        held.append(
+            reason
+            or "no recorded checkpoint before the first suspect step: the rerun starts as the "
+            "script decides"
+        )
+
+
+def same_failure(verdict: Verdict, earlier: Sequence[Verdict]) -> Verdict | None:
+    """The latest earlier run that failed with the same software fault at the same place."""
+    if verdict.cause is not Cause.SOFTWARE or not verdict.fault_site:
+        return None
+    same = [
+        v
+        for v in earlier
+        if v.restart < verdict.restart
+        and v.cause is Cause.SOFTWARE
+        and v.fault_site == verdict.fault_site
+    ]
+    return max(same, key=lambda v: v.restart, default=None)
+
+
+def a_bug_not_a_node(verdict: Verdict, before: Verdict) -> str:
+    """'the same ValueError at train.py:73 in step, step 8, on run 0 and run 1: a bug, not a node'"""
+    steps = sorted({v.first_suspect_step for v in (before, verdict) if v.first_suspect_step >= 0})
+    at = f", step {steps[0]}" if len(steps) == 1 else ""
+    return (
+        f"the same {verdict.fault_site}{at}, on run {before.restart} and run {verdict.restart}: "
+        "a bug, not a node"
+    )
+
+
+def software_plan(
+    verdict: Verdict,
+    job: JobFacts,
+    cfg: RemediationConfig,
+    *,
+    earlier: Sequence[Verdict],
+    software_retries: int,
+    checkpoint: CheckpointNote | None,
+    checkpoint_reason: str,
+    checkpoint_status: CheckpointStatus | None,
+) -> Plan:
+    """A failure of the job's own software (pure): no node is drained, excluded or watched; the
+    job is requeued at most `software_retries` times (a transient error passes on a rerun), and
+    not when the run before failed with the same exception at the same place."""
+    held = [
+        f"cause software ({verdict.cause_evidence}): no node is drained, excluded or watched"[:400]
+    ]
+    actions: list[PlannedAction] = []
+    tries = sum(1 for v in earlier if v.restart < verdict.restart and v.cause is Cause.SOFTWARE)
+    before = same_failure(verdict, earlier)
+    if before is not None:
+        held.append(f"{a_bug_not_a_node(verdict, before)}: not requeued (fix the script, resubmit)")
+    elif not cfg.requeue:
+        held.append("the site config disables requeue")
+    elif not job.requeue_allowed:
+        held.append("the job said --no-requeue: not requeued")
+    elif job.restart_count >= cfg.restart_limit:
+        held.append(
+            f"restart limit reached ({job.restart_count} of {cfg.restart_limit}): not requeued"
+        )
+    elif tries >= software_retries:
+        held.append(
+            f"{tries} earlier run(s) of this job failed in its own software "
+            f"(remediation.software_retries = {software_retries}): not requeued"
+        )
+    else:
+        actions.append(PlannedAction.of(Requeue(job.job_id)))
+        held.append(
+            f"requeued once more on the same nodes in case the error was transient "
+            f"(software retry {tries + 1} of {software_retries})"
+        )
+        _resume(actions, held, verdict, checkpoint, checkpoint_reason, checkpoint_status)
+    return Plan(tuple(actions), tuple(held), ())

@@ -495,3 +495,88 @@ def test_scout_s_drain_reasons_are_told_from_others():
     assert not is_scout_drain("bad DIMM (admin)") and not is_scout_drain(
         "bad DIMM, scout: job 77 ", 77
     )
+
+
+# --- a failure of the job's own software --------------------------------------------------------
+def software(restart: int, site: str = "ValueError at train.py:73 in step", step: int = 8):
+    import dataclasses
+
+    from scout_slurm.evidence.records import Cause
+
+    return dataclasses.replace(
+        verdict(VerdictKind.CRASH, (1, "n2"), first_step=step),
+        restart=restart,
+        cause=Cause.SOFTWARE,
+        cause_evidence=f"rank 1 raised {site}",
+        fault_site=site,
+    )
+
+
+def test_a_software_failure_drains_excludes_and_watches_nothing_and_is_retried_once():
+    plan = build_plan(
+        software(0),
+        facts(restarts=0),
+        RemediationConfig(),
+        evidence_path=EVIDENCE,
+        checkpoint=note(4),
+        checkpoint_reason="newest eligible",
+    )
+    kinds = [a.kind for a in plan.actions]
+    assert kinds == [ActionKind.REQUEUE, ActionKind.RESUME_FROM]
+    assert plan.watched == ()
+    assert any("cause software" in h and "no node is drained" in h for h in plan.held_back)
+
+
+def test_the_same_bug_on_the_rerun_stops_the_requeue_and_says_so():
+    plan = build_plan(
+        software(1),
+        facts(restarts=1),
+        RemediationConfig(),
+        evidence_path=EVIDENCE,
+        earlier=[software(0)],
+        software_retries=3,
+    )
+    assert plan.actions == ()
+    assert any(
+        "the same ValueError at train.py:73 in step, step 8, on run 0 and run 1: a bug, not a node"
+        in h
+        for h in plan.held_back
+    ), plan.held_back
+
+
+def test_a_different_software_failure_is_retried_up_to_the_sites_count():
+    other = software(1, site="KeyError at data.py:9 in load")
+    assert [
+        a.kind
+        for a in build_plan(
+            other,
+            facts(restarts=1),
+            RemediationConfig(),
+            evidence_path=EVIDENCE,
+            earlier=[software(0)],
+            software_retries=2,
+        ).actions
+    ] == [ActionKind.REQUEUE]
+    held = build_plan(
+        other,
+        facts(restarts=1),
+        RemediationConfig(),
+        evidence_path=EVIDENCE,
+        earlier=[software(0)],
+        software_retries=1,
+    )
+    assert held.actions == () and any("software_retries = 1" in h for h in held.held_back)
+
+
+def test_hardware_and_unknown_causes_keep_the_drain_rule():
+    import dataclasses
+
+    from scout_slurm.evidence.records import Cause
+
+    for c in (Cause.HARDWARE, Cause.UNKNOWN, Cause.INFRASTRUCTURE):
+        v = dataclasses.replace(verdict(VerdictKind.CRASH, (1, "n2")), cause=c)
+        kinds = [
+            a.kind
+            for a in build_plan(v, facts(), RemediationConfig(), evidence_path=EVIDENCE).actions
+        ]
+        assert ActionKind.DRAIN in kinds and ActionKind.EXCLUDE in kinds, (c, kinds)
