@@ -28,6 +28,7 @@ from scout_slurm.errors import ScoutError
 from scout_slurm.evidence.history import HistoryWriter
 from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.records import (
+    Cause,
     ChildState,
     ExitRecord,
     Finding,
@@ -543,6 +544,20 @@ class Watchdog:
         self._on_exit(status, killed_by_scout=True)
         return exitcodes.EVIDENCE_LOST
 
+    def _same_bug_line(self, record: ExitRecord) -> str:
+        """`same_bug` against this rank's exit on the run before (job-owned, read with no follow)."""
+        if self.ctx.restart <= 0:
+            return ""
+        try:
+            before = read_record(
+                self.folder.rank_exit_path(self.ctx.restart - 1, self.ctx.rank),
+                ExitRecord,
+                root=self.folder.root,
+            )
+        except (ScoutError, OSError):
+            return ""
+        return same_bug(record, before, self.ctx.restart - 1).replace("JOBID", str(self.ctx.job_id))
+
     def _freeze_exception(self) -> None:
         """The exception the child printed before anyone signalled it: one printed afterwards (a
         handler that turns SIGTERM into an exception) says nothing about why it stopped."""
@@ -890,6 +905,10 @@ class Watchdog:
             self.folder.rank_exit_path(self.ctx.restart, self.ctx.rank), record, what="exit_record"
         ):
             log.error("watchdog.exit_record_failed", rank=self.ctx.rank)
+        if record.exception and not killed_by_scout:
+            line = self._same_bug_line(record)
+            if line:
+                _say(line)
         self._publish(now, exited=True)
         self._sample_history(now, exited=True)
         for writer in self.histories.values():
@@ -902,6 +921,24 @@ class Watchdog:
             killed_by_scout=killed_by_scout,
         )
         return code if code >= 0 else 128 + signum
+
+
+def same_bug(record: ExitRecord, before: ExitRecord | None, run_before: int) -> str:
+    """The loud line for a rank that failed in its own software exactly as it did on the run
+    before ("" otherwise, pure): the controller does not requeue the same software failure twice
+    (remediation/plan.py `software_plan`), and the job's output says why its job ends here."""
+    from scout_slurm.localise.cause import of_exit
+
+    if before is None or not before.exception:
+        return ""
+    now, then = of_exit(record, record.exception), of_exit(before, before.exception)
+    if now.cause is not Cause.SOFTWARE or not now.fault_site or now.fault_site != then.fault_site:
+        return ""
+    return (
+        f"scout: rank {record.rank} failed with the same {now.fault_site} as on run {run_before}: "
+        "a bug in the script, not a node's fault; scout drains nothing and does not requeue the "
+        "same software failure again (the verdict: scout show JOBID)"
+    )
 
 
 def _say(line: str) -> None:

@@ -183,3 +183,19 @@ def test_the_localiser_writes_the_cause_into_the_verdict():
     assert v.cause is Cause.SOFTWARE
     assert v.fault_site == "ValueError at train.py:73 in step"
     assert "ValueError" in v.cause_evidence
+
+
+def test_the_job_output_line_for_the_same_bug_on_two_runs():
+    from scout_slurm.task.watchdog import same_bug
+
+    bug = "ValueError: batch 5 has 8 rows, expected 17"
+    now = _exit(exception=bug, at="/w/train.py:18 in check_batch")
+    line = same_bug(now, _exit(exception=bug, at="/w/train.py:18 in check_batch"), 0)
+    assert line.startswith("scout: rank 1 failed with the same ValueError at train.py:18 in ")
+    assert "as on run 0: a bug in the script, not a node's fault" in line
+    # elsewhere in the script, another error, or no earlier exception: nothing said
+    assert same_bug(now, _exit(exception=bug, at="/w/train.py:30 in check_batch"), 0) == ""
+    assert (
+        same_bug(now, _exit(exception="KeyError: 'x'", at="/w/train.py:18 in check_batch"), 0) == ""
+    )
+    assert same_bug(now, _exit(code=3), 0) == "" and same_bug(now, None, 0) == ""
