@@ -246,6 +246,12 @@ class CheckpointWatch:
         self.node = node
         self.resume_loaded = False
         self.resume_done = not self.resume
+        # a rerun: the checkpoints the controller rejected that are still on storage (read at the
+        # first load), those this rank loaded, and the paths it saved itself in this run
+        self.rejected: dict[str, Any] | None = None
+        self.recovery_point = ""
+        self.tainted: list[Any] = []
+        self.saved_here: set[str] = set()
         self.exchanges = 0
         self.init_steps = 0  # optimizer steps DCP's get_state_dict makes to create the state (lr 0)
         # renames followed: canonical path of a checkpoint this rank recorded in this run -> its note
@@ -300,6 +306,7 @@ class CheckpointWatch:
         """Record a checkpoint this rank wrote. per_rank: every rank's signatures when the save was
         collective (DCP); else the exchange follows at the next step. saved_as: the name it was
         written under, when that was a hidden one since renamed to `path`."""
+        self.saved_here.add(canonical(path))
         if self.notes_dir is None:
             return
         from scout_slurm.evidence.store import write_record
@@ -356,6 +363,7 @@ class CheckpointWatch:
 
     def saved_collective(self, path: str, *, saver: str) -> None:
         """A save every rank made together (DCP): sign and exchange now; the lowest rank records it."""
+        self.saved_here.add(canonical(path))
         import torch
 
         mine = self.now()
@@ -633,6 +641,7 @@ class CheckpointWatch:
     # -- the resume -------------------------------------------------------------------------------
     def loaded(self, path: Any) -> None:
         """torch.load / dcp.load of `path` was called."""
+        self._check_rejected(path)
         if self.resume_done or self.resume_loaded:
             return
         try:
@@ -642,6 +651,76 @@ class CheckpointWatch:
         if same:
             self.resume_loaded = True
 
+    def _rerun_checkpoints(self) -> dict[str, Any]:
+        """canonical path -> RejectedCheckpoint, from the controller's record for this run ({}
+        when there is none: a first run, or a rerun the controller told nothing)."""
+        if self.rejected is not None:
+            return self.rejected
+        self.rejected = {}
+        if self.restart <= 0 or self.run_dir is None:
+            return self.rejected
+        from scout_slurm.errors import ScoutError
+        from scout_slurm.evidence.layout import JobFolder
+        from scout_slurm.evidence.store import read_record
+        from scout_slurm.remediation.records import RerunCheckpoints
+
+        folder, restart = JobFolder.of_run_dir(self.run_dir)
+        path = folder.rerun_checkpoints_path(restart)
+        if not path.exists():
+            return self.rejected
+        try:
+            told = read_record(path, RerunCheckpoints)
+        except (ScoutError, OSError) as exc:
+            sys.stderr.write(
+                f"scout: WARNING: the controller's record of rejected checkpoints {path} is "
+                f"unreadable ({exc}); this run's loads are not checked against it\n"
+            )
+            return self.rejected
+        self.recovery_point = told.recovery_point
+        self.rejected = {canonical(r.path): r for r in told.rejected}
+        return self.rejected
+
+    def _check_rejected(self, path: Any) -> None:
+        """A load of a checkpoint the controller rejected, whose file this run has not written
+        since: said loudly (rank 0), recorded as a `tainted` finding (every rank that loads it)."""
+        if not isinstance(path, (str, os.PathLike)):
+            return
+        key = canonical(path)
+        hit = self._rerun_checkpoints().get(key)
+        if hit is None or key in self.saved_here or any(t.path == hit.path for t in self.tainted):
+            return
+        self.tainted.append(hit)
+        chosen = (
+            f"scout's recovery point was {self.recovery_point}"
+            if self.recovery_point
+            else "scout found no checkpoint it could vouch for"
+        )
+        summary = (
+            f"TAINTED: rank {self.rank} loaded {hit.path} (step {hit.step} of run {hit.restart}), "
+            f"a checkpoint scout rejected: {hit.why}; {chosen}"
+        )
+        fatal = ends(Ending.RESUME_MISMATCH, self.resume_mismatch)
+        if self.rank == 0:
+            bar = "!" * 78
+            sys.stderr.write(
+                f"{bar}\nscout: {summary}\n"
+                "scout: this run's results are suspect: its verdict will say `tainted`, not clean\n"
+                + (
+                    "scout: SCOUT_RESUME_MISMATCH=fatal: the ranks end before their first step "
+                    f"(exit {Ending.RESUME_MISMATCH.code})\n"
+                    if fatal
+                    else "scout: the job continues (SCOUT_RESUME_MISMATCH=fatal would stop it)\n"
+                )
+                + f"{bar}\n"
+            )
+            sys.stderr.flush()
+        self._write_finding(
+            f"tainted-rank-{self.rank}",
+            "tainted",
+            summary,
+            (f"rejected: {hit.why}", chosen),
+        )
+
     def before_step(self, optimizer: Any) -> None:
         """The optimizer pre-step hook (every rank, same point)."""
         if _state_init_step(optimizer):
@@ -650,6 +729,12 @@ class CheckpointWatch:
             self.init_steps += 1
             return
         self.see_optimizer(optimizer)
+        if self.tainted and ends(Ending.RESUME_MISMATCH, self.resume_mismatch):
+            end(
+                Ending.RESUME_MISMATCH,
+                f"rank {self.rank} will not train from {self.tainted[0].path}, a checkpoint scout "
+                f"rejected ({self.tainted[0].why}); SCOUT_RESUME_MISMATCH=fatal",
+            )
         if not self.resume_done:
             self.resume_done = True
             try:
@@ -770,31 +855,34 @@ class CheckpointWatch:
         elif not ok:
             sys.stderr.write(f"scout: {summary}\n")
         sys.stderr.flush()
-        if self.run_dir is not None:
-            try:
-                from scout_slurm.evidence.records import Finding, FindingKind
-                from scout_slurm.evidence.store import write_record
-
-                name = (
-                    "resume-verified" if ok else ("resume-unchecked" if info else "resume-mismatch")
-                )
-                write_record(
-                    self.run_dir / "findings" / f"{name}-rank-{self.rank}.json",
-                    Finding(
-                        rank=self.rank,
-                        node=self.node,
-                        kind=FindingKind.INFO,
-                        at=time.time(),
-                        summary=summary,
-                        details=details,
-                        step=self.global_step(),
-                        component="resume",
-                    ),
-                )
-            except Exception as exc:  # noqa: BLE001
-                sys.stderr.write(f"scout: resume finding not written: {exc!r}\n")
+        name = "resume-verified" if ok else ("resume-unchecked" if info else "resume-mismatch")
+        self._write_finding(f"{name}-rank-{self.rank}", "info", summary, details)
         if fatal:
             end(Ending.RESUME_MISMATCH)
+
+    def _write_finding(self, name: str, kind: str, summary: str, details: tuple[str, ...]) -> None:
+        """One finding about the resume in this run's findings (a failure to write it is said)."""
+        if self.run_dir is None:
+            return
+        try:
+            from scout_slurm.evidence.records import Finding, FindingKind
+            from scout_slurm.evidence.store import write_record
+
+            write_record(
+                self.run_dir / "findings" / f"{name}.json",
+                Finding(
+                    rank=self.rank,
+                    node=self.node,
+                    kind=FindingKind(kind),
+                    at=time.time(),
+                    summary=summary,
+                    details=details,
+                    step=self.global_step(),
+                    component="resume",
+                ),
+            )
+        except Exception as exc:  # noqa: BLE001
+            sys.stderr.write(f"scout: resume finding not written: {exc!r}\n")
 
 
 def _at_step(text: str, saved_step: int, later: int) -> str:

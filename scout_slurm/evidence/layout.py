@@ -37,6 +37,16 @@ class JobFolder:
             raise EvidenceError(f"invalid job id {self.job_id!r} for the evidence folder")
         object.__setattr__(self, "root", Path(self.root))
 
+    @classmethod
+    def of_run_dir(cls, run_dir: Path) -> tuple[JobFolder, int]:
+        """The job folder and run number a run folder (`<root>/<cluster>/<job>/run-<N>`) is of."""
+        run_dir = Path(run_dir)
+        m = re.fullmatch(r"run-(\d{1,9})", run_dir.name)
+        if m is None or not run_dir.parent.name.isdigit():
+            raise EvidenceError(f"{run_dir} is not a run folder of a job's evidence folder")
+        job = run_dir.parent
+        return cls(job.parent.parent, job.parent.name, int(job.name)), int(m[1])
+
     @property
     def cluster_dir(self) -> Path:
         return self.root / self.cluster
@@ -100,6 +110,11 @@ class JobFolder:
     def report_html_path(self, restart: int) -> Path:
         """The incident page (report/html.py) next to the Markdown report."""
         return self.results_dir / f"report-{int(restart)}.html"
+
+    def rerun_checkpoints_path(self, restart: int) -> Path:
+        """Written by the controller hook for run `restart`: its recovery point and the rejected
+        checkpoints still on storage (remediation.records.RerunCheckpoints)."""
+        return self.results_dir / f"rerun-checkpoints-{int(restart)}.json"
 
     def resume_path(self, restart: int) -> Path:
         """Written by the controller hook for run `restart`: which checkpoint to load."""

@@ -34,6 +34,9 @@ class FindingKind(str, enum.Enum):
         "fault_injected"  # the bootstrap injected a test fault (lab, acceptance, benchmarks)
     )
     CHECK_OFF = "check_off"  # one of scout's checks failed inside scout and was switched off (bootstrap.guard)
+    # the run loaded a checkpoint scout had rejected (corrupt, changed, saved after the first
+    # suspect step): whatever it computes from there is suspect (bootstrap/ckptstate.py)
+    TAINTED = "tainted"
 
 
 class FindingComponent(str, enum.Enum):
@@ -93,6 +96,8 @@ class VerdictKind(str, enum.Enum):
     # every rank exited cleanly but no check of the state or timing ran (votes off, or fewer steps
     # than K and no end-of-training vote): nothing was found because nothing was looked at
     UNCHECKED = "unchecked"
+    # the run trained from a checkpoint scout had rejected: not clean, whatever it found after
+    TAINTED = "tainted"
 
 
 class Cause(str, enum.Enum):

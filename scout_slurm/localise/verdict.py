@@ -76,6 +76,7 @@ class Rule(str, enum.Enum):
     CRASH_SOLE = "crash-sole"
     CRASH_FIRST = "crash-first"
     CRASH_TIED = "crash-tied"
+    TAINTED = "tainted"
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,12 @@ RULES: dict[Rule, VerdictRule] = {
         VerdictKind.INCONCLUSIVE,
         0.0,
         "scout saw none of its ranks",
+    ),
+    Rule.TAINTED: VerdictRule(
+        "every rank exited cleanly; a rank loaded a checkpoint scout had rejected (a `tainted` finding)",
+        VerdictKind.TAINTED,
+        1.0,
+        "the run trained from a state scout could not vouch for: not clean, whatever its checks found after",
     ),
     Rule.CLEAN: VerdictRule(
         "every rank exited cleanly; scout's checks ran",
@@ -416,6 +423,12 @@ def _verdict(
         if first_step >= 0
         else [_step(ev, s.rank) for s in suspects if _step(ev, s.rank) >= 0]
     )
+    tainted = sorted({f.rank for f in ev.findings if f.kind is FindingKind.TAINTED})
+    if tainted and kind is not VerdictKind.TAINTED:
+        reasoning = [
+            *reasoning,
+            f"ranks {tainted} had loaded a checkpoint scout rejected (tainted)",
+        ]
     found = cause.judge(
         kind,
         [(ev.exits[s.rank], _cause_exception(ev, s.rank)) for s in suspects if s.rank in ev.exits],
@@ -460,7 +473,23 @@ def _clean_or_unchecked(
 ) -> Verdict:
     """Every rank exited cleanly: `clean` says nothing was found by the checks that ran, and lists
     them; with none (votes off, a run shorter than K without its end-of-training vote) it is
-    `unchecked`, never `clean`."""
+    `unchecked`, never `clean`; a run that loaded a checkpoint scout rejected is `tainted`."""
+    tainted = [f for f in ev.findings if f.kind is FindingKind.TAINTED]
+    if tainted:
+        hit = rule(Rule.TAINTED)
+        first = min(tainted, key=lambda f: f.rank)
+        return _verdict(
+            ev,
+            hit.kind,
+            [],
+            hit.confidence,
+            reasoning
+            + [
+                f"ranks {sorted({f.rank for f in tainted})} loaded a checkpoint scout had rejected",
+                first.summary,
+            ],
+            now=now,
+        )
     cov = ev.coverage
     if cov is not None and cov.checks_ran:
         hit = rule(Rule.CLEAN)

@@ -19,6 +19,8 @@ from scout_slurm.remediation.records import (
     Agreement,
     CheckpointNote,
     CheckpointStatus,  # noqa: F401 (re-exported)
+    RejectedCheckpoint,
+    RerunCheckpoints,
     VoteCoverage,
 )
 
@@ -28,6 +30,8 @@ class Assessment:
     note: CheckpointNote
     status: CheckpointStatus
     reason: str
+    # the file on storage is the one noted (False: missing or changed since; nothing of it to load)
+    on_storage: bool = True
 
 
 def assess(
@@ -42,7 +46,7 @@ def assess(
         v = verdicts.get(note.restart)
         cov = coverage.get(note.restart)
         if problem:
-            out.append(Assessment(note, CheckpointStatus.REJECTED, problem))
+            out.append(Assessment(note, CheckpointStatus.REJECTED, problem, on_storage=False))
         elif (
             v is not None and v.kind != VerdictKind.CLEAN and 0 <= v.first_suspect_step <= note.step
         ):
@@ -116,3 +120,28 @@ def recovery_point(
                 f"({best.reason})"
             )
     return None, f"no usable checkpoint {where}: the rerun starts as the script decides"
+
+
+def rerun_checkpoints(
+    job_id: int, restart: int, assessments: Sequence[Assessment], chosen: Assessment | None
+) -> RerunCheckpoints:
+    """What run `restart` is told of the checkpoints (pure): the recovery point, and each path
+    whose newest noted save was rejected while its file is still that save (a script that loads
+    its newest file, replaced in place, would load it)."""
+    newest: dict[str, Assessment] = {}
+    for a in assessments:
+        held = newest.get(a.note.path)
+        if held is None or (a.note.saved_at, a.note.step) >= (held.note.saved_at, held.note.step):
+            newest[a.note.path] = a
+    rejected = tuple(
+        RejectedCheckpoint(a.note.path, a.note.step, a.note.restart, a.reason[:300])
+        for a in sorted(newest.values(), key=lambda a: a.note.path)
+        if a.status is CheckpointStatus.REJECTED and a.on_storage
+    )
+    return RerunCheckpoints(
+        job_id=job_id,
+        restart=restart,
+        recovery_point=chosen.note.path if chosen else "",
+        recovery_step=chosen.note.step if chosen else -1,
+        rejected=rejected,
+    )

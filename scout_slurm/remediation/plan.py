@@ -230,6 +230,14 @@ def build_plan(
         return Plan(
             (), ("no rank failed and none of scout's checks ran (unchecked): nothing to do",)
         )
+    if verdict.kind == VerdictKind.TAINTED:
+        return Plan(
+            (),
+            (
+                "the run trained from a checkpoint scout had rejected (tainted): its results are "
+                "suspect; nothing is drained and the job is not requeued",
+            ),
+        )
     ended = ended_by_slurm(job.state)
     if ended:
         return Plan(

@@ -171,6 +171,32 @@ class ActionsRecord:
 
 
 @dataclass(frozen=True)
+class RejectedCheckpoint:
+    """A checkpoint the recovery rule rejected whose file is still on storage as it was noted."""
+
+    path: str
+    step: int
+    restart: int  # the run that saved it
+    why: str
+    schema_version: int = 1
+
+
+@dataclass(frozen=True)
+class RerunCheckpoints:
+    """Written by the controller for run `restart` when it requeues a job (results/, read by that
+    run's scout-task): the recovery point it chose ("" when none) and the checkpoints on storage
+    it rejected, so that the rerun can tell what it actually loads (bootstrap/ckptstate.py)."""
+
+    KIND: ClassVar[str] = "rerun-checkpoints"
+    job_id: int
+    restart: int
+    recovery_point: str
+    recovery_step: int  # -1 when none
+    rejected: tuple[RejectedCheckpoint, ...]
+    schema_version: int = 1
+
+
+@dataclass(frozen=True)
 class ResumeInstruction:
     """Written for run `restart`: which checkpoint to load (read by that run's scout-task)."""
 

@@ -160,7 +160,7 @@ def incident_section(bundle: IncidentBundle, *, heading_level: int = 2) -> list[
         + (
             f'<br>cause: <b class="cause">{esc(v.cause.value)}</b> '
             f"({esc(v.cause_evidence or 'no evidence recorded', 600)})"
-            if bad
+            if v.cause.value != "unknown" or v.kind.value in ("crash", "hang", "sdc", "infra")
             else ""
         )
         + (

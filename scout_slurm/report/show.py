@@ -9,7 +9,7 @@ from scout_slurm.localise.verdict import JobEvidence, describe_exit, is_abnormal
 
 def render_verdict(v: Verdict) -> list[str]:
     lines = [f"verdict: {v.kind.value}  (confidence {v.confidence:.2f})"]
-    if v.kind.value not in ("clean", "unchecked"):
+    if v.cause.value != "unknown" or v.kind.value in ("crash", "hang", "sdc", "straggler", "infra"):
         lines.append(f"cause: {v.cause.value}  ({v.cause_evidence or 'no evidence recorded'})")
     if v.suspects:
         lines.append("suspects:")

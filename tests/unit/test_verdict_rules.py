@@ -117,6 +117,25 @@ EXAMPLES = {
     ),
     Rule.UNWATCHED_CLEAN: (evidence(4, places=False, job_exit_code=0), []),
     Rule.UNWATCHED_FAILED: (evidence(4, places=False, job_exit_code=256), []),
+    Rule.TAINTED: (
+        evidence(
+            4,
+            exits=all_clean(),
+            job_exit_code=0,
+            findings=[
+                Finding(
+                    rank=r,
+                    node="n1",
+                    kind=FindingKind.TAINTED,
+                    at=NOW - 50,
+                    summary=f"TAINTED: rank {r} loaded /ckpt/last.pt, a checkpoint scout rejected",
+                    component="resume",
+                )
+                for r in range(4)
+            ],
+        ),
+        [],
+    ),
     Rule.CLEAN: (evidence(4, exits=all_clean(), job_exit_code=0), []),
     Rule.UNCHECKED: (evidence(4, exits=all_clean(), job_exit_code=0, coverage=None), []),
     Rule.MISSING_EXIT: (evidence(4, exits=all_clean()[:3], job_exit_code=256), [3]),
