@@ -7,6 +7,7 @@ run's coverage record, makes the end-of-training vote and fires injected faults 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import gc
 import logging
 import sys
@@ -83,6 +84,7 @@ class Runtime:
         self.coverage_written: tuple | None = None
         self.final_vote = ""  # what the end-of-training vote did ("": not reached yet)
         self.banner_said = False
+        self.step_count_known = False  # a rerun's first step read the optimizer's own count
         self.busy_depth = 0  # nested checkpoint saves/loads (the record's busy mark)
         self.busy_lock = threading.Lock()
         self.installed: Any = None  # the patches' handle (bootstrap.patches.InstalledHooks)
@@ -282,6 +284,8 @@ class Runtime:
             self.guard.run("banner", self.model_banner)
         if self.writer is None:
             return
+        if not self.step_count_known:
+            self.guard.run("optimizer hooks", self._adopt_step_count, optimizer)
         step = self.writer.steps + 1
         timing = self.timing if self.guard.on("timing votes") else None
         for w in self.witnesses:
@@ -293,6 +297,39 @@ class Runtime:
             self.guard.run(w.name, w.before_step, step, optimizer)
             if paused:
                 timing.resume()
+
+    def _adopt_step_count(self, optimizer: Any) -> None:
+        """A rerun that loaded its state as the script decided (no resume instruction, so no step
+        offset): its first step continues the optimizer's own count, so that every record of the
+        job counts steps one way. Once, at the first real step (not DCP's state-creating one)."""
+        from scout_slurm.bootstrap import ckptstate
+
+        if ckptstate._state_init_step(optimizer):
+            return
+        self.step_count_known = True
+        if self.writer is None or self.writer.steps > 0 or self.restart <= 0:
+            return
+        if self.config.step_offset > 0:  # the controller's resume instruction said where
+            return
+        done = optimizer_step_count(optimizer)
+        if done <= 0:
+            return
+        self.config = dataclasses.replace(self.config, step_offset=done)
+        for w in (self.consensus, self.replay, self.timing, self.finite, self.atrest, self.update):
+            if w is not None and hasattr(w, "offset"):
+                w.offset = done
+        if self.checkpoint_watch is not None:
+            self.checkpoint_watch.offset = done
+        run_dir = self.config.run_dir
+        if run_dir is not None:  # the verdict reads the offset from the rank's place record
+            from scout_slurm.evidence.layout import JobFolder
+            from scout_slurm.evidence.records import RankPlace
+            from scout_slurm.evidence.store import read_record, write_record
+
+            folder, restart = JobFolder.of_run_dir(run_dir)
+            path = folder.rank_place_path(restart, self.rank)
+            place = read_record(path, RankPlace)
+            write_record(path, dataclasses.replace(place, step_offset=done))
 
     def after_step(self, optimizer: Any) -> None:
         w = self.writer
@@ -622,3 +659,18 @@ def _beat_hook(writer: progress_mod.ProgressWriter) -> Any:
             writer.beat()
 
     return scout_beat
+
+
+def optimizer_step_count(optimizer: Any) -> int:
+    """The optimizer's own count of the steps it has taken (Adam's and most others' `step` in each
+    parameter's state, restored by load_state_dict), 0 when it keeps none (plain SGD)."""
+    best = 0
+    for state in getattr(optimizer, "state", {}).values():
+        step = state.get("step") if isinstance(state, dict) else None
+        if step is None:
+            continue
+        try:
+            best = max(best, int(float(step)))
+        except (TypeError, ValueError, RuntimeError):
+            continue
+    return best

@@ -160,3 +160,20 @@ def test_with_the_fatal_setting_the_rank_ends_before_its_first_step(tmp_path):
     assert proc.returncode == 90, proc.stderr
     assert "trained" not in proc.stdout
     assert "will not train from" in proc.stderr and "SCOUT_RESUME_MISMATCH=fatal" in proc.stderr
+
+
+def test_the_optimizers_own_step_count_continues_a_rerun():
+    import torch
+
+    from scout_slurm.bootstrap.runtime import optimizer_step_count
+
+    p = torch.nn.Parameter(torch.ones(3))
+    adam = torch.optim.AdamW([p], lr=0.1)
+    for _ in range(4):
+        p.grad = torch.ones(3)
+        adam.step()
+    again = torch.optim.AdamW([torch.nn.Parameter(torch.ones(3))], lr=0.1)
+    again.load_state_dict(adam.state_dict())  # what a script's resume does
+    assert optimizer_step_count(again) == 4
+    # plain SGD keeps no count: the rerun's records then count from its own start
+    assert optimizer_step_count(torch.optim.SGD([p], lr=0.1)) == 0
