@@ -433,3 +433,18 @@ def ensure_dir(parent_fd: int, name: str, owner: Owner, shown: Path) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def list_names_below(path: Path, root: Path) -> list[str]:
+    """The names in the directory `path` under `root`, opened without following a link anywhere
+    below `root` ([] when it does not exist): what a privileged reader lists of a job's folders."""
+    shown = os.fspath(path)
+    base, parts = split_under(shown, root, shown)
+    try:
+        fd = open_below(base, parts, shown, DIR_LIST)
+    except EvidenceMissing:
+        return []
+    try:
+        return os.listdir(fd)
+    finally:
+        os.close(fd)

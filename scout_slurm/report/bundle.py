@@ -41,6 +41,8 @@ class IncidentBundle:
     resume: ResumeInstruction | None = None
     verdict_computed: bool = False
     problems: tuple[str, ...] = ()
+    # the suspects' dumped stacks: (rank, the current thread's frames or the dump's last lines)
+    stacks: tuple[tuple[int, tuple[str, ...]], ...] = ()
     schema_version: int = 1
 
     @property

@@ -119,4 +119,23 @@ def load_incident_bundle(
         resume=resume,
         verdict_computed=computed,
         problems=tuple(problems[:200]),
+        stacks=tuple(load_stacks(folder, restart, [s.rank for s in verdict.suspects])),
     )
+
+
+def load_stacks(folder: JobFolder, run: int, ranks: list[int]) -> list[tuple[int, tuple[str, ...]]]:
+    """The suspects' dumped stacks (at most 4 ranks): the current thread's frames, or the dump's
+    last lines when no Python dump is in it (a stopped process: the watchdog's /proc view)."""
+    out = []
+    for rank in ranks[:4]:
+        try:
+            text = safe_read_bytes(
+                folder.stacks_path(run, rank), max_bytes=4 << 20, root=folder.root
+            ).decode("utf-8", "replace")
+        except EvidenceError:
+            continue
+        from scout_slurm.report.story import main_thread
+
+        lines = main_thread(text) or text.splitlines()[-20:]
+        out.append((rank, tuple(line[:300] for line in lines)))
+    return out

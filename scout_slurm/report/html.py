@@ -209,6 +209,11 @@ def incident_section(bundle: IncidentBundle, *, heading_level: int = 2) -> list[
 
     out.append(f"<{h}>Evidence</{h}>")
     out.append(_evidence(bundle))
+    for rank, frames in bundle.stacks:
+        out.append(f'<{h} class="stack">Rank {rank}\'s stack when scout dumped it</{h}>')
+        out.append(
+            f'<pre class="stack" data-rank="{rank}">{esc(chr(10).join(frames), 20000)}</pre>'
+        )
 
     out.append(f"<{h}>Actions</{h}>")
     out.append(_actions(bundle))

@@ -22,6 +22,8 @@ from scout_slurm.evidence.records import (
 from scout_slurm.localise.verdict import JobEvidence
 from scout_slurm.remediation.eligibility import Assessment
 from scout_slurm.remediation.records import ActionsRecord
+from scout_slurm.report.bundle_loader import load_stacks
+from scout_slurm.report.story import RunStory, render_story, requeued, running
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,11 @@ class ShowView:
     )
     cost: tuple[ScoutCost, ...] = ()  # what scout's own work cost each rank (ranks/cost-R.json)
     cost_problems: tuple[str, ...] = ()
+    # the job's runs in order (report/story.py), told before the run shown when none was asked
+    story: tuple[RunStory, ...] = ()
+    # the suspects' dumped stacks: (rank, the current thread's frames, or the dump's last lines)
+    stacks: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    running: bool = False  # no verdict yet and ranks still without an exit record
 
 
 def load_show(folder: JobFolder, restart: int | None = None) -> ShowView:
@@ -67,11 +74,14 @@ def load_show(folder: JobFolder, restart: int | None = None) -> ShowView:
             "its place, progress or exit): the job did not run under scout-srun, or its SCOUT_CONFIG "
             "sent its evidence elsewhere; there is no verdict to show"
         )
+    story = tuple(load_story(folder, runs))
+    this = next(s for s in story if s.run == run) if run in runs else None
     vpath = folder.verdict_path(run)
     computed = not vpath.exists()
     verdict = (
         localise(ev, now=time.time()) if computed else read_record(vpath, Verdict, root=folder.root)
     )
+    is_running = computed and this is not None and running(this)
     ev = with_full_records(ev, folder, [s.rank for s in verdict.suspects])
     apath = folder.actions_path(run)
     actions, actions_problem = None, ""
@@ -102,7 +112,37 @@ def load_show(folder: JobFolder, restart: int | None = None) -> ShowView:
         actions_problem=actions_problem,
         cost=cost,
         cost_problems=cost_problems,
+        story=story if restart is None else (),
+        stacks=tuple(load_stacks(folder, run, [s.rank for s in verdict.suspects])),
+        running=is_running,
     )
+
+
+def load_story(folder: JobFolder, runs: list[int]) -> list[RunStory]:
+    """Each run's recorded verdict and actions, where its ranks ran and how many exited."""
+    from scout_slurm.evidence.safeio import list_names_below
+    from scout_slurm.evidence.store import read_record
+
+    out = []
+    for run in runs:
+        verdict = actions = None
+        try:
+            if folder.verdict_path(run).exists():
+                verdict = read_record(folder.verdict_path(run), Verdict, root=folder.root)
+            if folder.actions_path(run).exists():
+                actions = read_record(folder.actions_path(run), ActionsRecord, root=folder.root)
+        except EvidenceError:
+            pass  # the run's own view says why; the story goes on without it
+        try:
+            names = list_names_below(folder.ranks_dir(run), folder.root)
+            tasks = list_names_below(folder.node_tasks_path(run, "x").parent, folder.root)
+        except EvidenceError:
+            names, tasks = [], []
+        nodes = tuple(sorted(n[: -len(".json")] for n in tasks if n.endswith(".json")))
+        world = sum(1 for n in names if n.startswith("rank-") and n.endswith(".json"))
+        exited = sum(1 for n in names if n.startswith("exit-") and n.endswith(".json"))
+        out.append(RunStory(run, verdict, actions, nodes, world, exited))
+    return out
 
 
 def load_cost(folder: JobFolder, run: int) -> tuple[tuple[ScoutCost, ...], tuple[str, ...]]:
@@ -130,6 +170,20 @@ def show_json(view: ShowView) -> dict:
     obj["computed"] = view.computed
     obj["timing"] = [record_to_obj(f) for f in timing_findings(view.evidence)]
     obj["resume"] = [record_to_obj(f) for f in view.resume]
+    obj["running"] = view.running
+    obj["story"] = [
+        {
+            "run": s.run,
+            "verdict": s.verdict.kind.value if s.verdict else None,
+            "cause": s.verdict.cause.value if s.verdict else None,
+            "nodes": list(s.nodes),
+            "ranks": s.world,
+            "exited": s.exited,
+            "requeued": requeued(s.actions),
+        }
+        for s in view.story
+    ]
+    obj["stacks"] = {str(rank): list(frames) for rank, frames in view.stacks}
     obj["cost"] = [
         dict(record_to_obj(c), per_step_ms=c.per_step_ms, share=c.share) for c in view.cost
     ]
@@ -140,7 +194,10 @@ def show_text(view: ShowView) -> str:
     from scout_slurm.report.markdown import render_actions
     from scout_slurm.report.show import render_show
 
-    out = render_show(
+    if view.running:
+        return show_running(view)
+    told = render_story(view.job_id, list(view.story), view.run) + [""] if view.story else []
+    out = "".join(line + "\n" for line in told) + render_show(
         view.job_id,
         view.cluster,
         view.run,
@@ -158,10 +215,27 @@ def show_text(view: ShowView) -> str:
                 lines += [f"      {d}" for d in f.details]
     from scout_slurm.report.show import render_cost
 
+    for rank, frames in view.stacks:
+        lines += ["", f"rank {rank}'s stack when scout dumped it:"] + [f"  {f}" for f in frames]
     lines += [""] + render_cost(list(view.cost), list(view.cost_problems))
     if len(view.runs) > 1:
         lines.append(f"\nruns of this job: {list(view.runs)} (see --restart N)")
     return out + "".join(line + "\n" for line in lines)
+
+
+def show_running(view: ShowView) -> str:
+    """A run still going: the story so far and where each rank is, no verdict."""
+    from scout_slurm.report.show import render_timeline
+
+    lines = render_story(view.job_id, list(view.story), view.run) if view.story else []
+    lines += [
+        "",
+        f"job {view.job_id} run {view.run} is running: no verdict yet (the controller's Epilog "
+        "writes it when the job ends)",
+        "",
+        *render_timeline(view.evidence),
+    ]
+    return "".join(line + "\n" for line in lines)
 
 
 def show_html(view: ShowView, folder: JobFolder) -> str:
