@@ -17,10 +17,11 @@ scout options:
 from __future__ import annotations
 
 import os
+import random
 import shlex
 import sys
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from scout_slurm.errors import ScoutError
 
@@ -151,6 +152,32 @@ def srun_argv(plan: LaunchPlan, python: str) -> list[str]:
     return [*plan.srun_options, python, "-m", "scout_slurm.task.shim", "--", *plan.command]
 
 
+def pick_master_port(rng: random.Random, is_free: Callable[[int], bool], *, tries: int = 32) -> int:
+    """A port in scout's rendezvous range, drawn from `rng`, the first that `is_free` accepts
+    (the last drawn when none is: the rendezvous then says which port it could not bind)."""
+    from scout_slurm.task.shim import PORT_BASE, PORT_SPAN
+
+    port = PORT_BASE
+    for _ in range(max(1, tries)):
+        port = PORT_BASE + rng.randrange(PORT_SPAN)
+        if is_free(port):
+            return port
+    return port
+
+
+def port_is_free(port: int) -> bool:
+    """Whether nothing on this host holds `port` (the batch host is the step's first node as a
+    rule; elsewhere the draw alone keeps the port unpredictable)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import logging
 
@@ -166,6 +193,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = srun_argv(plan, sys.executable)
         env = dict(os.environ)
         env.update(plan.scout_env)
+        if not plan.off and not env.get("MASTER_PORT"):
+            # one port for the step's rendezvous, drawn at random here (not from the public job id,
+            # which another user can read and squat on), new for every step and every rerun
+            env["MASTER_PORT"] = str(pick_master_port(random.SystemRandom(), port_is_free))
         if plan.dry_run:
             print(shlex.join([resolve_binary("srun", path_env=env.get("PATH")), *args]))
             return 0

@@ -45,6 +45,14 @@ def master_port(job_id: int, step_id: int) -> int:
     return PORT_BASE + ((job_id % 2000) * 8 + (step_id % 8)) % PORT_SPAN
 
 
+def reserved_port(environ: Mapping[str, str]) -> int | None:
+    """The first of the ports Slurm reserved for this step (`srun --resv-ports` under
+    `MpiParams=ports=...`: no other step on the node gets them), None when none was (pure)."""
+    text = environ.get("SLURM_STEP_RESV_PORTS", "")
+    first = text.split(",")[0].split("-")[0].strip()
+    return int(first) if first.isdigit() and 0 < int(first) < 65536 else None
+
+
 def _resolvable(host: str) -> bool:
     try:
         socket.getaddrinfo(host, None)
@@ -70,7 +78,9 @@ def torch_environment(
         "LOCAL_RANK": str(ctx.local_rank),
         "LOCAL_WORLD_SIZE": str(ctx.local_world_size),
         "MASTER_ADDR": master_addr,
-        "MASTER_PORT": str(master_port(ctx.job_id, ctx.step_id)),
+        # scout-srun draws one at random for the step; Slurm's reserved ports where the site
+        # gives them; else (scout-task started by another launcher) one from the job and step
+        "MASTER_PORT": str(reserved_port(environ) or master_port(ctx.job_id, ctx.step_id)),
     }
     return {k: v for k, v in wanted.items() if not environ.get(k)}
 

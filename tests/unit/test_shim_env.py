@@ -99,3 +99,26 @@ def test_unprepared_says_why_the_site_will_not_see_the_job(tmp_path):
     assert "did not lay out" in unprepared(f, 1)  # a requeued run the Prolog did not see
     os.chown(f.path, 1001, 1001)  # a job made it itself
     assert "not a root-owned folder" in unprepared(f, 0)
+
+
+def test_scout_srun_draws_the_steps_port_at_random_and_skips_a_taken_one():
+    import random
+
+    from scout_slurm.launcher.srun import pick_master_port
+
+    taken = set()
+    a = pick_master_port(random.Random(1), lambda p: p not in taken)
+    b = pick_master_port(random.Random(2), lambda p: p not in taken)
+    assert a != b and all(10_000 <= p <= 25_999 for p in (a, b))
+    taken.add(pick_master_port(random.Random(3), lambda p: True))
+    assert pick_master_port(random.Random(3), lambda p: p not in taken) not in taken
+
+
+def test_a_port_slurm_reserved_for_the_step_wins_over_the_job_ids():
+    from scout_slurm.task.shim import reserved_port
+
+    assert reserved_port({"SLURM_STEP_RESV_PORTS": "12000-12003"}) == 12000
+    assert reserved_port({"SLURM_STEP_RESV_PORTS": "12007,12009"}) == 12007
+    assert reserved_port({"SLURM_STEP_RESV_PORTS": ""}) is None
+    assert reserved_port({"SLURM_STEP_RESV_PORTS": "x"}) is None
+    assert reserved_port({}) is None
