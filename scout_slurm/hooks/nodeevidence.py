@@ -5,23 +5,17 @@ job began, GPU error counters through NVML, and processes the job left behind.
 from __future__ import annotations
 
 import os
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-KERNEL_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("nvidia-xid", re.compile(r"NVRM: Xid", re.I)),
-    ("machine-check", re.compile(r"\bmce\b|Machine check|Hardware Error", re.I)),
-    ("edac", re.compile(r"\bEDAC\b", re.I)),
-    ("pcie-aer", re.compile(r"\bAER\b|PCIe Bus Error", re.I)),
-    ("link-down", re.compile(r"Link is Down|link down|NIC Link is Down|port .* state DOWN", re.I)),
-    ("oom-killer", re.compile(r"Out of memory|oom-kill|invoked oom-killer", re.I)),
-    ("gpu-fallen-off", re.compile(r"fallen off the bus|GPU has fallen", re.I)),
-)
-HARDWARE_CLASSES = frozenset({"nvidia-xid", "machine-check", "edac", "pcie-aer", "gpu-fallen-off"})
-MAX_LINES = 200
+from scout_slurm.evidence import kernlog
+
+# The kernel log is read by its structure (evidence/kernlog.py): hardware only from a driver's or
+# the kernel's own fixed form, never from text a process's name can supply.
+HARDWARE_CLASSES = kernlog.HARDWARE_FAULTS
+MAX_LINES = kernlog.MAX_EVENTS
 
 
 @dataclass(frozen=True)
@@ -52,31 +46,17 @@ class NodeEvidence:
 
 
 def classify_kernel_line(text: str) -> str | None:
-    for category, pattern in KERNEL_PATTERNS:
-        if pattern.search(text):
-            return category
-    return None
+    """The category of one kernel message (the text after the kmsg header), or None."""
+    event = kernlog.classify_message(text)
+    return event.category if event else None
 
 
 def parse_kmsg(records: list[str], *, since_boot_s: float) -> list[KernelLine]:
     """`/dev/kmsg` records ("prio,seq,usec,flags;text") after `since_boot_s` that matter (pure)."""
-    out = []
-    for rec in records:
-        head, sep, text = rec.partition(";")
-        if not sep:
-            continue
-        fields = head.split(",")
-        # ASCII digits only (str.isdigit accepts '²', which int() refuses), and few enough for int()
-        if len(fields) < 3 or not re.fullmatch(r"[0-9]{1,20}", fields[2]):
-            continue
-        t = int(fields[2]) / 1e6
-        if t < since_boot_s:
-            continue
-        text = text.split("\n", 1)[0][:500]
-        category = classify_kernel_line(text)
-        if category:
-            out.append(KernelLine(round(t, 6), category, text))
-    return out[-MAX_LINES:]
+    return [
+        KernelLine(e.seconds_since_boot, e.category, e.text)
+        for e in kernlog.events_since(records, since_boot_s=since_boot_s)
+    ][-MAX_LINES:]
 
 
 def _read_kmsg(problems: list[str], max_records: int = 100_000) -> list[str]:

@@ -22,9 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, ClassVar, Mapping, Sequence
 
+from scout_slurm.evidence import kernlog
 from scout_slurm.evidence.records import Verdict, VerdictKind
+from scout_slurm.hwmap.records import GpuInfo, gpu_at_pci
 
-# What each check can find, by category. The kernel's own categories are nodeevidence.py's.
+# What each check can find, by category. The kernel log's own categories are evidence/kernlog.py's.
 ECC = "gpu-ecc"  # uncorrected ECC errors (volatile or aggregate)
 RETIRED = "gpu-retired-pages"  # pages retired, or pending retirement
 REMAPPED = "gpu-remapped-rows"  # row remapping failed or pending
@@ -34,32 +36,21 @@ DCGM = "dcgm-diag"  # `dcgmi diag -r 1` reported a failure
 SIGNATURE = "compute-signature"  # the CPU/memory self-test computed a wrong result
 IB_ERRORS = "ib-port-errors"  # InfiniBand error counters grew during the job
 
-_HARD = frozenset(
-    {
-        "nvidia-xid",
-        "machine-check",
-        "edac",
-        "pcie-aer",
-        "gpu-fallen-off",
-        ECC,
-        RETIRED,
-        REMAPPED,
-        DCGM,
-        SIGNATURE,
-    }
-)
-_LINK = frozenset({"link-down", IB_ERRORS, PCIE_REPLAY})
-# Which root-found categories corroborate which verdict: a machine that computes wrong numbers or
-# logs a hardware error explains a crash, a hang or silent corruption; a flapping link explains a
-# hang or a failure of the communication layer; a slow-down explains only a straggler.
+# What the root checks outside the kernel log find that shows the machine failed.
+_HARD = frozenset({ECC, RETIRED, REMAPPED, DCGM, SIGNATURE})
+_LINK = frozenset({IB_ERRORS, PCIE_REPLAY})
+# Which root-found categories corroborate which verdict: a machine that computes wrong numbers
+# explains a crash, a hang or silent corruption; a flapping link explains a hang or a failure of
+# the communication layer; a slow-down explains only a straggler. The kernel log's categories
+# say for themselves what they corroborate (evidence/kernlog.py: an Xid by its class, a
+# corrected error only a straggler, a line about a process nothing).
 CORROBORATES: Mapping[VerdictKind, frozenset[str]] = {
-    VerdictKind.CRASH: _HARD,
-    VerdictKind.HANG: _HARD | _LINK,
-    VerdictKind.SDC: _HARD,
-    VerdictKind.INFRA: _HARD | _LINK,
-    VerdictKind.STRAGGLER: frozenset(
-        {THROTTLE, PCIE_REPLAY, "link-down", IB_ERRORS, "machine-check", "edac"}
-    ),
+    VerdictKind.CRASH: _HARD | kernlog.corroborated_by(VerdictKind.CRASH),
+    VerdictKind.HANG: _HARD | _LINK | kernlog.corroborated_by(VerdictKind.HANG),
+    VerdictKind.SDC: _HARD | kernlog.corroborated_by(VerdictKind.SDC),
+    VerdictKind.INFRA: _HARD | _LINK | kernlog.corroborated_by(VerdictKind.INFRA),
+    VerdictKind.STRAGGLER: frozenset({THROTTLE, PCIE_REPLAY, IB_ERRORS})
+    | kernlog.corroborated_by(VerdictKind.STRAGGLER),
 }
 
 # The self-test: a fixed, deterministic integer workload over a memory buffer (no floating point,
@@ -181,9 +172,14 @@ def check_signature() -> CheckOutcome:
     )
 
 
-def check_kernel_log(source: str, since_boot_s: float) -> CheckOutcome:
-    """The kernel's log since the job began: `/dev/kmsg`, or the site's test double of it."""
-    from scout_slurm.hooks.nodeevidence import HARDWARE_CLASSES, _read_kmsg, parse_kmsg
+def check_kernel_log(
+    source: str, since_boot_s: float, gpus: Sequence[GpuInfo] = ()
+) -> CheckOutcome:
+    """The kernel's log since the job began: `/dev/kmsg`, or the site's test double of it. Every
+    event a verdict could lean on is recorded (what it corroborates is `corroborating`'s to say);
+    lines about a process (segfault, trap, OOM, hung task) are not findings. `gpus` (the
+    Prolog's map of this node) names the GPU at an Xid's or a device's PCI address."""
+    from scout_slurm.hooks.nodeevidence import _read_kmsg
 
     started = time.monotonic()
     problems: list[str] = []
@@ -209,13 +205,21 @@ def check_kernel_log(source: str, since_boot_s: float) -> CheckOutcome:
     seconds = round(time.monotonic() - started, 3)
     if problems and not raw:
         return CheckOutcome("kernel-log", "not-available", seconds, note="; ".join(problems))
-    wanted = HARDWARE_CLASSES | {"link-down"}
     found = tuple(
-        RootFinding(line.category, line.text)
-        for line in parse_kmsg(raw.splitlines(), since_boot_s=since_boot_s)
-        if line.category in wanted
+        kernel_finding(event, gpus)
+        for event in kernlog.events_since(raw.splitlines(), since_boot_s=since_boot_s)
+        if event.subsystem is not kernlog.Subsystem.PROCESS
     )
     return CheckOutcome("kernel-log", "found" if found else "clean", seconds, found, note=shown)
+
+
+def kernel_finding(event: kernlog.KernelEvent, gpus: Sequence[GpuInfo] = ()) -> RootFinding:
+    """A kernel-log event as a finding, charged to the GPU at its PCI address when the map has
+    one there (pure)."""
+    gpu = gpu_at_pci(gpus, event.pci) if event.pci else None
+    if gpu is None:
+        return RootFinding(event.category, event.text)
+    return RootFinding(event.category, f"{event.text} [GPU {gpu.index} {gpu.uuid}]", gpu.serial)
 
 
 def ib_counters(sys_root: Path = Path("/sys/class/infiniband")) -> dict[str, int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import ClassVar
 
 
@@ -90,7 +91,25 @@ class HardwareMap:
                 return gpu
         return None
 
+    def gpu_by_pci(self, address: str) -> GpuInfo | None:
+        return gpu_at_pci(self.gpus, address)
+
     @property
     def nvml_failed(self) -> bool:
         """NVML answered but reported an error (not: no library, no GPU)."""
         return self.nvml_status.startswith("error")
+
+
+def gpu_at_pci(gpus: Sequence[GpuInfo], address: str) -> GpuInfo | None:
+    """The GPU at a PCI address as the kernel log prints it: a full `dddd:bb:dd.f`, or the NVIDIA
+    driver's `dddd:bb:dd` (an Xid names no function: a GPU is function 0 of its device). Both
+    sides in lower case; the map's addresses are sysfs' form (`normalise_pci_address`)."""
+    address = address.strip().lower()
+    if address.count(":") != 2:
+        return None
+    if "." not in address:
+        address += ".0"
+    for gpu in gpus:
+        if gpu.pci_bus_id.lower() == address:
+            return gpu
+    return None

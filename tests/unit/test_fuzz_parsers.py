@@ -43,7 +43,8 @@ from scout_slurm.evidence.store import (
     record_to_bytes,
     record_to_obj,
 )
-from scout_slurm.hooks.nodeevidence import KERNEL_PATTERNS, MAX_LINES, NodeEvidence, parse_kmsg
+from scout_slurm.evidence.kernlog import CATEGORY_CORROBORATES
+from scout_slurm.hooks.nodeevidence import MAX_LINES, NodeEvidence, parse_kmsg
 from scout_slurm.hwmap.records import HardwareMap
 from scout_slurm.jobenv import HOOK_TABLE, HookContext, hook_context
 from scout_slurm.evidence.gather import MAX_WORLD, gather_evidence
@@ -506,6 +507,7 @@ def test_hook_context_over_random_environments():
 
 KMSG_FIELD = st.one_of(
     st.from_regex(r"[0-9]{1,12}", fullmatch=True),
+    st.integers(0, 7).map(str),  # the kernel's facility: the only records that can count
     st.text(max_size=6),
     st.sampled_from(["²", "\u0664\u0667", "9" * 5000, "-5", "", " 1"]),
 )
@@ -516,6 +518,8 @@ KMSG_TEXT = st.one_of(
             "NVRM: Xid (PCI:0000:3b:00): 79",
             "mce: [Hardware Error]: Machine check events logged",
             "EDAC MC0: 1 UE",
+            "EDAC MC0: 1 UE memory read error on DIMM#0 (channel:1 slot:0)",
+            "NVRM: Xid 79[16715]: segfault at 0 ip 0 sp 0 error 4",
             "Out of memory: Killed process 1 (python)",
             "x" * 2000,
             "NVRM: Xid\nsecond line",
@@ -538,7 +542,7 @@ KMSG_RECORD = st.one_of(
 
 def test_parse_kmsg_over_random_text():
     count = Counter()
-    categories = {c for c, _ in KERNEL_PATTERNS}
+    categories = set(CATEGORY_CORROBORATES)
 
     @settings(max_examples=KMSG_EXAMPLES, **FUZZ)
     @given(st.lists(KMSG_RECORD, max_size=30), st.floats(0, 1e7))

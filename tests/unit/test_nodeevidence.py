@@ -38,8 +38,8 @@ CONT2 = " DEVICE=+pci:0000:3b:00.0"
 @pytest.mark.parametrize(
     "record,category",
     [
-        (XID_79, "nvidia-xid"),
-        (XID_48, "nvidia-xid"),
+        (XID_79, "nvidia-xid-bus"),
+        (XID_48, "nvidia-xid-memory"),
         (FALLEN, "gpu-fallen-off"),
         (MCE, "machine-check"),
         (EDAC, "edac"),
@@ -70,38 +70,60 @@ def test_ordinary_lines_are_not_classified(text):
 
 
 def test_hardware_classes():
-    assert {"nvidia-xid", "machine-check", "edac", "pcie-aer", "gpu-fallen-off"} == HARDWARE_CLASSES
-    assert "oom-killer" not in HARDWARE_CLASSES and "link-down" not in HARDWARE_CLASSES
+    assert {
+        "nvidia-xid-memory",
+        "nvidia-xid-bus",
+        "nvidia-xid-nvlink",
+        "nvidia-xid-thermal",
+        "machine-check",
+        "edac",
+        "pcie-aer",
+        "gpu-fallen-off",
+    } == HARDWARE_CLASSES
+    for not_hardware in (
+        "oom-killer",
+        "link-down",
+        "process-fault",
+        "nvidia-xid-application",
+        "nvidia-xid-unknown",
+        "edac-corrected",
+        "pcie-aer-corrected",
+    ):
+        assert not_hardware not in HARDWARE_CLASSES
 
 
 def test_parse_kmsg_keeps_what_matters_after_the_job_began():
     records = [USB, XID_79, CONT, CONT2, MCE, EDAC, AER, OOM, "", "garbage"]
     lines = parse_kmsg(records, since_boot_s=4.0)
     assert [l.category for l in lines] == [
-        "nvidia-xid",
+        "nvidia-xid-bus",
         "machine-check",
         "edac",
         "pcie-aer",
         "oom-killer",
     ]
     assert lines[0] == KernelLine(
-        5.0, "nvidia-xid", "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."
+        5.0,
+        "nvidia-xid-bus",
+        "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.",
     )
     assert lines[1].seconds_since_boot == 7300.123456
 
 
 def test_parse_kmsg_drops_records_before_the_job():
     assert parse_kmsg([XID_79, MCE], since_boot_s=6.0) == [parse_kmsg([MCE], since_boot_s=0)[0]]
-    assert parse_kmsg([XID_79], since_boot_s=5.0)[0].category == "nvidia-xid"  # at the start: kept
+    assert parse_kmsg([XID_79], since_boot_s=5.0)[0].category == "nvidia-xid-bus"  # at the start
 
 
 @pytest.mark.parametrize(
     "record",
     [
         "NVRM: Xid (PCI:0000:3b:00): 79",  # no header
-        "4,1234;NVRM: Xid 79",  # too few fields
-        "4,1234,abc,-;NVRM: Xid 79",  # time not a number
-        "4,1234,-5,-;NVRM: Xid 79",
+        "4,1234;NVRM: Xid (PCI:0000:3b:00): 79",  # too few fields
+        "4,1234,abc,-;NVRM: Xid (PCI:0000:3b:00): 79",  # time not a number
+        "4,1234,-5,-;NVRM: Xid (PCI:0000:3b:00): 79",
+        "x,1234,5,-;NVRM: Xid (PCI:0000:3b:00): 79",  # priority not a number
+        "12,1234,5,-;NVRM: Xid (PCI:0000:3b:00): 79",  # facility user: written by a process
     ],
 )
 def test_malformed_records_are_skipped(record):
@@ -112,7 +134,7 @@ def test_only_the_first_line_of_a_record_and_at_most_500_characters():
     lines = parse_kmsg(
         [
             XID_79 + "\n SUBSYSTEM=pci\n DEVICE=+pci:0000:3b:00.0",
-            "4,9,9000000,-;NVRM: Xid " + "x" * 2000,
+            "4,9,9000000,-;NVRM: Xid (PCI:0000:3b:00): 79, " + "x" * 2000,
         ],
         since_boot_s=0,
     )

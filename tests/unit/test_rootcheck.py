@@ -141,7 +141,17 @@ def _checks(*findings: rc.RootFinding) -> rc.RootChecks:
 @pytest.mark.parametrize(
     "category,kind,corroborates",
     [
-        ("nvidia-xid", VerdictKind.CRASH, True),
+        ("nvidia-xid-bus", VerdictKind.CRASH, True),  # Xid 79: fallen off the bus
+        ("nvidia-xid-bus", VerdictKind.SDC, False),  # a GPU gone computes no wrong numbers
+        ("nvidia-xid-memory", VerdictKind.SDC, True),
+        ("nvidia-xid-application", VerdictKind.CRASH, False),  # Xid 13, 31, 43, 45
+        ("nvidia-xid-driver", VerdictKind.HANG, False),
+        ("nvidia-xid-unknown", VerdictKind.CRASH, False),
+        ("nvidia-xid-memory-corrected", VerdictKind.SDC, False),
+        ("edac-corrected", VerdictKind.CRASH, False),
+        ("edac-corrected", VerdictKind.STRAGGLER, True),
+        ("process-fault", VerdictKind.CRASH, False),
+        ("oom-killer", VerdictKind.CRASH, False),
         ("machine-check", VerdictKind.SDC, True),
         (rc.SIGNATURE, VerdictKind.SDC, True),
         ("link-down", VerdictKind.CRASH, False),  # a link flap explains a hang, not a crash
@@ -149,13 +159,16 @@ def _checks(*findings: rc.RootFinding) -> rc.RootChecks:
         (rc.IB_ERRORS, VerdictKind.INFRA, True),
         (rc.THROTTLE, VerdictKind.CRASH, False),
         (rc.THROTTLE, VerdictKind.STRAGGLER, True),
-        ("nvidia-xid", VerdictKind.INCONCLUSIVE, False),
+        ("nvidia-xid-bus", VerdictKind.INCONCLUSIVE, False),
     ],
 )
 def test_which_root_findings_corroborate_which_verdict(category, kind, corroborates):
     found = rc.corroborating(_checks(rc.RootFinding(category, "x")), kind)
     assert bool(found) is corroborates
     assert rc.corroborating(None, kind) == ()
+
+
+EDAC_UE = "EDAC MC0: 1 UE memory read error on CPU_SrcID#0_Ha#0_Chan#1_DIMM#0 (channel:1 slot:0)"
 
 
 def _root_owned_file(path: Path, text: str) -> Path:
@@ -240,17 +253,13 @@ def test_the_epilog_checks_only_a_node_the_verdict_names(tmp_path):
         folder.node_dir(n).mkdir(parents=True)
     kmsg = tmp_path / "kmsg"
     kmsg.mkdir(mode=0o755)
-    _root_owned_file(
-        kmsg / "n1.kmsg", "3,1,5000000,-;EDAC MC0: 1 UE memory read error on CPU_SrcID#0\n"
-    )
+    _root_owned_file(kmsg / "n1.kmsg", f"3,1,5000000,-;{EDAC_UE}\n")
     cfg = SiteConfig(drain=DrainConfig(root_check_s=6.0, test_kernel_log=str(kmsg / "{node}.kmsg")))
     for node in ("n1", "n2"):
         root_check_if_named(folder, node, _verdict(), cfg, deadline=time.monotonic() + 30)
     assert not rc.rootcheck_path(folder.node_dir("n2"), 0).exists()
     got = read_record(rc.rootcheck_path(folder.node_dir("n1"), 0), rc.RootChecks)
     assert got.node == "n1" and got.verdict_kind == VerdictKind.CRASH
-    assert [(f.category, f.detail) for f in got.findings] == [
-        ("edac", "EDAC MC0: 1 UE memory read error on CPU_SrcID#0")
-    ]
+    assert [(f.category, f.detail) for f in got.findings] == [("edac", EDAC_UE)]
     assert {o.name: o.status for o in got.outcomes}["compute-signature"] == "clean"
     assert [f.category for f in rc.corroborating(got, VerdictKind.CRASH)] == ["edac"]
