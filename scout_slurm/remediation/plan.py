@@ -303,6 +303,16 @@ def build_plan(
     decisions = decisions or {}
     watched = [n for n in drains if n in decisions and not decisions[n].drain]
     drains = [n for n in drains if n not in watched]
+    only_excluded: list[str] = []
+    if verdict.cause is Cause.INFRASTRUCTURE and (drains or watched):
+        # storage or the network failed the rank, not the node's own hardware: another tenant
+        # (a squatted port, a shared mount) may have caused it, so it never drains and never counts
+        # in a node's history; the job's own rerun still avoids the node
+        only_excluded, drains, watched = [*drains, *watched], [], []
+        held.append(
+            f"cause infrastructure ({verdict.cause_evidence})"[:300]
+            + f": {', '.join(only_excluded)} excluded from the rerun, not drained, not watched"
+        )
     for node in drains:
         why = decisions[node].why if node in decisions else ""
         actions.append(
@@ -328,14 +338,20 @@ def build_plan(
             "a drained node)"
         )
         requeue = False
-    elif not drains and not watched and verdict.kind != VerdictKind.INFRA:
+    elif (
+        not drains
+        and not watched
+        and not only_excluded
+        and verdict.kind != VerdictKind.INFRA
+        and verdict.cause is not Cause.INFRASTRUCTURE
+    ):
         held.append(
             "no node drained or excluded: a rerun on the same nodes would likely fail the same way; "
             "not requeued"
         )
         requeue = False
     if requeue:
-        excluded = list(dict.fromkeys([*job.excluded, *drains, *watched]))
+        excluded = list(dict.fromkeys([*job.excluded, *drains, *watched, *only_excluded]))
         remaining = [n for n in job.usable_nodes if n not in excluded]
         if len(remaining) < len(job.allocation):
             held.append(
@@ -345,7 +361,7 @@ def build_plan(
             requeue = False
         else:
             actions.append(PlannedAction.of(Requeue(job.job_id)))
-            if drains or watched:
+            if drains or watched or only_excluded:
                 compress_hostlist(
                     excluded
                 )  # raises, naming it, on a node name Slurm would not take

@@ -573,10 +573,33 @@ def test_hardware_and_unknown_causes_keep_the_drain_rule():
 
     from scout_slurm.evidence.records import Cause
 
-    for c in (Cause.HARDWARE, Cause.UNKNOWN, Cause.INFRASTRUCTURE):
+    for c in (Cause.HARDWARE, Cause.UNKNOWN):
         v = dataclasses.replace(verdict(VerdictKind.CRASH, (1, "n2")), cause=c)
         kinds = [
             a.kind
             for a in build_plan(v, facts(), RemediationConfig(), evidence_path=EVIDENCE).actions
         ]
         assert ActionKind.DRAIN in kinds and ActionKind.EXCLUDE in kinds, (c, kinds)
+
+
+def test_an_infrastructure_failure_is_excluded_from_the_rerun_never_drained_nor_watched():
+    import dataclasses
+
+    from scout_slurm.evidence.records import Cause
+    from scout_slurm.remediation.plan import DrainDecision
+
+    v = dataclasses.replace(
+        verdict(VerdictKind.CRASH, (1, "n2")),
+        cause=Cause.INFRASTRUCTURE,
+        cause_evidence="rank 1 raised a storage or network error: OSError: [Errno 98] Address already in use",
+    )
+    for decisions in (None, {"n2": DrainDecision(False, "only the job's own evidence")}):
+        plan = build_plan(
+            v, facts(), RemediationConfig(), evidence_path=EVIDENCE, decisions=decisions
+        )
+        assert ActionKind.DRAIN not in kinds(plan)
+        assert ActionKind.REQUEUE in kinds(plan) and ActionKind.EXCLUDE in kinds(plan)
+        assert plan.watched == ()
+        assert any(
+            "cause infrastructure" in h and "not drained, not watched" in h for h in plan.held_back
+        )
