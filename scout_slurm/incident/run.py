@@ -67,12 +67,13 @@ def _stages(incident: Incident, root_check_here: RootCheckHere | None) -> Action
         return None
     if previous is not None:
         return _resume(incident, previous)
+    findings = gather.findings(folder, restart)
     # The node Epilogs' digests (one file a node instead of three a rank) are written before their
     # epilog.json: waiting for those first makes the one reading below cheap, clean job or not.
     nodes = gather.allocation(incident)
     missing = gather.wait_for_node_evidence(incident, nodes) if nodes else None
     found = None
-    if not ctx.job_failed and not gather.findings(folder, restart):
+    if not ctx.job_failed and not findings:
         found = gather.evidence(incident)
         if _clean(incident, found):
             return None
