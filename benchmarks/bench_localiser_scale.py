@@ -370,7 +370,7 @@ def measure(args: argparse.Namespace) -> None:
         gc.callbacks.append(on_gc)
     digests = args.mode == "digests"
     t0, c0 = time.perf_counter(), cpu()
-    # as the controller Epilog does (hooks/controller.py), unless --gc-on asks to see the passes
+    # as the controller Epilog does (incident/run.py), unless --gc-on asks to see the passes
     with contextlib.nullcontext() if args.gc_on else cycle_collector_paused():
         evidence = gather_evidence(
             folder, RESTART, job_exit_code=256, **({} if digests else {"digests": False})
@@ -380,10 +380,10 @@ def measure(args: argparse.Namespace) -> None:
         gc.callbacks.remove(on_gc)  # the gather's passes only
     verdict = localise(evidence, now=WALL0 + 4000)
     t2, c2 = time.perf_counter(), cpu()
-    # the controller Epilog then writes the incident report as it does (hooks/controller.py): the
+    # the controller Epilog then writes the incident report as it does (incident/run.py): the
     # suspects' whole records, the bundle (histories and hardware maps of the rows shown), the
     # Markdown report (a timeline line per rank) and the HTML page
-    from scout_slurm.hooks.controller import _write_report
+    from scout_slurm.incident.report import write_report as _write_report
     from scout_slurm.remediation.records import ActionsRecord, PlanStatus
 
     if digests:

@@ -267,7 +267,7 @@ def incidents(
     config_path: str | None,
 ) -> None:
     """Recent incidents: job, run, verdict, suspects, nodes drained; then any still pending."""
-    from scout_slurm.report.incident_history import (
+    from scout_slurm.incident.history import (
         list_incidents,
         list_pending,
         list_suspects,
@@ -317,7 +317,7 @@ def incidents(
 def suspects(as_json: bool, config_path: str | None) -> None:
     """Every node and GPU serial an incident named: status (drained, watch), users, kinds, root
     checks and each incident's outcome. The watch list is the nodes in status "watch"."""
-    from scout_slurm.report.incident_history import list_suspects, render_suspects
+    from scout_slurm.incident.history import list_suspects, render_suspects
 
     rows = list_suspects(Path(_site(config_path).evidence.root))
     click.echo(

@@ -9,6 +9,7 @@ import time
 
 from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.store import write_record
+from scout_slurm.hooks.nodefolder import ensure_node_dir
 from scout_slurm.log import get_logger
 from scout_slurm.evidence.checkfiles import list_checkpoint_notes, note_digest
 from scout_slurm.remediation.records import CheckpointCheck, CheckpointChecks
@@ -90,9 +91,7 @@ def write_checkpoint_checks(
     )
     if record is None:
         return None
-    from scout_slurm.hooks.epilog import _node_dir  # created if missing, no link followed
-
-    _node_dir(folder, node)
+    ensure_node_dir(folder, node)  # created if missing, no link followed
     write_record(folder.checkpoint_checks_path(restart, node), record, mode=0o644)
     results = record.results
     log.info(

@@ -1,7 +1,7 @@
 """`scout-epilog`, the node Epilog (root, every node): node-local evidence into the job's
 `nodes/<node>/epilog.json`. Exits 0 (a failing Epilog drains the node) unless the site asks to
 drain on local hardware errors. On sites whose controller cannot read the evidence, the batch
-host's Epilog also runs the controller's job-end handling.
+host's Epilog also runs the incident's stages (incident/run.py), as the controller would.
 
 Root-side confirmation on suspicion ([drain] drain_on = "corroborated"): after epilog.json, the
 Epilog of a failed job waits for the controller's verdict; if it names this node, it runs the
@@ -20,6 +20,7 @@ from scout_slurm.config import EpilogConfig, SiteConfig, load_hook_config
 from scout_slurm.errors import ScoutError
 from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.store import read_record, write_record
+from scout_slurm.hooks.nodefolder import ensure_node_dir
 from scout_slurm.jobenv import hook_context
 from scout_slurm.log import configure, get_logger
 from scout_slurm.slurm.hostlist import expand_hostlist
@@ -50,35 +51,6 @@ def _job_started(folder: JobFolder, node: str) -> float:
     if not stat_mod.S_ISREG(st.st_mode) or st.st_uid != 0:
         return 0.0
     return st.st_mtime
-
-
-def _node_dir(folder: JobFolder, node: str) -> Path:
-    """This node's folder, created if missing, with no link followed below the evidence root (where
-    the Prolog did not lay out the job's folders, the job may have planted one). The root itself
-    must exist: creating it would fill the local disk under a shared file system that failed to mount."""
-    from scout_slurm.evidence.safeio import Owner, UnsafeFolder, ensure_dir
-    from scout_slurm.hooks.prolog import ROOT_DIR_MODE
-
-    root_owner = Owner(0, 0, ROOT_DIR_MODE)
-    try:
-        fds = [os.open(folder.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)]
-    except OSError as exc:
-        raise UnsafeFolder(
-            f"evidence root {folder.root} does not exist or cannot be opened "
-            f"({exc.strerror or exc}): mount it, or fix [evidence] root in the site config"
-        ) from None
-    try:
-        for name, shown in (
-            (folder.cluster, folder.cluster_dir),
-            (str(folder.job_id), folder.path),
-            ("nodes", folder.nodes_dir),
-            (node, folder.node_dir(node)),
-        ):
-            fds.append(ensure_dir(fds[-1], name, root_owner, shown))
-    finally:
-        for fd in fds:
-            os.close(fd)
-    return folder.node_dir(node)
 
 
 def _write_digest(folder: JobFolder, restart: int, node: str) -> None:
@@ -266,11 +238,13 @@ def _guarded(node: str, fn: Callable[[], None]) -> None:
 
 
 def _localise_here(folder: JobFolder, ctx, cfg: SiteConfig, *, started: float) -> None:
-    """The controller's job-end handling on the batch host ([epilog] localise_on = "batch-host"),
-    with this host's own root checks between the verdict and the plan."""
-    from scout_slurm.hooks.controller import complete_pending, handle_job_end
+    """The controller's job-end handling on the batch host ([epilog] localise_on = "batch-host"):
+    the same incident stages (incident/run.py), with this host's own root checks between the
+    verdict and the plan."""
+    from scout_slurm.incident import run
+    from scout_slurm.incident.incident import Incident
 
-    holder = f"batch-host {ctx.node}"
+    incident = Incident.begin(ctx, cfg, started=started, holder=f"batch-host {ctx.node}")
     here = None
     if cfg.drain.drain_on == "corroborated":
 
@@ -278,14 +252,14 @@ def _localise_here(folder: JobFolder, ctx, cfg: SiteConfig, *, started: float) -
             _guarded(
                 ctx.node,
                 lambda: root_check_if_named(
-                    folder, ctx.node, verdict, cfg, deadline=started + cfg.epilog.time_budget_s
+                    folder, ctx.node, verdict, cfg, deadline=incident.budget.deadline
                 ),
             )
 
     try:
-        handle_job_end(ctx, cfg, started=started, holder=holder, root_check_here=here)
+        run.handle(incident, root_check_here=here)
     finally:
-        complete_pending(ctx, cfg, started=started, holder=holder)
+        run.complete_pending(incident)
 
 
 def exit_status(hardware_error: bool, cfg: EpilogConfig) -> int:
@@ -323,7 +297,7 @@ def run(environ: Mapping[str, str], *, collect: Callable | None = None) -> int:
     )
     # from here on the node's own verdict stands whatever happens to the shared evidence
     try:
-        node_dir = _node_dir(folder, ctx.node)
+        node_dir = ensure_node_dir(folder, ctx.node)
         _write_digest(folder, ctx.restart, ctx.node)
         if _is_batch_host(ctx) and (ctx.job_failed or _has_findings(folder, ctx.restart)):
             _check_checkpoints(folder, ctx, cfg.epilog)

@@ -506,17 +506,14 @@ def wait_for_verdict(
     there), once it appears within `wait_s`; None otherwise."""
     from scout_slurm.errors import EvidenceError
     from scout_slurm.evidence.store import read_record
+    from scout_slurm.incident.budget import wait_until
 
-    deadline = clock() + wait_s
-    while True:
-        if path.exists():
-            try:
-                return read_record(path, Verdict, root=root)
-            except EvidenceError:
-                return None
-        if clock() >= deadline:
-            return None
-        sleep(0.2)
+    if not wait_until(path.exists, bool, seconds=wait_s, clock=clock, sleep=sleep):
+        return None
+    try:
+        return read_record(path, Verdict, root=root)
+    except EvidenceError:
+        return None
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["nvml"]:

@@ -347,7 +347,7 @@ import os, signal, sys, time
 from pathlib import Path
 from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.store import read_record
-from scout_slurm.hooks.pending import PendingIncident, held_lock, write_marker
+from scout_slurm.incident.pending import PendingIncident, held_lock, write_marker
 from scout_slurm.jobenv import HookContext
 from scout_slurm.remediation.apply import apply_plan
 from scout_slurm.remediation.records import ActionsRecord

@@ -40,6 +40,9 @@ PURE_NAMED = {
     "scout_slurm.slurm.hostlist": "hostlist text <-> names",
     "scout_slurm.slurm.parse": "Slurm's text and JSON -> records (the door that gets them is slurm/door.py)",
     "scout_slurm.task.exitcodes": "the exit code table (constants) the localiser reads exits by",
+    "scout_slurm.incident.localise": "the incident's localise stage: evidence in, a verdict out",
+    "scout_slurm.incident.decide": "the incident's decide stage: named nodes and history in, decisions out",
+    "scout_slurm.incident.plan": "the incident's plan stage: decisions in, the plan and its records out",
 }
 # Looked at and left out, with the reason (so that a later reader does not add them unthinking):
 NOT_PURE = {
@@ -58,6 +61,12 @@ RIM = (
     "scout_slurm.slurm.door",
     "scout_slurm.slurm.ops",
     "scout_slurm.hooks",
+    "scout_slurm.incident.gather",
+    "scout_slurm.incident.apply",
+    "scout_slurm.incident.report",
+    "scout_slurm.incident.run",
+    "scout_slurm.incident.pending",
+    "scout_slurm.incident.history",
     "scout_slurm.task",
     "scout_slurm.launcher",
     "scout_slurm.lab",

@@ -536,7 +536,7 @@ def test_scout_show_html_writes_the_page(tmp_path):
 
 
 def test_the_controller_writes_the_page_and_survives_when_it_cannot(tmp_path):
-    from scout_slurm.hooks.controller import _write_report
+    from scout_slurm.incident.report import write_report as _write_report
     from scout_slurm.evidence.gather import gather_evidence
     from scout_slurm.localise.verdict import localise
 

@@ -1,5 +1,5 @@
 """`scout suspects` and `scout incidents --gpu`: the drain decisions of past incidents, read back
-across jobs (report/incident_history.py), and what the drain rule counts from them."""
+across jobs (incident/history.py), and what the drain rule counts from them."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from scout_slurm.cli import main
 from scout_slurm.evidence.records import VerdictKind
 from scout_slurm.evidence.store import write_record
 from scout_slurm.remediation.plan import DrainDecisions, NodeOutcome
-from scout_slurm.report.incident_history import list_suspects, past_incidents
+from scout_slurm.incident.history import list_suspects, past_incidents
 
 
 def _decisions(root, job, user, at, *rows) -> None:

@@ -5,7 +5,7 @@ While a hook handles run N of a job it holds an flock on `results/lock-N` (the k
 the hook dies, however it dies) and keeps a marker `<root>/<cluster>/pending/<job>-<N>.json`
 holding the hook's context; the marker goes when the plan reached an end. Every later controller
 run on the cluster, for any job, looks at the markers whose lock nobody holds and completes those
-incidents, through the same `handle_job_end` and the same actions record, so nothing is done twice.
+incidents, through the same stages (incident/run.py `handle`) and the same actions record, so nothing is done twice.
 The functions that reach outside are `held_lock`, `write_marker`, `remove_marker`, `list_markers`.
 """
 

@@ -1,4 +1,7 @@
-"""Incident history across jobs, from the verdicts and action records in the evidence root."""
+"""Incident history across jobs, read from the evidence root: the incidents (verdicts and actions
+records, `scout incidents`), those whose handling has not ended (`scout incidents --pending`), and
+the drain rule's history of each node and GPU serial some incident named (`past_incidents`, read by
+the gather stage; `scout suspects`). A reader: it writes nothing."""
 
 from __future__ import annotations
 
@@ -73,7 +76,7 @@ def list_incidents(root: Path, *, node: str | None = None, limit: int = 20) -> l
 
 @dataclass(frozen=True)
 class PendingRow:
-    """An incident whose handling began and has not ended (hooks/pending.py)."""
+    """An incident whose handling began and has not ended (incident/pending.py)."""
 
     cluster: str
     job_id: int
@@ -88,7 +91,7 @@ class PendingRow:
 
 def list_pending(root: Path) -> list[PendingRow]:
     from scout_slurm.evidence.layout import JobFolder
-    from scout_slurm.hooks.pending import list_markers
+    from scout_slurm.incident.pending import list_markers
 
     rows: list[PendingRow] = []
     if not root.is_dir():
