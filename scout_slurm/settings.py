@@ -83,7 +83,9 @@ class Setting:
                 return "true or false"
             return "1 or 0 (also true/false, yes/no, on/off)"
         if self.kind in _NUMBERS:
-            word = {Kind.INT: "an integer", Kind.FLOAT: "a number"}.get(self.kind, "seconds")
+            word = {Kind.INT: "an integer", Kind.FLOAT: "a number"}.get(
+                self.kind, "a number of seconds"
+            )
             if self.minimum is not None and self.maximum is not None:
                 return f"{word} within {_num(self.minimum)}..{_num(self.maximum)}"
             if self.positive:
@@ -132,9 +134,9 @@ class Refused(ValueError):
             head = f"{where} must be {self.broken}, got {self.value!r}"
         else:
             head = f"{where}: expected {_TYPE_WORDS[s.kind]}, got {self.value!r}"
-        return (
-            f"{head}; set {s.accepts()}, or remove it for the default ({format_value(s.default)})"
-        )
+        valid = _TYPE_WORDS[s.kind] if s.kind is Kind.STR else s.accepts()
+        default = repr(s.default) if isinstance(s.default, str) else format_value(s.default)
+        return f"{head}; use {valid}, or remove the key for its default ({default})"
 
 
 def parse(setting: Setting, value: object) -> object:

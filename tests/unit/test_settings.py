@@ -83,12 +83,21 @@ def test_a_site_refusal_names_the_key_the_value_the_rule_and_the_fix():
         parse_config({"drain": {"min_users": 1}}, source="site.toml")
     assert str(exc.value) == (
         "site.toml: [drain] min_users must be at least 2 (one user's jobs are one word), got 1; "
-        "set an integer >= 2, or remove it for the default (2)"
+        "use an integer >= 2, or remove the key for its default (2)"
     )
     with pytest.raises(ConfigError) as exc:
         parse_config({"epilog": {"localise_on": "both"}}, source="site.toml")
     assert "[epilog] localise_on must be 'controller' or 'batch-host', got 'both'" in str(exc.value)
-    assert "remove it for the default (controller)" in str(exc.value)
+    assert (
+        "use one of controller, batch-host, or remove the key for its default ('controller')"
+        in (str(exc.value))
+    )
+    with pytest.raises(ConfigError) as exc:
+        parse_config({"evidence": {"root": 3}}, source="site.toml")
+    assert str(exc.value) == (
+        "site.toml: [evidence] root: expected a string, got 3; use a string, or remove the key for "
+        "its default ('/var/lib/scout/evidence')"
+    )
 
 
 def test_the_site_config_and_the_job_read_a_choice_alike():
