@@ -4,12 +4,14 @@ Precedence is explicit: a flag beats an environment variable (`SCOUT_<SECTION>_<
 beats the file (`$SCOUT_CONFIG`, default `/etc/scout/scout.toml`), which beats the default.
 Unknown sections or keys are an error that lists the valid ones. The hooks, which run as root,
 read it through `load_hook_config`: only a file that root can trust (trust.py), else SAFE_CONFIG.
+Each key is declared once, on its field (`settings.declare`: default, range or choices, help, who
+reads it), and read by the same engine as the in-job settings; docs/SITE-CONFIG.md is generated
+from the declarations (`python -m scout_slurm.reference`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import stat
 import tomllib
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from scout_slurm.errors import ConfigError
+from scout_slurm.settings import Refused, Setting, declare, declared, parse
 from scout_slurm.trust import check_bin_dir, read_trusted_file
 
 DEFAULT_CONFIG_PATH = Path("/etc/scout/scout.toml")
@@ -25,90 +28,193 @@ CONFIG_ENV = "SCOUT_CONFIG"
 MAX_CONFIG_BYTES = 1024 * 1024
 
 
+# who reads a setting, for the reference (docs/SITE-CONFIG.md)
+PROLOG, NODE_EPILOG, CONTROLLER = "Prolog", "node Epilog", "controller Epilog"
+TASK, CLI = "scout-task", "scout CLI"
+ALL_HOOKS = (PROLOG, NODE_EPILOG, CONTROLLER)
+
+
 @dataclass(frozen=True)
 class EvidenceConfig:
-    root: str = "/var/lib/scout/evidence"
-    max_record_bytes: int = 4 * 1024 * 1024
-    # slurm.conf's SlurmUser, as whom the controller Epilog runs: the Prolog gives its group read
-    # access to what the job writes, and it owns the job's results/ folder (see docs/THREAT-MODEL.md)
-    slurm_user: str = "slurm"
+    root: str = declare(
+        "/var/lib/scout/evidence",
+        "the evidence folder's root, on storage every node (and the controller) sees",
+        readers=(*ALL_HOOKS, TASK, CLI),
+    )
+    max_record_bytes: int = declare(
+        4 * 1024 * 1024, "accepted for compatibility; nothing reads it (each reader has its bound)"
+    )
+    slurm_user: str = declare(
+        "slurm",
+        "slurm.conf's SlurmUser, as whom the controller Epilog runs: the Prolog gives its group "
+        "read access to what the job writes, and it owns the job's results/ folder "
+        "(docs/THREAT-MODEL.md)",
+        readers=(PROLOG,),
+    )
 
 
 @dataclass(frozen=True)
 class SlurmConfig:
-    bin_dir: str = ""  # empty: resolve each binary on PATH (then /usr/bin)
-    timeout_s: float = 30.0
-    retries: int = 3
-    retry_wait_s: float = 2.0
+    bin_dir: str = declare(
+        "",
+        "the folder of the Slurm commands (root-owned); empty: each on PATH (then /usr/bin)",
+        readers=(CONTROLLER, CLI),
+    )
+    timeout_s: float = declare(
+        30.0, "time limit of one Slurm command", positive=True, readers=(CONTROLLER, CLI)
+    )
+    retries: int = declare(3, "tries again a Slurm command that failed", readers=(CONTROLLER,))
+    retry_wait_s: float = declare(2.0, "wait between two tries", readers=(CONTROLLER,))
 
 
 @dataclass(frozen=True)
 class WatchdogConfig:
-    poll_interval_s: float = 0.25
-    stall_floor_s: float = 60.0  # never call a stall sooner than this
-    stall_factor: float = 10.0  # ... nor sooner than this many observed step times
-    publish_interval_s: float = 1.0
-    # a rank that plainly advances publishes its snapshot this often only (task/publishing.py)
-    steady_publish_interval_s: float = 10.0
-    grace_s: float = 5.0  # SIGTERM to SIGKILL
-    # the start-up limit: until training advances (its first optimizer step, or
-    # arm_after_collectives completed collectives: 0 never arms on collectives alone) a rank is
-    # starting (imports, engine set-up, compiling, a checkpoint load after a resume) and is given
-    # this long without progress instead of the stall floor; a stall then is a `startup hang`.
-    # A checkpoint save or load in progress gets it too (task/stallclock.py).
-    startup_grace_s: float = 600.0
-    arm_after_collectives: int = 1000
-    # evidence that cannot be written (full disk, read-only, quota): "fail" ends the job with exit
-    # code 89 once it has lasted evidence_loss_grace_s; "warn" only says so, loudly, every minute
-    on_evidence_loss: str = "fail"
-    evidence_loss_grace_s: float = 60.0
-    # a job whose SCOUT_* settings are not valid (a misspelt name, a bad value): "disable" starts
-    # it with scout's in-job checks off (the watchdog still runs) and says so; "fail" does not
-    # start it (scout-task exits 85)
-    on_bad_setting: str = "disable"
+    poll_interval_s: float = declare(
+        0.25, "how often the watchdog looks at its rank", positive=True, readers=(TASK,)
+    )
+    stall_floor_s: float = declare(
+        60.0, "never call a stall sooner than this", positive=True, readers=(TASK,)
+    )
+    stall_factor: float = declare(
+        10.0, "... nor sooner than this many observed step times", readers=(TASK,)
+    )
+    publish_interval_s: float = declare(
+        1.0, "progress to the evidence folder this often once a rank idles", readers=(TASK,)
+    )
+    steady_publish_interval_s: float = declare(
+        10.0,
+        "a rank that plainly advances publishes its snapshot this often only (task/publishing.py)",
+        readers=(TASK,),
+    )
+    grace_s: float = declare(5.0, "SIGTERM to SIGKILL", readers=(TASK,))
+    startup_grace_s: float = declare(
+        600.0,
+        "the start-up limit: until training advances (its first optimizer step, or "
+        "arm_after_collectives completed collectives) a rank is starting (imports, compiling, a "
+        "checkpoint load) and is given this long without progress instead of the stall floor; a "
+        "stall then is a `startup hang`. A checkpoint save or load in progress gets it too",
+        readers=(TASK,),
+    )
+    arm_after_collectives: int = declare(
+        1000,
+        "completed collectives after which a rank counts as training (0: never on collectives "
+        "alone)",
+        readers=(TASK,),
+    )
+    on_evidence_loss: str = declare(
+        "fail",
+        "evidence that cannot be written (full disk, read-only, quota): fail ends the job with "
+        "exit code 89 once it has lasted evidence_loss_grace_s; warn only says so, loudly, every "
+        "minute",
+        choices=("fail", "warn"),
+        readers=(TASK,),
+    )
+    evidence_loss_grace_s: float = declare(
+        60.0, "how long evidence may be unwritable before on_evidence_loss acts", readers=(TASK,)
+    )
+    on_bad_setting: str = declare(
+        "disable",
+        "a job whose SCOUT_* settings are not valid (a misspelt name, a bad value): disable "
+        "starts it with scout's in-job checks off (the watchdog still runs) and says so; fail "
+        "does not start it (scout-task exits 85)",
+        choices=("disable", "fail"),
+        readers=(TASK,),
+    )
 
 
 @dataclass(frozen=True)
 class PrologConfig:
-    time_budget_s: float = 20.0
-    fail_on_broken_gpu: bool = False
+    time_budget_s: float = declare(20.0, "the Prolog's time budget", readers=(PROLOG,))
+    fail_on_broken_gpu: bool = declare(
+        False,
+        "a GPU the Prolog finds broken fails the Prolog (Slurm drains the node)",
+        readers=(PROLOG,),
+    )
 
 
 @dataclass(frozen=True)
 class EpilogConfig:
-    time_budget_s: float = 60.0
-    drain_on_local_hardware_error: bool = False
-    # where the localiser runs: "controller" (EpilogSlurmctld reads the evidence) or
-    # "batch-host" (the batch host's node Epilog does, for sites whose controller cannot see it)
-    localise_on: str = "controller"
-    wait_for_nodes_s: float = 10.0
-    # an incident whose hook was killed half-way is completed by a later hook run on the cluster
-    # once its marker is this old (its own hook had time to take the lock) ...
-    pending_min_age_s: float = 2.0
-    # ... and given up (logged) past this age: Slurm forgets finished jobs (MinJobAge, default 300 s)
-    pending_max_age_s: float = 3600.0
-    # the batch host's Epilog checks the job's checkpoint files as the job's user (never as root):
-    # what is not checked within this time is not verified; past this many bytes hashed in all,
-    # the later files are checked by size and presence only
-    checkpoint_check_s: float = 15.0
-    checkpoint_check_bytes: int = 2 * 1024 * 1024 * 1024
+    time_budget_s: float = declare(
+        60.0, "the Epilogs' time budget", readers=(NODE_EPILOG, CONTROLLER)
+    )
+    drain_on_local_hardware_error: bool = declare(
+        False,
+        "a local hardware error (Xid, machine check) fails the node Epilog, so Slurm drains it",
+        readers=(NODE_EPILOG,),
+    )
+    localise_on: str = declare(
+        "controller",
+        "where the localiser runs: controller (EpilogSlurmctld reads the evidence) or batch-host "
+        "(the batch host's node Epilog does, for sites whose controller cannot see it)",
+        choices=("controller", "batch-host"),
+        readers=(NODE_EPILOG, CONTROLLER),
+    )
+    wait_for_nodes_s: float = declare(
+        10.0, "how long the localiser waits for the nodes' evidence", readers=(CONTROLLER,)
+    )
+    pending_min_age_s: float = declare(
+        2.0,
+        "an incident whose hook was killed half-way is completed by a later hook run once its "
+        "marker is this old (its own hook had time to take the lock) ...",
+        readers=(CONTROLLER,),
+    )
+    pending_max_age_s: float = declare(
+        3600.0,
+        "... and given up (logged) past this age: Slurm forgets finished jobs (MinJobAge)",
+        readers=(CONTROLLER,),
+    )
+    checkpoint_check_s: float = declare(
+        15.0,
+        "the batch host's Epilog checks the job's checkpoint files as the job's user (never as "
+        "root): what is not checked within this time is not verified",
+        positive=True,
+        readers=(NODE_EPILOG, CLI),
+    )
+    checkpoint_check_bytes: int = declare(
+        2 * 1024 * 1024 * 1024,
+        "past this many bytes hashed in all, the later checkpoint files are checked by size and "
+        "presence only",
+        readers=(NODE_EPILOG, CLI),
+    )
 
 
 @dataclass(frozen=True)
 class RemediationConfig:
-    observe_only: bool = False
-    min_confidence: float = 0.8
-    max_drain_fraction: float = 0.5
-    restart_limit: int = 3
-    min_nodes_after_drain: int = 1
-    requeue: bool = True
-    # a confirmed straggler's node is drained only where the site says so: slowness is often the
-    # job's own (data, load imbalance) or passing (thermal, a neighbour's traffic), the job still
-    # finishes, and a timing signal is weaker evidence than a crash or wrong numbers
-    drain_stragglers: bool = False
-    # a resumed run whose restored state differs from its checkpoint record: "warn" (a loud finding,
-    # the job goes on) or "fatal" (the rank exits 90); SCOUT_RESUME_MISMATCH in the job's environment wins
-    on_resume_mismatch: str = "warn"
+    observe_only: bool = declare(
+        False, "write the plan, act on nothing (no drain, no requeue)", readers=(CONTROLLER,)
+    )
+    min_confidence: float = declare(
+        0.8, "a verdict below this confidence drains nothing", maximum=1.0, readers=(CONTROLLER,)
+    )
+    max_drain_fraction: float = declare(
+        0.5,
+        "the most of the job's nodes one incident may drain",
+        maximum=1.0,
+        readers=(CONTROLLER,),
+    )
+    restart_limit: int = declare(
+        3, "the most requeues of one job (SLURM_RESTART_COUNT)", readers=(CONTROLLER,)
+    )
+    min_nodes_after_drain: int = declare(
+        1, "accepted for compatibility; nothing reads it", readers=()
+    )
+    requeue: bool = declare(
+        True, "requeue the job without the suspect nodes", readers=(CONTROLLER,)
+    )
+    drain_stragglers: bool = declare(
+        False,
+        "drain a confirmed straggler's node (slowness is often the job's own or passing, and a "
+        "timing signal is weaker evidence than a crash or wrong numbers)",
+        readers=(CONTROLLER,),
+    )
+    on_resume_mismatch: str = declare(
+        "warn",
+        "a resumed run whose restored state differs from its checkpoint record: warn (a loud "
+        "finding, the job goes on) or fatal (the rank exits 90); the job's SCOUT_RESUME_MISMATCH "
+        "wins",
+        choices=("warn", "fatal"),
+        readers=(TASK,),
+    )
 
 
 @dataclass(frozen=True)
@@ -117,22 +223,41 @@ class DrainConfig:
     failed job's own rerun (remediation/plan.py, `drain_decision`). Everything a job writes is the
     job's word, so by default a drain needs evidence the job cannot forge."""
 
-    # "corroborated": a root-run check on the node corroborates the verdict's kind, or incidents of
-    # at least min_users different users named the node (or a GPU serial on it) within window_s;
-    # otherwise the node is excluded from the rerun and put on the watch list.
-    # "job-evidence": the job's own evidence drains, as before (any job can then drain the nodes it
-    # holds, shared or exclusive)
-    drain_on: str = "corroborated"
-    window_s: float = 30 * 86400.0
-    min_users: int = 2
-    # the named node's Epilog waits this long for the verdict, then runs its root checks within
-    # root_check_s; the controller waits for them up to wait_for_root_checks_s
-    verdict_wait_s: float = 20.0
-    root_check_s: float = 15.0
-    wait_for_root_checks_s: float = 25.0
-    # TEST DOUBLE of a hardware source, for the lab only: a root-owned file of /dev/kmsg records
-    # read instead of /dev/kmsg ("{node}" is replaced by the node's name); empty on a real site
-    test_kernel_log: str = ""
+    drain_on: str = declare(
+        "corroborated",
+        "corroborated: a root-run check on the node corroborates the verdict's kind, or incidents "
+        "of at least min_users users named the node (or a GPU serial on it) within window_s; "
+        "otherwise the node is excluded from the rerun and watched. job-evidence: the job's own "
+        "evidence drains (any job can then drain the nodes it holds)",
+        choices=("corroborated", "job-evidence"),
+        readers=(NODE_EPILOG, CONTROLLER),
+    )
+    window_s: float = declare(
+        30 * 86400.0, "how far back incidents of other users count", readers=(CONTROLLER,)
+    )
+    min_users: int = declare(
+        2,
+        "how many different users' incidents must name a node",
+        minimum=2,
+        why="one user's jobs are one word",
+        readers=(CONTROLLER,),
+    )
+    verdict_wait_s: float = declare(
+        20.0, "the named node's Epilog waits this long for the verdict", readers=(NODE_EPILOG,)
+    )
+    root_check_s: float = declare(
+        15.0, "... then runs its root checks within this time", readers=(NODE_EPILOG,)
+    )
+    wait_for_root_checks_s: float = declare(
+        25.0, "the controller waits for the root checks up to this long", readers=(CONTROLLER,)
+    )
+    test_kernel_log: str = declare(
+        "",
+        "TEST DOUBLE of a hardware source, for the lab only: a root-owned file of /dev/kmsg "
+        'records read instead of /dev/kmsg ("{node}" is replaced by the node\'s name); empty on '
+        "a real site",
+        readers=(NODE_EPILOG,),
+    )
 
 
 @dataclass(frozen=True)
@@ -146,71 +271,28 @@ class SiteConfig:
     drain: DrainConfig = field(default_factory=DrainConfig)
 
 
-_SECTION_TYPES = {
-    "evidence": EvidenceConfig,
-    "slurm": SlurmConfig,
-    "watchdog": WatchdogConfig,
-    "prolog": PrologConfig,
-    "epilog": EpilogConfig,
-    "remediation": RemediationConfig,
-    "drain": DrainConfig,
+_SECTION_TYPES = {f.name: f.default_factory for f in fields(SiteConfig)}  # type: ignore[misc]
+# every section's settings, declared on its dataclass's fields
+SECTIONS: dict[str, tuple[Setting, ...]] = {
+    name: declared(cls) for name, cls in _SECTION_TYPES.items()
 }
 
 
-def _coerce(value: Any, target: type, where: str) -> Any:
-    if target is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in (
-            "1",
-            "true",
-            "yes",
-            "on",
-            "0",
-            "false",
-            "no",
-            "off",
-        ):
-            return value.lower() in ("1", "true", "yes", "on")
-        raise ConfigError(f"{where}: expected true or false, got {value!r}")
-    if target is int:
-        if isinstance(value, (bool, float)):  # int(2.5) would silently make it 2
-            raise ConfigError(f"{where}: expected an integer, got {value!r}")
-        try:
-            return int(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{where}: expected an integer, got {value!r}") from None
-    if target is float:
-        if isinstance(value, bool):
-            raise ConfigError(f"{where}: expected a number, got {value!r}")
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{where}: expected a number, got {value!r}") from None
-    if target is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{where}: expected a string, got {value!r}")
-        return value
-    raise ConfigError(f"{where}: unsupported type {target}")
-
-
-_TYPES = {"bool": bool, "int": int, "float": float, "str": str}
-
-
 def _build_section(name: str, raw: Mapping[str, Any], source: str) -> Any:
-    cls = _SECTION_TYPES[name]
-    valid = {f.name: f for f in fields(cls)}
-    unknown = sorted(set(raw) - set(valid))
+    declared_here = {s.name: s for s in SECTIONS[name]}
+    unknown = sorted(set(raw) - set(declared_here))
     if unknown:
         raise ConfigError(
             f"{source}: unknown key(s) {', '.join(unknown)} in [{name}]; "
-            f"valid keys: {', '.join(sorted(valid))}"
+            f"valid keys: {', '.join(sorted(declared_here))}"
         )
     kwargs = {}
     for key, value in raw.items():
-        ftype = _TYPES[valid[key].type] if isinstance(valid[key].type, str) else valid[key].type
-        kwargs[key] = _coerce(value, ftype, f"{source}: [{name}] {key}")
-    return cls(**kwargs)
+        try:
+            kwargs[key] = parse(declared_here[key], value)
+        except Refused as exc:
+            raise ConfigError(exc.sentence(f"{source}: [{name}] {key}")) from None
+    return _SECTION_TYPES[name](**kwargs)
 
 
 def parse_config(data: Mapping[str, Any], *, source: str = "config") -> SiteConfig:
@@ -226,93 +308,27 @@ def parse_config(data: Mapping[str, Any], *, source: str = "config") -> SiteConf
         if not isinstance(raw, Mapping):
             raise ConfigError(f"{source}: [{name}] must be a table, got {type(raw).__name__}")
         sections[name] = _build_section(name, raw, source)
-    cfg = SiteConfig(**sections)
-    _check_ranges(cfg, source)
-    return cfg
+    return SiteConfig(**sections)
 
 
-def _check_ranges(cfg: SiteConfig, source: str) -> None:
-    # no count, size or duration is negative (nan and inf are no duration either)
-    for section in _SECTION_TYPES:
-        for key, value in dataclasses.asdict(getattr(cfg, section)).items():
-            if (
-                isinstance(value, (int, float))
-                and not isinstance(value, bool)
-                and not 0 <= value < math.inf
-            ):
-                raise ConfigError(
-                    f"{source}: [{section}] {key} must be a finite number >= 0, got {value}"
-                )
-    if cfg.slurm.timeout_s <= 0:
-        raise ConfigError(
-            f"{source}: [slurm] timeout_s must be positive, got {cfg.slurm.timeout_s}"
-        )
-    r = cfg.remediation
-    if not 0.0 <= r.min_confidence <= 1.0:
-        raise ConfigError(
-            f"{source}: [remediation] min_confidence must be within 0..1, got {r.min_confidence}"
-        )
-    if not 0.0 <= r.max_drain_fraction <= 1.0:
-        raise ConfigError(
-            f"{source}: [remediation] max_drain_fraction must be within 0..1, got {r.max_drain_fraction}"
-        )
-    if cfg.epilog.localise_on not in ("controller", "batch-host"):
-        raise ConfigError(
-            f"{source}: [epilog] localise_on must be 'controller' or 'batch-host', "
-            f"got {cfg.epilog.localise_on!r}"
-        )
-    if cfg.epilog.checkpoint_check_s <= 0:
-        raise ConfigError(
-            f"{source}: [epilog] checkpoint_check_s must be positive, got {cfg.epilog.checkpoint_check_s}"
-        )
-    if cfg.watchdog.stall_floor_s <= 0 or cfg.watchdog.poll_interval_s <= 0:
-        raise ConfigError(
-            f"{source}: [watchdog] stall_floor_s and poll_interval_s must be positive"
-        )
-    if cfg.remediation.on_resume_mismatch not in ("warn", "fatal"):
-        raise ConfigError(
-            f"{source}: [remediation] on_resume_mismatch must be 'warn' or 'fatal', "
-            f"got {cfg.remediation.on_resume_mismatch!r}"
-        )
-    if cfg.watchdog.on_bad_setting not in ("disable", "fail"):
-        raise ConfigError(
-            f"{source}: [watchdog] on_bad_setting must be 'disable' or 'fail', "
-            f"got {cfg.watchdog.on_bad_setting!r}"
-        )
-    if cfg.drain.drain_on not in ("corroborated", "job-evidence"):
-        raise ConfigError(
-            f"{source}: [drain] drain_on must be 'corroborated' or 'job-evidence', "
-            f"got {cfg.drain.drain_on!r}"
-        )
-    if cfg.drain.min_users < 2:
-        raise ConfigError(
-            f"{source}: [drain] min_users must be at least 2 (one user's jobs are one word), "
-            f"got {cfg.drain.min_users}"
-        )
-    if cfg.watchdog.on_evidence_loss not in ("fail", "warn"):
-        raise ConfigError(
-            f"{source}: [watchdog] on_evidence_loss must be 'fail' or 'warn', "
-            f"got {cfg.watchdog.on_evidence_loss!r}"
-        )
+def env_name(section: str, key: str) -> str:
+    """The environment variable that overrides `[section] key`."""
+    return f"SCOUT_{section.upper()}_{key.upper()}"
 
 
 def site_override_names() -> list[str]:
     """Every `SCOUT_<SECTION>_<KEY>` name the site config reads from the environment (pure)."""
-    return [
-        f"SCOUT_{section.upper()}_{f.name.upper()}"
-        for section, cls in _SECTION_TYPES.items()
-        for f in fields(cls)
-    ]
+    return [env_name(section, s.name) for section, group in SECTIONS.items() for s in group]
 
 
 def env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
     """`SCOUT_<SECTION>_<KEY>=value` variables as a nested mapping (pure)."""
     out: dict[str, dict[str, str]] = {}
-    for section, cls in _SECTION_TYPES.items():
-        for f in fields(cls):
-            var = f"SCOUT_{section.upper()}_{f.name.upper()}"
+    for section, group in SECTIONS.items():
+        for s in group:
+            var = env_name(section, s.name)
             if var in environ:
-                out.setdefault(section, {})[f.name] = environ[var]
+                out.setdefault(section, {})[s.name] = environ[var]
     return out
 
 
@@ -329,9 +345,7 @@ def merge(
         current = dataclasses.asdict(getattr(base, section))
         current.update(values)
         changes[section] = _build_section(section, current, source)
-    cfg = dataclasses.replace(base, **changes)
-    _check_ranges(cfg, source)
-    return cfg
+    return dataclasses.replace(base, **changes)
 
 
 def load_config(
@@ -423,7 +437,7 @@ def load_hook_config(
         env = env_overrides(environ)
         if env:
             cfg = merge(cfg, env, source="environment (SCOUT_* variables)")
-            names = [f"SCOUT_{s.upper()}_{k.upper()}" for s, keys in env.items() for k in keys]
+            names = [env_name(s, k) for s, keys in env.items() for k in keys]
             source += f" < environment ({', '.join(names)})"
         if cfg.slurm.bin_dir:
             from scout_slurm.slurm.door import (

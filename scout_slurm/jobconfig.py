@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import difflib
 import enum
-import math
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
 from scout_slurm.errors import ConfigError
 from scout_slurm.localise.straggler import ENV_PREFIX as TIMING_PREFIX
-from scout_slurm.localise.straggler import POLICIES as TIMING_POLICIES
-from scout_slurm.localise.straggler import TimingRules, rules_from_environment
+from scout_slurm.localise.straggler import SETTINGS as TIMING_SETTINGS
+from scout_slurm.localise.straggler import TimingRules
+from scout_slurm.settings import Kind, Owner, Refused, Setting, format_value, parse
 
 if TYPE_CHECKING:
     from scout_slurm.config import SiteConfig
@@ -38,103 +38,19 @@ class ResumeMismatch(str, enum.Enum):
     FATAL = "fatal"  # the rank ends (exit 90)
 
 
-class Owner(str, enum.Enum):
-    USER = "user"  # a knob for the job's author
-    SHIM = "shim"  # scout-task sets it for the bootstrap (a user setting wins where noted)
-    SLURM = "slurm"  # Slurm sets it
+def _parse_fault(text: str) -> object:
+    from scout_slurm.inject.spec import parse_fault
+
+    try:
+        return parse_fault(text)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
 
 
-@dataclass(frozen=True)
-class Setting:
-    """One in-job variable: its JobConfig field, type, default, what it accepts and what it does."""
+def _parse_checks(text: str) -> frozenset[str]:
+    from scout_slurm.bootstrap.guard import parse_broken
 
-    name: str
-    field: str
-    kind: str  # "int", "float", "bool", "choice", "str", "path", "fault"
-    default: object
-    help: str
-    owner: Owner = Owner.USER
-    choices: tuple[str, ...] = ()
-    minimum: float | None = None
-    maximum: float | None = None
-
-    def accepts(self) -> str:
-        """What a valid value is, in words (for errors and the README)."""
-        if self.kind == "choice":
-            also = (
-                " (also 1 or 0, true/false, yes/no for on or off)"
-                if _SWITCH <= set(self.choices)
-                else ""
-            )
-            return "one of " + ", ".join(self.choices) + also
-        if self.kind == "bool":
-            return "1 or 0 (also true/false, yes/no, on/off)"
-        if self.kind in ("int", "float"):
-            word = "an integer" if self.kind == "int" else "a number"
-            if self.minimum is not None and self.maximum is not None:
-                return f"{word} within {self.minimum}..{self.maximum}"
-            if self.minimum is not None:
-                return f"{word} >= {self.minimum}"
-            return word
-        if self.kind == "path":
-            return "an absolute path"
-        if self.kind == "fault":
-            return "a fault spec, e.g. sleep,rank=1,step=5"
-        if self.kind == "checks":
-            return "check names (bootstrap/guard.py CHECKS), e.g. `state vote,checkpoint record`, or all"
-        return "text"
-
-
-def _timing_settings() -> tuple[Setting, ...]:
-    """SCOUT_TIMING_<KEY>, one a field of TimingRules (its checks stay in rules_from_environment)."""
-    helps = {
-        "every": "steps per timing round (0: no timing votes)",
-        "rel_floor": "a straggler exceeds the median step time by this fraction of it ...",
-        "abs_floor_s": "... and by this many seconds per step ...",
-        "mad_factor": "... and by this many scaled MADs of the ranks",
-        "confirm_rounds": "rounds in a row before a straggler is named",
-        "group_rel_floor": "a whole group slower than its best round by this fraction names nobody",
-        "probe": "time a small and a medium exchange per pair of ranks each round (link probe)",
-        "probe_bytes": "size of the link probe's medium exchange",
-        "probe_max_world": "beyond this many ranks the link probe is off",
-        "probe_rel_floor": "a slow link exceeds the median probe time by this fraction ...",
-        "probe_abs_floor_s": "... and by this many seconds",
-        "policy": "report: the job goes on; exit: a confirmed straggler ends (exit 91)",
-        "verbose": "rank 0 says every round's reading on stderr",
-    }
-    out = []
-    for f in fields(TimingRules):
-        if f.name == "schema_version":
-            continue
-        default = f.default
-        kind = (
-            "bool"
-            if isinstance(default, bool)
-            else "int"
-            if isinstance(default, int)
-            else "float"
-            if isinstance(default, float)
-            else "choice"
-        )
-        minimum = (
-            (1 if f.name in ("confirm_rounds", "probe_bytes") else 0)
-            if kind in ("int", "float")
-            else None
-        )
-        maximum = 64 * 1024 * 1024 if f.name == "probe_bytes" else None
-        out.append(
-            Setting(
-                TIMING_PREFIX + f.name.upper(),
-                "timing." + f.name,
-                kind,
-                default,
-                helps.get(f.name, f.name),
-                choices=TIMING_POLICIES if kind == "choice" else (),
-                minimum=minimum,
-                maximum=maximum,
-            )
-        )
-    return tuple(out)
+    return parse_broken(text)
 
 
 # The one table. Order is the README's.
@@ -142,7 +58,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "SCOUT_CONSENSUS_EVERY",
         "consensus_every",
-        "int",
+        Kind.INT,
         50,
         "state votes among replicas every K optimizer steps (0: off; off turns replay off too)",
         minimum=0,
@@ -150,7 +66,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "SCOUT_REPLAY_EVERY",
         "replay_every",
-        "int",
+        Kind.INT,
         None,
         "in-situ replay every K steps (default: SCOUT_CONSENSUS_EVERY; 0: off)",
         minimum=0,
@@ -158,7 +74,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "SCOUT_REPLAY_MAX_BYTES",
         "replay_max_bytes",
-        "int",
+        Kind.INT,
         REPLAY_MAX_BYTES,
         "largest layer input (bytes) a replay captures and broadcasts",
         minimum=1,
@@ -166,14 +82,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "SCOUT_FINITE_CHECK",
         "finite_check",
-        "bool",
+        Kind.BOOL,
         True,
         "note where a rank's loss first became NaN/Inf, decided at the next vote",
     ),
     Setting(
         "SCOUT_AT_REST",
         "at_rest",
-        "choice",
+        Kind.CHOICE,
         "auto",
         "at-rest witness: each rank re-signs its own weights and optimizer state across one step in K "
         "(names memory corruption without replicas; auto: off after its first window where every replica group "
@@ -183,7 +99,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "SCOUT_UPDATE_REPLAY",
         "update_replay",
-        "choice",
+        Kind.CHOICE,
         "auto",
         "optimizer update replay: every K steps one rank's update of a slice of its state recomputed by every "
         "rank (auto: where some shard has fewer than 3 replicas; on; off)",
@@ -192,7 +108,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "SCOUT_UPDATE_MAX_BYTES",
         "update_max_bytes",
-        "int",
+        Kind.INT,
         UPDATE_MAX_BYTES,
         "parameter bytes an optimizer update replay recomputes a round (its gradients and state move too)",
         minimum=1,
@@ -200,7 +116,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "SCOUT_FINAL_VOTE_TIMEOUT_S",
         "final_vote_timeout_s",
-        "float",
+        Kind.FLOAT,
         120.0,
         "seconds every rank has to reach destroy_process_group for the last vote",
         minimum=0,
@@ -208,7 +124,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "SCOUT_SDC_POLICY",
         "sdc_policy",
-        "choice",
+        Kind.CHOICE,
         SdcPolicy.EXIT.value,
         "exit: a rank whose numbers the majority outvotes ends (exit 88); continue: it runs on",
         choices=tuple(p.value for p in SdcPolicy),
@@ -216,7 +132,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "SCOUT_RESUME_MISMATCH",
         "resume_mismatch",
-        "choice",
+        Kind.CHOICE,
         ResumeMismatch.WARN.value,
         "a resumed state that differs from its checkpoint record: warn, or fatal (exit 90); "
         "default: the site's [remediation] on_resume_mismatch",
@@ -225,30 +141,34 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "SCOUT_CHECKPOINT_AGREEMENT",
         "checkpoint_agreement",
-        "bool",
+        Kind.BOOL,
         True,
         "the replicas compare their state signatures at each checkpoint save",
     ),
-    *_timing_settings(),
+    *TIMING_SETTINGS,
     Setting(
         "SCOUT_INJECT",
         "inject",
-        "fault",
+        Kind.CUSTOM,
         None,
         "inject a fault (testing scout), e.g. sleep,rank=1,step=5",
+        parser=_parse_fault,
+        accepts_text="a fault spec, e.g. sleep,rank=1,step=5",
     ),
     Setting(
         "SCOUT_BREAK",
         "break_checks",
-        "checks",
+        Kind.CUSTOM,
         frozenset(),
         "make scout's own checks fail inside scout on purpose (testing scout's guard): names, comma-separated, "
         "or all",
+        parser=_parse_checks,
+        accepts_text="check names (bootstrap/guard.py CHECKS), e.g. `state vote,checkpoint record`, or all",
     ),
     Setting(
         "SCOUT_LOG_LEVEL",
         "log_level",
-        "choice",
+        Kind.CHOICE,
         "",
         "scout's own log level: debug, info, warning or error",
         choices=("debug", "info", "warning", "error"),
@@ -256,7 +176,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "SCOUT_RESUME_CHECKPOINT",
         "resume_checkpoint",
-        "str",
+        Kind.STR,
         "",
         "the checkpoint this run resumes from (set from resume-N.json unless the job sets it)",
         owner=Owner.SHIM,
@@ -264,7 +184,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "SCOUT_STEP_OFFSET",
         "step_offset",
-        "int",
+        Kind.INT,
         0,
         "the resumed checkpoint's step: this run's steps count from it",
         owner=Owner.SHIM,
@@ -273,18 +193,18 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "SCOUT_PROGRESS_DIR",
         "progress_dir",
-        "path",
+        Kind.PATH,
         None,
         "the rank's shared-memory progress folder; set: the bootstrap installs",
         owner=Owner.SHIM,
     ),
     Setting(
-        "SCOUT_RUN_DIR", "run_dir", "path", None, "this run's evidence folder", owner=Owner.SHIM
+        "SCOUT_RUN_DIR", "run_dir", Kind.PATH, None, "this run's evidence folder", owner=Owner.SHIM
     ),
     Setting(
         "SCOUT_STACKS_FILE",
         "stacks_file",
-        "path",
+        Kind.PATH,
         None,
         "where faulthandler writes the rank's stacks",
         owner=Owner.SHIM,
@@ -292,7 +212,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "SCOUT_CHECKPOINTS_DIR",
         "checkpoints_dir",
-        "path",
+        Kind.PATH,
         None,
         "where checkpoint records go",
         owner=Owner.SHIM,
@@ -300,7 +220,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "SCOUT_PACKAGE_DIR",
         "package_dir",
-        "path",
+        Kind.PATH,
         None,
         "scout_slurm's folder, for a job Python without it installed",
         owner=Owner.SHIM,
@@ -308,15 +228,29 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "SLURM_RESTART_COUNT",
         "restart",
-        "int",
+        Kind.INT,
         0,
         "the run (0, then 1 per requeue)",
         owner=Owner.SLURM,
         minimum=0,
     ),
-    Setting("SLURMD_NODENAME", "node", "str", "", "this node's Slurm name", owner=Owner.SLURM),
+    Setting("SLURMD_NODENAME", "node", Kind.STR, "", "this node's Slurm name", owner=Owner.SLURM),
 )
 BY_NAME = {s.name: s for s in SETTINGS}
+# the settings scout-srun and scout-task read or set by name (launcher/srun.py, task/shim.py;
+# bootstrap/site/sitecustomize.py spells out two, checked by tests/unit/test_settings.py)
+CONSENSUS_EVERY = BY_NAME["SCOUT_CONSENSUS_EVERY"]
+REPLAY_EVERY = BY_NAME["SCOUT_REPLAY_EVERY"]
+TIMING_EVERY = BY_NAME[TIMING_PREFIX + "EVERY"]
+RESUME_MISMATCH = BY_NAME["SCOUT_RESUME_MISMATCH"]
+RESUME_CHECKPOINT = BY_NAME["SCOUT_RESUME_CHECKPOINT"]
+STEP_OFFSET = BY_NAME["SCOUT_STEP_OFFSET"]
+PROGRESS_DIR = BY_NAME["SCOUT_PROGRESS_DIR"]
+RUN_DIR = BY_NAME["SCOUT_RUN_DIR"]
+STACKS_FILE = BY_NAME["SCOUT_STACKS_FILE"]
+CHECKPOINTS_DIR = BY_NAME["SCOUT_CHECKPOINTS_DIR"]
+PACKAGE_DIR = BY_NAME["SCOUT_PACKAGE_DIR"]
+INJECT = BY_NAME["SCOUT_INJECT"]  # scout-srun's --scout-inject
 
 # SCOUT_* names that are not in-job settings but legitimately reach a job's environment
 OTHER_NAMES = {
@@ -385,58 +319,6 @@ class JobConfigError(ConfigError):
         super().__init__("; ".join(str(p) for p in self.problems))
 
 
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-_SWITCH = {"on", "off"}
-
-
-def parse_value(setting: Setting, text: str) -> object:
-    """One variable's text as its type; ValueError says why not (pure)."""
-    t = text.strip()
-    kind = setting.kind
-    if kind == "bool":
-        if t.lower() not in _TRUE + _FALSE:
-            raise ValueError(f"not a boolean; expected {setting.accepts()}")
-        return t.lower() in _TRUE
-    if kind in ("int", "float"):
-        try:
-            value: float = int(t) if kind == "int" else float(t)
-        except ValueError:
-            raise ValueError(
-                f"not {'an integer' if kind == 'int' else 'a number'}; expected {setting.accepts()}"
-            ) from None
-        if (
-            not math.isfinite(value)
-            or (setting.minimum is not None and value < setting.minimum)
-            or (setting.maximum is not None and value > setting.maximum)
-        ):
-            raise ValueError(f"out of range; expected {setting.accepts()}")
-        return value
-    if kind == "choice":
-        if (
-            _SWITCH <= set(setting.choices) and t.lower() in _TRUE + _FALSE
-        ):  # a switch also takes a boolean's words
-            return "on" if t.lower() in _TRUE else "off"
-        if t.lower() not in setting.choices:
-            raise ValueError(f"not a valid choice; expected {setting.accepts()}")
-        return t.lower()
-    if kind == "path":
-        if not os.path.isabs(t):
-            raise ValueError("not an absolute path")
-        return Path(t)
-    if kind == "checks":
-        from scout_slurm.bootstrap.guard import parse_broken
-
-        return parse_broken(t)
-    if kind == "fault":
-        from scout_slurm.inject.spec import parse_fault
-
-        try:
-            return parse_fault(t)
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
-    return text
-
-
 def known_names() -> frozenset[str]:
     """Every SCOUT_* name scout reads: the table's, the site config's SCOUT_<SECTION>_<KEY>
     overrides, and the few others (OTHER_NAMES)."""
@@ -469,7 +351,7 @@ def read_settings(
     `defaults` (text by variable name, e.g. `site_defaults(cfg)`) stand where the job sets nothing."""
     problems: list[Problem] = []
     values: dict[str, object] = {}
-    timing_env: dict[str, str] = {}
+    timing: dict[str, object] = {}
     merged = dict(defaults or {})
     merged.update({k: v for k, v in environ.items() if k in BY_NAME or k.startswith(TIMING_PREFIX)})
     if check_names:
@@ -479,28 +361,23 @@ def read_settings(
                 p = unknown_name(name, known)
                 problems.append(Problem(name, environ[name], p.message))
     for name, text in merged.items():
-        if name.startswith(TIMING_PREFIX):
-            if name in BY_NAME:
-                try:
-                    parse_value(BY_NAME[name], text)
-                    timing_env[name] = text
-                except ValueError as exc:
-                    problems.append(Problem(name, text, str(exc)))
-            else:
-                known = known_names() if check_names else frozenset(BY_NAME)
-                problems.append(Problem(name, text, unknown_name(name, known).message))
+        setting = BY_NAME.get(name)
+        if setting is None:  # a SCOUT_TIMING_* that is not one
+            known = known_names() if check_names else frozenset(BY_NAME)
+            problems.append(Problem(name, text, unknown_name(name, known).message))
             continue
-        setting = BY_NAME[name]
-        if not text.strip() and setting.kind != "str":
+        if not text.strip() and setting.kind is not Kind.STR:
             continue  # set but empty: the default
         try:
-            values[setting.field] = parse_value(setting, text)
-        except ValueError as exc:
+            value = parse(setting, text)
+        except Refused as exc:
             problems.append(Problem(name, text, str(exc)))
-    try:
-        values["timing"] = rules_from_environment(timing_env)
-    except ConfigError as exc:  # a value that passed the table's check but not the rules' own
-        problems.append(Problem(", ".join(sorted(timing_env)) or TIMING_PREFIX + "*", "", str(exc)))
+            continue
+        if setting.field.startswith("timing."):
+            timing[setting.field.split(".", 1)[1]] = value
+        else:
+            values[setting.field] = value
+    values["timing"] = TimingRules(**timing)  # type: ignore[arg-type]
     if "replay_every" not in values:
         values["replay_every"] = values.get("consensus_every", JobConfig.consensus_every)
     if "sdc_policy" in values:
@@ -512,7 +389,21 @@ def read_settings(
 
 def site_defaults(cfg: "SiteConfig") -> dict[str, str]:
     """The site config's in-job values, as the defaults of the variables they stand for."""
-    return {"SCOUT_RESUME_MISMATCH": cfg.remediation.on_resume_mismatch}
+    return as_environment({RESUME_MISMATCH: cfg.remediation.on_resume_mismatch})
+
+
+def as_environment(values: Mapping[Setting, object]) -> dict[str, str]:
+    """Values for in-job settings as the variables that carry them, each checked against its
+    declaration the way the job will read it back (pure): what scout-task passes to the job."""
+    out = {}
+    for setting, value in values.items():
+        text = "1" if value is True else "0" if value is False else str(value)
+        try:
+            parse(setting, text)
+        except Refused as exc:
+            raise ConfigError(f"{setting.name}={text!r}: {exc}") from None
+        out[setting.name] = text
+    return out
 
 
 def load() -> JobConfig:
@@ -543,15 +434,13 @@ def problems_message(problems: tuple[Problem, ...] | list[Problem], *, disabled:
 
 
 def _default_text(s: Setting) -> str:
-    if s.name == "SCOUT_REPLAY_EVERY":
+    if s is REPLAY_EVERY:
         return "= SCOUT_CONSENSUS_EVERY"
-    if s.default is None or s.default == "" or s.default == frozenset():
-        return "unset"
     if isinstance(s.default, bool):
         return "1" if s.default else "0"
     if isinstance(s.default, float):
         return f"{s.default:g}"
-    return str(s.default)
+    return format_value(s.default)
 
 
 def render_markdown() -> str:

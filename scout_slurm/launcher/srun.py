@@ -23,6 +23,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
+from scout_slurm import config, jobconfig
 from scout_slurm.errors import ScoutError
 
 # srun 22.05 short options that take a value (from `srun --help`); the others are flags
@@ -53,6 +54,14 @@ class LaunchPlan:
     dry_run: bool = False
 
 
+def _steps(option: str, value: str) -> str:
+    # a whole number of steps, as the job's table will read it (no sign, no spaces: the tasks
+    # would take them, but a launch line that has them is a typo)
+    if not value.isdigit():
+        raise ScoutError(f"scout-srun: {option} takes a whole number of steps, got {value!r}")
+    return value
+
+
 def split_args(argv: Sequence[str]) -> LaunchPlan:
     """Separate srun's options, scout's `--scout-*` options and the command (pure)."""
     srun: list[str] = []
@@ -80,26 +89,18 @@ def split_args(argv: Sequence[str]) -> LaunchPlan:
                 i += 1
                 value = argv[i]
             if name == "scout-stall-floor":
-                env["SCOUT_WATCHDOG_STALL_FLOOR_S"] = value
+                env[config.env_name("watchdog", "stall_floor_s")] = value
             elif name == "scout-inject":
                 from scout_slurm.inject.spec import parse_fault
 
                 parse_fault(value)  # refuse a bad spec here, not in every task
-                env["SCOUT_INJECT"] = value
+                env[jobconfig.INJECT.name] = value
             elif name == "scout-config":
-                env["SCOUT_CONFIG"] = value
+                env[config.CONFIG_ENV] = value
             elif name == "scout-consensus-every":
-                if not value.isdigit():
-                    raise ScoutError(
-                        f"scout-srun: --scout-consensus-every takes a whole number of steps, got {value!r}"
-                    )
-                env["SCOUT_CONSENSUS_EVERY"] = value
+                env[jobconfig.CONSENSUS_EVERY.name] = _steps("--" + name, value)
             elif name == "scout-replay-every":
-                if not value.isdigit():
-                    raise ScoutError(
-                        f"scout-srun: --scout-replay-every takes a whole number of steps, got {value!r}"
-                    )
-                env["SCOUT_REPLAY_EVERY"] = value
+                env[jobconfig.REPLAY_EVERY.name] = _steps("--" + name, value)
             elif name == "scout-off":
                 off = True
             elif name == "scout-dry-run":

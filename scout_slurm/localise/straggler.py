@@ -8,98 +8,80 @@ decides communication stragglers by node; a whole group that slows down names no
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from scout_slurm.errors import ConfigError
 from scout_slurm.evidence.records import VoteOutcome
+from scout_slurm.settings import Owner, Refused, declare, declared, parse
 
 ENV_PREFIX = "SCOUT_TIMING_"
 POLICIES = ("report", "exit")
+
+
+def _job(default: object, help: str, **rule: object) -> object:
+    return declare(default, help, owner=Owner.USER, **rule)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
 class TimingRules:
     """The timing vote's settings; every key can be set as SCOUT_TIMING_<KEY> in the job's environment."""
 
-    every: int = 25  # steps per round (0: no timing votes)
-    rel_floor: float = 0.2  # a straggler exceeds the median by this fraction of it ...
-    abs_floor_s: float = 0.05  # ... and by this many seconds per step ...
-    mad_factor: float = 5.0  # ... and by this many scaled MADs (robust spread) of the ranks
-    confirm_rounds: int = 2  # rounds in a row before anyone is named
-    group_rel_floor: float = 1.0  # whole group: median compute this much above its best round
-    probe: bool = True  # time a small and a medium exchange per pair of ranks each round
-    probe_bytes: int = 256 * 1024
+    every: int = _job(25, "steps per timing round (0: no timing votes)")
+    rel_floor: float = _job(
+        0.2, "a straggler exceeds the median step time by this fraction of it ..."
+    )
+    abs_floor_s: float = _job(0.05, "... and by this many seconds per step ...")
+    mad_factor: float = _job(5.0, "... and by this many scaled MADs (robust spread) of the ranks")
+    confirm_rounds: int = _job(2, "rounds in a row before a straggler is named", minimum=1)
+    group_rel_floor: float = _job(
+        1.0, "a whole group slower than its best round by this fraction names nobody"
+    )
+    probe: bool = _job(
+        True, "time a small and a medium exchange per pair of ranks each round (link probe)"
+    )
+    probe_bytes: int = _job(
+        256 * 1024, "size of the link probe's medium exchange", minimum=1, maximum=64 * 1024 * 1024
+    )
     # each rank exchanges with every peer on another node in turn (up to world - 1 exchanges a
     # round): beyond this many ranks the probe is off, and a slow link is not placed (sampling
     # peers is not built)
-    probe_max_world: int = 64
-    probe_rel_floor: float = 1.0
-    probe_abs_floor_s: float = 0.01
-    policy: str = (
-        "report"  # "report": the job goes on; "exit": the confirmed straggler ends (exit 91)
+    probe_max_world: int = _job(64, "beyond this many ranks the link probe is off")
+    probe_rel_floor: float = _job(
+        1.0, "a slow link exceeds the median probe time by this fraction ..."
     )
-    verbose: bool = False  # rank 0 says every round's reading on stderr
+    probe_abs_floor_s: float = _job(0.01, "... and by this many seconds")
+    policy: str = _job(
+        "report",
+        "report: the job goes on; exit: a confirmed straggler ends (exit 91)",
+        choices=POLICIES,
+    )
+    verbose: bool = _job(False, "rank 0 says every round's reading on stderr")
     schema_version: int = 1
 
 
+# SCOUT_TIMING_<KEY>, one a field of TimingRules
+SETTINGS = declared(TimingRules, prefix=ENV_PREFIX, field_prefix="timing.")
+
+
 def rules_from_environment(env: Mapping[str, str]) -> TimingRules:
-    """Read SCOUT_TIMING_* (the job's environment, passed in). Unknown keys and bad values are errors
-    that name the variable."""
-    valid = {f.name: f for f in fields(TimingRules) if f.name != "schema_version"}
+    """Read SCOUT_TIMING_* (the job's environment, passed in) through their declarations (pure).
+    Unknown keys and bad values are errors that name the variable and what is valid."""
+    by_name = {s.name: s for s in SETTINGS}
     values: dict[str, object] = {}
+    problems = []
     for var, text in env.items():
         if not var.startswith(ENV_PREFIX):
             continue
-        key = var[len(ENV_PREFIX) :].lower()
-        if key not in valid:
-            raise ConfigError(
-                f"{var}: unknown timing setting; valid: "
-                f"{', '.join(ENV_PREFIX + k.upper() for k in sorted(valid))}"
-            )
-        default = getattr(TimingRules(), key)
+        if var not in by_name:
+            raise ConfigError(f"{var}: unknown timing setting; valid: {', '.join(sorted(by_name))}")
         try:
-            if isinstance(default, bool):
-                if text.strip().lower() not in ("1", "0", "true", "false", "yes", "no"):
-                    raise ValueError(f"not a boolean: {text!r}")
-                values[key] = text.strip().lower() in ("1", "true", "yes")
-            elif isinstance(default, int):
-                values[key] = int(text)
-            elif isinstance(default, float):
-                values[key] = float(text)
-            else:
-                values[key] = text.strip()
-        except ValueError as exc:
-            raise ConfigError(
-                f"{var}={text!r}: {exc}; expected a {type(default).__name__}"
-            ) from None
-    rules = TimingRules(**values)  # type: ignore[arg-type]
-    problems = []
-    if rules.every < 0:
-        problems.append(f"{ENV_PREFIX}EVERY must be >= 0 (0: off)")
-    if rules.confirm_rounds < 1:
-        problems.append(f"{ENV_PREFIX}CONFIRM_ROUNDS must be >= 1")
-    for name in (
-        "rel_floor",
-        "abs_floor_s",
-        "mad_factor",
-        "group_rel_floor",
-        "probe_rel_floor",
-        "probe_abs_floor_s",
-    ):
-        v = getattr(rules, name)
-        if not (math.isfinite(v) and v >= 0):
-            problems.append(f"{ENV_PREFIX}{name.upper()} must be a finite number >= 0")
-    if rules.probe_max_world < 0:
-        problems.append(f"{ENV_PREFIX}PROBE_MAX_WORLD must be >= 0")
-    if not 1 <= rules.probe_bytes <= 64 * 1024 * 1024:
-        problems.append(f"{ENV_PREFIX}PROBE_BYTES must be within 1..67108864")
-    if rules.policy not in POLICIES:
-        problems.append(f"{ENV_PREFIX}POLICY must be one of {', '.join(POLICIES)}")
+            values[var[len(ENV_PREFIX) :].lower()] = parse(by_name[var], text)
+        except Refused as exc:
+            problems.append(f"{var}={text!r}: {exc}")
     if problems:
         raise ConfigError("timing settings: " + "; ".join(problems))
-    return rules
+    return TimingRules(**values)  # type: ignore[arg-type]
 
 
 def median(values: Sequence[float]) -> float:

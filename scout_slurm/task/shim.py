@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 import scout_slurm
-from scout_slurm.config import SiteConfig, load_config
+from scout_slurm import jobconfig
+from scout_slurm.config import CONFIG_ENV, SiteConfig, load_config
 from scout_slurm.errors import ScoutError
 from scout_slurm.evidence.digest import MAX_TASKS_PER_NODE
 from scout_slurm.evidence.layout import JobFolder
@@ -139,7 +140,7 @@ def prepare_dirs(folder: JobFolder, restart: int) -> None:
         except OSError as exc:
             raise ScoutError(
                 f"cannot create the evidence folder {d} ({exc.strerror}): the site's Prolog lays it "
-                "out; check SCOUT_CONFIG names the site's config"
+                f"out; check {CONFIG_ENV} names the site's config"
             ) from None
 
 
@@ -177,7 +178,7 @@ def _warn_unprepared(why: str, ctx: TaskContext, environ: Mapping[str, str], roo
     print(
         f"scout: WARNING on {ctx.node}: the site's hooks will not see this job's evidence: {why}. "
         f"This job's config: {config}; its evidence root: {root}. The job runs, but a failure will not be "
-        "localised, nor its node drained, nor the job requeued. Ask your site which SCOUT_CONFIG to use.",
+        f"localised, nor its node drained, nor the job requeued. Ask your site which {CONFIG_ENV} to use.",
         file=sys.stderr,
         flush=True,
     )
@@ -210,9 +211,9 @@ def init_banner(ctx: TaskContext, cfg: SiteConfig, environ: Mapping[str, str]) -
     and the checks that run from there (pure). The cadences are the job's JobConfig's
     (scout_slurm.jobconfig)."""
     job, problems = read_settings(environ, site_defaults(cfg), check_names=False)
-    votes = _every(job.consensus_every, "SCOUT_CONSENSUS_EVERY", problems)
-    replay = _every(job.replay_every, "SCOUT_REPLAY_EVERY", problems)
-    timing = _every(job.timing.every, "SCOUT_TIMING_EVERY", problems)
+    votes = _every(job.consensus_every, jobconfig.CONSENSUS_EVERY.name, problems)
+    replay = _every(job.replay_every, jobconfig.REPLAY_EVERY.name, problems)
+    timing = _every(job.timing.every, jobconfig.TIMING_EVERY.name, problems)
     w = cfg.watchdog
     return (
         f"scout: job {ctx.job_id}, rank 0 entered init_process_group: a rank is called stalled after "
@@ -267,21 +268,29 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     if launcher:  # torchrun sets each worker's RANK/LOCAL_RANK/WORLD_SIZE itself
         torch_env = {k: v for k, v in torch_env.items() if k in ("MASTER_ADDR", "MASTER_PORT")}
     env.update(torch_env)
-    env["SCOUT_PROGRESS_DIR"] = str(shm)
-    env["SCOUT_STACKS_FILE"] = str(folder.stacks_path(ctx.restart, ctx.rank))
-    env["SCOUT_PACKAGE_DIR"] = str(Path(scout_slurm.__file__).parent)
-    env["SCOUT_RUN_DIR"] = str(folder.run_dir(ctx.restart))
-    env["SCOUT_CHECKPOINTS_DIR"] = str(folder.checkpoints_dir)
-    env.setdefault(
-        "SCOUT_RESUME_MISMATCH", cfg.remediation.on_resume_mismatch
-    )  # the job's own setting wins
+    env.update(
+        jobconfig.as_environment(
+            {
+                jobconfig.PROGRESS_DIR: shm,
+                jobconfig.STACKS_FILE: folder.stacks_path(ctx.restart, ctx.rank),
+                jobconfig.PACKAGE_DIR: Path(scout_slurm.__file__).parent,
+                jobconfig.RUN_DIR: folder.run_dir(ctx.restart),
+                jobconfig.CHECKPOINTS_DIR: folder.checkpoints_dir,
+            }
+        )
+    )
+    for name, text in site_defaults(cfg).items():
+        env.setdefault(name, text)  # the job's own setting wins
     # in-job checks off (settings not valid, on_bad_setting = "disable"): no bootstrap; the watchdog still runs
     bootstrap = str(BOOTSTRAP_DIR) if checks_on else ""
     env["PYTHONPATH"] = os.pathsep.join(p for p in (bootstrap, environ.get("PYTHONPATH", "")) if p)
     resume, offset = _resume_checkpoint(folder, ctx.restart)
-    if resume and not environ.get("SCOUT_RESUME_CHECKPOINT"):
-        env["SCOUT_RESUME_CHECKPOINT"] = resume
-        env["SCOUT_STEP_OFFSET"] = str(offset)
+    if resume and not environ.get(jobconfig.RESUME_CHECKPOINT.name):
+        env.update(
+            jobconfig.as_environment(
+                {jobconfig.RESUME_CHECKPOINT: resume, jobconfig.STEP_OFFSET: offset}
+            )
+        )
 
     place = RankPlace(
         job_id=ctx.job_id,
@@ -354,7 +363,7 @@ def settings_allow_start(
     # which settings the job itself gave (the rest: the site's defaults, then scout's)
     log.info(
         "shim.job_settings",
-        set_by_job=sorted(n for n in environ if n.startswith("SCOUT_")),
+        set_by_job=sorted(n for n in environ if n.startswith(jobconfig.PREFIX)),
         site_defaults=site_defaults(cfg),
     )
     if not problems:

@@ -4,11 +4,16 @@ then runs the sitecustomize that this file shadows, so a site's own keeps workin
 import os
 import sys
 
+# The two settings read here are read before scout_slurm can be imported (this file runs at the
+# start of every Python of the job, and finds the package through them), so they are spelt out:
+# they are jobconfig.PROGRESS_DIR and jobconfig.PACKAGE_DIR, which tests/unit/test_settings.py
+# checks. Every other setting is read once, by scout_slurm.jobconfig.load().
+_PROGRESS_DIR = "SCOUT_PROGRESS_DIR"
+_PACKAGE_DIR = "SCOUT_PACKAGE_DIR"
+
 
 def _scout_install():
-    # the two variables read here are read before scout_slurm can be imported (to find it); every
-    # other setting is read once, by scout_slurm.jobconfig.load()
-    if not os.environ.get("SCOUT_PROGRESS_DIR"):
+    if not os.environ.get(_PROGRESS_DIR):
         return
     try:
         try:
@@ -16,12 +21,12 @@ def _scout_install():
         except ImportError:
             import importlib.util
 
-            pkg = os.environ.get("SCOUT_PACKAGE_DIR", "")
+            pkg = os.environ.get(_PACKAGE_DIR, "")
             # Only an absolute folder that holds the package: an empty or relative value would
             # run whatever __init__.py sits in the job's working directory.
             if not os.path.isabs(pkg) or not os.path.isfile(os.path.join(pkg, "__init__.py")):
                 raise ImportError(
-                    f"scout_slurm is not importable and SCOUT_PACKAGE_DIR={pkg!r} "
+                    f"scout_slurm is not importable and {_PACKAGE_DIR}={pkg!r} "
                     "is not a folder holding it"
                 ) from None
             spec = importlib.util.spec_from_file_location(
