@@ -207,11 +207,18 @@ class RemediationConfig:
         "timing signal is weaker evidence than a crash or wrong numbers)",
         readers=(CONTROLLER,),
     )
+    software_retries: int = declare(
+        1,
+        "the most requeues of a job whose failure has cause software (the job's own exception); "
+        "never when the run before failed the same way at the same place",
+        readers=(CONTROLLER,),
+    )
     on_resume_mismatch: str = declare(
         "warn",
-        "a resumed run whose restored state differs from its checkpoint record: warn (a loud "
-        "finding, the job goes on) or fatal (the rank exits 90); the job's SCOUT_RESUME_MISMATCH "
-        "wins",
+        "a resumed run whose restored state differs from its checkpoint record, or that loads a "
+        "checkpoint scout rejected: warn (a loud line and finding, the job goes on; a rejected "
+        "load makes the run's verdict tainted) or fatal (the ranks exit 90 before training from "
+        "it); the job's SCOUT_RESUME_MISMATCH wins",
         choices=("warn", "fatal"),
         readers=(TASK,),
     )

@@ -173,6 +173,13 @@ def root_check_if_named(
         if cfg.drain.test_kernel_log
         else "/dev/kmsg"
     )
+    gpus = ()
+    try:  # the Prolog's map of the node (root-written): an Xid's PCI address names its GPU
+        from scout_slurm.hwmap.join import read_node_map
+
+        gpus = tuple(read_node_map(folder, node).gpus)
+    except ScoutError as exc:
+        log.info("epilog.no_hardware_map", node=node, error=str(exc))
     checks = run_checks(
         node,
         verdict,
@@ -180,6 +187,7 @@ def root_check_if_named(
         kernel_source=source,
         since_boot_s=since_boot,
         ib_baseline=baseline,
+        gpus=gpus,
     )
     write_record(rootcheck_path(node_dir, verdict.restart), checks)
     log.info(

@@ -455,15 +455,17 @@ def run_checks(
     kernel_source: str,
     since_boot_s: float,
     ib_baseline: Mapping[str, int] | None,
+    gpus: Sequence[GpuInfo] = (),
     clock: Callable[[], float] = time.monotonic,
     wall: Callable[[], float] = time.time,
 ) -> RootChecks:
-    """Each check that fits in what is left of `budget_s`; the rest recorded as skipped."""
+    """Each check that fits in what is left of `budget_s`; the rest recorded as skipped. `gpus`:
+    the Prolog's map of the node's GPUs (an Xid's PCI address names one of them)."""
     started, at = clock(), wall()
     deadline = started + budget_s
     # (name, least time it needs, the check given the time left)
     plan: list[tuple[str, float, Callable[[float], CheckOutcome]]] = [
-        ("kernel-log", 0.5, lambda left: check_kernel_log(kernel_source, since_boot_s)),
+        ("kernel-log", 0.5, lambda left: check_kernel_log(kernel_source, since_boot_s, gpus)),
         ("infiniband", 0.5, lambda left: check_infiniband(ib_baseline)),
         ("nvml", 2.0, lambda left: check_nvml(min(left, 10.0))),
         ("dcgmi-diag", 5.0, lambda left: check_dcgmi(min(left, 60.0))),

@@ -4,11 +4,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from scout_slurm.config import DrainConfig
-from scout_slurm.evidence.records import Verdict
+from scout_slurm.evidence.records import Cause, Verdict
+from scout_slurm.localise import cause
 from scout_slurm.jobenv import HookContext
 from scout_slurm.remediation.eligibility import Assessment, recovery_point
 from scout_slurm.remediation.plan import (
@@ -52,3 +54,23 @@ def drain_decisions(
         n: drain_decision(x.suspicion, job_id=ctx.job_id, user=user, at=at, past=past, cfg=cfg)
         for n, x in named.items()
     }
+
+
+def with_root_cause(verdict: Verdict, named: Mapping[str, NamedNode]) -> Verdict:
+    """The verdict with its cause from root's evidence when a root check on a named node
+    corroborates it (a hardware Xid class, ECC, a failed self-test): that outranks what the job's
+    own exit said. The verdict as it was otherwise."""
+    found = [f for x in named.values() for f in x.suspicion.corroborated_by]
+    if not found or verdict.cause is Cause.HARDWARE:
+        return verdict
+    was = cause.CauseFinding(verdict.cause, verdict.cause_evidence, verdict.fault_site)
+    now = cause.with_root_evidence(was, "; ".join(found[:2]))
+    return dataclasses.replace(
+        verdict, cause=now.cause, cause_evidence=now.evidence[:400], fault_site=""
+    )
+
+
+def counts_against_nodes(verdict: Verdict) -> bool:
+    """Whether the incident's named nodes get the drain rule's decision and a line in the nodes'
+    history: not when the job's own software or the infrastructure failed it."""
+    return verdict.cause not in (Cause.SOFTWARE, Cause.INFRASTRUCTURE)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from scout_slurm.errors import EvidenceError, ScoutError, SlurmError
+from scout_slurm.errors import EvidenceError, SlurmError
 from scout_slurm.evidence.checkfiles import assess_job, find_checkpoint_checks
 from scout_slurm.evidence.gather import cycle_collector_paused, gather_evidence, with_full_records
 from scout_slurm.evidence.layout import JobFolder
@@ -164,7 +164,7 @@ def named_nodes(
         rc = checks.get(n)
         suspicion = NodeSuspicion(
             node=n,
-            gpu_serials=_gpu_serials(incident.folder, verdict, found, n),
+            gpu_serials=_gpu_serials(rc),
             corroborated_by=tuple(
                 f"{f.category}: {f.detail}"[:120] for f in corroborating(rc, verdict.kind)
             ),
@@ -206,24 +206,13 @@ def _root_checks(incident: Incident, nodes: list[str], restart: int) -> dict[str
     return checks
 
 
-def _gpu_serials(
-    folder: JobFolder, verdict: Verdict, found: JobEvidence, node: str
-) -> tuple[str, ...]:
-    """The board serials of the GPUs the node's suspect ranks used ("" serials left out)."""
-    from scout_slurm.hwmap.join import read_node_map
-
-    try:
-        hwmap = read_node_map(folder, node)
-    except ScoutError:
+def _gpu_serials(checks: RootChecks | None) -> tuple[str, ...]:
+    """The board serials of the GPUs the node's root checks found at fault (an Xid's PCI address
+    in the Prolog's map, NVML's errors): root's evidence only. The job's own place record says
+    which GPU a rank used, but a job could name another tenant's GPU there, so it charges none."""
+    if checks is None:
         return ()
-    by_uuid = {g.uuid: g.serial for g in hwmap.gpus}
-    uuids = [
-        u
-        for s in verdict.suspects
-        if s.node == node and s.rank in found.places
-        for u in found.places[s.rank].gpu_uuids
-    ]
-    return tuple(dict.fromkeys(by_uuid[u] for u in uuids if by_uuid.get(u)))
+    return tuple(dict.fromkeys(f.gpu_serial for f in checks.findings if f.gpu_serial))
 
 
 def past_incidents(incident: Incident, *, at: float) -> list[PastIncident]:
@@ -236,3 +225,17 @@ def past_incidents(incident: Incident, *, at: float) -> list[PastIncident]:
         return []
     folder = incident.folder
     return read_past(folder.root, folder.cluster, since=at - drain.window_s)
+
+
+def earlier_verdicts(incident: Incident) -> list[Verdict]:
+    """The verdicts of the job's runs before this one (those on record and readable)."""
+    folder, out = incident.folder, []
+    for run in range(max(0, incident.restart - 16), incident.restart):
+        path = folder.verdict_path(run)
+        if not path.exists():
+            continue
+        try:
+            out.append(read_record(path, Verdict, root=folder.root))
+        except EvidenceError as exc:
+            log.warning("controller.earlier_verdict_unreadable", run=run, error=str(exc))
+    return out

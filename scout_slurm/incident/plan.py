@@ -4,7 +4,7 @@ became of each named node (the watch list's and the next incident's drain rule's
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from scout_slurm.config import RemediationConfig
 from scout_slurm.evidence.records import Verdict
@@ -30,8 +30,10 @@ def remediation_plan(
     evidence_path: str,
     recovery: tuple[Assessment | None, str],
     decisions: Mapping[str, DrainDecision],
+    earlier: Sequence[Verdict] = (),
 ) -> Plan:
-    """The plan; `recovery`: the checkpoint the recovery rule chose (or None) and why."""
+    """The plan; `recovery`: the checkpoint the recovery rule chose (or None) and why; `earlier`:
+    the verdicts of the job's earlier runs (a software failure's retries count them)."""
     chosen, why = recovery
     return build_plan(
         verdict,
@@ -42,6 +44,8 @@ def remediation_plan(
         checkpoint_reason=why,
         checkpoint_status=chosen.status if chosen else None,
         decisions=decisions,
+        earlier=earlier,
+        software_retries=cfg.software_retries,
     )
 
 

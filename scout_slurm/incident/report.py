@@ -12,7 +12,7 @@ from scout_slurm.evidence.store import atomic_write_bytes, write_record
 from scout_slurm.localise.verdict import JobEvidence
 from scout_slurm.log import get_logger
 from scout_slurm.remediation.plan import DrainDecisions
-from scout_slurm.remediation.records import ActionsRecord
+from scout_slurm.remediation.records import ActionsRecord, RerunCheckpoints
 from scout_slurm.report.markdown import render_incident_markdown
 
 log = get_logger("scout.controller")
@@ -68,3 +68,16 @@ def write_report(
         )
     except Exception as exc:  # noqa: BLE001
         log.warning("controller.report_html_failed", job=folder.job_id, error=repr(exc))
+
+
+def write_rerun_checkpoints(folder: JobFolder, told: RerunCheckpoints) -> None:
+    """What the rerun is told of the checkpoints (its scout-task reads it); failing to write it is
+    logged: the rerun then checks its loads against nothing."""
+    try:
+        write_record(folder.rerun_checkpoints_path(told.restart), told)
+    except (ScoutError, OSError) as exc:
+        log.warning(
+            "controller.rerun_checkpoints_not_written",
+            error=str(exc),
+            consequence="the rerun's loads are not checked against the rejected checkpoints",
+        )

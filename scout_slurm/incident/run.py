@@ -25,7 +25,8 @@ from scout_slurm.incident.pending import (
 from scout_slurm.localise.verdict import JobEvidence
 from scout_slurm.log import get_logger
 from scout_slurm.remediation.plan import JobFacts
-from scout_slurm.remediation.records import ActionsRecord, PlanStatus
+from scout_slurm.remediation.eligibility import rerun_checkpoints
+from scout_slurm.remediation.records import ActionKind, ActionsRecord, PlanStatus
 
 log = get_logger("scout.controller")
 FINAL = (PlanStatus.APPLIED, PlanStatus.OBSERVE_ONLY, PlanStatus.NOTHING_TO_DO)
@@ -91,7 +92,18 @@ def _stages(incident: Incident, root_check_here: RootCheckHere | None) -> Action
     if root_check_here is not None:
         root_check_here(verdict)
     named = gather.named_nodes(incident, verdict, found, facts)
+    judged = decide.with_root_cause(verdict, named)
+    if judged is not verdict:
+        verdict = judged
+        report.write_verdict(folder, restart, verdict)
+    if not decide.counts_against_nodes(verdict):
+        named = {}  # the job's own software or the infrastructure: no node decided, no history
     record = _decide_and_plan(incident, verdict, facts, named, assessments)
+    if any(a.kind is ActionKind.REQUEUE for a in record.actions):
+        chosen, _ = decide.recovery(assessments, verdict)
+        report.write_rerun_checkpoints(
+            folder, rerun_checkpoints(ctx.job_id, restart + 1, assessments, chosen)
+        )
     return _apply_and_report(incident, verdict, found, record)
 
 
@@ -158,6 +170,7 @@ def _decide_and_plan(
         evidence_path=str(incident.folder.path),
         recovery=decide.recovery(assessments, verdict),
         decisions=decisions,
+        earlier=gather.earlier_verdicts(incident),
     )
     report.write_decisions(
         incident.folder,
