@@ -162,12 +162,6 @@ RULES: dict[Rule, VerdictRule] = {
         0.0,
         "scout saw none of its ranks",
     ),
-    Rule.TAINTED: VerdictRule(
-        "every rank exited cleanly; a rank loaded a checkpoint scout had rejected (a `tainted` finding)",
-        VerdictKind.TAINTED,
-        1.0,
-        "the run trained from a state scout could not vouch for: not clean, whatever its checks found after",
-    ),
     Rule.CLEAN: VerdictRule(
         "every rank exited cleanly; scout's checks ran",
         VerdictKind.CLEAN,
@@ -227,6 +221,12 @@ RULES: dict[Rule, VerdictRule] = {
         VerdictKind.CRASH,
         0.6,
         "each is named: clocks across nodes cannot order them",
+    ),
+    Rule.TAINTED: VerdictRule(
+        "a rank loaded a checkpoint scout had rejected (a `tainted` finding); no rank named by the rules above",
+        VerdictKind.TAINTED,
+        1.0,
+        "the run trained from a state scout could not vouch for: not clean, whatever its checks found after",
     ),
 }
 
@@ -474,22 +474,6 @@ def _clean_or_unchecked(
     """Every rank exited cleanly: `clean` says nothing was found by the checks that ran, and lists
     them; with none (votes off, a run shorter than K without its end-of-training vote) it is
     `unchecked`, never `clean`; a run that loaded a checkpoint scout rejected is `tainted`."""
-    tainted = [f for f in ev.findings if f.kind is FindingKind.TAINTED]
-    if tainted:
-        hit = rule(Rule.TAINTED)
-        first = min(tainted, key=lambda f: f.rank)
-        return _verdict(
-            ev,
-            hit.kind,
-            [],
-            hit.confidence,
-            reasoning
-            + [
-                f"ranks {sorted({f.rank for f in tainted})} loaded a checkpoint scout had rejected",
-                first.summary,
-            ],
-            now=now,
-        )
     cov = ev.coverage
     if cov is not None and cov.checks_ran:
         hit = rule(Rule.CLEAN)
@@ -573,11 +557,36 @@ def _decide(ev: JobEvidence, rule: _Consulted, *, now: float) -> Verdict:
         for f in ev.findings
         if f.kind == FindingKind.CHECK_OFF
     ][:10]
-    return (
+    found = (
         _from_sdc_findings(ev, reasoning, rule, now=now)
         or _from_stall_decision(ev, reasoning, rule, now=now)
         or _from_desync(ev, reasoning, rule, now=now)
         or _from_exits(ev, stragglers, reasoning, rule, now=now)
+    )
+    return _tainted(ev, found, rule, now=now) or found
+
+
+def _tainted(ev: JobEvidence, found: Verdict, rule: _Consulted, *, now: float) -> Verdict | None:
+    """A run that trained from a checkpoint scout had rejected and named nobody (clean, unchecked,
+    or inconclusive: e.g. every rank's loss went non-finite from the corrupt state) is `tainted`,
+    with what it found after; a rank that failed on its own keeps its verdict."""
+    tainted = [f for f in ev.findings if f.kind is FindingKind.TAINTED]
+    quiet = (VerdictKind.CLEAN, VerdictKind.UNCHECKED, VerdictKind.INCONCLUSIVE)
+    if not tainted or found.suspects or found.kind not in quiet:
+        return None
+    hit = rule(Rule.TAINTED)
+    first = min(tainted, key=lambda f: f.rank)
+    return _verdict(
+        ev,
+        hit.kind,
+        [],
+        hit.confidence,
+        [
+            f"ranks {sorted({f.rank for f in tainted})} loaded a checkpoint scout had rejected",
+            first.summary,
+            *(f"then: {r}" for r in found.reasoning[:10]),
+        ],
+        now=now,
     )
 
 

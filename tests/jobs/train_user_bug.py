@@ -1,6 +1,8 @@
-"""A user's training script with a bug: DDP on gloo, and on one rank a ValueError raised by the
-script's own code at one step, every run (`--transient`: only on the job's first run, as a passing
-error would)."""
+"""A user's training script as researchers write them: DDP on gloo, AdamW, and
+- `--rank R --step S`: a bug, a ValueError raised by the script's own code on rank R at step S,
+  every run (`--transient`: only on the job's first run, as a passing error would);
+- `--ckpt PATH`: rank 0 saves to one path, replaced in place every `--ckpt-every` steps, and every
+  run loads that file when it exists (the script's own choice, not scout's)."""
 
 import argparse
 import os
@@ -23,18 +25,34 @@ def main() -> None:
     ap.add_argument("--rank", type=int, default=1)
     ap.add_argument("--step", type=int, default=5)
     ap.add_argument("--transient", action="store_true")
+    ap.add_argument("--ckpt", default="")
+    ap.add_argument("--ckpt-every", type=int, default=4)
     args = ap.parse_args()
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     model = DDP(torch.nn.Linear(16, 4))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    for step in range(args.steps):
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    start = 0
+    if args.ckpt and os.path.exists(args.ckpt):
+        state = torch.load(args.ckpt, weights_only=True)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        start = int(state["step"])
+        print(f"rank {dist.get_rank()}: loaded {args.ckpt} at step {start}", flush=True)
+    for step in range(start, args.steps):
         batch = torch.randn(8, 16)
         check_batch(batch, step, args)
         model(batch).square().mean().backward()
         opt.step()
         opt.zero_grad()
+        if args.ckpt and dist.get_rank() == 0 and (step + 1) % args.ckpt_every == 0:
+            tmp = args.ckpt + ".tmp"
+            torch.save(
+                {"model": model.state_dict(), "opt": opt.state_dict(), "step": step + 1}, tmp
+            )
+            os.replace(tmp, args.ckpt)
         time.sleep(0.05)
+    print(f"rank {dist.get_rank()}: done", flush=True)
     dist.destroy_process_group()
 
 

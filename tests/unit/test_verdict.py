@@ -790,7 +790,12 @@ def test_localise_never_raises_and_names_only_ranks_of_the_world(ev):
     assert all(0 <= s.rank < ev.world_size for s in v.suspects)
     assert len({s.rank for s in v.suspects}) == len(v.suspects)
     assert 0.0 <= v.confidence <= 1.0
-    if v.kind in (VerdictKind.CLEAN, VerdictKind.INCONCLUSIVE, VerdictKind.UNCHECKED):
+    if v.kind in (
+        VerdictKind.CLEAN,
+        VerdictKind.INCONCLUSIVE,
+        VerdictKind.UNCHECKED,
+        VerdictKind.TAINTED,
+    ):
         assert v.suspects == ()
     else:
         assert v.suspects

@@ -1,0 +1,122 @@
+"""Issue 42 on the real lab cluster (the lab drains on the job's evidence, `drain_on =
+"job-evidence"`, restart limit 2): a bug in the user's script is not a node's fault, and a rerun
+that loads a checkpoint scout rejected is never called clean.
+
+The jobs are the user's own script (tests/jobs/train_user_bug.py: DDP, AdamW), not scout's demo."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import scoutjobs as sj
+
+pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]
+SCRIPT = Path(__file__).resolve().parents[1] / "jobs" / "train_user_bug.py"
+RAISE_LINE = next(
+    i
+    for i, line in enumerate(SCRIPT.read_text().splitlines(), 1)
+    if line.strip().startswith("raise ValueError")
+)
+SITE = f"ValueError at train_user_bug.py:{RAISE_LINE} in check_batch"
+
+
+def _show_text(lab, job: int) -> str:
+    res = subprocess.run(
+        [sys.executable, "-m", "scout_slurm.cli", "show", str(job)],
+        capture_output=True,
+        text=True,
+        env=lab.client_env(),
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+def _decisions(lab, job: int) -> list[Path]:
+    return sorted(sj.folder(lab, job).results_dir.glob("drain-decisions-*.json"))
+
+
+@pytest.mark.timeout(420)
+def test_a_deterministic_bug_is_software_drains_nothing_and_stops_after_one_rerun(
+    lab, clean_drains
+):
+    """The same ValueError on rank 1 at step 5 of every run; beside it, a bug that passes (first
+    run only), which gets its one rerun and completes."""
+    bug = sj.submit(lab, sj.batch_script(lab, train=SCRIPT, train_args="--steps 12"))
+    passing = sj.submit(
+        lab, sj.batch_script(lab, train=SCRIPT, train_args="--steps 12 --transient")
+    )
+    info = sj.wait_completed(lab, bug, timeout=300)
+    assert info.state == "FAILED" and info.restart_count == 1, info
+    for run in (0, 1):
+        v = sj.verdict(lab, bug, run)
+        assert v.kind.value == "crash" and [s.rank for s in v.suspects] == [1], v
+        assert v.cause.value == "software" and v.fault_site == SITE, v
+        assert "ValueError" in v.cause_evidence
+    first, second = sj.actions(lab, bug, 0), sj.actions(lab, bug, 1)
+    assert [a.kind.value for a in first.actions] == ["requeue"], first
+    assert any("cause software" in h for h in first.held_back), first.held_back
+    assert second.actions == ()
+    assert any(
+        f"the same {SITE}, step 6, on run 0 and run 1: a bug, not a node" in h
+        for h in second.held_back
+    ), second.held_back
+    # nothing drained, excluded, watched or put in the nodes' history
+    assert sj.drained_nodes(lab) == {}
+    assert not info.excluded_nodes
+    assert _decisions(lab, bug) == []
+    out = sj.output(lab, bug)
+    assert f"rank 1 failed with the same {SITE} as on run 0" in out, out[-4000:]
+    assert "a bug in the script, not a node's fault" in out
+    # the story opens on the incident, then the run that ended the job
+    text = _show_text(lab, bug)
+    assert text.startswith(f"job {bug}: 2 runs"), text[:2000]
+    assert re.search(r"run 0 on \S+: crash: rank 1 on \S+; cause software", text), text[:2000]
+    assert "reran as run 1" in text and "the job ended here" in text
+
+    done = sj.wait_completed(lab, passing, timeout=300)
+    assert done.state == "COMPLETED" and done.restart_count == 1, done
+    assert sj.verdict(lab, passing, 0).cause.value == "software"
+    assert sj.verdict(lab, passing, 1).kind.value == "clean"
+    assert _decisions(lab, passing) == [] and sj.drained_nodes(lab) == {}
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("policy", ["warn", "fatal"])
+def test_a_rerun_that_loads_a_rejected_checkpoint_is_tainted_or_refused(lab, clean_drains, policy):
+    """Rank 0's weights flipped at step 6, found by the vote at step 10; the script saved its one
+    file at step 8 (after the first suspect step) and the rerun loads it as the script decides."""
+    ckpt = lab.paths.work / f"latest-{policy}-{time.time_ns()}.pt"
+    script = sj.batch_script(
+        lab,
+        train=SCRIPT,
+        train_args=f"--steps 16 --rank -1 --ckpt {ckpt} --ckpt-every 4",
+        scout_args="--scout-consensus-every=5 --scout-inject=bitflip,rank=0,step=6,bit=30,target=weights",
+        pre=f"export SCOUT_RESUME_MISMATCH={policy}",
+    )
+    job = sj.submit(lab, script)
+    info = sj.wait_completed(lab, job, timeout=300)
+    v0 = sj.verdict(lab, job, 0)
+    assert v0.kind.value == "sdc" and v0.cause.value == "hardware", v0
+    out = sj.output(lab, job)
+    loud = f"TAINTED: rank 0 loaded {ckpt} (step 8 of run 0), a checkpoint scout rejected"
+    assert loud in out, out[-5000:]
+    assert "scout found no checkpoint it could vouch for" in out
+    v1 = sj.verdict(lab, job, 1)
+    if policy == "warn":
+        assert info.state == "COMPLETED", info
+        assert v1.kind.value == "tainted", (v1.reasoning, out[-3000:])
+        assert any("loaded a checkpoint scout had rejected" in r for r in v1.reasoning)
+        # one step count: the rerun continued from the optimizer's own count (step 8)
+        assert "rank 0: done" in out
+    else:
+        assert "will not train from" in out and "SCOUT_RESUME_MISMATCH=fatal" in out
+        exits = sj.exits(lab, job, 1)
+        assert exits and all(e.exit_code == 90 for e in exits.values()), exits
+        assert v1.kind.value != "clean"
