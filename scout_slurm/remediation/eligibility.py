@@ -14,13 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from scout_slurm.evidence.records import Verdict, VerdictKind
-from scout_slurm.remediation.records import (
+from scout_slurm.evidence.records import (
     Agreement,
     CheckpointNote,
-    CheckpointStatus,  # noqa: F401 (re-exported)
+    Verdict,
+    VerdictKind,
     VoteCoverage,
 )
+from scout_slurm.remediation.records import CheckpointStatus  # noqa: F401 (re-exported)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from scout_slurm.evidence.records import (
     Verdict,
     resume_outcome,
 )
-from scout_slurm.localise.verdict import JobEvidence
+from scout_slurm.evidence.records import JobEvidence
 from scout_slurm.remediation.eligibility import Assessment
 from scout_slurm.remediation.records import ActionsRecord
 
@@ -107,13 +107,14 @@ def load_show(folder: JobFolder, restart: int | None = None) -> ShowView:
 
 def load_cost(folder: JobFolder, run: int) -> tuple[tuple[ScoutCost, ...], tuple[str, ...]]:
     """The ranks' records of scout's own cost, and one line per file that could not be read."""
+    from scout_slurm.evidence.layout import RANK_COSTS
     from scout_slurm.evidence.store import list_records
 
     ranks = folder.ranks_dir(run)
     if not ranks.is_dir():
         return (), ()
     try:
-        found, problems = list_records(ranks, "cost-*.json", ScoutCost, root=folder.root)
+        found, problems = list_records(ranks, RANK_COSTS, ScoutCost, root=folder.root)
     except EvidenceError as exc:
         return (), (str(exc),)
     return tuple(found), tuple(problems)
@@ -240,7 +241,7 @@ def load_checkpoints(
 ) -> CheckpointsView:
     """The checkpoints a job noted, assessed against the files as they are now (read as the job's
     user, never as root) and the last run's verdict; and the one a rerun would resume from."""
-    from scout_slurm.evidence.checkfiles import assess_job
+    from scout_slurm.remediation.checkpoint_assessment import assess_job
     from scout_slurm.evidence.store import read_record
     from scout_slurm.hooks.ckptcheck import checks_now
     from scout_slurm.remediation.eligibility import recovery_point
