@@ -47,7 +47,7 @@ from scout_slurm.acceptance.steps import (
     summary_table,
 )
 from scout_slurm.errors import ScoutError
-from scout_slurm.evidence.layout import JobFolder
+from scout_slurm.evidence.layout import RANK_PLACES, JobFolder
 from scout_slurm.evidence.records import (
     Finding,
     FindingKind,
@@ -460,7 +460,7 @@ scout-srun {scout} {py} {TRAIN} {train}
 def read_case(case: CaseRun, folder: JobFolder, restart: int) -> CaseRun:
     """Fill a case from the job's evidence folder: places, injection, detection, verdict, files."""
     root = folder.root
-    places, _ = list_records(folder.ranks_dir(restart), "rank-*.json", RankPlace, root=root)
+    places, _ = list_records(folder.ranks_dir(restart), RANK_PLACES, RankPlace, root=root)
     findings, _ = list_records(folder.findings_dir(restart), "*.json", Finding, root=root)
     injected = [f.at for f in findings if is_fault_injection(f)]
     detections = [f.at for f in findings if f.kind in _DETECTING]

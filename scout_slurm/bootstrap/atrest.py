@@ -185,6 +185,7 @@ class AtRest:
         if self.run_dir is None:
             return
         from scout_slurm.evidence.records import Finding, FindingKind
+        from scout_slurm.evidence.layout import RunFolder
         from scout_slurm.evidence.store import write_record
 
         for w in what:
@@ -206,9 +207,9 @@ class AtRest:
             )
             try:
                 write_record(
-                    self.run_dir
-                    / "findings"
-                    / f"sdc-at-rest-{w.split()[0]}-rank-{self.rank}-step-{gstep}.json",
+                    RunFolder(self.run_dir).finding_path(
+                        f"sdc-at-rest-{w.split()[0]}-rank-{self.rank}-step-{gstep}"
+                    ),
                     finding,
                 )
             except Exception as exc:  # noqa: BLE001

@@ -48,6 +48,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable
 
+from scout_slurm.evidence.layout import RunFolder, checkpoint_note_path
 from scout_slurm.remediation.signatures import COMPONENTS
 
 from scout_slurm.bootstrap.exitpolicy import Ending, end, ends
@@ -121,7 +122,7 @@ def software_versions():
     import torch
 
     import scout_slurm
-    from scout_slurm.remediation.records import SoftwareVersions
+    from scout_slurm.evidence.records import SoftwareVersions
 
     nccl = None
     try:
@@ -161,7 +162,7 @@ def digest_from_storage(path: str) -> tuple[int, str]:
 def files_of(path: str):
     """Every file of a checkpoint (a file, or a DCP folder walked without following links),
     digested from storage; with the checkpoint's total size and its one sha256."""
-    from scout_slurm.remediation.records import CheckpointFile
+    from scout_slurm.evidence.records import CheckpointFile
 
     if os.path.isdir(path):
         files = []
@@ -310,7 +311,7 @@ class CheckpointWatch:
         if self.notes_dir is None:
             return
         from scout_slurm.evidence.store import write_record
-        from scout_slurm.remediation.records import CheckpointNote
+        from scout_slurm.evidence.records import CheckpointNote
 
         target = os.path.abspath(os.fspath(path))
         try:
@@ -349,7 +350,7 @@ class CheckpointWatch:
             )
         else:
             note = self._with_exchange(note, mine, None, at_save=False)
-        dest = self.notes_dir / f"run-{self.restart}-step-{step}-rank-{self.rank}.json"
+        dest = checkpoint_note_path(self.notes_dir, self.restart, step, self.rank)
         with self.lock:
             try:
                 self.notes_dir.mkdir(parents=True, exist_ok=True)
@@ -393,7 +394,7 @@ class CheckpointWatch:
         elif self.notes_dir is not None:
             # the lowest rank records it; when the script has another rank rename the folder (after its
             # barrier: the record is written by then), that rank follows it in the lowest rank's note
-            dest = self.notes_dir / f"run-{self.restart}-step-{self.global_step()}-rank-0.json"
+            dest = checkpoint_note_path(self.notes_dir, self.restart, self.global_step(), 0)
             with self.lock:
                 self._follow(canonical(path), dest)
 
@@ -411,7 +412,7 @@ class CheckpointWatch:
         (-1: they are the save's own state)."""
         import dataclasses
 
-        from scout_slurm.remediation.records import StateSignature
+        from scout_slurm.evidence.records import StateSignature
         from scout_slurm.remediation.signatures import agree, agreement_text
 
         groups = self.groups()
@@ -446,18 +447,19 @@ class CheckpointWatch:
         )
 
     def _coverage(self):
-        from scout_slurm.remediation.records import CoverageSince
+        from scout_slurm.evidence.records import CoverageSince
 
         cov = None
-        if self.run_dir is not None and (self.run_dir / "votes.json").exists():
+        votes = RunFolder(self.run_dir).coverage_path if self.run_dir is not None else None
+        if votes is not None and votes.exists():
             try:
+                from scout_slurm.evidence.records import VoteCoverage
                 from scout_slurm.evidence.store import read_record
-                from scout_slurm.remediation.records import VoteCoverage
 
-                cov = read_record(self.run_dir / "votes.json", VoteCoverage)
+                cov = read_record(votes, VoteCoverage)
             except Exception as exc:  # noqa: BLE001 - coverage is evidence, never a reason to fail the save
                 sys.stderr.write(
-                    f"scout: the run's coverage record {self.run_dir / 'votes.json'} is unreadable "
+                    f"scout: the run's coverage record {votes} is unreadable "
                     f"({exc!r}); the checkpoint record says no coverage\n"
                 )
                 cov = None
@@ -619,7 +621,7 @@ class CheckpointWatch:
         import dataclasses
 
         from scout_slurm.evidence.store import read_record, write_record
-        from scout_slurm.remediation.records import CheckpointNote
+        from scout_slurm.evidence.records import CheckpointNote
 
         def moved_note(note):
             if canonical(note.path) != key:
@@ -822,7 +824,7 @@ class CheckpointWatch:
         if self.notes_dir is None or not self.notes_dir.is_dir():
             return None
         from scout_slurm.evidence.store import list_records
-        from scout_slurm.remediation.records import CheckpointNote
+        from scout_slurm.evidence.records import CheckpointNote
 
         target = os.path.realpath(path)
         try:
@@ -869,7 +871,7 @@ class CheckpointWatch:
             from scout_slurm.evidence.store import write_record
 
             write_record(
-                self.run_dir / "findings" / f"{name}.json",
+                RunFolder(self.run_dir).finding_path(name),
                 Finding(
                     rank=self.rank,
                     node=self.node,

@@ -232,6 +232,7 @@ class Consensus:
         if self.run_dir is None:
             return
         from scout_slurm.evidence.records import Finding, FindingKind
+        from scout_slurm.evidence.layout import RunFolder
         from scout_slurm.evidence.store import write_record
 
         now = time.time()
@@ -242,7 +243,7 @@ class Consensus:
         if v.outcome is VoteOutcome.NAMED:
             records = [
                 (
-                    f"sdc-nonfinite-rank-{r}-step-{v.step}.json",
+                    f"sdc-nonfinite-rank-{r}-step-{v.step}",
                     Finding(
                         rank=r,
                         node=self.node if r == self.rank else "",
@@ -263,7 +264,7 @@ class Consensus:
         else:
             records = [
                 (
-                    f"inconclusive-nonfinite-step-{v.step}.json",
+                    f"inconclusive-nonfinite-step-{v.step}",
                     Finding(
                         rank=0,
                         node="",
@@ -279,7 +280,7 @@ class Consensus:
             ]
         for name, finding in records:
             try:
-                write_record(self.run_dir / "findings" / name, finding)
+                write_record(RunFolder(self.run_dir).finding_path(name), finding)
             except Exception as exc:  # noqa: BLE001
                 sys.stderr.write(f"scout: finding not written: {exc!r}\n")
 
@@ -296,6 +297,7 @@ class Consensus:
         if self.run_dir is None:
             return
         from scout_slurm.evidence.records import Finding, FindingKind
+        from scout_slurm.evidence.layout import RunFolder
         from scout_slurm.evidence.store import write_record
 
         now = time.time()
@@ -328,6 +330,6 @@ class Consensus:
                 f"-group-{group[0]}" if r < 0 else ""
             )
             try:
-                write_record(self.run_dir / "findings" / f"{name}.json", finding)
+                write_record(RunFolder(self.run_dir).finding_path(name), finding)
             except Exception as exc:  # noqa: BLE001
                 sys.stderr.write(f"scout: finding not written: {exc!r}\n")

@@ -478,8 +478,9 @@ def _note_checkpoint(rt: Runtime, path: str | os.PathLike, step: int | None, sav
     if ckptstate.WATCH is not None:  # the full record: signatures, replicas' agreement, coverage
         ckptstate.WATCH.saved(os.fspath(path), saver=saver, step=step)
         return
+    from scout_slurm.evidence.layout import checkpoint_note_path
+    from scout_slurm.evidence.records import CheckpointNote
     from scout_slurm.evidence.store import write_record
-    from scout_slurm.remediation.records import CheckpointNote
 
     target = os.path.abspath(os.fspath(path))
     try:
@@ -500,7 +501,7 @@ def _note_checkpoint(rt: Runtime, path: str | os.PathLike, step: int | None, sav
         versions=ckptstate._versions_text(),
     )
     notes_dir.mkdir(parents=True, exist_ok=True)
-    write_record(notes_dir / f"run-{rt.restart}-step-{int(step)}-rank-{rt.rank}.json", note)
+    write_record(checkpoint_note_path(notes_dir, rt.restart, int(step), rt.rank), note)
 
 
 def _patch_save(rt: Runtime, handle: InstalledHooks) -> None:

@@ -658,7 +658,7 @@ class Replay:
         for r, at, w in late:  # named now for a difference seen before this layer was trusted
             records.append(
                 (
-                    f"sdc-compute-rank-{r}-step-{at}-{w.replace(' ', '-')}.json",
+                    f"sdc-compute-rank-{r}-step-{at}-{w.replace(' ', '-')}",
                     Finding(
                         rank=r,
                         node=self.node if r == self.rank else "",
@@ -690,7 +690,7 @@ class Replay:
             ):  # named by its own training-time values alone: a transient fault, at this step
                 records.append(
                     (
-                        f"sdc-compute-rank-{r}-step-{step}.json",
+                        f"sdc-compute-rank-{r}-step-{step}",
                         Finding(
                             rank=r,
                             node=self.node if r == self.rank else "",
@@ -711,7 +711,7 @@ class Replay:
                 continue
             records.append(
                 (
-                    f"sdc-compute-rank-{r}-step-{step}.json",
+                    f"sdc-compute-rank-{r}-step-{step}",
                     Finding(
                         rank=r,
                         node=self.node if r == self.rank else "",
@@ -732,7 +732,7 @@ class Replay:
         for v in unsure:
             records.append(
                 (
-                    f"inconclusive-compute-{v.what.replace(' ', '-')}-step-{step}.json",
+                    f"inconclusive-compute-{v.what.replace(' ', '-')}-step-{step}",
                     Finding(
                         rank=0,
                         node="",
@@ -746,9 +746,11 @@ class Replay:
                     ),
                 )
             )
-        for fname, finding in records:
+        from scout_slurm.evidence.layout import RunFolder
+
+        for name, finding in records:
             try:
-                write_record(self.run_dir / "findings" / fname, finding)
+                write_record(RunFolder(self.run_dir).finding_path(name), finding)
             except Exception as exc:  # noqa: BLE001
                 say(f"finding not written: {exc!r}")
 

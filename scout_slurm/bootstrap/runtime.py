@@ -443,11 +443,12 @@ class Runtime:
         run_dir = self.config.run_dir
         if not run_dir:
             return
+        from scout_slurm.evidence.layout import RunFolder
         from scout_slurm.evidence.records import Finding
         from scout_slurm.evidence.store import write_record
 
         write_record(
-            run_dir / "findings" / name,
+            RunFolder(run_dir).finding_path(name),
             Finding(
                 rank=self.rank,
                 node=self.config.node,
@@ -475,7 +476,7 @@ class Runtime:
 
         slug = "".join(ch if ch.isalnum() else "-" for ch in check)
         self._finding(
-            f"check-off-{slug}-rank-{self.rank}.json",
+            f"check-off-{slug}-rank-{self.rank}",
             FindingKind.CHECK_OFF,
             f"{check} not run from step {self.current_step()} on rank {self.rank}: it failed inside "
             f"scout ({why})",
@@ -488,7 +489,7 @@ class Runtime:
 
         try:
             self._finding(
-                f"injected-rank-{self.rank}-{int(time.time() * 1000)}.json",
+                f"injected-rank-{self.rank}-{int(time.time() * 1000)}",
                 FindingKind.FAULT_INJECTED,
                 f"fault injected: {fault.kind}",
                 step=fault.step,
@@ -502,7 +503,7 @@ class Runtime:
 
         say(f"scout: rank {self.rank}'s loss is non-finite (NaN/Inf) since step {gstep}")
         self._finding(
-            f"nonfinite-rank-{self.rank}.json",
+            f"nonfinite-rank-{self.rank}",
             FindingKind.INFO,
             f"rank {self.rank}'s loss is non-finite since step {gstep}",
             step=gstep,
@@ -540,11 +541,12 @@ class Runtime:
         run_dir = self.config.run_dir
         if not run_dir:
             return
+        from scout_slurm.evidence.layout import RunFolder
         from scout_slurm.evidence.records import VoteCoverage
         from scout_slurm.evidence.store import write_record
 
         write_record(
-            run_dir / "votes.json",
+            RunFolder(run_dir).coverage_path,
             VoteCoverage(
                 restart=self.restart,
                 votes=key[0],

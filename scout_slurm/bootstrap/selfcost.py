@@ -97,8 +97,9 @@ def write(run_dir: Path | None, rank: int, restart: int) -> None:
     if run_dir is None or rank < 0:
         return
     try:
+        from scout_slurm.evidence.layout import RunFolder
         from scout_slurm.evidence.store import write_record
 
-        write_record(run_dir / "ranks" / f"cost-{rank}.json", record(rank, restart))
+        write_record(RunFolder(run_dir).rank_cost_path(rank), record(rank, restart))
     except Exception as exc:  # noqa: BLE001 - evidence of scout's cost is never a reason to fail the job
         sys.stderr.write(f"scout: the record of scout's own cost not written: {exc!r}\n")

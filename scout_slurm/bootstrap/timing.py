@@ -260,10 +260,11 @@ class Timing:
     def _write(self, name: str, finding: Any) -> None:
         if self.run_dir is None:
             return
+        from scout_slurm.evidence.layout import RunFolder
         from scout_slurm.evidence.store import write_record
 
         try:
-            write_record(self.run_dir / "findings" / f"{name}.json", finding)
+            write_record(RunFolder(self.run_dir).finding_path(name), finding)
         except Exception as exc:  # noqa: BLE001 - never break the job for a finding
             sys.stderr.write(f"scout: timing finding not written: {exc!r}\n")
 

@@ -481,7 +481,7 @@ class UpdateReplay:
         if why:
             records.append(
                 (
-                    f"inconclusive-update-rank-{src}-step-{gstep}.json",
+                    f"inconclusive-update-rank-{src}-step-{gstep}",
                     Finding(
                         rank=src,
                         node="",
@@ -521,7 +521,7 @@ class UpdateReplay:
                 )
             records.append(
                 (
-                    f"sdc-update-rank-{r}-step-{gstep}.json",
+                    f"sdc-update-rank-{r}-step-{gstep}",
                     Finding(
                         rank=r,
                         node=self.node if r == self.rank else "",
@@ -544,7 +544,7 @@ class UpdateReplay:
         for r, at in late:
             records.append(
                 (
-                    f"sdc-update-rank-{r}-step-{at}.json",
+                    f"sdc-update-rank-{r}-step-{at}",
                     Finding(
                         rank=r,
                         node=self.node if r == self.rank else "",
@@ -561,9 +561,11 @@ class UpdateReplay:
                     ),
                 )
             )
-        for fname, finding in records:
+        from scout_slurm.evidence.layout import RunFolder
+
+        for name, finding in records:
             try:
-                write_record(self.run_dir / "findings" / fname, finding)
+                write_record(RunFolder(self.run_dir).finding_path(name), finding)
             except Exception as exc:  # noqa: BLE001
                 say(f"finding not written: {exc!r}")
 

@@ -1,7 +1,8 @@
-"""A noted checkpoint compared with what is on storage, and a job's notes assessed with what the
-batch host's Epilog found when it did that as the job's user. `check_file` opens what a note names
-and runs only in that user's process (remediation/verifyuser.py); the controller side reads only
-a root-owned record of the outcome (`read_checkpoint_checks`) and opens no path a job named."""
+"""A noted checkpoint compared with what is on storage, and the root-owned record of what the batch
+host's Epilog found when it did that as the job's user. `check_file` opens what a note names and
+runs only in that user's process (remediation/verifyuser.py); the controller side reads only that
+record (`read_checkpoint_checks`) and opens no path a job named. The notes assessed with it:
+remediation/checkpoint_assessment.py."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import os
 import stat
 from dataclasses import dataclass
 
-from scout_slurm.remediation.records import CheckpointChecks, CheckpointNote
+from scout_slurm.evidence.records import CheckpointChecks, CheckpointNote
 
 FULL_DIGEST_LIMIT = 1 << 30  # larger files: size and presence only, within a hook's time budget
 MAX_FOLDER_FILES = 100_000  # a DCP folder: files listed and walked at most
@@ -237,54 +238,9 @@ def find_checkpoint_checks(folder, restart: int) -> CheckpointChecks | None:
 
 
 def assess_job(folder, *, current_verdict=None, checks: CheckpointChecks | None):
-    """Every noted checkpoint of a job, assessed (reads the notes, vote coverage and verdicts). What
-    is on storage comes from `checks` (`read_checkpoint_checks`) alone: no path a note names is
-    opened here. A note with no result for its current bytes is not verified, hence rejected."""
-    from scout_slurm.errors import EvidenceError
-    from scout_slurm.evidence.records import Verdict
-    from scout_slurm.evidence.store import read_record
-    from scout_slurm.remediation.eligibility import CheckpointStatus, assess
-    from scout_slurm.remediation.records import VoteCoverage
+    """Moved to remediation/checkpoint_assessment.py (the recovery rule lives in remediation/).
+    Kept, forwarding, only for hooks/controller.py until the incident package replaces it:
+    evidence/ imports nothing from the layers above it otherwise (tests/unit/test_evidence_contract.py)."""
+    from scout_slurm.remediation.checkpoint_assessment import assess_job as assess_from_folder
 
-    named = list_checkpoint_notes(folder)
-    if checks is not None and checks.job_id != folder.job_id:
-        checks = None
-    found = {(c.note_file, c.note_digest): c for c in checks.results} if checks is not None else {}
-    problems: dict[int, str | None] = {}
-    remarks: dict[int, str] = {}  # verified, but not in full (size and presence only)
-    for name, note in named:
-        if checks is None:
-            problems[id(note)] = NO_RECORD
-            continue
-        result = found.get((name, note_digest(note)))
-        if result is None:
-            problems[id(note)] = NO_RESULT
-        elif result.verified:
-            problems[id(note)] = None
-            if result.problem:
-                remarks[id(note)] = result.problem
-        else:
-            problems[id(note)] = result.problem or NO_RESULT
-    coverage, verdicts = {}, {}
-    for restart in folder.restarts():
-        p = folder.coverage_path(restart)
-        if p.exists():
-            try:
-                coverage[restart] = read_record(p, VoteCoverage, root=folder.root)
-            except EvidenceError:
-                pass
-        vp = folder.verdict_path(restart)
-        if vp.exists():
-            try:
-                verdicts[restart] = read_record(vp, Verdict, root=folder.root)
-            except EvidenceError:
-                pass
-    if current_verdict is not None:
-        verdicts[current_verdict.restart] = current_verdict
-    out = assess([note for _, note in named], coverage, verdicts, lambda note: problems[id(note)])
-    return [
-        dataclasses.replace(a, reason=f"{a.reason}; file {remarks[id(a.note)]}")
-        if id(a.note) in remarks and a.status != CheckpointStatus.REJECTED
-        else a
-        for a in out
-    ]
+    return assess_from_folder(folder, current_verdict=current_verdict, checks=checks)

@@ -23,7 +23,7 @@ import stat
 from dataclasses import dataclass, field
 
 from scout_slurm.errors import EvidenceError
-from scout_slurm.evidence.layout import JobFolder, check_node_name
+from scout_slurm.evidence.layout import JobFolder, check_node_name, node_digest_name
 from scout_slurm.evidence.records import (
     CollectiveEntry,
     DigestedRank,
@@ -287,13 +287,13 @@ def read_node_digests(folder: JobFolder, restart: int) -> DigestsRead:
     try:
         dir_fd = open_below(
             os.fspath(folder.root),
-            [folder.cluster, str(folder.job_id), "nodes"],
+            list(folder.nodes_dir_parts()),
             shown_dir,
             DIR_LIST,
         )
     except EvidenceError as exc:
         return DigestsRead.none(str(exc))
-    name = f"ranks-{int(restart)}.json"
+    name = node_digest_name(restart)
     interned: dict = {}
     claimed: dict[int, str] = {}
     refused: set[int] = set()  # read from their files instead

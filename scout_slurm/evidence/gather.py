@@ -14,17 +14,23 @@ from pathlib import Path
 
 from scout_slurm.errors import EvidenceError
 from scout_slurm.evidence.digest import MAX_WORLD, DigestsRead, read_node_digests
-from scout_slurm.evidence.layout import JobFolder
+from scout_slurm.evidence.layout import (
+    PROGRESS_SNAPSHOTS,
+    RANK_EXITS,
+    RANK_PLACES,
+    JobFolder,
+    RunFolder,
+)
 from scout_slurm.evidence.records import (
     ExitRecord,
     Finding,
+    JobEvidence,
     ProgressSnapshot,
     RankPlace,
     StallDecision,
     VoteCoverage,
 )
 from scout_slurm.evidence.store import list_records, read_record
-from scout_slurm.localise.verdict import JobEvidence
 
 __all__ = ["MAX_WORLD", "cycle_collector_paused", "gather_evidence", "with_full_records"]
 
@@ -84,21 +90,24 @@ def gather_evidence(
     if whole:
         places, exits = [], []
     else:
-        skip = frozenset(f"{kind}-{r}.json" for r in digested for kind in ("rank", "exit"))
-        places = many(folder.ranks_dir(restart), "rank-*.json", RankPlace, skip)
-        exits = many(folder.ranks_dir(restart), "exit-*.json", ExitRecord, skip)
+        skip = frozenset(
+            name
+            for r in digested
+            for name in (RunFolder.rank_place_name(r), RunFolder.rank_exit_name(r))
+        )
+        places = many(folder.ranks_dir(restart), RANK_PLACES, RankPlace, skip)
+        exits = many(folder.ranks_dir(restart), RANK_EXITS, ExitRecord, skip)
     places = [*dig.places.values(), *places]
     exits = [*dig.exits.values(), *exits]
     torchrun = any(p.launcher == "torchrun" for p in places)
     # An exit record carries its watchdog's final snapshot, taken after the last one it published:
     # the published one is not read again (a third of the files and bytes at the end of a job).
     # Under torchrun the exit records are per task and every rank's published snapshot is read.
-    name = folder.progress_path(restart, 0).name.replace("0", "{}")  # rank-{}.json, from the layout
     covered = (
         frozenset()
         if torchrun
         else frozenset(
-            name.format(e.rank)
+            RunFolder.progress_name(e.rank)
             for e in exits
             if e.last_progress is not None and 0 <= e.rank < MAX_WORLD
         )
@@ -108,9 +117,9 @@ def gather_evidence(
         if whole
         else many(
             folder.progress_dir(restart),
-            "rank-*.json",
+            PROGRESS_SNAPSHOTS,
             ProgressSnapshot,
-            covered | frozenset(name.format(r) for r in digested),
+            covered | frozenset(RunFolder.progress_name(r) for r in digested),
         )
     )
     findings = many(folder.findings_dir(restart), "*.json", Finding)

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from scout_slurm.evidence.layout import JobFolder
+from scout_slurm.evidence.layout import HARDWARE_MAP_NAME, JobFolder
 from scout_slurm.evidence.records import RankPlace
 from scout_slurm.evidence.store import read_record
 from scout_slurm.hwmap.nvml import resolve_visible_uuids
 from scout_slurm.hwmap.records import Affinity, HardwareMap, NicKind
 
-MAP_NAME = "hardware-map.json"
+MAP_NAME = HARDWARE_MAP_NAME  # the name the Prolog writes it under (hooks/prolog.py)
 MAX_MAP_BYTES = 4 * 1024 * 1024
 
 
@@ -52,7 +52,7 @@ def join_with_map(place: RankPlace, hwmap: HardwareMap) -> RankPlace:
 def read_node_map(folder: JobFolder, node: str) -> HardwareMap:
     """The Prolog's map of `node`; EvidenceError (a ScoutError) when absent or unsafe."""
     return read_record(
-        folder.node_dir(node) / MAP_NAME, HardwareMap, max_bytes=MAX_MAP_BYTES, root=folder.root
+        folder.hardware_map_path(node), HardwareMap, max_bytes=MAX_MAP_BYTES, root=folder.root
     )
 
 

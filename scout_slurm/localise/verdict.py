@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Mapping
 
 from scout_slurm.evidence.cascade import CASCADE_PATTERNS, mentions_peer_failure  # noqa: F401 (re-exported)
@@ -20,6 +20,7 @@ from scout_slurm.evidence.records import (
     Finding,
     FindingComponent,
     FindingKind,
+    JobEvidence,
     ProgressSnapshot,
     RankPlace,
     StallDecision,
@@ -250,40 +251,6 @@ class _Consulted(list):
     def __call__(self, rule: Rule) -> VerdictRule:
         self.append(rule)
         return RULES[rule]
-
-
-@dataclass(frozen=True)
-class JobEvidence:
-    job_id: int
-    restart: int
-    world_size: int
-    places: Mapping[int, RankPlace] = field(default_factory=dict)
-    exits: Mapping[int, ExitRecord] = field(default_factory=dict)
-    # published snapshots; gather_evidence leaves out ranks whose exit record carries a later one
-    snapshots: Mapping[int, ProgressSnapshot] = field(default_factory=dict)
-    findings: tuple[Finding, ...] = ()
-    decision: StallDecision | None = None
-    job_exit_code: int = -1  # raw wait status from Slurm; -1 unknown
-    problems: tuple[str, ...] = ()
-    # ranks read from node digests (evidence/digest.py): stderr tails abridged, ring entries
-    # without times; gather.with_full_records reads the whole records of the ones that matter
-    abridged: frozenset[int] = frozenset()
-    coverage: VoteCoverage | None = None  # which of scout's checks ran (the lowest rank's record)
-
-    def node_of(self, rank: int) -> str:
-        if rank in self.places:
-            return self.places[rank].node
-        if rank in self.exits:
-            return self.exits[rank].node
-        if rank in self.snapshots:
-            return self.snapshots[rank].node
-        return "?"
-
-    def last_progress(self, rank: int) -> ProgressSnapshot | None:
-        e = self.exits.get(rank)
-        if e is not None and e.last_progress is not None:
-            return e.last_progress
-        return self.snapshots.get(rank)
 
 
 def is_cascade(e: ExitRecord) -> bool:

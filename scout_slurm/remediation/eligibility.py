@@ -14,14 +14,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from scout_slurm.evidence.records import Verdict, VerdictKind
-from scout_slurm.remediation.records import (
+from scout_slurm.evidence.records import (
     Agreement,
     CheckpointNote,
+    Verdict,
+    VerdictKind,
+    VoteCoverage,
+)
+from scout_slurm.remediation.records import (
     CheckpointStatus,  # noqa: F401 (re-exported)
     RejectedCheckpoint,
     RerunCheckpoints,
-    VoteCoverage,
 )
 
 

@@ -6,7 +6,18 @@ import enum
 from dataclasses import dataclass
 from typing import ClassVar
 
-from scout_slurm.evidence.records import VerdictKind, VoteCoverage  # noqa: F401 (VoteCoverage lives there now)
+from scout_slurm.evidence.records import VerdictKind
+from scout_slurm.evidence.records import (  # noqa: F401 (re-exported: the job writes these; hooks/ckptcheck.py imports them from here)
+    Agreement,
+    CheckpointCheck,
+    CheckpointChecks,
+    CheckpointFile,
+    CheckpointNote,
+    CoverageSince,
+    SoftwareVersions,
+    StateSignature,
+    VoteCoverage,
+)
 from scout_slurm.errors import SlurmError
 from scout_slurm.slurm.hostlist import compress_hostlist
 
@@ -24,15 +35,6 @@ class CheckpointStatus(str, enum.Enum):
     ELIGIBLE = "eligible"
     CANDIDATE = "candidate"
     REJECTED = "rejected"
-
-
-class Agreement(str, enum.Enum):
-    """What `CheckpointNote.agreement` says of the replicas' state signatures at the save."""
-
-    AGREED = "agreed"
-    DISAGREED = "disagreed"
-    NOT_EXCHANGED = "not exchanged"
-    UNKNOWN = ""  # a version 1 record, or a text this scout does not know
 
 
 class PlanStatus(str, enum.Enum):
@@ -206,119 +208,4 @@ class ResumeInstruction:
     checkpoint: str
     step: int
     reason: str
-    schema_version: int = 1
-
-
-@dataclass(frozen=True)
-class CheckpointFile:
-    """One file of a checkpoint as re-read from storage after fsync (a DCP checkpoint is a folder
-    of several)."""
-
-    name: str  # relative to the checkpoint's path; "" for a single-file checkpoint
-    size_bytes: int
-    sha256: str
-    schema_version: int = 1
-
-
-@dataclass(frozen=True)
-class StateSignature:
-    """One component of the training state (model, optimizer, scheduler, rng_cpu, rng_cuda,
-    rng_python, rng_numpy, data) as signed on each rank and exchanged on scout's side group."""
-
-    component: str
-    saved: str  # hex signature on the saving rank at the moment of the save ("": none)
-    per_rank: tuple[str, ...]  # hex per rank at the exchange ("": that rank has none)
-    majority: str  # the strict majority among the replicas ("": none)
-    agreed: bool  # every replica group held one value
-    schema_version: int = 1
-
-
-@dataclass(frozen=True)
-class SoftwareVersions:
-    python: str
-    torch: str
-    cuda: str | None
-    nccl: str | None
-    scout: str
-    schema_version: int = 1
-
-
-@dataclass(frozen=True)
-class CoverageSince:
-    """State votes and in-situ replay rounds since the previous checkpoint record of this run."""
-
-    votes: int
-    replay_rounds: int
-    last_clean_step: int  # -1: no clean vote yet
-    last_vote_step: int
-    verdicts: str  # in words: "clean", "not clean ...", "no votes", "replay not recorded"
-    schema_version: int = 1
-
-
-@dataclass(frozen=True)
-class CheckpointNote:
-    """A checkpoint the training process wrote (seen through torch.save, torch.distributed.checkpoint
-    or the explicit call), and the eligibility evidence recorded with it. Version 1 records (path,
-    digest and versions only) are still read: the later fields then keep their defaults."""
-
-    KIND: ClassVar[str] = "checkpoint-note"
-    path: str
-    step: int
-    rank: int
-    restart: int
-    saved_at: float
-    size_bytes: int
-    sha256: str = ""  # of the file as re-read from storage after fsync (DCP: of the file list)
-    versions: str = ""  # python, torch, scout at save time
-    saver: str = ""  # "torch.save", "dcp.save", "note" (the explicit call)
-    files: tuple[CheckpointFile, ...] = ()
-    world: int = 0
-    ranks_saved: tuple[int, ...] = ()
-    signatures: tuple[StateSignature, ...] = ()
-    agreement: str = ""  # "agreed", "disagreed: ...", "not exchanged: ..." ("" in version 1)
-    exchanged_at_save: bool = (
-        False  # DCP: every rank signed inside the save; torch.save: at the next step
-    )
-    data_position: str = ""  # what "data" signs, in words
-    software: SoftwareVersions | None = None
-    coverage: CoverageSince | None = None
-    saved_as: str = (
-        ""  # the name it was written under, when renamed since (the atomic save); "": not renamed
-    )
-    schema_version: int = 2
-
-    @property
-    def agreement_kind(self) -> Agreement:
-        """The outcome `agreement` opens with (the rest of the text says where replicas differed)."""
-        for kind in (Agreement.DISAGREED, Agreement.AGREED, Agreement.NOT_EXCHANGED):
-            if self.agreement.startswith(kind.value):
-                return kind
-        return Agreement.UNKNOWN
-
-
-@dataclass(frozen=True)
-class CheckpointCheck:
-    """One checkpoint note as the batch host's Epilog checked it, as the job's own user."""
-
-    note_file: str  # its file name in checkpoints/
-    note_digest: str  # sha256 of the note as read: a note rewritten since matches no result
-    path: str  # what the note names (shortened for people; results match by the digest)
-    step: int
-    problem: str  # not verified: why; verified: "" or how far (by size and presence only)
-    verified: bool
-    schema_version: int = 1
-
-
-@dataclass(frozen=True)
-class CheckpointChecks:
-    """Written by the batch host's node Epilog (root) into nodes/<node>/checkpoints-<restart>.json:
-    what checking the job's checkpoint notes as the job's user found. The controller reads this
-    instead of opening any path a job named."""
-
-    KIND: ClassVar[str] = "checkpoint-checks"
-    job_id: int
-    restart: int
-    node: str
-    checked_as_uid: int
-    results: tuple[CheckpointCheck, ...]
     schema_version: int = 1

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from scout_slurm.remediation.records import CheckpointNote, StateSignature
+from scout_slurm.evidence.records import CheckpointNote, StateSignature
 
 COMPONENTS = (
     "model",

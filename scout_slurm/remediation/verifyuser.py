@@ -18,7 +18,7 @@ import time
 from typing import Sequence
 
 from scout_slurm.evidence.checkfiles import check_file
-from scout_slurm.remediation.records import CheckpointNote
+from scout_slurm.evidence.records import CheckpointNote
 
 # How a result that is not a problem begins when the file's sha256 was not compared.
 SIZE_ONLY = "verified by size and presence only"

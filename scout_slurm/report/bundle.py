@@ -16,7 +16,8 @@ from scout_slurm.evidence.records import (
     VerdictKind,
     is_fault_injection,
 )
-from scout_slurm.localise.verdict import JobEvidence, is_abnormal, is_cascade
+from scout_slurm.evidence.records import JobEvidence
+from scout_slurm.localise.verdict import is_abnormal, is_cascade
 from scout_slurm.remediation.records import ActionKind, ActionsRecord, ResumeInstruction
 from scout_slurm.report.map_table import RankMapRow
 

@@ -13,7 +13,8 @@ from scout_slurm.evidence.layout import JobFolder, check_node_name
 from scout_slurm.evidence.records import Verdict
 from scout_slurm.evidence.store import read_record, safe_read_bytes
 from scout_slurm.evidence.gather import gather_evidence, with_full_records
-from scout_slurm.localise.verdict import JobEvidence, localise
+from scout_slurm.evidence.records import JobEvidence
+from scout_slurm.localise.verdict import localise
 from scout_slurm.remediation.records import ActionsRecord, ResumeInstruction
 from scout_slurm.report.bundle import IncidentBundle
 from scout_slurm.report.html import MAX_TABLE_ROWS

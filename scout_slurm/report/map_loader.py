@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from scout_slurm.errors import EvidenceError
-from scout_slurm.evidence.layout import JobFolder
+from scout_slurm.evidence.layout import RANK_PLACES, JobFolder
 from scout_slurm.evidence.records import RankPlace
 from scout_slurm.evidence.store import list_records, read_record
 from scout_slurm.hwmap.records import HardwareMap
@@ -16,13 +16,13 @@ def read_places(folder: JobFolder, restart: int) -> tuple[list[RankPlace], list[
     d = folder.ranks_dir(restart)
     if not d.is_dir():
         return [], [f"{d}: no rank records"]
-    return list_records(d, "rank-*.json", RankPlace, root=folder.root)
+    return list_records(d, RANK_PLACES, RankPlace, root=folder.root)
 
 
 def read_maps(folder: JobFolder, nodes: set[str]) -> tuple[dict[str, HardwareMap], list[str]]:
     maps, problems = {}, []
     for node in sorted(nodes):
-        path = folder.node_dir(node) / "hardware-map.json"
+        path = folder.hardware_map_path(node)
         if not path.exists():
             problems.append(f"{path}: no hardware map (Prolog not installed, or it failed)")
             continue

@@ -6,7 +6,7 @@ import html
 from datetime import datetime, timezone
 
 from scout_slurm.evidence.records import Verdict
-from scout_slurm.localise.verdict import JobEvidence
+from scout_slurm.evidence.records import JobEvidence
 from scout_slurm.remediation.records import ActionsRecord
 from scout_slurm.report.bundle import IncidentBundle, incident_moments
 from scout_slurm.report.show import render_timeline, render_verdict

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from scout_slurm.evidence.records import Finding, FindingKind, ScoutCost, Verdict
 from scout_slurm.localise.stall import position
-from scout_slurm.localise.verdict import JobEvidence, describe_exit, is_abnormal, is_cascade
+from scout_slurm.evidence.records import JobEvidence
+from scout_slurm.localise.verdict import describe_exit, is_abnormal, is_cascade
 
 
 def render_verdict(v: Verdict) -> list[str]:

@@ -19,7 +19,7 @@ from scout_slurm.evidence.records import (
     Verdict,
     resume_outcome,
 )
-from scout_slurm.localise.verdict import JobEvidence
+from scout_slurm.evidence.records import JobEvidence
 from scout_slurm.remediation.eligibility import Assessment
 from scout_slurm.remediation.records import ActionsRecord
 from scout_slurm.report.bundle_loader import load_stacks
@@ -135,7 +135,7 @@ def load_story(folder: JobFolder, runs: list[int]) -> list[RunStory]:
             pass  # the run's own view says why; the story goes on without it
         try:
             names = list_names_below(folder.ranks_dir(run), folder.root)
-            tasks = list_names_below(folder.node_tasks_path(run, "x").parent, folder.root)
+            tasks = list_names_below(folder.run(run).tasks_dir, folder.root)
         except EvidenceError:
             names, tasks = [], []
         nodes = tuple(sorted(n[: -len(".json")] for n in tasks if n.endswith(".json")))
@@ -147,13 +147,14 @@ def load_story(folder: JobFolder, runs: list[int]) -> list[RunStory]:
 
 def load_cost(folder: JobFolder, run: int) -> tuple[tuple[ScoutCost, ...], tuple[str, ...]]:
     """The ranks' records of scout's own cost, and one line per file that could not be read."""
+    from scout_slurm.evidence.layout import RANK_COSTS
     from scout_slurm.evidence.store import list_records
 
     ranks = folder.ranks_dir(run)
     if not ranks.is_dir():
         return (), ()
     try:
-        found, problems = list_records(ranks, "cost-*.json", ScoutCost, root=folder.root)
+        found, problems = list_records(ranks, RANK_COSTS, ScoutCost, root=folder.root)
     except EvidenceError as exc:
         return (), (str(exc),)
     return tuple(found), tuple(problems)
@@ -314,7 +315,7 @@ def load_checkpoints(
 ) -> CheckpointsView:
     """The checkpoints a job noted, assessed against the files as they are now (read as the job's
     user, never as root) and the last run's verdict; and the one a rerun would resume from."""
-    from scout_slurm.evidence.checkfiles import assess_job
+    from scout_slurm.remediation.checkpoint_assessment import assess_job
     from scout_slurm.evidence.store import read_record
     from scout_slurm.hooks.ckptcheck import checks_now
     from scout_slurm.remediation.eligibility import recovery_point

@@ -26,7 +26,7 @@ from typing import Callable
 from scout_slurm.config import WatchdogConfig
 from scout_slurm.errors import ScoutError
 from scout_slurm.evidence.history import HistoryWriter
-from scout_slurm.evidence.layout import JobFolder
+from scout_slurm.evidence.layout import PROGRESS_SNAPSHOTS, JobFolder
 from scout_slurm.evidence.records import (
     Cause,
     ChildState,
@@ -727,7 +727,7 @@ class Watchdog:
     def _peer_snapshots(self) -> list[ProgressSnapshot]:
         records, errors = list_records(
             self.folder.progress_dir(self.ctx.restart),
-            "rank-*.json",
+            PROGRESS_SNAPSHOTS,
             ProgressSnapshot,
             root=self.folder.root,
         )

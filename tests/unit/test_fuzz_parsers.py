@@ -54,11 +54,14 @@ from scout_slurm.remediation.plan import JobFacts, build_plan
 from scout_slurm.slurm import ops
 from scout_slurm.slurm.hostlist import MAX_HOSTS, compress_hostlist, expand_hostlist
 
+# once each: remediation.records re-exports the checkpoint records and VoteCoverage it used to hold
 RECORD_TYPES = tuple(
-    cls
-    for module in (ev_records, rem_records)
-    for cls in vars(module).values()
-    if isinstance(cls, type) and dataclasses.is_dataclass(cls) and "KIND" in vars(cls)
+    dict.fromkeys(
+        cls
+        for module in (ev_records, rem_records)
+        for cls in vars(module).values()
+        if isinstance(cls, type) and dataclasses.is_dataclass(cls) and "KIND" in vars(cls)
+    )
 ) + (HardwareMap, NodeEvidence)
 FUZZ = dict(
     deadline=None,

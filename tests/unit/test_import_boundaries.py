@@ -35,6 +35,7 @@ PURE_NAMED = {
     "scout_slurm.bootstrap.replicas": "the majority vote tallies (the torch calls around them live elsewhere)",
     "scout_slurm.evidence.records": "typed records only",
     "scout_slurm.evidence.codec": "records <-> JSON, no I/O (the I/O is evidence/safeio.py)",
+    "scout_slurm.evidence.contract": "the list of record types, who writes them and where",
     "scout_slurm.evidence.cascade": "stderr text -> does it name a peer's failure",
     "scout_slurm.hwmap.records": "typed records only",
     "scout_slurm.slurm.hostlist": "hostlist text <-> names",
@@ -49,6 +50,7 @@ NOT_PURE = {
     "scout_slurm.hwmap.join": "reads rank places and hardware maps (evidence.store) and asks NVML for UUIDs",
     "scout_slurm.remediation.apply": "the executor: applies actions through the door, writes records",
     "scout_slurm.remediation.verifyuser": "opens the checkpoints a job named, as the job's user",
+    "scout_slurm.remediation.checkpoint_assessment": "reads a job's notes and records",
 }
 
 # Importing any of these (or a module below them) from the pure core is a violation.

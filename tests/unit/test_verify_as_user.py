@@ -23,10 +23,10 @@ from scout_slurm.hooks.ckptcheck import write_checkpoint_checks
 from scout_slurm.evidence.checkfiles import (
     NO_RECORD,
     NO_RESULT,
-    assess_job,
     note_digest,
     read_checkpoint_checks,
 )
+from scout_slurm.remediation.checkpoint_assessment import assess_job
 from scout_slurm.remediation.eligibility import CheckpointStatus
 from scout_slurm.remediation.records import CheckpointCheck, CheckpointChecks, CheckpointNote
 from scout_slurm.remediation.verifyuser import SIZE_ONLY, is_verified, verify_as_job_user
