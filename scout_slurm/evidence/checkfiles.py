@@ -235,12 +235,3 @@ def find_checkpoint_checks(folder, restart: int) -> CheckpointChecks | None:
         if record is not None:
             return record
     return None
-
-
-def assess_job(folder, *, current_verdict=None, checks: CheckpointChecks | None):
-    """Moved to remediation/checkpoint_assessment.py (the recovery rule lives in remediation/).
-    Kept, forwarding, only for hooks/controller.py until the incident package replaces it:
-    evidence/ imports nothing from the layers above it otherwise (tests/unit/test_evidence_contract.py)."""
-    from scout_slurm.remediation.checkpoint_assessment import assess_job as assess_from_folder
-
-    return assess_from_folder(folder, current_verdict=current_verdict, checks=checks)

@@ -224,6 +224,14 @@ RECORDS: tuple[RecordType, ...] = (
         "JobFolder.resume_path",
     ),
     RecordType(
+        "remediation.records:RerunCheckpoints",
+        _I,
+        "run (read by run N's checkpoint watch)",
+        "results/rerun-checkpoints-N.json",
+        "JobFolder.rerun_checkpoints_path",
+    ),
+    RecordType("remediation.records:RejectedCheckpoint", _I, "run", "in RerunCheckpoints"),
+    RecordType(
         "remediation.plan:DrainDecisions",
         _I,
         "plan",
@@ -231,7 +239,7 @@ RECORDS: tuple[RecordType, ...] = (
         "JobFolder.drain_decisions_path",
     ),
     RecordType(
-        "hooks.pending:PendingIncident",
+        "incident.pending:PendingIncident",
         _I,
         "controller, while it handles run N",
         "../pending/<job>-N.json",

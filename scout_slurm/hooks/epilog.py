@@ -36,7 +36,7 @@ def _job_started(folder: JobFolder, node: str) -> float:
     import stat as stat_mod
     from scout_slurm.evidence.safeio import DIR_PATH, open_below, split_under
 
-    path = os.fspath(folder.node_dir(node) / "hardware-map.json")
+    path = os.fspath(folder.hardware_map_path(node))
     try:
         base, parts = split_under(path, folder.root, path)
         dir_fd = open_below(base, parts[:-1], path, DIR_PATH)
@@ -136,8 +136,6 @@ def root_check_if_named(
     from scout_slurm.hooks.rootcheck import (
         CORROBORATES,
         IbBaseline,
-        ib_baseline_path,
-        rootcheck_path,
         run_checks,
     )
 
@@ -158,12 +156,11 @@ def root_check_if_named(
         return
     started_wall = _job_started(folder, node)
     since_boot = max(0.0, _uptime() - (time.time() - started_wall)) if started_wall else 0.0
-    node_dir = folder.node_dir(node)
     baseline = None
-    if ib_baseline_path(node_dir, verdict.restart).exists():
+    if folder.ib_baseline_path(verdict.restart, node).exists():
         try:
             read = read_record(
-                ib_baseline_path(node_dir, verdict.restart), IbBaseline, root=folder.root
+                folder.ib_baseline_path(verdict.restart, node), IbBaseline, root=folder.root
             )
             baseline = {c.key: c.value for c in read.counters}
         except ScoutError as exc:
@@ -189,7 +186,7 @@ def root_check_if_named(
         ib_baseline=baseline,
         gpus=gpus,
     )
-    write_record(rootcheck_path(node_dir, verdict.restart), checks)
+    write_record(folder.rootcheck_path(verdict.restart, node), checks)
     log.info(
         "epilog.root_checks",
         node=node,
@@ -305,12 +302,12 @@ def run(environ: Mapping[str, str], *, collect: Callable | None = None) -> int:
     )
     # from here on the node's own verdict stands whatever happens to the shared evidence
     try:
-        node_dir = ensure_node_dir(folder, ctx.node)
+        ensure_node_dir(folder, ctx.node)
         _write_digest(folder, ctx.restart, ctx.node)
         if _is_batch_host(ctx) and (ctx.job_failed or _has_findings(folder, ctx.restart)):
             _check_checkpoints(folder, ctx, cfg.epilog)
         # epilog.json last: the controller waits for it, and then finds the digest there too
-        write_record(node_dir / "epilog.json", evidence)
+        write_record(folder.node_epilog_path(ctx.node), evidence)
         if cfg.epilog.localise_on == "batch-host" and _is_batch_host(ctx):
             _localise_here(folder, ctx, cfg, started=started)
         elif (

@@ -30,7 +30,7 @@ def ensure_node_dir(folder: JobFolder, node: str) -> Path:
         for name, shown in (
             (folder.cluster, folder.cluster_dir),
             (str(folder.job_id), folder.path),
-            ("nodes", folder.nodes_dir),
+            (folder.nodes_dir.name, folder.nodes_dir),
             (node, folder.node_dir(node)),
         ):
             fds.append(ensure_dir(fds[-1], name, root_owner, shown))

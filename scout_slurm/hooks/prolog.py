@@ -23,7 +23,6 @@ from scout_slurm.evidence import store
 from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.safeio import Owner, UnsafeFolder, ensure_dir
 from scout_slurm.hwmap.collect import MapBuilder
-from scout_slurm.hwmap.join import MAP_NAME
 from scout_slurm.hwmap.records import HardwareMap
 from scout_slurm.jobenv import HookContext, hook_context
 
@@ -33,7 +32,6 @@ ROOT_DIR_MODE = 0o755
 JOB_DIR_MODE = 0o2750
 RESULTS_DIR_MODE = 0o755  # SlurmUser's: verdicts, actions, reports, resume instructions
 PENDING_DIR_MODE = 0o750  # SlurmUser's: markers of incidents whose handling has not ended
-RUN_SUBDIRS = ("ranks", "progress", "findings", "stacks", "tasks")
 
 # Of the time budget: past this share no further part of the map is started, past the next the
 # collection is abandoned (what it has is written), and the rest is for writing.
@@ -91,7 +89,7 @@ def prepare_job_folder(
         fds.append(cluster_fd)
         job_fd = ensure_dir(cluster_fd, str(folder.job_id), root_owner, folder.path)
         fds.append(job_fd)
-        nodes_fd = ensure_dir(job_fd, "nodes", root_owner, folder.nodes_dir)
+        nodes_fd = ensure_dir(job_fd, folder.nodes_dir.name, root_owner, folder.nodes_dir)
         fds.append(nodes_fd)
         fds.append(
             ensure_dir(nodes_fd, folder.node_dir(node).name, root_owner, folder.node_dir(node))
@@ -118,9 +116,11 @@ def prepare_job_folder(
                 job_fd, folder.run_dir(restart).name, job_owner, folder.run_dir(restart)
             )
             fds.append(run_fd)
-            for sub in RUN_SUBDIRS:
-                fds.append(ensure_dir(run_fd, sub, job_owner, folder.run_dir(restart) / sub))
-            fds.append(ensure_dir(job_fd, "checkpoints", job_owner, folder.checkpoints_dir))
+            for sub in folder.run(restart).subdirs:
+                fds.append(ensure_dir(run_fd, sub.name, job_owner, sub))
+            fds.append(
+                ensure_dir(job_fd, folder.checkpoints_dir.name, job_owner, folder.checkpoints_dir)
+            )
         except (OSError, EvidenceError) as exc:
             log.error(
                 "prolog.job_folders_failed",
@@ -235,7 +235,7 @@ def _run(
         hwmap = collecting.value
 
     if node_dir is not None:
-        path = node_dir / MAP_NAME
+        path = folder.hardware_map_path(ctx.node)
         done, out = _within(
             lambda: store.write_record(path, hwmap, mode=0o644),
             start + budget - time.monotonic(),
@@ -261,24 +261,24 @@ def _run(
                 problems=len(hwmap.problems),
                 duration_s=round(time.monotonic() - start, 3),
             )
-        _write_ib_baseline(node_dir, ctx, log)
+        _write_ib_baseline(folder, ctx, log)
     for problem in hwmap.problems[:20]:
         log.warning("prolog.map_problem", problem=problem)
 
     return _exit_code(hwmap, cfg.prolog.fail_on_broken_gpu, log)
 
 
-def _write_ib_baseline(node_dir: Path, ctx: HookContext, log: Any) -> None:
+def _write_ib_baseline(folder: JobFolder, ctx: HookContext, log: Any) -> None:
     """The InfiniBand error counters at the job's start, for the root checks' deltas (hooks/rootcheck.py);
     nothing on a node without InfiniBand."""
-    from scout_slurm.hooks.rootcheck import IbBaseline, IbCounter, ib_baseline_path, ib_counters
+    from scout_slurm.hooks.rootcheck import IbBaseline, IbCounter, ib_counters
 
     counters = ib_counters()
     if not counters:
         return
     try:
         store.write_record(
-            ib_baseline_path(node_dir, ctx.restart),
+            folder.ib_baseline_path(ctx.restart, ctx.node),
             IbBaseline(ctx.node, time.time(), tuple(IbCounter(k, v) for k, v in counters.items())),
             mode=0o644,
         )

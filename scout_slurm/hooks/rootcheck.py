@@ -115,20 +115,12 @@ class IbBaseline:
     schema_version: int = 1
 
 
-def ib_baseline_path(node_dir: Path, restart: int) -> Path:
-    return node_dir / f"ib-counters-{int(restart)}.json"
-
-
 def corroborating(checks: RootChecks | None, kind: VerdictKind) -> tuple[RootFinding, ...]:
     """The root-found facts that corroborate a verdict of `kind` (pure)."""
     if checks is None:
         return ()
     wanted = CORROBORATES.get(kind, frozenset())
     return tuple(f for f in checks.findings if f.category in wanted)
-
-
-def rootcheck_path(node_dir: Path, restart: int) -> Path:
-    return node_dir / f"rootcheck-{int(restart)}.json"
 
 
 # --- the checks -------------------------------------------------------------------------------

@@ -8,12 +8,13 @@ import os
 from collections.abc import Sequence
 
 from scout_slurm.errors import EvidenceError, SlurmError
-from scout_slurm.evidence.checkfiles import assess_job, find_checkpoint_checks
+from scout_slurm.evidence.checkfiles import find_checkpoint_checks
+from scout_slurm.remediation.checkpoint_assessment import assess_job
 from scout_slurm.evidence.gather import cycle_collector_paused, gather_evidence, with_full_records
 from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.records import Finding, Verdict
 from scout_slurm.evidence.store import list_records, read_record
-from scout_slurm.hooks.rootcheck import RootChecks, corroborating, rootcheck_path
+from scout_slurm.hooks.rootcheck import RootChecks, corroborating
 from scout_slurm.incident.decide import NamedNode
 from scout_slurm.incident.incident import Incident
 from scout_slurm.localise.verdict import JobEvidence
@@ -55,7 +56,7 @@ def wait_for_node_evidence(incident: Incident, nodes: Sequence[str]) -> list[str
     wait_for_nodes_s, within the budget less 5 s)."""
     folder = incident.folder
     return incident.budget.wait_until(
-        lambda: [n for n in nodes if not (folder.node_dir(n) / "epilog.json").exists()],
+        lambda: [n for n in nodes if not folder.node_epilog_path(n).exists()],
         lambda missing: not missing,
         seconds=min(incident.cfg.epilog.wait_for_nodes_s, incident.budget.left(5.0)),
     )
@@ -182,7 +183,7 @@ def named_nodes(
 
 def _root_checks(incident: Incident, nodes: list[str], restart: int) -> dict[str, RootChecks]:
     folder = incident.folder
-    paths = {n: rootcheck_path(folder.node_dir(n), restart) for n in nodes}
+    paths = {n: folder.rootcheck_path(restart, n) for n in nodes}
     wait_s = min(incident.cfg.drain.wait_for_root_checks_s, incident.budget.left(10.0))
     missing = incident.budget.wait_until(
         lambda: {p for p in paths.values() if not p.exists()},

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from scout_slurm.errors import EvidenceError
+from scout_slurm.evidence.layout import DRAIN_DECISIONS, VERDICTS, JobFolder
 from scout_slurm.evidence.records import Verdict, VerdictKind
 from scout_slurm.evidence.store import read_record
 from scout_slurm.remediation.plan import DrainDecisions, PastIncident
@@ -38,7 +39,10 @@ def list_incidents(root: Path, *, node: str | None = None, limit: int = 20) -> l
         for job in cluster.iterdir():
             if not job.name.isdigit() or job.is_symlink():
                 continue
-            for vpath in (job / "results").glob("verdict-*.json"):
+            folder = _job_folder(root, cluster.name, job.name)
+            if folder is None:
+                continue
+            for vpath in folder.results_dir.glob(VERDICTS):
                 try:
                     v = read_record(vpath, Verdict, root=root)
                 except EvidenceError:
@@ -46,7 +50,7 @@ def list_incidents(root: Path, *, node: str | None = None, limit: int = 20) -> l
                 if v.kind in (VerdictKind.CLEAN, VerdictKind.UNCHECKED):
                     continue
                 drained: tuple[str, ...] = ()
-                apath = job / "results" / f"actions-{v.restart}.json"
+                apath = folder.actions_path(v.restart)
                 if apath.exists():
                     try:
                         a = read_record(apath, ActionsRecord, root=root)
@@ -137,7 +141,10 @@ def _decision_records(
         for job in cdir.iterdir():
             if not job.name.isdigit() or job.is_symlink():
                 continue
-            for path in (job / "results").glob("drain-decisions-*.json"):
+            folder = _job_folder(root, cdir.name, job.name)
+            if folder is None:
+                continue
+            for path in folder.results_dir.glob(DRAIN_DECISIONS):
                 try:
                     if path.stat().st_mtime < since:
                         continue
@@ -268,3 +275,11 @@ def render_suspects(rows: list[SuspectRow]) -> str:
             for f in i.root_findings[:5]:
                 lines.append(f"    root found: {f}")
     return "\n".join(lines) + ("\n" if lines else "")
+
+
+def _job_folder(root: Path, cluster: str, job: str) -> JobFolder | None:
+    """The job folder of a listed `<root>/<cluster>/<job>` (None for names the layout refuses)."""
+    try:
+        return JobFolder(root, cluster, int(job))
+    except (EvidenceError, ValueError):
+        return None

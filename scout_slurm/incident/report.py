@@ -28,7 +28,7 @@ def write_decisions(folder: JobFolder, record: DrainDecisions | None) -> None:
     if record is None:
         return
     try:
-        write_record(folder.results_dir / f"drain-decisions-{record.restart}.json", record)
+        write_record(folder.drain_decisions_path(record.restart), record)
     except (ScoutError, OSError) as exc:
         log.warning(
             "controller.decisions_not_written",

@@ -86,13 +86,7 @@ NOT_EVIDENCE = {
 # another change while this one lands; the merger builds these paths with the layout methods named
 # against each site in the change's notes and deletes each entry as its sites go (the count must
 # fall with them: a new literal in these files fails too).
-PENDING_MOVE = {
-    "hooks/controller.py": 2,  # epilog.json, drain-decisions-N.json
-    "hooks/epilog.py": 3,  # hardware-map.json, nodes, epilog.json
-    "hooks/prolog.py": 7,  # the run's subfolders, nodes, checkpoints
-    "hooks/rootcheck.py": 2,  # ib-counters-N.json, rootcheck-N.json
-    "report/incident_history.py": 6,  # results/, verdict-*.json, actions-N.json, drain-decisions-*
-}
+PENDING_MOVE: dict[str, int] = {}
 
 
 def _text(node: ast.AST) -> str | None:

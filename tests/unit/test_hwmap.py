@@ -813,7 +813,7 @@ def owner_mode(path):
 def test_prolog_writes_the_map_and_lays_out_the_folder(hook_env):
     assert run_prolog() == 0
     f = hook_env.folder
-    map_path = f.node_dir("n1") / prolog.MAP_NAME
+    map_path = f.hardware_map_path("n1")
     hwmap = store.read_record(map_path, HardwareMap, root=hook_env.root)
     assert hwmap.node == "n1" and hwmap.hostname == "gpu-node-017"
     assert [g.uuid for g in hwmap.gpus] == [GPU0_UUID, GPU1_UUID]
@@ -843,9 +843,9 @@ def test_prolog_second_node_and_restart_share_the_folder(hook_env, monkeypatch):
     monkeypatch.setenv("SLURM_JOB_RESTART_COUNT", "1")
     assert run_prolog(tree=VM) == 0
     f = hook_env.folder
-    assert store.read_record(f.node_dir("n2") / prolog.MAP_NAME, HardwareMap).hostname == "vm"
+    assert store.read_record(f.hardware_map_path("n2"), HardwareMap).hostname == "vm"
     assert (
-        store.read_record(f.node_dir("n1") / prolog.MAP_NAME, HardwareMap).hostname
+        store.read_record(f.hardware_map_path("n1"), HardwareMap).hostname
         == "gpu-node-017"
     )
     assert owner_mode(f.run_dir(1)) == (JOB_UID, SLURM_GID, 0o2750, True)
@@ -891,7 +891,7 @@ def test_prolog_refuses_a_run_folder_owned_by_someone_else(hook_env, capsys):
     run.mkdir(parents=True)
     os.chown(run, 12345, 12345)
     assert run_prolog() == 0
-    assert (hook_env.folder.node_dir("n1") / prolog.MAP_NAME).is_file()  # the map is still written
+    assert (hook_env.folder.hardware_map_path("n1")).is_file()  # the map is still written
     assert owner_mode(run)[:2] == (12345, 12345)  # and nothing was taken over
     assert not (run / "ranks").exists()
     err = capsys.readouterr().err
@@ -956,7 +956,7 @@ def test_prolog_exit_0_on_a_full_disk(hook_env, tmp_path, capsys):
         assert run_prolog() == 0
         err = capsys.readouterr().err
         assert "No space left on device" in err
-        assert not (JobFolder(mnt, CLUSTER, 4242).node_dir("n1") / prolog.MAP_NAME).exists()
+        assert not (JobFolder(mnt, CLUSTER, 4242).hardware_map_path("n1")).exists()
     finally:
         subprocess.run(["umount", str(mnt)], capture_output=True, timeout=30)
 
@@ -991,7 +991,7 @@ def test_prolog_exit_1_only_for_a_broken_gpu_when_asked(
     }
     hook_env.configure(fail_on_broken_gpu=fail_on_broken_gpu)
     assert run_prolog(fakes[fake]) == expected
-    hwmap = store.read_record(hook_env.folder.node_dir("n1") / prolog.MAP_NAME, HardwareMap)
+    hwmap = store.read_record(hook_env.folder.hardware_map_path("n1"), HardwareMap)
     if fake == "broken":
         assert hwmap.nvml_failed and "nvmlDeviceGetSerial(gpu 1): GPU is lost" in hwmap.problems
         assert "prolog.broken_gpu" in capsys.readouterr().err
@@ -1004,7 +1004,7 @@ def test_prolog_time_budget_writes_what_it_has(hook_env, capsys):
     t0 = time.monotonic()
     assert run_prolog(FakeNvml(two_gpus(), delay_init_s=4.0)) == 0
     assert time.monotonic() - t0 < 2.5
-    hwmap = store.read_record(hook_env.folder.node_dir("n1") / prolog.MAP_NAME, HardwareMap)
+    hwmap = store.read_record(hook_env.folder.hardware_map_path("n1"), HardwareMap)
     assert hwmap.nics == IB_NICS and hwmap.gpus == () and hwmap.nvml_status == "interrupted"
     assert any(
         p.startswith("timed out after") and p.endswith("while collecting gpus (nvml)")
@@ -1025,7 +1025,7 @@ def test_prolog_module_runs_as_slurm_runs_it(hook_env):
         timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
-    hwmap = store.read_record(hook_env.folder.node_dir("n1") / prolog.MAP_NAME, HardwareMap)
+    hwmap = store.read_record(hook_env.folder.hardware_map_path("n1"), HardwareMap)
     assert hwmap.node == "n1" and hwmap.boot_id == sysfs.read_identity(Path("/proc"))[1]
 
 

@@ -257,8 +257,8 @@ def test_the_epilog_checks_only_a_node_the_verdict_names(tmp_path):
     cfg = SiteConfig(drain=DrainConfig(root_check_s=6.0, test_kernel_log=str(kmsg / "{node}.kmsg")))
     for node in ("n1", "n2"):
         root_check_if_named(folder, node, _verdict(), cfg, deadline=time.monotonic() + 30)
-    assert not rc.rootcheck_path(folder.node_dir("n2"), 0).exists()
-    got = read_record(rc.rootcheck_path(folder.node_dir("n1"), 0), rc.RootChecks)
+    assert not folder.rootcheck_path(0, "n2").exists()
+    got = read_record(folder.rootcheck_path(0, "n1"), rc.RootChecks)
     assert got.node == "n1" and got.verdict_kind == VerdictKind.CRASH
     assert [(f.category, f.detail) for f in got.findings] == [("edac", EDAC_UE)]
     assert {o.name: o.status for o in got.outcomes}["compute-signature"] == "clean"
