@@ -103,7 +103,8 @@ def worker(args: argparse.Namespace) -> None:
             pass
         return bare(t)
 
-    # "again": the bare function once more as a variant of its own, the noise floor of the comparison
+    # "again": the bare function once more as a variant of its own, the noise floor of the
+    # comparison
     variants = (
         ("bare", bare),
         ("wrapped", wrapped),
@@ -189,26 +190,32 @@ def launch(args: argparse.Namespace) -> int:
     report = json.loads(outs[0].strip().splitlines()[-1])
     print(
         f"gloo all_reduce, 2 ranks on 127.0.0.1, 1 thread each, {os.cpu_count()} CPUs, "
-        f"load average {load_at_start:.1f} at start, {os.getloadavg()[0]:.1f} at end; medians of per-call "
+        f"load average {load_at_start:.1f} at start, {os.getloadavg()[0]:.1f} at end; medians "
+        "of per-call "
         f"times, the variants interleaved in {BLOCKS} blocks"
     )
     print(
-        f"{'size':>6} {'calls':>6} {'bare us/call':>13} {'wrapped us/call':>16} {'ratio':>6} {'diff us':>8} "
+        f"{'size':>6} {'calls':>6} {'bare us/call':>13} {'wrapped us/call':>16} {'ratio':>6} "
+        f"{'diff us':>8} "
         f"{'bare again':>11} {'control':>8} {'bare min':>9} {'wrapped min':>12}"
     )
     for r in report["results"]:
         print(
             f"{r['size']:>6} {r['iters']:>6} {r['bare_us']:>13.1f} {r['wrapped_us']:>16.1f} "
             f"{r['wrapped_us'] / r['bare_us']:>6.3f} {r['wrapped_us'] - r['bare_us']:>8.1f} "
-            f"{r['again_us']:>11.1f} {r['control_us']:>8.1f} {r['bare_min_us']:>9.1f} {r['wrapped_min_us']:>12.1f}"
+            f"{r['again_us']:>11.1f} {r['control_us']:>8.1f} {r['bare_min_us']:>9.1f} "
+            f"{r['wrapped_min_us']:>12.1f}"
         )
     print(
-        "bare again: the bare call measured once more as its own variant (how far two identical columns differ: "
-        "the noise floor); control: the bare call after a busy wait as long as the wrapper's own cost (below)"
+        "bare again: the bare call measured once more as its own variant (how far two "
+        "identical columns differ: "
+        "the noise floor); control: the bare call after a busy wait as long as the wrapper's "
+        "own cost (below)"
     )
     med, best = report["enter_leave_us"]
     print(
-        f"ProgressWriter.enter+leave: {med:.2f} us per pair (median of 1000-call batches), best batch {best:.2f} us"
+        f"ProgressWriter.enter+leave: {med:.2f} us per pair (median of 1000-call batches), "
+        f"best batch {best:.2f} us"
     )
     print(
         f"whole wrapper around a no-op (sizes, pg sequence number, enter, leave): "
@@ -217,8 +224,10 @@ def launch(args: argparse.Namespace) -> int:
     print(f"wrapped calls recorded in rank 0's progress record: {report['recorded']}")
     for r in report["results"]:  # one line each for run_all.sh's table
         print(
-            f"SUMMARY\tbootstrap per collective, {r['size']} gloo all_reduce\tratio {r['wrapped_us'] / r['bare_us']:.3f} "
-            f"({r['wrapped_us'] - r['bare_us']:+.1f} us; same call twice: ratio {r['again_us'] / r['bare_us']:.3f}); "
+            f"SUMMARY\tbootstrap per collective, {r['size']} gloo all_reduce\tratio "
+            f"{r['wrapped_us'] / r['bare_us']:.3f} "
+            f"({r['wrapped_us'] - r['bare_us']:+.1f} us; same call twice: ratio "
+            f"{r['again_us'] / r['bare_us']:.3f}); "
             f"wrapper alone {report['wrapper_alone_us']:.1f} us\twithin 2 % on 1 KB"
         )
     return 0

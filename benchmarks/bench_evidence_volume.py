@@ -5,7 +5,8 @@
                                                [--ranks-per-job 256] [--incidents-per-day 10]
 
 Written per rank per hour: the watchdog rewrites its rank's progress snapshot atomically
-(temporary file, fsync, rename, fsync of the folder) every WatchdogConfig().steady_publish_interval_s
+(temporary file, fsync, rename, fsync of the folder) every
+WatchdogConfig().steady_publish_interval_s
 while the rank advances, and every publish_interval_s only while it is watchful (idle for half its
 stall threshold, or not running: task/publishing.py), which a healthy job never is. The bytes
 written grow with the hours while the bytes kept stay one snapshot. Kept per
@@ -140,7 +141,8 @@ TRACEBACK = [
 
 def exit_record(rank: int, world: int, *, crashed: bool, cascade: bool) -> ExitRecord:
     lines = [
-        f"[rank{rank}]:W1130 12:00:{i % 60:02d}.{i:06d} 1234567 torch/distributed/c10d/logger.py:100] "
+        f"[rank{rank}]:W1130 12:00:{i % 60:02d}.{i:06d} 1234567 "
+        "torch/distributed/c10d/logger.py:100] "
         f"step {204_760 + i} loss 1.{i:04d}"
         for i in range(STDERR_LINES)
     ]
@@ -155,7 +157,8 @@ def exit_record(rank: int, world: int, *, crashed: bool, cascade: bool) -> ExitR
             lines[: -len(TRACEBACK) - 1]
             + TRACEBACK
             + [
-                "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+                "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
+                "Connection closed by peer "
                 "[10.12.3.17]:52431"
             ]
         )
@@ -184,7 +187,8 @@ def node_tasks(node: int) -> NodeTasks:
 
 
 def node_digest(node: int, world: int) -> NodeDigest:
-    """What the node Epilog writes for the controller (evidence/digest.py): its ranks' place and exit
+    """What the node Epilog writes for the controller (evidence/digest.py): its ranks' place and
+    exit
     records, the stderr tail abridged, one ring (seq, op, bytes) shared by the node's ranks."""
     rows, shared = [], ()
     for rank in range(node * GPUS_PER_NODE, (node + 1) * GPUS_PER_NODE):
@@ -462,7 +466,8 @@ def main() -> int:
                     culprits=(7,),
                     kind=FindingKind.HANG,
                     reasoning=(
-                        f"rank 7 on {node_of(7)}: 1638416 collectives done, outside any collective, process "
+                        f"rank 7 on {node_of(7)}: 1638416 collectives done, outside any "
+                        "collective, process "
                         "running, idle 61.3 s",
                         f"the other {world - 1} rank(s) reached progress 3276833",
                     ),
@@ -475,7 +480,8 @@ def main() -> int:
     clean_verdict = clean_verdict_bytes(world)
 
     print(
-        f"Record sizes (record_to_bytes, realistic contents, a {world}-rank job, {STDERR_LINES}-line stderr tail, "
+        f"Record sizes (record_to_bytes, realistic contents, a {world}-rank job, "
+        f"{STDERR_LINES}-line stderr tail, "
         f"{RING}-entry ring):"
     )
     print(f"  {'record':<28} {'bytes':>8} {'on disk':>8}  written")
@@ -488,26 +494,31 @@ def main() -> int:
         "HardwareMap (8 GPUs)": "per node at job start (Prolog)",
         "NodeEvidence (clean)": "per node at job end (Epilog)",
         "NodeTasks (8 ranks)": "per node at start, by its local rank 0 (its ranks, for its Epilog)",
-        "NodeDigest (8 ranks)": "per node at job end (Epilog): its ranks abridged, for the controller",
+        "NodeDigest (8 ranks)": "per node at job end (Epilog): its ranks abridged, for the "
+        "controller",
         "Finding": "per stalled rank, on a stall",
         "StallDecision": "once per stalled run",
     }
     for name, n in size.items():
         print(f"  {name:<28} {n:>8} {blocks(n):>8}  {when[name]}")
     print(
-        f"  {'verdict (clean)':<28} {clean_verdict:>8} {blocks(clean_verdict):>8}  per run at job end"
+        f"  {'verdict (clean)':<28} {clean_verdict:>8} {blocks(clean_verdict):>8}  per run at "
+        "job end"
     )
     print(
-        f"  {'verdict (crash)':<28} {verdict_b:>8} {blocks(verdict_b):>8}  per run at job end; lists every "
+        f"  {'verdict (crash)':<28} {verdict_b:>8} {blocks(verdict_b):>8}  per run at job "
+        "end; lists every "
         f"cascading rank: {human(verdict_big)} at {min(args.gpus, 10_000)} ranks"
     )
     print(f"  {'actions':<28} {actions_b:>8} {blocks(actions_b):>8}  per failed run")
     print(
-        f"  {'report-N.md':<28} {report_b:>8} {blocks(report_b):>8}  per failed run; a line a rank: "
+        f"  {'report-N.md':<28} {report_b:>8} {blocks(report_b):>8}  per failed run; a line a "
+        "rank: "
         f"{human(report_big)} at {min(args.gpus, 10_000)} ranks"
     )
     print(
-        f"  {'stacks/rank-N.txt':<28} {STACK_DUMP_BYTES:>8} {blocks(STACK_DUMP_BYTES):>8}  per rank on a stall "
+        f"  {'stacks/rank-N.txt':<28} {STACK_DUMP_BYTES:>8} {blocks(STACK_DUMP_BYTES):>8}  "
+        "per rank on a stall "
         "(assumed size: a Python all-thread dump, not a record)"
     )
 
@@ -515,12 +526,14 @@ def main() -> int:
     per_hour = 3600 / publish_s * snap
     print()
     print(
-        f"Per rank per hour of healthy training (publish interval {publish_s:g} s; {fast_s:g} s before, and now "
+        f"Per rank per hour of healthy training (publish interval {publish_s:g} s; {fast_s:g} "
+        "s before, and now "
         "only while watchful):"
     )
     print(
         f"  written:  {3600 / publish_s:.0f} snapshots x {snap} B = {human(per_hour)}/h "
-        f"({human(per_hour / 3600)}/s), each as create + write + fsync + rename + fsync of the folder: "
+        f"({human(per_hour / 3600)}/s), each as create + write + fsync + rename + fsync of "
+        "the folder: "
         f"{3600 / publish_s:.0f} files created and {2 * 3600 / publish_s:.0f} fsyncs an hour "
         f"(every {fast_s:g} s: {human(3600 / fast_s * snap)}/h, {2 * 3600 / fast_s:.0f} fsyncs)"
     )
@@ -531,15 +544,18 @@ def main() -> int:
     slot = len(history.encode_slot(history.sample_of(snapshot(7, world), 1)))
     ring = len(history.encode_header()) + history.SLOTS * slot
     print(
-        f"  history:  {3600 / sample_s:.0f} samples x {slot} B = {human(3600 / sample_s * slot)}/h into one ring "
-        f"file of {ring} B ({history.SLOTS} samples: {history.SLOTS * sample_s / 60:.1f} min), no fsync"
+        f"  history:  {3600 / sample_s:.0f} samples x {slot} B = "
+        f"{human(3600 / sample_s * slot)}/h into one ring "
+        f"file of {ring} B ({history.SLOTS} samples: {history.SLOTS * sample_s / 60:.1f} "
+        "min), no fsync"
     )
     per_rank_kept = size["RankPlace"] + snap + size["ExitRecord (clean)"] + ring
     per_rank_blocks = (
         blocks(size["RankPlace"]) + blocks(snap) + blocks(size["ExitRecord (clean)"]) + blocks(ring)
     )
     print(
-        f"  kept:     {per_rank_kept} B in 4 files ({per_rank_blocks // 1024} KiB in {BLOCK // 1024} KiB blocks), "
+        f"  kept:     {per_rank_kept} B in 4 files ({per_rank_blocks // 1024} KiB in "
+        f"{BLOCK // 1024} KiB blocks), "
         "whatever the run's length"
     )
 
@@ -566,13 +582,16 @@ def main() -> int:
     print()
     print(f"Kept per job of {world} ranks on {nodes} nodes, after it ends:")
     print(
-        f"  clean run:         {human(clean_job)} in {clean_job_files} files ({human(clean_job_blocks)} allocated)"
+        f"  clean run:         {human(clean_job)} in {clean_job_files} files "
+        f"({human(clean_job_blocks)} allocated)"
     )
     print(
-        f"  failed run, extra: {human(incident_extra)} (verdict naming the cascade, actions, report)"
+        f"  failed run, extra: {human(incident_extra)} (verdict naming the cascade, actions, "
+        "report)"
     )
     print(
-        f"  stall, extra:      {human(stall_extra)} in {2 * world + 1} files ({human(stall_extra_blocks)} allocated): "
+        f"  stall, extra:      {human(stall_extra)} in {2 * world + 1} files "
+        f"({human(stall_extra_blocks)} allocated): "
         "every rank's stack dump and stall finding"
     )
 
@@ -616,30 +635,40 @@ def main() -> int:
     print()
     print(f"  {'':<44} {'bytes':>10} {'allocated':>10} {'files':>12}")
     print(
-        f"  {'written by progress snapshots':<44} {human(written):>10} {'':>10} {ranks_running * 3600 / publish_s * 24 * days:>12.3g}"
-        f"   ({human(ranks_running * snap / publish_s)}/s, {2 * ranks_running / publish_s:.0f} fsyncs/s "
+        f"  {'written by progress snapshots':<44} {human(written):>10} {'':>10} "
+        f"{ranks_running * 3600 / publish_s * 24 * days:>12.3g}"
+        f"   ({human(ranks_running * snap / publish_s)}/s, "
+        f"{2 * ranks_running / publish_s:.0f} fsyncs/s "
         f"[{2 * ranks_running / fast_s:.0f} when every {fast_s:g} s] on the "
         "evidence file system)"
     )
     print(
-        f"  {'kept: incidents only':<44} {human(kept_incidents):>10} {human(kept_incidents_blocks):>10} "
+        f"  {'kept: incidents only':<44} {human(kept_incidents):>10} "
+        f"{human(kept_incidents_blocks):>10} "
         f"{incidents * (clean_job_files + 2 + args.stall_share * (2 * world + 1)):>12.3g}"
     )
     print(
-        f"  {'kept: every job (no retention)':<44} {human(kept_all):>10} {human(kept_all_blocks):>10} {files_all:>12.3g}"
+        f"  {'kept: every job (no retention)':<44} {human(kept_all):>10} "
+        f"{human(kept_all_blocks):>10} {files_all:>12.3g}"
     )
     print()
     print(
-        f"SUMMARY\tevidence written per rank per hour\t{human(per_hour)} ({3600 / publish_s:.0f} snapshots; "
-        f"{human(3600 / fast_s * snap)} when every {fast_s:g} s); kept per rank {human(per_rank_kept)}\t"
+        f"SUMMARY\tevidence written per rank per hour\t{human(per_hour)} "
+        f"({3600 / publish_s:.0f} snapshots; "
+        f"{human(3600 / fast_s * snap)} when every {fast_s:g} s); kept per rank "
+        f"{human(per_rank_kept)}\t"
     )
     print(
-        f"SUMMARY\ta month, {args.gpus} GPUs, {args.jobs_per_day} jobs/day, {args.incidents_per_day:g} incidents/day\t"
-        f"kept: {human(kept_incidents)} for incidents, {human(kept_all)} for every job; written: {human(written)}, "
-        f"{2 * ranks_running / publish_s:.0f} fsyncs/s (was {2 * ranks_running / fast_s:.0f})\tordinary storage"
+        f"SUMMARY\ta month, {args.gpus} GPUs, {args.jobs_per_day} jobs/day, "
+        f"{args.incidents_per_day:g} incidents/day\t"
+        f"kept: {human(kept_incidents)} for incidents, {human(kept_all)} for every job; "
+        f"written: {human(written)}, "
+        f"{2 * ranks_running / publish_s:.0f} fsyncs/s (was "
+        f"{2 * ranks_running / fast_s:.0f})\tordinary storage"
     )
     print(
-        "Allocated: every file rounded up to a 4 KiB block (ext4, xfs). Files matter as much as bytes on a shared "
+        "Allocated: every file rounded up to a 4 KiB block (ext4, xfs). Files matter as much "
+        "as bytes on a shared "
         "file system: each is an inode and a metadata operation."
     )
     return 0

@@ -83,7 +83,8 @@ def check_named(v: Verdict, kind: str, rank: int, node: str, job: int) -> None:
     named = [(s.rank, s.node) for s in v.suspects]
     if v.kind.value != kind or named != [(rank, node)]:
         raise SystemExit(
-            f"job {job}: verdict {v.kind.value} naming {named}, expected {kind} naming {[(rank, node)]}"
+            f"job {job}: verdict {v.kind.value} naming {named}, expected {kind} naming "
+            f"{[(rank, node)]}"
         )
 
 
@@ -244,8 +245,10 @@ def main() -> int:
             if not args.state_dir:
                 shutil.rmtree(state, ignore_errors=True)
     print(
-        f"lab: 4 slurmd on this machine, 2 nodes x 2 ranks, stall floor {args.stall_floor:g} s, confirmation "
-        f"window {confirm_s:g} s; {args.repeats} runs each; {os.cpu_count()} CPUs, load average {load0:.1f} at "
+        f"lab: 4 slurmd on this machine, 2 nodes x 2 ranks, stall floor {args.stall_floor:g} "
+        "s, confirmation "
+        f"window {confirm_s:g} s; {args.repeats} runs each; {os.cpu_count()} CPUs, load "
+        f"average {load0:.1f} at "
         f"start, {os.getloadavg()[0]:.1f} at end"
     )
     print(f"{'what':<44} {'median (min, max)':>30}")
@@ -257,32 +260,41 @@ def main() -> int:
                 print(f"{'  ' + k:<44} {spread(got):>30}")
         print(f"{'hang: fault -> stall decision':<44} {spread([h['decision'] for h in hangs]):>30}")
         print(
-            f"{'hang: decision - threshold':<44} {spread([h['decision'] - h['threshold'] for h in hangs]):>30}"
+            f"{'hang: decision - threshold':<44} "
+            f"{spread([h['decision'] - h['threshold'] for h in hangs]):>30}"
         )
         print(
-            f"{'hang: fault -> verdict (controller Epilog)':<44} {spread([h['verdict'] for h in hangs]):>30}"
+            f"{'hang: fault -> verdict (controller Epilog)':<44} "
+            f"{spread([h['verdict'] for h in hangs]):>30}"
         )
         print(
-            f"{'hang: verdict - threshold':<44} {spread([h['verdict'] - h['threshold'] for h in hangs]):>30}"
+            f"{'hang: verdict - threshold':<44} "
+            f"{spread([h['verdict'] - h['threshold'] for h in hangs]):>30}"
         )
         print(
             f"SUMMARY\thang detection, fault to verdict (lab)\tthreshold "
-            f"+ {spread([h['verdict'] - h['threshold'] for h in hangs])} (stall decision at threshold "
+            f"+ {spread([h['verdict'] - h['threshold'] for h in hangs])} (stall decision at "
+            "threshold "
             f"+ {spread([h['decision'] - h['threshold'] for h in hangs])})\tthreshold + 2 s"
         )
     if reruns:
         print(
-            f"{'crash: failure -> verdict':<44} {spread([r['failure_to_verdict'] for r in reruns]):>30}"
+            f"{'crash: failure -> verdict':<44} "
+            f"{spread([r['failure_to_verdict'] for r in reruns]):>30}"
         )
         print(
-            f"{'crash: failure -> rerun started elsewhere':<44} {spread([r['failure_to_rerun'] for r in reruns]):>30}"
+            f"{'crash: failure -> rerun started elsewhere':<44} "
+            f"{spread([r['failure_to_rerun'] for r in reruns]):>30}"
         )
         print(
-            f"SUMMARY\tfailure to rerun on other nodes (lab)\t{spread([r['failure_to_rerun'] for r in reruns])}\t"
+            "SUMMARY\tfailure to rerun on other nodes "
+            f"(lab)\t{spread([r['failure_to_rerun'] for r in reruns])}\t"
         )
     print(
-        "threshold: the stall threshold the culprit's watchdog applied (max of the floor and 10 x its step time). "
-        "The rerun time includes Slurm's own requeue (the job is held while its nodes finish their Epilogs)."
+        "threshold: the stall threshold the culprit's watchdog applied (max of the floor and "
+        "10 x its step time). "
+        "The rerun time includes Slurm's own requeue (the job is held while its nodes finish "
+        "their Epilogs)."
     )
     return 0
 

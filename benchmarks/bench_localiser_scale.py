@@ -8,11 +8,13 @@ the node digests that each node's Epilog writes (written here for every node fir
 read, parse and validate every file), what the controller does where no digest holds a rank.
 
     python benchmarks/bench_localiser_scale.py [--sizes 1000,16000,100000] [--dir /tmp] [--keep DIR]
-                                               [--tracemalloc] [--profile SIZE] [--baseline DIR] [--gc-on]
+                                               [--tracemalloc] [--profile SIZE] [--baseline DIR]
+                                               [--gc-on]
 
 Per rank: ranks/rank-R.json (RankPlace), progress/rank-R.json (ProgressSnapshot with a 16-entry
 ring), ranks/exit-R.json (ExitRecord with a 40-line stderr tail, the shim's maximum). Crash: one
-rank dies of SIGSEGV, every other rank fails with gloo's "Connection closed by peer". Hang: the same folder plus progress/stall-decision.json
+rank dies of SIGSEGV, every other rank fails with gloo's "Connection closed by peer". Hang: the same
+folder plus progress/stall-decision.json
 naming another rank (the localiser reads the decision before the exits, so the files are reused).
 Each verdict is checked to name the planted rank and node; a wrong answer stops the run.
 
@@ -115,7 +117,8 @@ def _snapshot(rank: int, world: int, *, crashed: bool):
 def _log(rank: int, n: int) -> list[str]:
     """What a training process prints to stderr while it runs (torch's logger, warnings)."""
     return [
-        f"[rank{rank}]:W1130 12:00:{i % 60:02d}.{i:06d} {100_000 + rank} torch/distributed/c10d/logger.py:100] "
+        f"[rank{rank}]:W1130 12:00:{i % 60:02d}.{i:06d} {100_000 + rank} "
+        "torch/distributed/c10d/logger.py:100] "
         f"step {10_200 + i} loss 1.{i:04d}"
         for i in range(n)
     ]
@@ -127,8 +130,10 @@ SEGV_TAIL = (
     "Fatal Python error: Segmentation fault",
     "",
     "Thread 0x00007f3a5c7fe640 (most recent call first):",
-    '  File "/opt/venv/lib/python3.11/site-packages/torch/autograd/graph.py", line 825 in _engine_run_backward',
-    '  File "/opt/venv/lib/python3.11/site-packages/torch/autograd/__init__.py", line 347 in backward',
+    '  File "/opt/venv/lib/python3.11/site-packages/torch/autograd/graph.py", line 825 in '
+    "_engine_run_backward",
+    '  File "/opt/venv/lib/python3.11/site-packages/torch/autograd/__init__.py", line 347 in '
+    "backward",
     '  File "/home/user/train.py", line 211 in train_step',
 )
 GLOO_TAIL = (
@@ -308,7 +313,8 @@ def add_stall_decision(root: Path, world: int) -> None:
             culprits=(h,),
             kind=FindingKind.HANG,
             reasoning=(
-                f"rank {h} on {node_of(h)}: 81919 collectives done, outside any collective, process running, "
+                f"rank {h} on {node_of(h)}: 81919 collectives done, outside any collective, "
+                "process running, "
                 "idle 61.0 s",
                 f"the other {world - 1} rank(s) reached progress 163841 (this rank 163839)",
             ),
@@ -430,7 +436,8 @@ def measure(args: argparse.Namespace) -> None:
         print(
             json.dumps(
                 {
-                    "error": f"wrong verdict at {world} ranks, {args.scenario}: {verdict.kind.value} "
+                    "error": f"wrong verdict at {world} ranks, {args.scenario}: "
+                    f"{verdict.kind.value} "
                     f"naming {named}, expected {kind.value} naming {[(want, node_of(want))]}; "
                     f"problems {list(evidence.problems[:3])}"
                 }
@@ -513,7 +520,8 @@ def run_child(
     result = json.loads(lines[-1]) if lines else {"error": proc.stderr[-2000:]}
     if proc.returncode != 0 or "error" in result:
         raise SystemExit(
-            f"measuring {world} ranks ({scenario}) failed: {result.get('error') or proc.stderr[-2000:]}"
+            f"measuring {world} ranks ({scenario}) failed: "
+            f"{result.get('error') or proc.stderr[-2000:]}"
         )
     if package_dir and not result["package"].startswith(os.path.abspath(package_dir)):
         raise SystemExit(
@@ -536,7 +544,8 @@ def main() -> int:
     ap.add_argument(
         "--tracemalloc",
         action="store_true",
-        help="also gather+localise once more under tracemalloc (Python heap peak; slower, not timed)",
+        help="also gather+localise once more under tracemalloc (Python heap peak; slower, not "
+        "timed)",
     )
     ap.add_argument(
         "--profile",
@@ -641,7 +650,8 @@ def main() -> int:
                         )
                     )
                     print(
-                        f"  {world} ranks {scenario} ({label}, {mode}): gather {r['gather_s']:.2f} s, "
+                        f"  {world} ranks {scenario} ({label}, {mode}): gather "
+                        f"{r['gather_s']:.2f} s, "
                         f"localise {r['localise_s']:.3f} s",
                         file=sys.stderr,
                         flush=True,
@@ -656,13 +666,15 @@ def main() -> int:
     ).stdout.split()[-1:]
     print(
         f"gather_evidence + localise, one fresh process per row; {os.cpu_count()} CPUs, folders on "
-        f"{where} ({fs[0] if fs else '?'}, {'kept from an earlier run' if args.keep else 'written just before'}: "
+        f"{where} ({fs[0] if fs else '?'}, "
+        f"{'kept from an earlier run' if args.keep else 'written just before'}: "
         "warm page cache), "
         f"load average {load0:.1f} at start, {os.getloadavg()[0]:.1f} at end"
     )
     hdr = (
         f"{'ranks':>7} {'scenario':>8} {'files':>7} {'MB data':>8} {'MB alloc':>8} {'write s':>8} "
-        f"{'gather s':>9} {'(CPU s)':>8} {'localise s':>10} {'(CPU s)':>8} {'report s':>8} {'total s':>8} "
+        f"{'gather s':>9} {'(CPU s)':>8} {'localise s':>10} {'(CPU s)':>8} {'report s':>8} "
+        f"{'total s':>8} "
         f"{'peak MB':>8} {'MB/1k ranks':>11} {'reads':>8}"
     )
     if args.baseline:
@@ -676,9 +688,11 @@ def main() -> int:
         peak = (r["rss_after"] - r["rss_before"]) / 1e6
         line = (
             f"{r['world']:>7} {r['scenario']:>8} {r['files']:>7} {r['content'] / 1e6:>8.1f} "
-            f"{r['alloc'] / 1e6:>8.1f} {r['write_s']:>8.1f} {r['gather_s']:>9.2f} {r['gather_cpu']:>8.2f} "
+            f"{r['alloc'] / 1e6:>8.1f} {r['write_s']:>8.1f} {r['gather_s']:>9.2f} "
+            f"{r['gather_cpu']:>8.2f} "
             f"{r['localise_s']:>10.3f} {r['localise_cpu']:>8.3f} {r['report_s']:>8.2f} "
-            f"{r['gather_s'] + r['localise_s'] + r['report_s']:>8.2f} {peak:>8.1f} {peak / (r['world'] / 1000):>11.2f} "
+            f"{r['gather_s'] + r['localise_s'] + r['report_s']:>8.2f} {peak:>8.1f} "
+            f"{peak / (r['world'] / 1000):>11.2f} "
             f"{r['mode']:>8}"
         )
         if args.baseline:
@@ -686,39 +700,53 @@ def main() -> int:
         if args.tracemalloc:
             line += f" {r['traced_peak'] / 1e6:>9.1f}"
         if args.gc_on:
-            line += f" {'/'.join(map(str, r['gc_passes'])):>16} {'/'.join(f'{x:.2f}' for x in r['gc_s']):>18}"
+            line += (
+                f" {'/'.join(map(str, r['gc_passes'])):>16} "
+                f"{'/'.join(f'{x:.2f}' for x in r['gc_s']):>18}"
+            )
         print(line)
     print(
-        "MB data: bytes in the files; MB alloc: blocks the file system gave them. peak MB: growth of the process's "
-        "max RSS during gather+localise over its RSS after imports. write s: building the folder with write_record "
-        "(fsync per file), once per size, shared by its rows. reads: digests = one node digest a node (written "
-        "by the node Epilogs, evidence/digest.py) and the suspects' whole records for the report; files = every "
-        "rank's own files (no digest: the controller's way when the node Epilogs wrote none). Every verdict named "
+        "MB data: bytes in the files; MB alloc: blocks the file system gave them. peak MB: "
+        "growth of the process's "
+        "max RSS during gather+localise over its RSS after imports. write s: building the "
+        "folder with write_record "
+        "(fsync per file), once per size, shared by its rows. reads: digests = one node "
+        "digest a node (written "
+        "by the node Epilogs, evidence/digest.py) and the suspects' whole records for the "
+        "report; files = every "
+        "rank's own files (no digest: the controller's way when the node Epilogs wrote none). "
+        "Every verdict named "
         "the planted rank and node, with no reading problems."
     )
     print(
-        f"\nnode Epilog's digest of its {GPUS_PER_NODE} ranks (read tasks file and 2 records a rank, write one "
+        f"\nnode Epilog's digest of its {GPUS_PER_NODE} ranks (read tasks file and 2 records "
+        "a rank, write one "
         "file with fsync); the nodes do this in parallel, before the controller reads:"
     )
     print(f"{'ranks':>7} {'nodes':>6} {'median ms':>10} {'max ms':>8} {'all nodes here s':>17}")
     for d in digest_rows:
         print(
-            f"{d['world']:>7} {d['nodes']:>6} {d['median_ms']:>10.1f} {d['max_ms']:>8.1f} {d['total_s']:>17.1f}"
+            f"{d['world']:>7} {d['nodes']:>6} {d['median_ms']:>10.1f} {d['max_ms']:>8.1f} "
+            f"{d['total_s']:>17.1f}"
         )
     for r in rows:
         if r["label"] == "now" and r["world"] == max(sizes):
             peak = (r["rss_after"] - r["rss_before"]) / 1e6
             print(
-                f"SUMMARY\tcontroller end-of-job work, {r['world']} ranks ({r['scenario']}, {r['mode']})\t"
-                f"gather {r['gather_s']:.1f} s + localise {r['localise_s']:.2f} s + report {r['report_s']:.2f} s "
-                f"= {r['gather_s'] + r['localise_s'] + r['report_s']:.1f} s; {peak / 1e3:.2f} GB peak "
+                f"SUMMARY\tcontroller end-of-job work, {r['world']} ranks ({r['scenario']}, "
+                f"{r['mode']})\t"
+                f"gather {r['gather_s']:.1f} s + localise {r['localise_s']:.2f} s + report "
+                f"{r['report_s']:.2f} s "
+                f"= {r['gather_s'] + r['localise_s'] + r['report_s']:.1f} s; {peak / 1e3:.2f} "
+                "GB peak "
                 f"({peak / (r['world'] / 1000):.1f} MB per 1k ranks)\tunder 10 s, memory linear"
             )
     for d in digest_rows:
         if d["world"] == max(sizes):
             print(
                 f"SUMMARY\tnode Epilog digest, {d['world']} ranks ({GPUS_PER_NODE} a node)\t"
-                f"median {d['median_ms']:.1f} ms, max {d['max_ms']:.1f} ms a node\tbefore the controller reads"
+                f"median {d['median_ms']:.1f} ms, max {d['max_ms']:.1f} ms a node\tbefore the "
+                "controller reads"
             )
     for world, scenario, text in profiles:
         print(f"\ncProfile, {world} ranks, {scenario} (gather + localise, by own time):\n{text}")

@@ -94,7 +94,8 @@ def bucket_paths(calls: int, kbs: list[int]) -> dict[str, dict[str, float]]:
         def bare():
             pg.allreduce([t]).wait()
 
-        def before():  # scout's comm hook as it was (bootstrap/patches.py, scout_default_hook), one bucket
+        # scout's comm hook as it was (bootstrap/patches.py, scout_default_hook), one bucket
+        def before():
             t.mul_(1.0 / 1)
             seq = w.enter(
                 "ddp_bucket_all_reduce",
@@ -135,23 +136,27 @@ def main() -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     rec = record_only(args.before, args.calls)
     print(
-        f"per-collective CPU of scout's recording, thread CPU per call, median of {BLOCKS} alternating blocks; "
+        f"per-collective CPU of scout's recording, thread CPU per call, median of {BLOCKS} "
+        "alternating blocks; "
         f"load average {os.getloadavg()[0]:.1f}"
     )
     print(
-        f"progress record enter+leave: before ({args.before}) {rec['before']:.2f} us, now {rec['now']:.2f} us"
+        f"progress record enter+leave: before ({args.before}) {rec['before']:.2f} us, now "
+        f"{rec['now']:.2f} us"
     )
     added = []
     for size, got in bucket_paths(args.calls, [int(k) for k in args.kb.split(",")]).items():
         before, now = got["before"] - got["bare"], got["now"] - got["bare"]
         added.append(f"{size}: {before:.0f} -> {now:.0f} us")
         print(
-            f"one DDP bucket of {size} on a 1-rank gloo group: bare launch+wait {got['bare']:.1f} us; scout's added "
+            f"one DDP bucket of {size} on a 1-rank gloo group: bare launch+wait "
+            f"{got['bare']:.1f} us; scout's added "
             f"CPU: before (comm hook: scale, record, launch from Python) {before:.1f} us, now "
             f"(recording wrapper) {now:.1f} us"
         )
     print(
-        f"SUMMARY\tCPU to record one DDP bucket, before ({args.before}) -> now\t{'; '.join(added)}; progress record "
+        f"SUMMARY\tCPU to record one DDP bucket, before ({args.before}) -> "
+        f"now\t{'; '.join(added)}; progress record "
         f"{rec['before']:.2f} -> {rec['now']:.2f} us\tcut"
     )
     return 0

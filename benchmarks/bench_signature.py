@@ -88,8 +88,10 @@ def main() -> int:
         del t
         gc.collect()
     print(
-        f"xxhash {xxhash.VERSION} xxh3_64 vs torch {torch.__version__} empty_like+copy_, float32 on the CPU, "
-        f"{os.cpu_count()} CPUs, torch threads {threads}; best of {args.repeats}; load average {load0:.1f} at "
+        f"xxhash {xxhash.VERSION} xxh3_64 vs torch {torch.__version__} empty_like+copy_, "
+        "float32 on the CPU, "
+        f"{os.cpu_count()} CPUs, torch threads {threads}; best of {args.repeats}; load "
+        f"average {load0:.1f} at "
         f"start, {os.getloadavg()[0]:.1f} at end"
     )
     print(
@@ -99,17 +101,22 @@ def main() -> int:
     for n, nbytes, sig_s, copy_s, copy1_s in rows:
         sig, copy, copy1 = nbytes / sig_s / 1e9, nbytes / copy_s / 1e9, nbytes / copy1_s / 1e9
         print(
-            f"{n:>12,} {nbytes / 1e6:>7.0f} {sig:>15.2f} {copy:>10.2f} {sig / copy:>6.2f} {copy1:>19.2f} "
+            f"{n:>12,} {nbytes / 1e6:>7.0f} {sig:>15.2f} {copy:>10.2f} {sig / copy:>6.2f} "
+            f"{copy1:>19.2f} "
             f"{sig / copy1:>6.2f} {sig_s * 1e3:>13.2f} {copy_s * 1e3:>8.2f}"
         )
     print(
-        "GB/s: the tensor's bytes over the best time. ratio: signature rate / copy rate (target >= 0.5). The copy "
-        "includes allocating its destination, as a snapshot of a tensor would. Checked: the byte view shares the "
-        "tensor's memory, and the digest changes with one flipped bit, with the dtype and with the shape."
+        "GB/s: the tensor's bytes over the best time. ratio: signature rate / copy rate "
+        "(target >= 0.5). The copy "
+        "includes allocating its destination, as a snapshot of a tensor would. Checked: the "
+        "byte view shares the "
+        "tensor's memory, and the digest changes with one flipped bit, with the dtype and "
+        "with the shape."
     )
     n, nbytes, sig_s, copy_s, _ = rows[-1]
     print(
-        f"SUMMARY\tsignature vs copy, {n:,} float32 (CPU)\t{nbytes / sig_s / 1e9:.1f} vs {nbytes / copy_s / 1e9:.1f} GB/s, "
+        f"SUMMARY\tsignature vs copy, {n:,} float32 (CPU)\t{nbytes / sig_s / 1e9:.1f} vs "
+        f"{nbytes / copy_s / 1e9:.1f} GB/s, "
         f"ratio {copy_s / sig_s:.2f}; on GPU: not measured (no GPU here)\t>= 0.5"
     )
     return 0

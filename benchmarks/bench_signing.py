@@ -61,7 +61,8 @@ def main() -> int:
         has_numpy = False
     load0 = os.getloadavg()[0]
     print(
-        f"torch {torch.__version__}, {nbytes / 1e6:.0f} MB float32, one thread, best of {args.repeats}; "
+        f"torch {torch.__version__}, {nbytes / 1e6:.0f} MB float32, one thread, best of "
+        f"{args.repeats}; "
         f"{os.cpu_count()} CPUs, load average {load0:.1f}"
     )
     rates = {}

@@ -6,7 +6,8 @@ K = 50 and votes off by default. Runs are interleaved in a shuffled order per re
 machine's load falls on every condition alike; each repeat's figure is divided by the same
 repeat's bare run.
 
-    python benchmarks/bench_step_overhead.py [--repeats 5] [--steps 50] [--world 2] [--ks 50] [--width 1024]
+    python benchmarks/bench_step_overhead.py [--repeats 5] [--steps 50] [--world 2] [--ks 50]
+    [--width 1024]
 
 Two measures. The ratio: rank 0's mean CPU time per step over its steps after 5 warm-up steps
 (CPU time: on a shared machine the wall clock moves with other work; a mean, not a median: a
@@ -44,8 +45,10 @@ TIMING_EVERY = (
     25  # the timing votes' default interval (SCOUT_TIMING_EVERY): not K, but per-step work too
 )
 
-# The direct measure's components, in print order. "wrappers" is the recording wrapper DDP reduces its
-# buckets through (its Python and the progress record; the all_reduce launch inside it is the job's, as a
+# The direct measure's components, in print order. "wrappers" is the recording wrapper DDP reduces
+# its
+# buckets through (its Python and the progress record; the all_reduce launch inside it is the job's,
+# as a
 # bare DDP launches it too) plus the torch.distributed wrappers.
 COMPONENTS = (
     "vote",
@@ -67,7 +70,8 @@ JOB = "job"  # the job's own work inside a scout wrapper (a wrapped collective i
 
 
 class Account:
-    """Exclusive wall and CPU seconds per component, for functions wrapped in the worker from outside
+    """Exclusive wall and CPU seconds per component, for functions wrapped in the worker from
+    outside
     scout. Each timed call reads the wall clock (cheap) and one CPU clock: the calling thread's for
     THREAD_CPU components, the process's for the others (two CPU clocks a call would double the
     timers' own cost, which is counted in). Nested wrapped calls are taken out of the enclosing
@@ -144,7 +148,9 @@ COLD = (
 
 
 def _cell(fn, name: str):
-    """The closure cell holding `name` in function `fn` (None when scout's code no longer has it)."""
+    """The closure cell holding `name` in function `fn` (None when scout's code no longer has
+    it).
+    """
     code = getattr(fn, "__code__", None)
     if code is None or name not in code.co_freevars or not fn.__closure__:
         return None
@@ -211,8 +217,10 @@ def account_scout(acct: Account) -> list[str]:
             setattr(writer, name, acct.wrap("wrappers", getattr(writer, name), inherit=True))
         writer.step = acct.wrap("progress record", writer.step)
         writer.beat = acct.wrap("progress record", writer.beat)  # each forward of a model: progress
-    # DDP's buckets: through scout's recording wrapper of its group (pgwrap), DDP's own C++ path otherwise;
-    # the wrapper's lines are "wrappers", the launch of the group's all_reduce inside it is the job's
+    # DDP's buckets: through scout's recording wrapper of its group (pgwrap), DDP's own C++ path
+    # otherwise;
+    # the wrapper's lines are "wrappers", the launch of the group's all_reduce inside it is the
+    # job's
     from scout_slurm.bootstrap import pgwrap
 
     group = pgwrap.recording(state.default_pg)
@@ -221,7 +229,9 @@ def account_scout(acct: Account) -> list[str]:
     else:
 
         class TimedGroup:
-            """The wrapped group as the wrapper calls it: its all_reduce launch timed as the job's."""
+            """The wrapped group as the wrapper calls it: its all_reduce launch timed as the
+            job's.
+            """
 
             def __init__(self, pg) -> None:
                 self._pg = pg
@@ -232,7 +242,8 @@ def account_scout(acct: Account) -> list[str]:
 
         group._pg = TimedGroup(group._pg)
         pgwrap.RecordingGroup.allreduce = acct.wrap("wrappers", pgwrap.RecordingGroup.allreduce)
-        # the buckets are left at the end of the backward (a wait inside it for a bucket still in flight
+        # the buckets are left at the end of the backward (a wait inside it for a bucket still in
+        # flight
         # blocks; DDP would wait for it right there too), or, outside a backward, as each completes
         pgwrap.RecordingGroup._backward_done = acct.wrap(
             "wrappers", pgwrap.RecordingGroup._backward_done
@@ -426,7 +437,9 @@ def direct(ranks: list[dict]) -> dict:
 def run(
     condition: str, k: int | None, args: argparse.Namespace, work: Path, settings: dict[str, str]
 ) -> dict:
-    """Start the ranks; k None: bare (no bootstrap on PYTHONPATH); `settings`: further SCOUT_* settings."""
+    """Start the ranks; k None: bare (no bootstrap on PYTHONPATH); `settings`: further SCOUT_*
+    settings.
+    """
     import scout_slurm
 
     bootstrap = Path(scout_slurm.__file__).resolve().parent / "bootstrap" / "site"
@@ -527,18 +540,23 @@ def run(
 
 
 def _spread(values: list[float], scale: float = 100.0, fmt: str = ".2f") -> str:
-    return f"{statistics.median(values) * scale:{fmt}} ({' '.join(f'{v * scale:{fmt}}' for v in values)})"
+    return (
+        f"{statistics.median(values) * scale:{fmt}} "
+        f"({' '.join(f'{v * scale:{fmt}}' for v in values)})"
+    )
 
 
 def print_direct(conditions, results: dict[str, list[dict]], args: argparse.Namespace) -> None:
     """The direct measure: scout's own seconds per step inside the same processes, over the step."""
     print()
     print(
-        "direct: scout's own per-step work timed inside the training processes (mean of the ranks), over the step; "
+        "direct: scout's own per-step work timed inside the training processes (mean of the "
+        "ranks), over the step; "
         "median of the repeats (the repeats)"
     )
     print(
-        f"{'condition':<22} {'scout ms/step wall':>18} {'% of step, wall':>30} {'scout ms/step CPU':>17} "
+        f"{'condition':<22} {'scout ms/step wall':>18} {'% of step, wall':>30} "
+        f"{'scout ms/step CPU':>17} "
         f"{'% of step, CPU':>30}"
     )
     for name, k, _ in conditions:
@@ -547,7 +565,8 @@ def print_direct(conditions, results: dict[str, list[dict]], args: argparse.Name
         ds = [r["direct"] for r in results[name]]
         print(
             f"{name:<22} {statistics.median(d['scout_wall'] for d in ds) * 1e3:>18.3f} "
-            f"{_spread([d['ratio_wall'] for d in ds]):>30} {statistics.median(d['scout_cpu'] for d in ds) * 1e3:>17.3f} "
+            f"{_spread([d['ratio_wall'] for d in ds]):>30} "
+            f"{statistics.median(d['scout_cpu'] for d in ds) * 1e3:>17.3f} "
             f"{_spread([d['ratio_cpu'] for d in ds]):>30}"
         )
     comps = [
@@ -557,7 +576,8 @@ def print_direct(conditions, results: dict[str, list[dict]], args: argparse.Name
     ]
     print()
     print(
-        "split by component: ms per step, wall / CPU (median of the repeats); calls per step in brackets"
+        "split by component: ms per step, wall / CPU (median of the repeats); calls per step "
+        "in brackets"
     )
     print(f"{'condition':<22} " + " ".join(f"{c:>17}" for c in comps))
     for name, k, _ in conditions:
@@ -576,7 +596,8 @@ def print_direct(conditions, results: dict[str, list[dict]], args: argparse.Name
     )
     if missing:
         print(
-            f"not timed (off or not reachable in this version of the bootstrap): {', '.join(missing)}"
+            "not timed (off or not reachable in this version of the bootstrap): "
+            f"{', '.join(missing)}"
         )
     ups = [
         (name, u)
@@ -592,8 +613,10 @@ def print_direct(conditions, results: dict[str, list[dict]], args: argparse.Name
         )
         k = next(k for n, k, _ in conditions if n == name)
         print(
-            f"optimizer update replay ({name}): {u['rounds']} rounds, {u['bytes'] / u['rounds'] / 1e6:.2f} MB "
-            f"broadcast from the source a round (a slice of its parameters, gradients and optimizer state), "
+            f"optimizer update replay ({name}): {u['rounds']} rounds, "
+            f"{u['bytes'] / u['rounds'] / 1e6:.2f} MB "
+            "broadcast from the source a round (a slice of its parameters, gradients and "
+            "optimizer state), "
             f"{wall * k * 1e3:.1f} ms per {k} steps on each rank"
         )
     timers = statistics.median(
@@ -603,8 +626,10 @@ def print_direct(conditions, results: dict[str, list[dict]], args: argparse.Name
         r["direct"]["timers_cold"] for rs in results.values() for r in rs if r["direct"]
     )
     print(
-        f"the timers' own cost, included above: ~{timers * 1e3:.3f} ms CPU per step with warm caches, "
-        f"~{cold * 1e3:.3f} ms if every timed call cost what an empty one costs right after the backward "
+        f"the timers' own cost, included above: ~{timers * 1e3:.3f} ms CPU per step with warm "
+        "caches, "
+        f"~{cold * 1e3:.3f} ms if every timed call cost what an empty one costs right after "
+        "the backward "
         f"(cold caches; an upper bound)"
     )
     params = results["bare"][0]["params"]
@@ -619,16 +644,22 @@ def print_direct(conditions, results: dict[str, list[dict]], args: argparse.Name
         cpu = [d["ratio_cpu"] for d in ds]
         print(
             f"SUMMARY\tscout's per-step cost in the training process, {name}\t"
-            f"direct {100 * statistics.median(cpu):.2f} % of the step CPU (repeats {100 * min(cpu):.2f} to "
-            f"{100 * max(cpu):.2f}), {100 * statistics.median(d['ratio_wall'] for d in ds):.2f} % wall; largest "
-            f"{top} {statistics.median(d['cpu'].get(top, 0.0) for d in ds) * 1e3:.2f} ms CPU/step; ratio to bare "
-            f"{statistics.median(ratios):.3f} (repeats {min(ratios):.3f} to {max(ratios):.3f}); {params / 1e6:.1f}M "
-            f"params, {statistics.median(r['mean'] for r in results['bare']) * 1e3:.0f} ms CPU steps"
+            f"direct {100 * statistics.median(cpu):.2f} % of the step CPU (repeats "
+            f"{100 * min(cpu):.2f} to "
+            f"{100 * max(cpu):.2f}), "
+            f"{100 * statistics.median(d['ratio_wall'] for d in ds):.2f} % wall; largest "
+            f"{top} {statistics.median(d['cpu'].get(top, 0.0) for d in ds) * 1e3:.2f} ms "
+            "CPU/step; ratio to bare "
+            f"{statistics.median(ratios):.3f} (repeats {min(ratios):.3f} to "
+            f"{max(ratios):.3f}); {params / 1e6:.1f}M "
+            f"params, {statistics.median(r['mean'] for r in results['bare']) * 1e3:.0f} ms "
+            "CPU steps"
             f"\tunder 1 % at K = 50"
         )
     print()
     print(
-        "scout's own measure of itself (ranks/cost-0.json, what `scout show` prints), median of the repeats "
+        "scout's own measure of itself (ranks/cost-0.json, what `scout show` prints), median "
+        "of the repeats "
         "(the repeats): ms per step, % of the step's wall time"
     )
     for name, k, _ in conditions:
@@ -641,25 +672,34 @@ def print_direct(conditions, results: dict[str, list[dict]], args: argparse.Name
             f"{_spread([r['own_share'] or 0.0 for r in rs])} %"
             + (
                 f"   hooks {statistics.median(x[0] for x in split):.3f} ms, wrappers "
-                f"{statistics.median(x[1] for x in split):.3f} ms for {statistics.median(x[2] for x in split):.1f} "
+                f"{statistics.median(x[1] for x in split):.3f} ms for "
+                f"{statistics.median(x[2] for x in split):.1f} "
                 f"collectives"
                 if split
                 else ""
             )
         )
     print(
-        "direct: every piece of scout's per-step work in the job's processes wrapped with a timer from outside "
-        "(state vote, in-situ replay and its capture hooks, timing votes, the checkpoint agreement exchanged at "
-        "the vote steps, the non-finite check, the recording wrapper DDP reduces through (its own C++ path: no "
-        "comm hook) with the progress record, the optimizer hooks' own lines and scout's measure of its own cost); "
-        "nested timed calls are counted once, in the innermost. CPU: process CPU time, but the wrappers' is "
-        "their thread's, as they run while gloo reduces other buckets. Wall includes waiting for the peer in "
+        "direct: every piece of scout's per-step work in the job's processes wrapped with a "
+        "timer from outside "
+        "(state vote, in-situ replay and its capture hooks, timing votes, the checkpoint "
+        "agreement exchanged at "
+        "the vote steps, the non-finite check, the recording wrapper DDP reduces through (its "
+        "own C++ path: no "
+        "comm hook) with the progress record, the optimizer hooks' own lines and scout's "
+        "measure of its own cost); "
+        "nested timed calls are counted once, in the innermost. CPU: process CPU time, but "
+        "the wrappers' is "
+        "their thread's, as they run while gloo reduces other buckets. Wall includes waiting "
+        "for the peer in "
         "scout's collectives (and, on a loaded machine, time the process waited for a core)."
     )
 
 
 def parse_settings(spec: str) -> dict[str, str]:
-    """ "SCOUT_REPLAY_EVERY=100,SCOUT_TIMING_EVERY=50" -> a dict; anything else is refused by name."""
+    """ "SCOUT_REPLAY_EVERY=100,SCOUT_TIMING_EVERY=50" -> a dict; anything else is refused by
+    name.
+    """
     settings = {}
     for item in spec.split(","):
         key, eq, value = item.strip().partition("=")
@@ -717,7 +757,8 @@ def main() -> int:
         action="append",
         default=[],
         metavar="VAR=VALUE[,VAR=VALUE]",
-        help="a further condition at the first K with these SCOUT_* settings (what a knob buys); repeatable",
+        help="a further condition at the first K with these SCOUT_* settings (what a knob buys); "
+        "repeatable",
     )
     ap.add_argument("--rank-job", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--digest-at", type=int, default=0, help=argparse.SUPPRESS)
@@ -753,9 +794,11 @@ def main() -> int:
                 results[name].append(r)
                 d = r["direct"]
                 print(
-                    f"  repeat {rep + 1}: {name}: mean step {r['mean'] * 1e3:.1f} ms CPU, {r['wall'] * 1e3:.1f} ms wall"
+                    f"  repeat {rep + 1}: {name}: mean step {r['mean'] * 1e3:.1f} ms CPU, "
+                    f"{r['wall'] * 1e3:.1f} ms wall"
                     + (
-                        f"; scout's own {d['scout_wall'] * 1e3:.2f} ms wall ({100 * d['ratio_wall']:.2f} %), "
+                        f"; scout's own {d['scout_wall'] * 1e3:.2f} ms wall "
+                        f"({100 * d['ratio_wall']:.2f} %), "
                         f"{d['scout_cpu'] * 1e3:.2f} ms CPU ({100 * d['ratio_cpu']:.2f} %)"
                         if d
                         else ""
@@ -766,17 +809,21 @@ def main() -> int:
     digests = {r["digest"] for rs in results.values() for r in rs}
     if len(digests) != 1:
         raise SystemExit(
-            f"the runs ended with different parameters ({len(digests)} digests): scout changed numbers"
+            f"the runs ended with different parameters ({len(digests)} digests): scout "
+            "changed numbers"
         )
     params = results["bare"][0]["params"]
     print(
-        f"per-step cost of scout in the training process: {args.world} gloo ranks on CPU, {params / 1e6:.1f}M-parameter "
-        f"MLP, AdamW, batch {args.batch}, {args.steps} steps a bare run (with votes: max({args.vote_steps_min}, K)), "
+        f"per-step cost of scout in the training process: {args.world} gloo ranks on CPU, "
+        f"{params / 1e6:.1f}M-parameter "
+        f"MLP, AdamW, batch {args.batch}, {args.steps} steps a bare run (with votes: "
+        f"max({args.vote_steps_min}, K)), "
         f"{args.repeats} interleaved repeats; "
         f"{os.cpu_count()} CPUs, load average {load0:.1f} at start, {os.getloadavg()[0]:.1f} at end"
     )
     print(
-        f"{'condition':<22} {'CPU ms/step':>11} {'ratio to bare (median)':>23} {'ratios of the repeats':>30} "
+        f"{'condition':<22} {'CPU ms/step':>11} {'ratio to bare (median)':>23} "
+        f"{'ratios of the repeats':>30} "
         f"{'wall ms/step':>12} {'wall ratio':>10}"
     )
     for name, _, _ in conditions:
@@ -784,15 +831,20 @@ def main() -> int:
         ratios = [m / b["mean"] for m, b in zip(means, results["bare"])]
         walls = [r["wall"] / b["wall"] for r, b in zip(results[name], results["bare"])]
         print(
-            f"{name:<22} {statistics.median(means) * 1e3:>11.1f} {statistics.median(ratios):>23.4f} "
-            f"{' '.join(f'{x:.4f}' for x in ratios):>30} {statistics.median(r['wall'] for r in results[name]) * 1e3:>12.1f} "
+            f"{name:<22} {statistics.median(means) * 1e3:>11.1f} "
+            f"{statistics.median(ratios):>23.4f} "
+            f"{' '.join(f'{x:.4f}' for x in ratios):>30} "
+            f"{statistics.median(r['wall'] for r in results[name]) * 1e3:>12.1f} "
             f"{statistics.median(walls):>10.3f}"
         )
     print(
-        "CPU: rank 0's process CPU time per step (all its threads, gloo's included), the steady figure on a "
-        "shared machine; wall: the same steps by the clock, which moves with the machine's load. ratio: a repeat's mean "
+        "CPU: rank 0's process CPU time per step (all its threads, gloo's included), the "
+        "steady figure on a "
+        "shared machine; wall: the same steps by the clock, which moves with the machine's "
+        "load. ratio: a repeat's mean "
         "step time over the same repeat's bare run; the spread of the repeats is the noise "
-        "of this machine. Every run had the bare run's parameters after the same steps, bit for bit."
+        "of this machine. Every run had the bare run's parameters after the same steps, bit "
+        "for bit."
     )
     print_direct(conditions, results, args)
     return 0

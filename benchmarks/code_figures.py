@@ -83,7 +83,8 @@ def main() -> None:
         print(f"  {n:5d}  {name}")
     funcs = sorted((f for p in mods for f in functions(p)), reverse=True)
     print(
-        f"longest functions (top {args.top}; {sum(1 for n, _ in funcs if n > 60)} of {len(funcs)} over 60 lines):"
+        f"longest functions (top {args.top}; {sum(1 for n, _ in funcs if n > 60)} of "
+        f"{len(funcs)} over 60 lines):"
     )
     for n, name in funcs[: args.top]:
         print(f"  {n:5d}  {name}")
@@ -91,7 +92,8 @@ def main() -> None:
     env = sorted((e for e in env if e[0]), reverse=True)
     boot = sum(n for n, name in env if "/bootstrap/" in name)
     print(
-        f"modules reading os.environ: {len(env)} ({sum(n for n, _ in env)} reads; under bootstrap/: {boot})"
+        f"modules reading os.environ: {len(env)} ({sum(n for n, _ in env)} reads; under "
+        f"bootstrap/: {boot})"
     )
     for n, name in env:
         print(f"  {n:5d}  {name}")
@@ -103,7 +105,8 @@ def main() -> None:
             continue
         med, best = startup([str(exe)], args.startup_runs)
         print(
-            f"SUMMARY {hook} start-up with nothing to do: median {med * 1000:.0f} ms, best {best * 1000:.0f} ms "
+            f"SUMMARY {hook} start-up with nothing to do: median {med * 1000:.0f} ms, best "
+            f"{best * 1000:.0f} ms "
             f"({args.startup_runs} runs)"
         )
     for mod in ("scout_slurm.hooks.epilog", "scout_slurm.hooks.controller", "scout_slurm.cli"):
@@ -112,8 +115,10 @@ def main() -> None:
                 sys.executable,
                 "-c",
                 f"import sys, {mod}; "
-                "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch','numpy','scout_slurm.lab'}), "
-                "sorted(m for m in sys.modules if m.startswith(('scout_slurm.lab','scout_slurm.acceptance','scout_slurm.inject'))))",
+                "print(sorted({m.split('.')[0] for m in sys.modules} & "
+                "{'torch','numpy','scout_slurm.lab'}), "
+                "sorted(m for m in sys.modules if "
+                "m.startswith(('scout_slurm.lab','scout_slurm.acceptance','scout_slurm.inject'))))",
             ],
             capture_output=True,
             text=True,

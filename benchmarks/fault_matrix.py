@@ -5,9 +5,11 @@ jobs with 4 replicas per shard (all 4 nodes), plus clean runs; each run is score
 against what scout named: the injected rank, its node and the component (weights, optimizer,
 compute), nobody for clean runs.
 
-    .venv/bin/python benchmarks/fault_matrix.py [--limit N] [--clean N] [--concurrency 2] [--json out.json]
+    .venv/bin/python benchmarks/fault_matrix.py [--limit N] [--clean N] [--concurrency 2] [--json
+    out.json]
 
-Prints one row per cell (parallelism x target x kind: injected / named correctly / wrong / inconclusive /
+Prints one row per cell (parallelism x target x kind: injected / named correctly / wrong /
+inconclusive /
 missed) and the clean runs, and writes every run to JSON. Takes about 12 s of 2 cores per run.
 """
 
@@ -56,7 +58,8 @@ TRAIN_ARGS = {
     "hsdp": "--steps 12 --hsdp",
     "hsdp4": "--steps 12 --hsdp --shard 2",
 }
-# hsdp: 4 ranks on 2 nodes, a 2x2 mesh (2 replicas per shard: a state difference has no strict majority);
+# hsdp: 4 ranks on 2 nodes, a 2x2 mesh (2 replicas per shard: a state difference has no strict
+# majority);
 # hsdp4: 8 ranks on all 4 nodes, a 4x2 mesh (4 replicas per shard), for the state faults
 NODES = {"ddp": 2, "fsdp2": 2, "hsdp": 2, "hsdp4": 4}
 STEPS = 12
@@ -102,7 +105,8 @@ LOCAL_GRADIENT_FAULTS = [
     ("scale,factor=2", "local_gradients"),
     ("bitflip,bit=20", "local_gradients"),
 ]
-# a fault in this rank's optimizer update itself (what the step wrote, changed before scout signs it);
+# a fault in this rank's optimizer update itself (what the step wrote, changed before scout signs
+# it);
 # persistent (the rank's recomputations of updates are wrong too) or transient (in training only).
 # Where a shard has fewer than 3 replicas (pure FSDP2, HSDP 2x2) the update replay names it; DDP's
 # 4 replicas name it by the state vote (seen there as weights that differ)
@@ -141,7 +145,8 @@ class Run:
         ""  # correct / wrong / inconclusive / missed / clean / nobody / false-positive / error
     )
     seconds: float = 0.0
-    failed_at_exit: tuple = ()  # ranks that failed after their distributed work had finished (exit records)
+    # ranks that failed after their distributed work had finished (exit records)
+    failed_at_exit: tuple = ()
 
 
 def runs(
@@ -271,7 +276,8 @@ def one(lab: Lab, run: Run, deadline_epoch: float = 0.0) -> Run:
             or (run.target == "update" and comps in (("weights",), ("optimizer",)))
         )
     ):
-        # update: named by the update replay (optimizer), or by a state vote among 3+ replicas (weights)
+        # update: named by the update replay (optimizer), or by a state vote among 3+ replicas
+        # (weights)
         outcome = "correct"
     elif verdict.kind is VerdictKind.SDC or named:
         outcome = "wrong"
@@ -333,12 +339,14 @@ def table(done: list[Run]) -> str:
             ok = sum(r.outcome == "clean" for r in mine)
             nobody = sum(r.outcome == "nobody" for r in mine)
             lines.append(
-                f"clean runs {par:<6}: {len(mine)} run, {ok + nobody} named nobody ({nobody} of them not "
+                f"clean runs {par:<6}: {len(mine)} run, {ok + nobody} named nobody ({nobody} "
+                "of them not "
                 f"a clean verdict), {len(mine) - ok - nobody} named someone"
             )
     at_exit = [r for r in done if r.failed_at_exit]
     lines.append(
-        f"runs where a rank failed at exit, after its distributed work: {len(at_exit)} of {len(done)}"
+        f"runs where a rank failed at exit, after its distributed work: {len(at_exit)} of "
+        f"{len(done)}"
         + "".join(
             f"\n  {r.parallelism} {r.kind} job {r.job_id}: ranks {list(r.failed_at_exit)}, "
             f"verdict {r.verdict}, named {list(r.named)}"
@@ -406,8 +414,10 @@ def main() -> int:
                     continue
                 done.append(r)
                 print(
-                    f"[{len(done)}/{len(todo)} {time.monotonic() - t0:.0f}s] {r.parallelism} {r.spec or 'clean'}: "
-                    f"{r.outcome} (verdict {r.verdict}, named {list(r.named)}, {list(r.components)})",
+                    f"[{len(done)}/{len(todo)} {time.monotonic() - t0:.0f}s] {r.parallelism} "
+                    f"{r.spec or 'clean'}: "
+                    f"{r.outcome} (verdict {r.verdict}, named {list(r.named)}, "
+                    f"{list(r.components)})",
                     flush=True,
                 )
     finally:

@@ -56,7 +56,8 @@ _slurm_release = click.option(
     "--slurm",
     default="",
     metavar="RELEASE",
-    help="Slurm release: 24.11 or 26.05 run from a Debian root built once into /var/cache/scout-slurm/roots "
+    help="Slurm release: 24.11 or 26.05 run from a Debian root built once into "
+    "/var/cache/scout-slurm/roots "
     "(mmdebstrap, about 180 MB each); default: this machine's own Slurm.",
 )
 
@@ -73,8 +74,10 @@ _slurm_release = click.option(
 @click.option(
     "--netns",
     is_flag=True,
-    help="One network namespace per node (own hostname n1.., address 10.213.0.10+i, bridge scoutbr0); "
-    "needs root with CAP_NET_ADMIN and CAP_SYS_ADMIN. Default: every node a `slurmd -N` on 127.0.0.1.",
+    help="One network namespace per node (own hostname n1.., address 10.213.0.10+i, bridge "
+    "scoutbr0); "
+    "needs root with CAP_NET_ADMIN and CAP_SYS_ADMIN. Default: every node a `slurmd -N` on "
+    "127.0.0.1.",
 )
 @_slurm_release
 @_state_dir
@@ -99,7 +102,8 @@ def lab_up(nodes: int, port_base: int, netns: bool, slurm: str, state_dir: Path)
         else f"127.0.0.1:{port_base}"
     )
     click.echo(
-        f"lab up: {nodes} nodes in {cluster.paths.root}, slurmctld on {where}, {cluster.slurm_version()}",
+        f"lab up: {nodes} nodes in {cluster.paths.root}, slurmctld on {where}, "
+        f"{cluster.slurm_version()}",
         err=True,
     )
     for key, value in cluster.exports().items():
@@ -198,7 +202,8 @@ _config_opt = click.option(
     "--html",
     "as_html",
     is_flag=True,
-    help="The incident page: one self-contained HTML file with the timeline, latency and hardware map.",
+    help="The incident page: one self-contained HTML file with the timeline, latency and hardware "
+    "map.",
 )
 @click.option(
     "-o",
@@ -334,7 +339,8 @@ def _echo_pending(pending) -> None:
         click.echo("no pending incidents")
         return
     click.echo(
-        "\npending (handling began and has not ended; the next controller run on the cluster completes it):"
+        "\npending (handling began and has not ended; the next controller run on the cluster "
+        "completes it):"
     )
     for p in pending:
         click.echo(
@@ -554,7 +560,8 @@ def map_cmd(
         click.echo(f"{'cluster':<10} {'job':>7} {'run':>3} {'rank':>5}  {'node':<10} gpus")
         for r in rows:
             click.echo(
-                f"{r.cluster:<10} {r.job_id:>7} {r.restart:>3} {r.rank:>5}  {r.node:<10} {','.join(r.gpu_uuids) or '-'}"
+                f"{r.cluster:<10} {r.job_id:>7} {r.restart:>3} {r.rank:>5}  {r.node:<10} "
+                f"{','.join(r.gpu_uuids) or '-'}"
             )
         if not rows:
             click.echo("no ranks recorded there")

@@ -13,7 +13,9 @@ class ConfigError(ScoutError):
 
 
 class UntrustedPath(ConfigError):
-    """A file or directory root would read or run could be changed by someone root does not trust."""
+    """A file or directory root would read or run could be changed by someone root does not
+    trust.
+    """
 
 
 class SlurmError(ScoutError):

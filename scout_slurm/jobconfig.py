@@ -91,8 +91,10 @@ SETTINGS: tuple[Setting, ...] = (
         "at_rest",
         Kind.CHOICE,
         "auto",
-        "at-rest witness: each rank re-signs its own weights and optimizer state across one step in K "
-        "(names memory corruption without replicas; auto: off after its first window where every replica group "
+        "at-rest witness: each rank re-signs its own weights and optimizer state across one "
+        "step in K "
+        "(names memory corruption without replicas; auto: off after its first window where "
+        "every replica group "
         "has 3 or more ranks and the votes sign all the optimizer holds; on; off)",
         choices=("auto", "on", "off"),
     ),
@@ -101,7 +103,8 @@ SETTINGS: tuple[Setting, ...] = (
         "update_replay",
         Kind.CHOICE,
         "auto",
-        "optimizer update replay: every K steps one rank's update of a slice of its state recomputed by every "
+        "optimizer update replay: every K steps one rank's update of a slice of its state "
+        "recomputed by every "
         "rank (auto: where some shard has fewer than 3 replicas; on; off)",
         choices=("auto", "on", "off"),
     ),
@@ -110,7 +113,8 @@ SETTINGS: tuple[Setting, ...] = (
         "update_max_bytes",
         Kind.INT,
         UPDATE_MAX_BYTES,
-        "parameter bytes an optimizer update replay recomputes a round (its gradients and state move too)",
+        "parameter bytes an optimizer update replay recomputes a round (its gradients and "
+        "state move too)",
         minimum=1,
     ),
     Setting(
@@ -160,10 +164,12 @@ SETTINGS: tuple[Setting, ...] = (
         "break_checks",
         Kind.CUSTOM,
         frozenset(),
-        "make scout's own checks fail inside scout on purpose (testing scout's guard): names, comma-separated, "
+        "make scout's own checks fail inside scout on purpose (testing scout's guard): names, "
+        "comma-separated, "
         "or all",
         parser=_parse_checks,
-        accepts_text="check names (bootstrap/guard.py CHECKS), e.g. `state vote,checkpoint record`, or all",
+        accepts_text="check names (bootstrap/guard.py CHECKS), e.g. `state vote,checkpoint "
+        "record`, or all",
     ),
     Setting(
         "SCOUT_LOG_LEVEL",
@@ -294,7 +300,9 @@ class JobConfig:
     def from_environment(
         cls, environ: Mapping[str, str], defaults: Mapping[str, str] | None = None
     ) -> "JobConfig":
-        """The settings `environ` holds; a bad value is a JobConfigError naming each bad variable."""
+        """The settings `environ` holds; a bad value is a JobConfigError naming each bad
+        variable.
+        """
         config, problems = read_settings(environ, defaults, check_names=False)
         if problems:
             raise JobConfigError(problems)
@@ -348,7 +356,8 @@ def read_settings(
     check_names: bool = True,
 ) -> tuple[JobConfig, tuple[Problem, ...]]:
     """The JobConfig `environ` gives, and what is wrong in it: a bad value keeps its default (pure).
-    `defaults` (text by variable name, e.g. `site_defaults(cfg)`) stand where the job sets nothing."""
+    `defaults` (text by variable name, e.g. `site_defaults(cfg)`) stand where the job sets
+    nothing."""
     problems: list[Problem] = []
     values: dict[str, object] = {}
     timing: dict[str, object] = {}
@@ -420,13 +429,15 @@ def problems_message(problems: tuple[Problem, ...] | list[Problem], *, disabled:
         lines.append(f"scout:   {shown}: {p.message}")
     if disabled:
         lines.append(
-            "scout: the job runs with scout's in-job checks OFF (state votes, replay, timing votes, "
+            "scout: the job runs with scout's in-job checks OFF (state votes, replay, timing "
+            "votes, "
             "checkpoint records); the watchdog still watches for stalls and crashes. Fix or unset "
             "the variables above (README: In-job settings)."
         )
     else:
         lines.append(
-            'scout: the job is not started (the site\'s [watchdog] on_bad_setting = "fail"). Fix or '
+            'scout: the job is not started (the site\'s [watchdog] on_bad_setting = "fail"). '
+            "Fix or "
             "unset the variables above (README: In-job settings)."
         )
     lines.append(bar)

@@ -91,7 +91,8 @@ class TaskContext:
         counts = expand_tasks_per_node(self.tasks_per_node)
         if self.node_index >= len(counts):
             raise ConfigError(
-                f"SLURM_NODEID={self.node_index} is outside SLURM_STEP_TASKS_PER_NODE={self.tasks_per_node!r}"
+                f"SLURM_NODEID={self.node_index} is outside "
+                f"SLURM_STEP_TASKS_PER_NODE={self.tasks_per_node!r}"
             )
         return counts[self.node_index]
 

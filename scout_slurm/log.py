@@ -64,7 +64,10 @@ class TaskLog:
             fd = self._open()
             if self.written + len(data) > self.max_bytes:
                 if self.dropped == 0:
-                    note = f'{{"event": "log.truncated", "level": "warning", "max_bytes": {self.max_bytes}}}\n'
+                    note = (
+                        f'{{"event": "log.truncated", "level": "warning", "max_bytes": '
+                        f"{self.max_bytes}}}\n"
+                    )
                     os.write(fd, note.encode())
                 self.dropped += 1
                 return len(text)

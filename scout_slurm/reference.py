@@ -26,7 +26,8 @@ def render_site_markdown() -> str:
         "do not edit -->",
         "",
         f"The hooks and scout-task read `{config.DEFAULT_CONFIG_PATH}` "
-        f"(or `${config.CONFIG_ENV}`), TOML, one table per section below. Precedence: a command-line flag beats an environment "
+        f"(or `${config.CONFIG_ENV}`), TOML, one table per section below. Precedence: a "
+        "command-line flag beats an environment "
         "variable `SCOUT_<SECTION>_<KEY>`, which beats the file, which beats the default. An "
         "unknown section or key is an error that lists the valid ones. The privileged hooks read "
         "the file only when root can trust it (README: The site config is read as sshd reads its "

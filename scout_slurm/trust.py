@@ -83,7 +83,10 @@ def file_problem(
     if problem := _mode_problem(path, st, trusted_uids, fix_mode="644"):
         return problem
     if st.st_size > max_bytes:
-        return f"{path} is {st.st_size} bytes, more than the {max_bytes} allowed; is this the right file?"
+        return (
+            f"{path} is {st.st_size} bytes, more than the {max_bytes} allowed; is this the right "
+            "file?"
+        )
     return None
 
 

@@ -211,7 +211,8 @@ def assert_incident_page_renders(page: str, tmp: Path, *, world: int, suspects: 
     for tr in table:
         assert all(c["box"][2] > 0 and c["box"][3] > 0 for c in tr["cells"]), tr
     assert {int(tr["rank"]) for tr in table[1:] if "suspect" in tr["cls"]} == suspects
-    # pixels of the page as shipped: progress green and the suspect's band are painted in the timeline
+    # pixels of the page as shipped: progress green and the suspect's band are painted in the
+    # timeline
     img = screenshot(page, tmp, width=1100, height=int(ty + th + 20))
     green = count_colour(img, [tx, ty, tw, th], (0x2E, 0x7D, 0x32))
     band = count_colour(img, [tx, ty, tw, th], (0xFD, 0xEC, 0xEA))

@@ -73,7 +73,9 @@ def pytest_generate_tests(metafunc):
 
 
 def leftovers(cluster: Lab) -> dict[str, list]:
-    """What a stopped lab left behind: processes, mounts under its folder, its network namespaces."""
+    """What a stopped lab left behind: processes, mounts under its folder, its network
+    namespaces.
+    """
     from scout_slurm.lab.cluster import _processes_in_root, netns_of
     from scout_slurm.lab.roots import mounts_under
 
@@ -90,7 +92,8 @@ def leftovers(cluster: Lab) -> dict[str, list]:
 
 
 def _session_lab(request, slurm: str, tag: str):
-    """A real 4-node Slurm cluster of release `slurm` ("" = the host's) for the whole session, stopped
+    """A real 4-node Slurm cluster of release `slurm` ("" = the host's) for the whole session,
+    stopped
     (and its folder removed) at the end, also when a test or the start itself fails; after the stop
     nothing of it may remain (asserted)."""
     import shutil

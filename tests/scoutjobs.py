@@ -101,7 +101,8 @@ def wait_finished(lab: Lab, job_id: int, *, restart: int = 0, timeout: float = 1
             return
         time.sleep(0.5)
     raise AssertionError(
-        f"job {job_id} run {restart} did not finish within {timeout} s:\n{output(lab, job_id)[-3000:]}"
+        f"job {job_id} run {restart} did not finish within {timeout} "
+        f"s:\n{output(lab, job_id)[-3000:]}"
     )
 
 
@@ -247,7 +248,8 @@ def hostile_checkpoints(lab: Lab, tag: str) -> tuple[str, tuple[str, ...]]:
     pre = (
         f"export EVIDENCE={lab.paths.evidence}/scoutlab/$SLURM_JOB_ID PLANT_DIR={plant_dir} "
         f"SHADOW_SIZE={len(shadow)} SHADOW_SHA={hashlib.sha256(shadow).hexdigest()} "
-        f"OTHER={other} OTHER_SIZE={other.stat().st_size} OTHER_SHA={hashlib.sha256(other.read_bytes()).hexdigest()}"
+        f"OTHER={other} OTHER_SIZE={other.stat().st_size} "
+        f"OTHER_SHA={hashlib.sha256(other.read_bytes()).hexdigest()}"
     )
     paths = (
         "/proc/kmsg",
@@ -266,9 +268,11 @@ def drained_nodes(lab: Lab) -> dict[str, str]:
 
 
 def closed_loop(lab: Lab, inject: str, rank: int, kind: str) -> tuple[int, Path]:
-    """The closed loop (tests/slurm/test_loop.py, and on each Slurm release in test_lab_versions.py):
+    """The closed loop (tests/slurm/test_loop.py, and on each Slurm release in
+    test_lab_versions.py):
     a 2x2 job with `inject`, its verdict names `rank` on its node, the node is drained, the job
-    requeued without it and resumed from step 20; `scout show` tells it. Returns (job, final file)."""
+    requeued without it and resumed from step 20; `scout show` tells it. Returns (job, final
+    file)."""
     ckpt = lab.paths.work / f"ckpt-{kind}-{time.time_ns()}"
     final = lab.paths.work / f"final-{kind}-{time.time_ns()}.txt"
     script = batch_script(

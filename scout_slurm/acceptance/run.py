@@ -223,8 +223,10 @@ scout-srun {scout} {py} {TRAIN} {train}
                 ended_at = ended_at or time.monotonic()
                 if time.monotonic() - ended_at > 60:
                     return f, (
-                        f"job {job} ended {info.state} but no verdict for run {restart} appeared within 60 s "
-                        f"(is the controller Epilog installed? evidence root {self.where.evidence_root})"
+                        f"job {job} ended {info.state} but no verdict for run {restart} "
+                        "appeared within 60 s "
+                        "(is the controller Epilog installed? evidence root "
+                        f"{self.where.evidence_root})"
                     )
             time.sleep(0.5)
         return self.folder(
@@ -299,7 +301,9 @@ scout-srun {scout} {py} {TRAIN} {train}
         return _Pending(dataclasses.replace(case, job_id=job), job, t0, on_verdict)
 
     def await_verdict(self, p: _Pending) -> _Pending:
-        """Until the first run's verdict; then the case's callback (what must be seen before a rerun)."""
+        """Until the first run's verdict; then the case's callback (what must be seen before a
+        rerun).
+        """
         if not p.job or p.awaited:
             return p
         folder, err = self.wait_verdict(p.job)
@@ -324,7 +328,8 @@ scout-srun {scout} {py} {TRAIN} {train}
             self._keep_bundle(folder)
         right = is_right(case)
         self.echo(
-            f"  job {job} ({case.name}) {state} after {time.monotonic() - p.t0:.0f} s: {naming(case)}; "
+            f"  job {job} ({case.name}) {state} after {time.monotonic() - p.t0:.0f} s: "
+            f"{naming(case)}; "
             f"detect {fmt_s(case.detection_s)}, verdict {fmt_s(case.localisation_s)} "
             f"({'right' if right[0] else 'WRONG: ' + right[1]})"
         )
@@ -633,7 +638,8 @@ def run_acceptance(opts: AcceptanceOptions, echo: Callable[[str], None]) -> int:
         if opts.site:
             where = _site_where(opts)
             echo(
-                f"scout acceptance on the site's Slurm (SLURM_CONF={where.env.get('SLURM_CONF', '(default)')}), "
+                "scout acceptance on the site's Slurm "
+                f"(SLURM_CONF={where.env.get('SLURM_CONF', '(default)')}), "
                 f"evidence {where.evidence_root}, work {where.work}"
             )
         else:
@@ -652,7 +658,8 @@ def run_acceptance(opts: AcceptanceOptions, echo: Callable[[str], None]) -> int:
                 )
             )
             echo(
-                f"starting a local {nodes}-node Slurm lab in {state} (ports {port}..{port + nodes}) ..."
+                f"starting a local {nodes}-node Slurm lab in {state} (ports "
+                f"{port}..{port + nodes}) ..."
             )
             lab.up()
             lab.paths.work.mkdir(parents=True, exist_ok=True)
@@ -666,7 +673,8 @@ def run_acceptance(opts: AcceptanceOptions, echo: Callable[[str], None]) -> int:
                 slow_link_skip=""
                 if opts.netns
                 else (
-                    "the local lab runs every node as a `slurmd -N` on 127.0.0.1: there is no per-node link "
+                    "the local lab runs every node as a `slurmd -N` on 127.0.0.1: there is no "
+                    "per-node link "
                     "to shape (`scout acceptance --netns` can: one network namespace per node)"
                 ),
             )
@@ -687,7 +695,8 @@ def run_acceptance(opts: AcceptanceOptions, echo: Callable[[str], None]) -> int:
     echo(summary_table(steps).rstrip())
     echo(
         f"\nACCEPTANCE {'PASSED' if passed else 'FAILED'} in {finished - started:.0f} s: "
-        f"{sum(s.status is Status.PASS for s in steps)} passed, {sum(s.status is Status.FAIL for s in steps)} failed, "
+        f"{sum(s.status is Status.PASS for s in steps)} passed, "
+        f"{sum(s.status is Status.FAIL for s in steps)} failed, "
         f"{sum(s.status is Status.SKIPPED for s in steps)} skipped; report in {opts.out_dir}"
     )
     return 0 if passed else 1
@@ -805,7 +814,8 @@ def _run_steps(
                 "3b",
                 "inject a bounded compute slowdown",
                 Status.FAIL,
-                detail="this version of scout has no `delay` fault kind: no slowdown can be injected",
+                detail="this version of scout has no `delay` fault kind: no slowdown can be "
+                "injected",
             )
         )
     link: CaseRun | None = None
@@ -913,7 +923,8 @@ def _run_steps(
     finally:
         load = gens.stop()
     echo(
-        f"  load generators stopped: {load.tcp_bytes >> 20} MiB over TCP, {load.disk_bytes >> 20} MiB to disk "
+        f"  load generators stopped: {load.tcp_bytes >> 20} MiB over TCP, "
+        f"{load.disk_bytes >> 20} MiB to disk "
         f"in {load.seconds:.0f} s"
     )
     all_cases += loaded
@@ -1013,7 +1024,8 @@ def render_markdown(
     for c in cases:
         kept = f"{c.incident.files} files, {c.incident.bytes} B" if c.incident else "-"
         lines.append(
-            f"| {c.name} | {c.job_id} | {c.fault or '-'} | {naming(c)} | {'yes' if is_right(c)[0] else 'NO'} "
+            f"| {c.name} | {c.job_id} | {c.fault or '-'} | {naming(c)} | "
+            f"{'yes' if is_right(c)[0] else 'NO'} "
             f"| {fmt_s(c.detection_s)} | {fmt_s(c.localisation_s)} | {kept} |"
         )
     lines += ["", "## Details", ""]

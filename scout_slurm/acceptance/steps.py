@@ -190,7 +190,9 @@ def fmt_bytes(n: int) -> str:
 
 
 def naming(case: CaseRun) -> str:
-    """What the verdict named, in the buyer's words: a rank (and its node), a node, a group, a component."""
+    """What the verdict named, in the buyer's words: a rank (and its node), a node, a group, a
+    component.
+    """
     if case.error and not case.verdict_kind:
         return "nothing (no verdict)"
     parts = []
@@ -205,7 +207,9 @@ def naming(case: CaseRun) -> str:
 
 
 def is_right(case: CaseRun) -> tuple[bool, str]:
-    """Whether the verdict named exactly what was injected (kind, rank, node), or nobody for a clean run."""
+    """Whether the verdict named exactly what was injected (kind, rank, node), or nobody for a
+    clean run.
+    """
     if case.error:
         return False, case.error
     if not case.verdict_kind:
@@ -348,7 +352,8 @@ def judge_measurements(injected: Sequence[CaseRun], clean: Sequence[CaseRun]) ->
             else "nothing read"
         )
         parts.append(
-            f"{c.name}: detect {fmt_s(c.detection_s)}, verdict {fmt_s(c.localisation_s)}, kept {kept}"
+            f"{c.name}: detect {fmt_s(c.detection_s)}, verdict {fmt_s(c.localisation_s)}, "
+            f"kept {kept}"
         )
         if c.detection_s is None:
             problems.append(f"{c.name}: no detection time (injection or detection record missing)")
@@ -398,7 +403,8 @@ def judge_checkpoints(ck: CheckpointResult | None) -> StepResult:
     before = [r for r in first_run if r.step < ck.fault_step]
     after = [r for r in first_run if r.step >= ck.fault_step]
     figures = (
-        f"job {ck.job_id}: fault at step {ck.fault_step}, first suspect step {ck.first_suspect_step}; "
+        f"job {ck.job_id}: fault at step {ck.fault_step}, first suspect step "
+        f"{ck.first_suspect_step}; "
         + ", ".join(f"step {r.step} {r.status}" for r in sorted(first_run, key=lambda r: r.step))
         + f"; recovery point step {ck.recovery_step if ck.recovery_step >= 0 else '?'}"
     )
@@ -424,7 +430,8 @@ def judge_checkpoints(ck: CheckpointResult | None) -> StepResult:
         )
     elif ck.recovery_step >= ck.fault_step:
         problems.append(
-            f"recovery point step {ck.recovery_step} holds the fault (injected at step {ck.fault_step})"
+            f"recovery point step {ck.recovery_step} holds the fault (injected at step "
+            f"{ck.fault_step})"
         )
     if problems:
         return StepResult("6", title, Status.FAIL, figures, "; ".join(problems))
@@ -440,7 +447,8 @@ def judge_resume(r: ResumeResult | None) -> StepResult:
     if r.error:
         return StepResult("7", title, Status.FAIL, detail=r.error)
     figures = (
-        f"job {r.job_id}: {r.restarts} restart(s), {r.final_state}; resumed from {r.resumed_from or '-'}; "
+        f"job {r.job_id}: {r.restarts} restart(s), {r.final_state}; resumed from "
+        f"{r.resumed_from or '-'}; "
         f"compared {', '.join(r.compared) or '-'}"
     )
     problems = []
@@ -461,7 +469,8 @@ def judge_resume(r: ResumeResult | None) -> StepResult:
         problems.append("scout's restored-state check: " + "; ".join(mismatch))
     verified = [s for s in r.resume_check if resume_outcome(s) is ResumeOutcome.VERIFIED]
     check = (
-        f"; scout's own restored-state check: {len(verified)} of {len(r.resume_check)} rank records say "
+        f"; scout's own restored-state check: {len(verified)} of {len(r.resume_check)} rank "
+        "records say "
         f"resume verified ({r.resume_check[0]})"
         if r.resume_check
         else "; scout's own restored-state check: none recorded"
@@ -490,7 +499,8 @@ def judge_under_load(load: LoadResult | None, cases: Sequence[CaseRun]) -> StepR
         f"loopback TCP {fmt_bytes(load.tcp_bytes)} ({rate(load.tcp_bytes)}), disk "
         f"{fmt_bytes(load.disk_bytes)} ({rate(load.disk_bytes)}) in {load.seconds:.0f} s; "
         + "; ".join(
-            f"{c.name}: {naming(c)}, detect {fmt_s(c.detection_s)}, verdict {fmt_s(c.localisation_s)}"
+            f"{c.name}: {naming(c)}, detect {fmt_s(c.detection_s)}, verdict "
+            f"{fmt_s(c.localisation_s)}"
             for c in cases
         )
     )

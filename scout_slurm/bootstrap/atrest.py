@@ -69,7 +69,8 @@ class AtRest:
         # first window decides
         self.mode, self.covered = mode, covered
         self.decided = mode != "auto"
-        # (step, id(optimizer), weights sig, state sig, signed as the vote signs, the weights signed)
+        # (step, id(optimizer), weights sig, state sig, signed as the vote signs, the weights
+        # signed)
         self.sealed: tuple[int, int, int, int, bool, list[tuple[str, Any]]] | None = None
         self.checks = 0
         self.off = ""  # why the witness stopped ("": it runs)
@@ -153,7 +154,8 @@ class AtRest:
         self.seconds += time.perf_counter() - t0
         if job_w or job_s:
             self.off = (
-                f"every rank's {'weights' if job_w else 'optimizer state'} changed between optimizer steps "
+                f"every rank's {'weights' if job_w else 'optimizer state'} changed between "
+                "optimizer steps "
                 f"{gstep} and {gstep + 1}: the job's own code (e.g. weight clipping), not a fault"
             )
             if self.rank == 0:
@@ -179,7 +181,8 @@ class AtRest:
 
     def _write(self, what: list[str], gstep: int) -> None:
         sys.stderr.write(
-            f"scout: rank {self.rank}'s {' and '.join(what)} changed at rest between optimizer steps "
+            f"scout: rank {self.rank}'s {' and '.join(what)} changed at rest between "
+            "optimizer steps "
             f"{gstep} and {gstep + 1}\n"
         )
         if self.run_dir is None:
@@ -195,8 +198,10 @@ class AtRest:
                 kind=FindingKind.SDC,
                 at=time.time(),
                 summary=(
-                    f"rank {self.rank}'s {w} changed at rest: signed after optimizer step {gstep} and again "
-                    f"before step {gstep + 1}, with no step in between (other ranks' unchanged): memory "
+                    f"rank {self.rank}'s {w} changed at rest: signed after optimizer step "
+                    f"{gstep} and again "
+                    f"before step {gstep + 1}, with no step in between (other ranks' "
+                    "unchanged): memory "
                     "corruption on this rank, seen without any replica"
                 ),
                 details=("at-rest witness: the rank's own state against itself, not a vote",),

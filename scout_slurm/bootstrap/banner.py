@@ -49,10 +49,12 @@ def model_banner(rt: Any) -> str:
     rest = (
         "at-rest witness off"
         if a is None
-        else f"at-rest witness in its first window, then left to the state votes if they sign all the optimizer "
+        else "at-rest witness in its first window, then left to the state votes if they sign all "
+        "the optimizer "
         f"holds ({min(len(g) for g in groups)}+ replicas)"
         if a.mode == "auto" and c is not None and rt.votes_cover_rest()
-        else f"each rank's own weights and optimizer state re-signed at rest across one step in {a.every}"
+        else "each rank's own weights and optimizer state re-signed at rest across one step in "
+        f"{a.every}"
     )
     return (
         f"scout: framework: {framework_seen(roots)}; replica groups {[list(g) for g in groups]}"

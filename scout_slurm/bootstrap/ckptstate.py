@@ -65,7 +65,8 @@ DATA_POSITION = (
     "scout's global optimizer step; the DistributedSampler epoch when the script sets one"
 )
 EXCHANGE_EVERY = 50  # steps between checkpoint exchanges when the state votes are off
-FOLLOWED_MAX = 4096  # recorded checkpoints whose renames are followed (the newest); older ones keep their names
+# recorded checkpoints whose renames are followed (the newest); older ones keep their names
+FOLLOWED_MAX = 4096
 
 
 def signatures_now(
@@ -142,7 +143,9 @@ def software_versions():
 
 
 def digest_from_storage(path: str) -> tuple[int, str]:
-    """(size, sha256) of a file as storage gives it back after fsync (not what we meant to write)."""
+    """(size, sha256) of a file as storage gives it back after fsync (not what we meant to
+    write).
+    """
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -255,8 +258,10 @@ class CheckpointWatch:
         self.saved_here: set[str] = set()
         self.exchanges = 0
         self.init_steps = 0  # optimizer steps DCP's get_state_dict makes to create the state (lr 0)
-        # renames followed: canonical path of a checkpoint this rank recorded in this run -> its note
-        # files; `names` holds every component of those paths (and of hidden saves), so that a rename
+        # renames followed: canonical path of a checkpoint this rank recorded in this run -> its
+        # note
+        # files; `names` holds every component of those paths (and of hidden saves), so that a
+        # rename
         # of anything else ends at one set lookup
         self.lock = (
             threading.Lock()
@@ -336,7 +341,8 @@ class CheckpointWatch:
             files=files,
             world=self.world,
             ranks_saved=ranks_saved or (self.rank,),
-            agreement="not exchanged: the replicas' signatures follow at the step after the next state vote",
+            agreement="not exchanged: the replicas' signatures follow at the step after the next "
+            "state vote",
             data_position=DATA_POSITION,
             software=software_versions(),
             coverage=self._coverage(),
@@ -363,7 +369,9 @@ class CheckpointWatch:
             self._follow(canonical(target), dest)
 
     def saved_collective(self, path: str, *, saver: str) -> None:
-        """A save every rank made together (DCP): sign and exchange now; the lowest rank records it."""
+        """A save every rank made together (DCP): sign and exchange now; the lowest rank records
+        it.
+        """
         self.saved_here.add(canonical(path))
         import torch
 
@@ -392,8 +400,10 @@ class CheckpointWatch:
                 per_rank=per_rank,
             )
         elif self.notes_dir is not None:
-            # the lowest rank records it; when the script has another rank rename the folder (after its
-            # barrier: the record is written by then), that rank follows it in the lowest rank's note
+            # the lowest rank records it; when the script has another rank rename the folder (after
+            # its
+            # barrier: the record is written by then), that rank follows it in the lowest rank's
+            # note
             dest = checkpoint_note_path(self.notes_dir, self.restart, self.global_step(), 0)
             with self.lock:
                 self._follow(canonical(path), dest)
@@ -408,7 +418,8 @@ class CheckpointWatch:
         why: str = "",
         later: int = -1,
     ):
-        """`later`: the step the signatures in `per_rank` are of, when training moved on since the save
+        """`later`: the step the signatures in `per_rank` are of, when training moved on since the
+        save
         (-1: they are the save's own state)."""
         import dataclasses
 
@@ -417,8 +428,12 @@ class CheckpointWatch:
 
         groups = self.groups()
         if per_rank is not None and groups is None and not why and self._sharded():
-            # FSDP/HSDP ranks hold different shards: comparing them as replicas would reject every save
-            why = "sharded parameters (DTensor) and the replica groups are not known yet (no state vote so far)"
+            # FSDP/HSDP ranks hold different shards: comparing them as replicas would reject every
+            # save
+            why = (
+                "sharded parameters (DTensor) and the replica groups are not known yet (no state "
+                "vote so far)"
+            )
         sigs = []
         for c in COMPONENTS:
             values = tuple(p.get(c, "") for p in per_rank) if per_rank is not None else ()
@@ -480,7 +495,8 @@ class CheckpointWatch:
             "clean"
             if cov.last_clean_step == cov.last_vote_step
             else (
-                f"not clean: the last vote at step {cov.last_vote_step}, the last clean one at step {cov.last_clean_step}"
+                f"not clean: the last vote at step {cov.last_vote_step}, the last clean one "
+                f"at step {cov.last_clean_step}"
             )
         )
         if votes == 0:
@@ -547,7 +563,9 @@ class CheckpointWatch:
 
     # -- renames ----------------------------------------------------------------------------------
     def _follow(self, key: str, dest: Path) -> None:
-        """Follow renames of the checkpoint at `key` (canonical), recorded in `dest`. Under the lock."""
+        """Follow renames of the checkpoint at `key` (canonical), recorded in `dest`. Under the
+        lock.
+        """
         files = self.followed.pop(key, [])
         if dest not in files:
             files.append(dest)
@@ -567,7 +585,9 @@ class CheckpointWatch:
         self.names = names
 
     def saved_hidden(self, path: Any, *, saver: str) -> None:
-        """A save to a hidden name (".NAME"): not a checkpoint yet; recorded if renamed to a visible name."""
+        """A save to a hidden name (".NAME"): not a checkpoint yet; recorded if renamed to a
+        visible name.
+        """
         key = canonical(path)
         with self.lock:
             self.hidden.pop(key, None)
@@ -579,8 +599,10 @@ class CheckpointWatch:
                 self._rename_filter()
 
     def moved(self, src: Any, dst: Any) -> None:
-        """The job renamed `src` to `dst` (it succeeded). When `src` is a checkpoint this rank recorded
-        in this run, or a folder holding some, their records now name where they are: the same bytes,
+        """The job renamed `src` to `dst` (it succeeded). When `src` is a checkpoint this rank
+        recorded
+        in this run, or a folder holding some, their records now name where they are: the same
+        bytes,
         so the digests hold. Anything else costs a set lookup."""
         if os.fsdecode(src).rstrip(os.sep).rpartition(os.sep)[2] not in self.names:
             return
@@ -726,7 +748,8 @@ class CheckpointWatch:
     def before_step(self, optimizer: Any) -> None:
         """The optimizer pre-step hook (every rank, same point)."""
         if _state_init_step(optimizer):
-            # torch.distributed.checkpoint.state_dict steps a fresh optimizer once with lr 0 to create
+            # torch.distributed.checkpoint.state_dict steps a fresh optimizer once with lr 0 to
+            # create
             # its state before a load: not training, not the resumed run's first step
             self.init_steps += 1
             return
@@ -787,8 +810,10 @@ class CheckpointWatch:
             + ([f"not recorded for this rank: {', '.join(unchecked)}"] if unchecked else [])
             + bad
         )
-        # the replicated state (model, optimizer, scheduler, data position) must come back exactly; an
-        # RNG stream the script does not save and restore differs too, and matters only if it draws from it
+        # the replicated state (model, optimizer, scheduler, data position) must come back exactly;
+        # an
+        # RNG stream the script does not save and restore differs too, and matters only if it draws
+        # from it
         state_bad = [b.split(":")[0] for b in bad if not b.startswith("rng_")]
         rng_bad = [b.split(":")[0] for b in bad if b.startswith("rng_")]
         if state_bad:
@@ -848,7 +873,8 @@ class CheckpointWatch:
                 f"{bar}\nscout: {summary}\n"
                 + "".join(f"scout:   {d}\n" for d in details)
                 + (
-                    f"scout: SCOUT_RESUME_MISMATCH=fatal: ending this rank (exit {Ending.RESUME_MISMATCH.code})\n"
+                    "scout: SCOUT_RESUME_MISMATCH=fatal: ending this rank (exit "
+                    f"{Ending.RESUME_MISMATCH.code})\n"
                     if fatal
                     else "scout: the job continues (SCOUT_RESUME_MISMATCH=fatal would end it)\n"
                 )
@@ -899,7 +925,8 @@ def _at_step(text: str, saved_step: int, later: int) -> str:
             + text[len("agreed") :]
         )
     return (
-        f"not exchanged at the save: the replicas' signatures at step {later}, the first exchange after the "
+        f"not exchanged at the save: the replicas' signatures at step {later}, the first "
+        "exchange after the "
         f"save at step {saved_step}, {text}"
     )
 
@@ -945,8 +972,10 @@ WATCH: CheckpointWatch | None = None
 
 def install(handle: Any, state: Any) -> None:
     """Called once from the hooks at init_process_group (every rank): the watch, its side group,
-    and the patches it needs (torch.load, DCP save/load, LR schedulers, DistributedSampler epochs, its
-    witness before each optimizer step, and destroy_process_group for a save after the last step)."""
+    and the patches it needs (torch.load, DCP save/load, LR schedulers, DistributedSampler epochs,
+    its
+    witness before each optimizer step, and destroy_process_group for a save after the last
+    step)."""
     global WATCH
     import torch
     import torch.distributed as dist
@@ -956,7 +985,8 @@ def install(handle: Any, state: Any) -> None:
     side = None
     cfg = state.config
     if state.world >= 2 and cfg.checkpoint_agreement:
-        # the votes' side group when there is one; else scout's own (never the training communicators)
+        # the votes' side group when there is one; else scout's own (never the training
+        # communicators)
         side = (
             state.consensus.side if state.consensus is not None else dist.new_group(backend="gloo")
         )

@@ -71,7 +71,8 @@ class Consensus:
         self.steps = 0  # the last optimizer step seen (this run's count)
         self.optimizer: Any = None  # the optimizer last seen (held until destroy_process_group)
         self.on_vote: Any = None  # called after every vote (bootstrap.patches writes the coverage)
-        # (step, optimizer) -> (weights, optimizer state) signatures already made of this step's state
+        # (step, optimizer) -> (weights, optimizer state) signatures already made of this step's
+        # state
         # exactly as the vote would make them (the at-rest seal), or None
         self.presigned: Any = None
 
@@ -118,7 +119,10 @@ class Consensus:
         except RuntimeError as exc:  # a rank did not arrive in time, or a peer is gone
             return f"not made: not every rank arrived within {timeout_s:g} s ({str(exc)[:120]})"
         if not any(len(g) >= 2 for g in self.groups or ()):
-            return f"at step {self.last_vote_step}: no replicas to compare (every rank holds a state of its own)"
+            return (
+                f"at step {self.last_vote_step}: no replicas to compare (every rank holds a state "
+                "of its own)"
+            )
         return f"at step {self.last_vote_step}: " + (
             "every replica agreed"
             if self.last_clean == self.last_vote_step
@@ -250,8 +254,10 @@ class Consensus:
                         kind=FindingKind.SDC,
                         at=now,
                         summary=(
-                            f"rank {r}'s loss became non-finite at step {v.step}, before any other rank's: the NaN/Inf "
-                            "began in its compute (corrupt compute, or a non-finite input batch on that rank)"
+                            f"rank {r}'s loss became non-finite at step {v.step}, before any "
+                            "other rank's: the NaN/Inf "
+                            "began in its compute (corrupt compute, or a non-finite input "
+                            "batch on that rank)"
                         ),
                         details=details,
                         step=v.step,
@@ -305,9 +311,11 @@ class Consensus:
         per_rank = ", ".join(f"rank {r}: {values[r]:016x}" for r in group)
         for r in outliers or [-1]:
             summary = (
-                f"rank {r}'s {what} signature differs from the majority of {len(group)} replicas at step {step}"
+                f"rank {r}'s {what} signature differs from the majority of {len(group)} "
+                f"replicas at step {step}"
                 if kind == "sdc"
-                else f"no strict majority among {len(group)} replicas (ranks {', '.join(map(str, group))}) for "
+                else f"no strict majority among {len(group)} replicas (ranks "
+                f"{', '.join(map(str, group))}) for "
                 f"{what} at step {step}: inconclusive"
             )
             since = (self.last_clean + 1) if self.last_clean >= 0 else self.offset + 1

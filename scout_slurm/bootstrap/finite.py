@@ -55,12 +55,14 @@ def first_nonfinite(first_steps: list[int]) -> NonfiniteVote:
         )
     if len(ranks) == world:
         why = (
-            f"every rank's loss became non-finite at the same step {step}: the training itself diverged (or "
+            f"every rank's loss became non-finite at the same step {step}: the training "
+            "itself diverged (or "
             "corrupted state was already shared); no rank is named"
         )
     else:
         why = (
-            f"{len(ranks)} of {world} ranks went non-finite at the same step {step} (not a strict minority): "
+            f"{len(ranks)} of {world} ranks went non-finite at the same step {step} (not a "
+            "strict minority): "
             f"ranks {list(ranks)}; no rank is named"
         )
     return NonfiniteVote(VoteOutcome.INCONCLUSIVE, step, ranks, why)
@@ -103,7 +105,8 @@ class FiniteWatch:
                     t.numel() == 1 and t.device.type == "cpu"
                 ):  # a CPU loss: read at once, no tensor op
                     ok: Any = math.isfinite(t.item())
-                else:  # kept as a tensor where it lives: read once per vote (no sync per step on a GPU)
+                # kept as a tensor where it lives: read once per vote (no sync per step on a GPU)
+                else:
                     ok = torch.isfinite(t.detach()).all()
                 self._acc = ok if self._acc is None else (self._acc & ok)
 
@@ -117,7 +120,9 @@ class FiniteWatch:
             self.resolve()
 
     def resolve(self) -> int:
-        """Read the kept flags (one sync for all of them); the first non-finite global step, or NONE."""
+        """Read the kept flags (one sync for all of them); the first non-finite global step, or
+        NONE.
+        """
         kept, self._steps = self._steps, []
         if self.first_bad == NONE:
             for gstep, flag in kept:

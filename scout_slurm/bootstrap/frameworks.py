@@ -1,7 +1,8 @@
 """The models a training script built, as scout sees them: which wrapper (DDP, FSDP2, DeepSpeed,
 Megatron-Core), the user's model inside it, which ranks are replicas of each other (process
 groups, DeviceMesh placements), whether it runs compiled, and the tracker that sees the models at
-their first forward. Shared by the witnesses; imports torch lazily, runs only in the job's Python."""
+their first forward. Shared by the witnesses; imports torch lazily, runs only in the job's
+Python."""
 
 from __future__ import annotations
 
@@ -33,7 +34,9 @@ def is_fsdp(m: Any) -> bool:
 
 
 def is_deepspeed(m: Any) -> bool:
-    """A DeepSpeed engine (`deepspeed.initialize`'s model): it holds the user's model as `.module`."""
+    """A DeepSpeed engine (`deepspeed.initialize`'s model): it holds the user's model as
+    `.module`.
+    """
     engine = sys.modules.get("deepspeed.runtime.engine")
     cls = getattr(engine, "DeepSpeedEngine", None) if engine else None
     return cls is not None and isinstance(m, cls)
@@ -51,7 +54,9 @@ def is_root(m: Any) -> bool:
 
 
 def is_compiled(m: Any) -> bool:
-    """A module the job compiled: wrapped by torch.compile, or compiled in place (`Module.compile()`)."""
+    """A module the job compiled: wrapped by torch.compile, or compiled in place
+    (`Module.compile()`).
+    """
     return (
         type(m).__name__ == "OptimizedModule" or getattr(m, "_compiled_call_impl", None) is not None
     )
@@ -79,8 +84,10 @@ def megatron_coordinates() -> str:
         return ""
     return (
         f"Megatron-Core parallel_state tp={ps.get_tensor_model_parallel_world_size()} "
-        f"pp={ps.get_pipeline_model_parallel_world_size()} cp={ps.get_context_parallel_world_size()} "
-        f"dp={ps.get_data_parallel_world_size()} (this rank: tp {ps.get_tensor_model_parallel_rank()}, "
+        f"pp={ps.get_pipeline_model_parallel_world_size()} "
+        f"cp={ps.get_context_parallel_world_size()} "
+        f"dp={ps.get_data_parallel_world_size()} (this rank: tp "
+        f"{ps.get_tensor_model_parallel_rank()}, "
         f"pp {ps.get_pipeline_model_parallel_rank()}, cp {ps.get_context_parallel_rank()})"
     )
 
@@ -131,7 +138,8 @@ def optimizer_not_voted(roots: list[Any]) -> str:
     for root in roots:
         if is_deepspeed(root) and zero_stage(root) >= 1:
             return (
-                f"optimizer state not voted: DeepSpeed ZeRO-{zero_stage(root)} partitions it over the "
+                f"optimizer state not voted: DeepSpeed ZeRO-{zero_stage(root)} partitions it "
+                "over the "
                 "data-parallel ranks (no two ranks hold the same partition)"
             )
     return ""
@@ -171,14 +179,17 @@ def replica_layout(roots: list[Any], world: int) -> tuple[list[tuple[int, ...]],
                     names = getattr(p.device_mesh, "mesh_dim_names", None)
                     mesh = f"{mesh} (dimensions {tuple(names)})" if names else mesh
                     return groups, (
-                        f"FSDP2 over mesh {mesh} with no replicated dimension: no rank holds a copy of "
-                        "another's shards, so there are no state votes; in-situ replay still compares "
+                        f"FSDP2 over mesh {mesh} with no replicated dimension: no rank holds "
+                        "a copy of "
+                        "another's shards, so there are no state votes; in-situ replay still "
+                        "compares "
                         "compute across all ranks on the layer all-gathered over scout's side group"
                     )
                 names = getattr(p.device_mesh, "mesh_dim_names", None)
                 named = f" (dimensions {tuple(names)})" if names else ""
                 return groups, (
-                    f"HSDP mesh {mesh}{named}, placements {tuple(str(x) for x in p.placements)}: ranks "
+                    f"HSDP mesh {mesh}{named}, placements "
+                    f"{tuple(str(x) for x in p.placements)}: ranks "
                     f"with the same shard coordinate hold the same shards: replica groups {groups}"
                 )
     for root in roots:
@@ -206,7 +217,8 @@ def _deepspeed_layout(root: Any, world: int) -> tuple[list[tuple[int, ...]], str
     )
     if stage >= 3:
         return [(r,) for r in range(world)], (
-            f"DeepSpeed ZeRO-3 over ranks {list(ranks)}: parameters and optimizer state are partitioned, no rank "
+            f"DeepSpeed ZeRO-3 over ranks {list(ranks)}: parameters and optimizer state are "
+            "partitioned, no rank "
             "holds a copy of another's: no state votes (as pure FSDP)"
         )
     return [ranks], (
@@ -232,8 +244,10 @@ class RootTracker:
         ] = []  # modules the job runs through torch.compile (an OptimizedModule)
         self.on_root = on_root
         self._is_compiling = torch.compiler.is_compiling
-        # torch warns, at each call of a compiled module, that a global hook fires an extra time for it:
-        # this hook ignores the compiled wrapper, and the warning would be scout's in the job's output
+        # torch warns, at each call of a compiled module, that a global hook fires an extra time for
+        # it:
+        # this hook ignores the compiled wrapper, and the warning would be scout's in the job's
+        # output
         self._quiet = (
             "ignore",
             re.compile(r"Using `torch.compile\(module\)` when there are global hooks"),
@@ -249,7 +263,8 @@ class RootTracker:
         if self._is_compiling():  # traced inside a compiled model: nothing of scout's in the graph
             return
         if type(module).__name__ == "OptimizedModule":
-            # torch.compile(model): the model's own call is traced, its hooks with it; seen here instead
+            # torch.compile(model): the model's own call is traced, its hooks with it; seen here
+            # instead
             module = getattr(module, "_orig_mod", None)
             if module is None or any(module is m for m in self.compiled):
                 return

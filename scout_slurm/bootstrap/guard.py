@@ -80,7 +80,8 @@ class Guard:
             return fn(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - the point of the guard: scout's failure is never the job's
             if getattr(exc, JOBS_OWN, False):
-                raise  # the job's own (an injected fault stands for one): it reaches the job as it would
+                # the job's own (an injected fault stands for one): it reaches the job as it would
+                raise
             self.fail(check, exc)
             return None
 
@@ -108,7 +109,8 @@ class Guard:
             )
         else:
             self._say(
-                f"scout: ERROR: scout's {check} failed inside scout on {where_rank} and is off for the rest of "
+                f"scout: ERROR: scout's {check} failed inside scout on {where_rank} and is "
+                "off for the rest of "
                 f"this job; the job goes on as without it ({why})"
             )
         if self.record is not None:

@@ -31,9 +31,12 @@ from scout_slurm.task import progress as progress_mod
 _log = logging.getLogger("scout.bootstrap")
 
 STACK_SIGNAL = signal.SIGRTMIN + 5
-# torch.distributed's Python collectives (those a torch lacks are skipped). FSDP2 on torch 2.13 calls
-# all_gather_single and reduce_scatter_single; all_gather_into_tensor and reduce_scatter_tensor forward
-# to them there: a collective called from inside another's wrapper is the outer one's, recorded once.
+# torch.distributed's Python collectives (those a torch lacks are skipped). FSDP2 on torch 2.13
+# calls
+# all_gather_single and reduce_scatter_single; all_gather_into_tensor and reduce_scatter_tensor
+# forward
+# to them there: a collective called from inside another's wrapper is the outer one's, recorded
+# once.
 COLLECTIVES = (
     "all_reduce",
     "broadcast",
@@ -57,7 +60,8 @@ COLLECTIVES = (
 # Set while a user's DDP comm hook runs: the collectives it calls are the bucket's own, already
 # counted as one ddp_bucket_all_reduce, so the wrappers pass them through untouched.
 _IN_USER_COMM_HOOK = threading.local()
-# Set while a wrapped collective runs on this thread: one torch forwards to (all_gather_into_tensor to
+# Set while a wrapped collective runs on this thread: one torch forwards to (all_gather_into_tensor
+# to
 # all_gather_single, all_gather_object to all_gather) is part of it, not a second collective.
 _IN_COLLECTIVE = threading.local()
 _INSTALL_LOCK = threading.Lock()
@@ -91,7 +95,9 @@ class InstalledHooks:
 
 
 def _outside_graphs(fn: Callable) -> Callable:
-    """`fn` (scout's own part of a patched call) run as it is, never traced into a compiled graph."""
+    """`fn` (scout's own part of a patched call) run as it is, never traced into a compiled
+    graph.
+    """
     import torch
 
     return torch.compiler.disable(fn) if hasattr(torch, "compiler") else fn
@@ -227,7 +233,8 @@ def _patch_distributed(rt: Runtime, handle: InstalledHooks, dist: Any) -> None:
         import torch
 
         # torch.compile traces a collective it meets into a functional one: scout's part is left out
-        # (a constant while tracing, so the graph holds torch's own call alone). Bound here: torch is
+        # (a constant while tracing, so the graph holds torch's own call alone). Bound here: torch
+        # is
         # whole by now (torch.distributed is patched while torch itself is still being imported)
         rt.is_compiling = torch.compiler.is_compiling
         rt.open(c10d.get_rank(), c10d.get_world_size(), c10d._get_default_group())
@@ -243,7 +250,8 @@ def _patch_distributed(rt: Runtime, handle: InstalledHooks, dist: Any) -> None:
 
     @functools.wraps(original_init)
     def scout_init_process_group(*args, **kwargs):
-        # before the rendezvous: the watchdogs start a peer's start-up clock from here (task/stallclock.py)
+        # before the rendezvous: the watchdogs start a peer's start-up clock from here
+        # (task/stallclock.py)
         rt.guard.run("process group start", progress_mod.mark_entering_init, rt.progress_dir)
         result = original_init(*args, **kwargs)
         rt.guard.run("process group start", opened)
@@ -258,7 +266,8 @@ def _patch_distributed(rt: Runtime, handle: InstalledHooks, dist: Any) -> None:
             rt.guard.run("end of training", _ending, rt)
         result = original_destroy(*args, **kwargs)
         if everything:
-            # not switched off with the end of training: a side group left to the interpreter's teardown can
+            # not switched off with the end of training: a side group left to the interpreter's
+            # teardown can
             # abort a finished process (release_side_groups says why)
             try:
                 rt.release_side_groups()
@@ -373,7 +382,8 @@ def _patch_ddp(rt: Runtime, handle: InstalledHooks, original_all_reduce: Callabl
         return original_register(self, state, _recorded_user_hook(rt, hook))
 
     def wrapped_group(kwargs: dict) -> None:
-        # DDP reduces through a recording wrapper of its group: its own C++ path stays (no comm hook, no
+        # DDP reduces through a recording wrapper of its group: its own C++ path stays (no comm
+        # hook, no
         # extra pass over the gradients) and each bucket still lands in the progress record (pgwrap)
         from scout_slurm.bootstrap import pgwrap
 
@@ -386,7 +396,8 @@ def _patch_ddp(rt: Runtime, handle: InstalledHooks, original_all_reduce: Callabl
         )
 
     def recording_writer() -> Any:
-        # the recording group runs on DDP's hot path with the guard's rule inlined (pgwrap): SCOUT_BREAK
+        # the recording group runs on DDP's hot path with the guard's rule inlined (pgwrap):
+        # SCOUT_BREAK
         # reaches it here, so the chaos test covers that path too
         if "collective record" in guard.broken:
             raise ScoutFault("SCOUT_BREAK made 'collective record' fail")
@@ -414,7 +425,8 @@ def _patch_ddp(rt: Runtime, handle: InstalledHooks, original_all_reduce: Callabl
             if rt.writer is not None and type(ddp.process_group).__name__ != "RecordingGroup":
                 original_register(ddp, ddp.process_group, scout_default_hook)
 
-    # out of compiled graphs: torch.compile traces DDP.forward (the inner module is compiled on its own)
+    # out of compiled graphs: torch.compile traces DDP.forward (the inner module is compiled on its
+    # own)
     scout_before_forward = _outside_graphs(lambda ddp: guard.run("DDP hooks", before_forward, ddp))
     original_forward = DDP.forward
 
@@ -515,7 +527,8 @@ def _patch_save(rt: Runtime, handle: InstalledHooks) -> None:
         if not os.path.basename(os.fspath(f)).startswith("."):
             _note_checkpoint(rt, f, None, "torch.save")
         elif ckptstate.WATCH is not None:
-            # a save to a hidden name (".NAME.tmp"): no checkpoint yet; recorded when renamed to a visible name
+            # a save to a hidden name (".NAME.tmp"): no checkpoint yet; recorded when renamed to a
+            # visible name
             ckptstate.WATCH.saved_hidden(f, saver="torch.save")
 
     @functools.wraps(original_save)

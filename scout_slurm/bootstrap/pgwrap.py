@@ -49,7 +49,8 @@ _ENGINE = torch.autograd.Variable._execution_engine
 # the running backward's graph task (-1 outside any), a cheap read; without it every bucket is left
 # as it completes
 _task_id = getattr(torch._C, "_current_graph_task_id", lambda: -1)
-# set once a job registers a comm hook of its own (patches): then a bucket may be the hook's, counted there
+# set once a job registers a comm hook of its own (patches): then a bucket may be the hook's,
+# counted there
 USER_HOOKS = False
 _BACKENDS = {"gloo": ProcessGroup.BackendType.GLOO, "nccl": ProcessGroup.BackendType.NCCL}
 
@@ -69,7 +70,8 @@ class RecordingGroup(ProcessGroup):
         self._pg = pg
         self._writer = writer
         self._passing = passing
-        # scout's part failed (`_failed`): the wrapper only passes the job's collectives on from then on
+        # scout's part failed (`_failed`): the wrapper only passes the job's collectives on from
+        # then on
         self._on_error = on_error
         self._off = False
         self._size = pg.size()
@@ -109,14 +111,17 @@ class RecordingGroup(ProcessGroup):
         )
         if self._off:
             return inner
-        try:  # from here on scout's own work (the launch above is the job's): never into DDP's reducer
+        # from here on scout's own work (the launch above is the job's): never into DDP's reducer
+        try:
             return self._record(tensors, inner)
         except Exception as exc:  # noqa: BLE001 - the guard's rule (bootstrap.guard), inlined on the hot path
             self._failed(exc)
             return inner
 
     def _failed(self, exc: Exception) -> None:
-        """scout's part of this wrapper raised: off for the rest of the job, said once by the guard."""
+        """scout's part of this wrapper raised: off for the rest of the job, said once by the
+        guard.
+        """
         self._off = True
         self._open, self._late = [], []
         if self._on_error is not None:
@@ -138,7 +143,8 @@ class RecordingGroup(ProcessGroup):
         opened = self._open
         task = _task_id()
         queued = task >= 0 and task == self._queued_for
-        # torch's counter moves by one a launch on this group: read once a backward (a call into torch
+        # torch's counter moves by one a launch on this group: read once a backward (a call into
+        # torch
         # costs more than the rest of this entry here)
         pg_seq = (
             opened[-1][2] + 1 if queued and opened else self._pg._get_sequence_number_for_group()
@@ -228,7 +234,8 @@ def _leave_when_done(w: ProgressWriter | None, opened: list[tuple[int, Any, int]
 
 
 # The collectives torch's trampoline (PyProcessGroup) looks up as Python overrides, by the names it
-# looks for (newer and older spellings): each is passed on to the wrapped group. `allreduce` is above.
+# looks for (newer and older spellings): each is passed on to the wrapped group. `allreduce` is
+# above.
 _PASSED_ON = (
     "allgather",
     "all_gather_single",
@@ -302,7 +309,8 @@ def _skipped_by_the_compiler() -> None:
 
 def _left(w: ProgressWriter, seqs: tuple[int, ...] | list[int], registered_on: int) -> None:
     """On gloo's thread, as all-reduces completed (or failed: the job gets the error from DDP):
-    the record's leave. Inline when they had completed already (on the thread that registered it)."""
+    the record's leave. Inline when they had completed already (on the thread that registered
+    it)."""
     if get_ident() != registered_on:
         COST.comm_thread_calls += 1
     try:

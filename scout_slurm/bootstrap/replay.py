@@ -79,7 +79,8 @@ class Replay:
         self.trusted: set[tuple[int, str]] = (
             set()
         )  # (layer, "output"/"weight gradient") seen agreeing once
-        # differences seen before their layer was trusted: (layer, what) -> {source: first step}, named
+        # differences seen before their layer was trusted: (layer, what) -> {source: first step},
+        # named
         # when a later comparison on that layer agrees (see `trust`; the same on every rank)
         self.pending: dict[tuple[int, str], dict[int, int]] = {}
         self.last_clean = -1
@@ -99,12 +100,14 @@ class Replay:
                 self.compiled = f"{type(inner(root)).__name__} runs compiled (torch.compile)"
 
     def compiled_reason(self) -> str:
-        """Why no layer is replayed in a compiled model ("": not compiled): its layers' inputs exist only
+        """Why no layer is replayed in a compiled model ("": not compiled): its layers' inputs exist
+        only
         inside the compiled graph, and a hook of scout's there would change the job's graph."""
         if not self.compiled:
             return ""
         return (
-            f"{self.compiled}: its layers' inputs exist only inside the compiled graph, and capturing them "
+            f"{self.compiled}: its layers' inputs exist only inside the compiled graph, and "
+            "capturing them "
             "would change the job's graph; state votes and timing votes still run"
         )
 
@@ -136,12 +139,15 @@ class Replay:
             tp = megatron_tensor_parallel(m)
             if is_fsdp(m):
                 skipped.append(
-                    f"{name} (an FSDP unit itself: calling it would all-gather on the training group)"
+                    f"{name} (an FSDP unit itself: calling it would all-gather on the "
+                    "training group)"
                 )
             elif tp > 1:
                 skipped.append(
-                    f"{name} (a Megatron tensor-parallel layer over {tp} ranks: its recomputation would "
-                    "run collectives on the training's tensor-parallel group, and each rank holds a "
+                    f"{name} (a Megatron tensor-parallel layer over {tp} ranks: its "
+                    "recomputation would "
+                    "run collectives on the training's tensor-parallel group, and each rank "
+                    "holds a "
                     "different slice of its weights)"
                 )
             elif any(hasattr(p, "ds_tensor") for p in params):
@@ -182,7 +188,8 @@ class Replay:
                 or plan.source != self.rank
                 or self.cap_step == step
             ):
-                return None  # not this layer's turn, or already captured (a layer called twice per step)
+                # not this layer's turn, or already captured (a layer called twice per step)
+                return None
             import torch
 
             self.cap_step, self.cap, self.cap_reason = step, None, ""
@@ -293,7 +300,8 @@ class Replay:
         self, plan: Any, cap: dict | None
     ) -> tuple[Any, list[Any], list[Any], Any] | None:
         """The source's captured call (argument structure, input tensors, output gradients, RNG
-        state), on every rank, in two broadcasts; None when the source has nothing to send this round."""
+        state), on every rank, in two broadcasts; None when the source has nothing to send this
+        round."""
         import pickle
 
         from scout_slurm.bootstrap.wire import PackError, broadcast_packed
@@ -377,7 +385,8 @@ class Replay:
     def _next_call(self, step: int) -> float:
         """After `before_step(step)`: the next step with work. Every step until the layers are known
         or while capture hooks are set (they come off at the next call); else the next replay step
-        or the step before it (which sets the hooks), whichever comes first; never with no layers."""
+        or the step before it (which sets the hooks), whichever comes first; never with no
+        layers."""
         e = self.every
         if self.layers is None or self.handles:
             return step + 1
@@ -421,7 +430,8 @@ class Replay:
                 self._say_once(
                     ("witness", why),
                     f"replay of layer {name!r} (and of any layer alike): the source's "
-                    f"training-time {'values not' if not train_out else 'output only'} compared ({why})",
+                    f"training-time {'values not' if not train_out else 'output only'} "
+                    f"compared ({why})",
                 )
         # the layer's stored weights (this rank's shard): replicas must agree on them first
         mine[4] = _pos(state_signature(layer.named_parameters(recurse=False)))
@@ -444,7 +454,8 @@ class Replay:
                 self._say_once(
                     ("failed", name),
                     f"replay of layer {name!r} at step {step}: rank(s) {failed} could "
-                    f"not recompute it ({'rank ' + str(self.rank) + ': ' + error if error else 'no error'}); "
+                    "not recompute it "
+                    f"({'rank ' + str(self.rank) + ': ' + error if error else 'no error'}); "
                     "no vote on this layer (said once; later rounds are counted in the evidence)",
                 )
             return
@@ -479,8 +490,10 @@ class Replay:
             self._say_once(
                 ("untrusted", name),
                 f"replay of layer {name!r} at step {step}: the source's training-time "
-                f"{' and '.join(untrusted)} differs from every recomputation, but no earlier comparison on "
-                "this layer agreed (compiled or fused kernels may compute it otherwise): named only if a "
+                f"{' and '.join(untrusted)} differs from every recomputation, but no earlier "
+                "comparison on "
+                "this layer agreed (compiled or fused kernels may compute it otherwise): "
+                "named only if a "
                 "later comparison on this layer agrees",
             )
         witness = [w for w in differs if w not in untrusted]
@@ -541,7 +554,8 @@ class Replay:
             self.replaying = True
             try:
                 with torch.enable_grad():
-                    # detached aliases of the weights, not copies: autograd.grad only reads them (their
+                    # detached aliases of the weights, not copies: autograd.grad only reads them
+                    # (their
                     # own leaves: no .grad, none of the job's or DDP's hooks)
                     params = {
                         n: w.detach().requires_grad_(w.is_floating_point())
@@ -617,7 +631,8 @@ class Replay:
             voted = any(self.rank in v.outliers for v in votes if v.outcome is VoteOutcome.SDC)
             first = min([at for r, at, _ in late if r == self.rank] or [step])
             why = (
-                f"rank {self.rank}'s recomputation of layer {name!r} differs from the replicas' majority at step "
+                f"rank {self.rank}'s recomputation of layer {name!r} differs from the "
+                "replicas' majority at step "
                 f"{step}"
                 if voted
                 else f"rank {self.rank}'s training-time values of layer {name!r} differed from "
@@ -638,17 +653,21 @@ class Replay:
         per_rank = "; ".join(
             f"rank {r}: " + "/".join(f"{s:016x}" for s in sig) for r, sig in enumerate(sigs)
         )
-        # the onset: only a replay of this same layer that passed clears it (a replay of another layer,
-        # or a state vote, says nothing of this layer's compute: a corrupt gradient spreads to every replica)
+        # the onset: only a replay of this same layer that passed clears it (a replay of another
+        # layer,
+        # or a state vote, says nothing of this layer's compute: a corrupt gradient spreads to every
+        # replica)
         cleared = self.layer_clean.get(plan.layer_index, -1)
         since = cleared + 1 if cleared >= 0 else self.offset + 1
         bound = (
             f"onset bound: the last replay of layer {name!r} that passed was at step {cleared}"
             if cleared >= 0
-            else f"onset bound: no earlier replay of layer {name!r} passed in this run (from step {since})"
+            else f"onset bound: no earlier replay of layer {name!r} passed in this run (from step "
+            f"{since})"
         )
         common = (
-            f"in-situ replay of layer {name!r}, input captured on rank {plan.source} at step {step}",
+            f"in-situ replay of layer {name!r}, input captured on rank {plan.source} at step "
+            f"{step}",
             f"signatures (output/input gradient/weight gradient) {per_rank}",
             f"replay took {dt * 1000:.1f} ms",
             bound,
@@ -665,13 +684,18 @@ class Replay:
                         kind=FindingKind.SDC,
                         at=now,
                         summary=(
-                            f"rank {r}'s training-time {w} of layer {name!r} at step {at} differed from every "
-                            f"recomputation of the same input (all {self.world} ranks agreeing): a transient fault in its "
-                            f"compute, or a corrupted local gradient; named at step {step}, when a comparison on this "
-                            f"layer (rank {plan.source}'s values) agreed, so the layer's kernels do compute alike"
+                            f"rank {r}'s training-time {w} of layer {name!r} at step {at} "
+                            "differed from every "
+                            f"recomputation of the same input (all {self.world} ranks "
+                            "agreeing): a transient fault in its "
+                            f"compute, or a corrupted local gradient; named at step {step}, "
+                            "when a comparison on this "
+                            f"layer (rank {plan.source}'s values) agreed, so the layer's "
+                            "kernels do compute alike"
                         ),
                         details=(
-                            f"in-situ replay of layer {name!r}: the difference at step {at}, with rank {r} the source, "
+                            f"in-situ replay of layer {name!r}: the difference at step {at}, "
+                            f"with rank {r} the source, "
                             "came before any comparison on this layer had agreed",
                             *common[2:],
                         ),
@@ -697,9 +721,12 @@ class Replay:
                             kind=FindingKind.SDC,
                             at=now,
                             summary=(
-                                f"rank {r}'s training-time {' and '.join(witness)} of layer {name!r} at step {step} "
-                                f"differs from every recomputation of the same input ({self.world} ranks, its own "
-                                "included, agree): a transient fault in its compute, or a corrupted local gradient"
+                                f"rank {r}'s training-time {' and '.join(witness)} of layer "
+                                f"{name!r} at step {step} "
+                                "differs from every recomputation of the same input "
+                                f"({self.world} ranks, its own "
+                                "included, agree): a transient fault in its compute, or a "
+                                "corrupted local gradient"
                             ),
                             details=common,
                             step=step,
@@ -718,8 +745,10 @@ class Replay:
                         kind=FindingKind.SDC,
                         at=now,
                         summary=(
-                            f"rank {r}'s recomputation of layer {name!r} ({', '.join(what)}) differs from the majority of "
-                            f"{self.world} replicas at step {step}: compute corruption, which may have begun as early "
+                            f"rank {r}'s recomputation of layer {name!r} ({', '.join(what)}) "
+                            "differs from the majority of "
+                            f"{self.world} replicas at step {step}: compute corruption, which "
+                            "may have begun as early "
                             f"as step {since} ({bound.split(': ', 1)[1]})"
                         ),
                         details=common,
@@ -738,7 +767,8 @@ class Replay:
                         node="",
                         kind=FindingKind.NO_MAJORITY,
                         at=now,
-                        summary=f"replay of layer {name!r} at step {step}: inconclusive: {v.explanation}",
+                        summary=f"replay of layer {name!r} at step {step}: inconclusive: "
+                        f"{v.explanation}",
                         details=common,
                         step=step,
                         since_step=since,
@@ -764,10 +794,12 @@ def trust(
     untrusted: list[str],
     agrees: list[str],
 ) -> list[tuple[int, int, str]]:
-    """Update which of a layer's training-time values are trusted to equal the recomputation (pure but
+    """Update which of a layer's training-time values are trusted to equal the recomputation (pure
+    but
     for the two containers it updates; the same on every rank) and return (source, step, what) for a
     difference seen before the layer was trusted that this round's agreement now makes a finding.
-    Kernels that compute a layer otherwise in training (compiled, fused) differ whoever the source is;
+    Kernels that compute a layer otherwise in training (compiled, fused) differ whoever the source
+    is;
     a fault differs for one source. So a held difference is named only when it is one source's (its
     first step), and another round on that layer, from any source, agreed; differences held for
     several sources are dropped (at most one entry a source is kept)."""

@@ -32,8 +32,10 @@ def _coords(mesh: Sequence) -> list[tuple[tuple[int, ...], int]]:
 
 def replica_groups(mesh: Sequence, replicate_dims: Sequence[int]) -> list[tuple[int, ...]]:
     """Ranks grouped by their coordinates outside `replicate_dims`: within a group every rank holds
-    the same local state. A 2x2 HSDP mesh [[0, 1], [2, 3]] replicated along dim 0 gives [(0, 2), (1, 3)];
-    pure FSDP (no replicated dim) gives one group per rank; DDP is a 1-D mesh replicated along dim 0."""
+    the same local state. A 2x2 HSDP mesh [[0, 1], [2, 3]] replicated along dim 0 gives [(0, 2), (1,
+    3)];
+    pure FSDP (no replicated dim) gives one group per rank; DDP is a 1-D mesh replicated along dim
+    0."""
     cells = _coords(mesh)
     if not cells:
         raise ValueError("replica_groups: the mesh has no ranks")
@@ -89,7 +91,8 @@ def vote_group(what: str, group: Sequence[int], values: Sequence[int]) -> GroupV
     if n * 2 <= len(group):
         if len(group) == 2:
             why = (
-                f"ranks {group[0]} and {group[1]} disagree on {what}; with two replicas there is no majority: "
+                f"ranks {group[0]} and {group[1]} disagree on {what}; with two replicas there "
+                "is no majority: "
                 "one of them is wrong, the vote cannot say which"
             )
         else:
@@ -101,7 +104,8 @@ def vote_group(what: str, group: Sequence[int], values: Sequence[int]) -> GroupV
         group,
         VoteOutcome.SDC,
         outliers,
-        f"rank(s) {', '.join(map(str, outliers))} differ from {n} of {len(group)} replicas on {what}",
+        f"rank(s) {', '.join(map(str, outliers))} differ from {n} of {len(group)} replicas on "
+        f"{what}",
     )
 
 
@@ -131,7 +135,9 @@ def replay_plan(step: int, every: int, layers: int, world: int) -> ReplayPlan | 
 
 
 def coverage(every: int, layers: int, world: int) -> list[tuple[int, int]]:
-    """(layer, source) pairs of the first L x world replays: a check that the rotation covers all."""
+    """(layer, source) pairs of the first L x world replays: a check that the rotation covers
+    all.
+    """
     plans = (replay_plan(every * (n + 1), every, layers, world) for n in range(layers * world))
     return sorted({(p.layer_index, p.source) for p in plans if p is not None})
 

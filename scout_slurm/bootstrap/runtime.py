@@ -2,7 +2,8 @@
 job's settings (`JobConfig`) and completed with the job's place (rank, world, groups) when
 torch.distributed starts; the torch patches (bootstrap.patches) only forward events to it. It
 holds the witnesses in their order and runs each inside the guard (bootstrap.guard), writes the
-run's coverage record, makes the end-of-training vote and fires injected faults (scout_slurm.inject)."""
+run's coverage record, makes the end-of-training vote and fires injected faults
+(scout_slurm.inject)."""
 
 from __future__ import annotations
 
@@ -98,7 +99,9 @@ class Runtime:
     # -- the job's place, once torch.distributed has started -------------------------------------
 
     def open(self, rank: int, world: int, default_pg: Any) -> None:
-        """init_process_group returned: the progress record, then the witnesses (each in the guard)."""
+        """init_process_group returned: the progress record, then the witnesses (each in the
+        guard).
+        """
         self.default_pg = default_pg
         if self.progress_dir is not None and self.writer is None:
             path = self.progress_dir / f"rank-{rank}.bin"
@@ -159,13 +162,15 @@ class Runtime:
 
     def _agree_on_hasher(self, side: Any) -> None:
         """Every rank signs with the same hasher: xxh3 where every rank has xxhash, else blake2b-64
-        on all (a rank without xxhash would otherwise differ from every vote and be called corrupt)."""
+        on all (a rank without xxhash would otherwise differ from every vote and be called
+        corrupt)."""
         import torch
         from scout_slurm.bootstrap import signing
 
         mine = torch.tensor([1 if signing.HASH_NAME == "xxh3_64" else 0], dtype=torch.int64)
         every = [torch.zeros_like(mine) for _ in range(self.world)]
-        # torch's own call, not in the progress record: every rank has just left the rendezvous, and the
+        # torch's own call, not in the progress record: every rank has just left the rendezvous, and
+        # the
         # record's collective numbers stay the job's own from its first collective on
         gather = self.originals["all_gather"]
         getattr(gather, "__scout_original__", gather)(every, mine, group=side)
@@ -173,7 +178,8 @@ class Runtime:
             signing.use_fallback()
             if self.rank == 0:
                 say(
-                    "scout: not every rank has xxhash: every rank signs with blake2b-64 (exact, slower)"
+                    "scout: not every rank has xxhash: every rank signs with blake2b-64 "
+                    "(exact, slower)"
                 )
 
     def _start_atrest(self, common: dict) -> None:
@@ -276,7 +282,8 @@ class Runtime:
             w.append(CheckpointWitness(self.checkpoint_watch))
         self.witnesses = w
 
-    # -- optimizer steps -----------------------------------------------------------------------------
+    # -- optimizer steps
+    # -----------------------------------------------------------------------------
 
     def before_step(self, optimizer: Any) -> None:
         if not self.banner_said:
@@ -361,13 +368,18 @@ class Runtime:
             self.write_coverage()
 
     def current_step(self) -> int:
-        """The optimizer step being computed now (1-based): forward, backward, and the replay before it."""
+        """The optimizer step being computed now (1-based): forward, backward, and the replay
+        before it.
+        """
         return self.writer.steps + 1 if self.writer is not None else 0
 
-    # -- the models ----------------------------------------------------------------------------------
+    # -- the models
+    # ----------------------------------------------------------------------------------
 
     def on_root(self, module: Any) -> None:
-        """A model (DDP or FSDP2 root) ran its first forward: votes, replay and compute faults attach."""
+        """A model (DDP or FSDP2 root) ran its first forward: votes, replay and compute faults
+        attach.
+        """
         w = self.writer
         if (
             w is not None
@@ -418,12 +430,14 @@ class Runtime:
         if smallest < 3 or c.optimizer_skipped:
             return ""
         return (
-            f"left to the state votes: every replica group has {smallest} or more ranks, so a change at rest "
+            f"left to the state votes: every replica group has {smallest} or more ranks, so a "
+            "change at rest "
             "persists into the next vote, which names the rank by majority"
         )
 
     def presigned(self, step: int, optimizer: Any) -> tuple[int, int] | None:
-        """The at-rest seal of `step`, for the state vote of the same step: unless the fault injector
+        """The at-rest seal of `step`, for the state vote of the same step: unless the fault
+        injector
         fired in between (it changes the state after the seal, before the vote, on purpose)."""
         fired = self.injector.fired_step if self.injector is not None else -1
         if self.atrest is None or fired == step or not self.guard.on("at-rest witness"):
@@ -437,7 +451,8 @@ class Runtime:
         if line:
             say(line)
 
-    # -- evidence ------------------------------------------------------------------------------------
+    # -- evidence
+    # ------------------------------------------------------------------------------------
 
     def _finding(self, name: str, kind: Any, summary: str, step: int = -1) -> None:
         run_dir = self.config.run_dir
@@ -478,7 +493,8 @@ class Runtime:
         self._finding(
             f"check-off-{slug}-rank-{self.rank}",
             FindingKind.CHECK_OFF,
-            f"{check} not run from step {self.current_step()} on rank {self.rank}: it failed inside "
+            f"{check} not run from step {self.current_step()} on rank {self.rank}: it failed "
+            "inside "
             f"scout ({why})",
             step=self.current_step(),
         )
@@ -510,13 +526,15 @@ class Runtime:
         )
 
     def write_coverage(self, *, force: bool = False) -> None:
-        """The lowest rank's record of which checks ran in this run (runs/N/votes.json), written when
+        """The lowest rank's record of which checks ran in this run (runs/N/votes.json), written
+        when
         a count changed: after a vote, a replay or a timing round, and at the end of training."""
         if self.rank == 0:
             self.guard.run("coverage record", self._write_coverage, force)
 
     def _write_coverage(self, force: bool) -> None:
-        # what each check did, also one the guard switched off (up to then); `checks_off` says which stopped
+        # what each check did, also one the guard switched off (up to then); `checks_off` says which
+        # stopped
         g = self.guard
         c, r, t, u, a = self.consensus, self.replay, self.timing, self.update, self.atrest
         at_rest_stopped = (a.off if a is not None else "") or (
@@ -572,12 +590,15 @@ class Runtime:
             ),
         )
 
-    # -- the end ---------------------------------------------------------------------------------------
+    # -- the end
+    # ---------------------------------------------------------------------------------------
 
     def end_of_training(self) -> None:
         """At destroy_process_group (every rank): the replicas vote on their state once more, so the
-        final model is checked even in a run shorter than K steps; the coverage record says what ran.
-        Not while an exception is being raised (a `finally:` after a failure: no collective then)."""
+        final model is checked even in a run shorter than K steps; the coverage record says what
+        ran.
+        Not while an exception is being raised (a `finally:` after a failure: no collective
+        then)."""
         c = self.consensus if self.guard.on("state vote") else None
         raised = sys.exc_info()[0]
         if raised is not None:
@@ -604,7 +625,8 @@ class Runtime:
                 )
             except Exception as exc:  # noqa: BLE001 - never break the job's teardown
                 self.final_vote = f"not made: {exc!r}"[:200]
-            # every rank is here only when this vote gathered them and none is leaving: then the timing of
+            # every rank is here only when this vote gathered them and none is leaving: then the
+            # timing of
             # the steps since the last round counts too
             if (
                 timing is not None
@@ -619,7 +641,8 @@ class Runtime:
                     self.final_vote += f"; the last timing round failed: {exc!r}"[:200]
         self.write_coverage(force=True)
         selfcost.write(self.config.run_dir, self.rank, self.restart)
-        # the models and optimizer scout held for this vote: freed before the groups go (a DDP object
+        # the models and optimizer scout held for this vote: freed before the groups go (a DDP
+        # object
         # alive during destroy_process_group can deadlock gloo's teardown: TORCH-FACTS)
         if self.consensus is not None:
             self.consensus.optimizer, self.consensus.modules = None, []
@@ -629,9 +652,11 @@ class Runtime:
 
     def release_side_groups(self) -> None:
         """After destroy_process_group(): drop scout's references to its side groups and free them
-        now, while the interpreter is whole. A gloo group still referenced at interpreter exit is torn
+        now, while the interpreter is whole. A gloo group still referenced at interpreter exit is
+        torn
         down during finalisation, where its worker threads can abort the process (SIGABRT,
-        pytorch/pytorch#179291). A later init_process_group starts votes, replay and timing afresh."""
+        pytorch/pytorch#179291). A later init_process_group starts votes, replay and timing
+        afresh."""
         self.consensus = self.replay = self.timing = self.atrest = self.update = None
         self.witnesses = []
         self.default_pg = None
@@ -642,7 +667,9 @@ class Runtime:
         gc.collect()
 
     def at_exit(self) -> None:
-        """The interpreter ends: a script that never called destroy_process_group got no final vote."""
+        """The interpreter ends: a script that never called destroy_process_group got no final
+        vote.
+        """
         if not self.final_vote and self.writer is not None:
             self.final_vote = "not made: the process ended without reaching destroy_process_group"
             self.write_coverage(force=True)

@@ -29,8 +29,10 @@ class Meter:
         self.steps = 0
         self.first_step_ns = 0
         self.last_step_ns = 0
-        # times scout's Python ran on a communication thread (gloo's), taking the GIL there: a bucket's
-        # record left as it completed. Over the whole run; none where DDP's own final callback waited.
+        # times scout's Python ran on a communication thread (gloo's), taking the GIL there: a
+        # bucket's
+        # record left as it completed. Over the whole run; none where DDP's own final callback
+        # waited.
         self.comm_thread_calls = 0
 
     def sample(self) -> bool:

@@ -62,14 +62,16 @@ class Timing:
         self.best_median: float | None = None
         self.state = Confirmation()
         self.rounds = 0
-        # the job's time since the last round, up to the end of the last optimizer step (what follows
+        # the job's time since the last round, up to the end of the last optimizer step (what
+        # follows
         # the last step, a final save or an evaluation, is not a step's time)
         self.acc_idle_ns = self.acc_busy_ns = 0
         self.last_decision: RoundDecision | None = None
         self.probing = rules.probe and world <= rules.probe_max_world
         if rules.probe and not self.probing and rank == 0:
             sys.stderr.write(
-                f"scout: timing votes every {rules.every} steps without the link probe: {world} ranks "
+                f"scout: timing votes every {rules.every} steps without the link probe: "
+                f"{world} ranks "
                 f"exceed SCOUT_TIMING_PROBE_MAX_WORLD={rules.probe_max_world}\n"
             )
 
@@ -118,7 +120,8 @@ class Timing:
             )  # the vote's own time is neither compute nor the job's collectives
 
     def final_round(self, step: int) -> bool:
-        """At the end of training (every rank, right after the end-of-training state vote, so all are
+        """At the end of training (every rank, right after the end-of-training state vote, so all
+        are
         here): the partial window since the last round is voted on too. False when there is none."""
         if not self.started or self.rules.every <= 0 or step <= self.last_step:
             return False
@@ -145,13 +148,15 @@ class Timing:
         ]
 
     def _probe(self, nodes: list[str]) -> tuple[list[float], list[float]]:
-        """Round trips with every peer on another node, one peer at a time (a round-robin schedule, so
+        """Round trips with every peer on another node, one peer at a time (a round-robin schedule,
+        so
         each rank is in one pair at once): a few bytes (latency) and a medium buffer sent both ways
         (bandwidth). Peers on this rank's own node are not probed: no link lies between them."""
         import torch
         import torch.distributed.distributed_c10d as c10d
 
-        # the side group's own send and recv (it spans every rank: group ranks are global ranks), not
+        # the side group's own send and recv (it spans every rank: group ranks are global ranks),
+        # not
         # torch.distributed's Python layer over them, whose checks and logging cost more than the
         # small exchange itself and would be timed with it
         pg = self.side if self.side is not None else c10d._get_default_group()
@@ -225,7 +230,8 @@ class Timing:
         if self.rank == 0 and self.rules.verbose:
             sys.stderr.write(
                 f"scout: timing round {self.rounds} at step {gstep}: {decision.outcome} "
-                f"{decision.ranks} {decision.nodes}; {'; '.join(decision.reasons)} ({took * 1000:.1f} ms)\n"
+                f"{decision.ranks} {decision.nodes}; {'; '.join(decision.reasons)} "
+                f"({took * 1000:.1f} ms)\n"
             )
         if not outcome.confirmed and not outcome.transient:
             return
@@ -292,8 +298,10 @@ class Timing:
                     component="compute",
                     details=details,
                     summary=(
-                        f"rank {r} on {nodes[r] if r < len(nodes) else '?'} is a compute straggler: "
-                        f"{t.compute_s:.3f} s/step of compute against the median {med:.3f} s; {rounds}"
+                        f"rank {r} on {nodes[r] if r < len(nodes) else '?'} is a compute "
+                        "straggler: "
+                        f"{t.compute_s:.3f} s/step of compute against the median {med:.3f} s; "
+                        f"{rounds}"
                     ),
                 ),
             )
@@ -311,7 +319,8 @@ class Timing:
                         component="communication",
                         details=details,
                         summary=(
-                            f"node {node} (rank {r}) is a communication straggler: every link probe to it is "
+                            f"node {node} (rank {r}) is a communication straggler: every link "
+                            "probe to it is "
                             f"slow while compute times are alike; {rounds}"
                         ),
                     ),
@@ -332,7 +341,8 @@ class Timing:
                     step=step,
                     component="timing",
                     details=details,
-                    summary=f"timing vote at step {step}: {what}; nobody named (inconclusive); {rounds}",
+                    summary=f"timing vote at step {step}: {what}; nobody named (inconclusive); "
+                    f"{rounds}",
                 ),
             )
 
@@ -353,7 +363,8 @@ class Timing:
                 step=step,
                 component="timing",
                 summary=(
-                    f"rank {r} was slow in one timing round only (a one-off stall, e.g. waiting for input), "
+                    f"rank {r} was slow in one timing round only (a one-off stall, e.g. "
+                    "waiting for input), "
                     f"not in the round that ended at step {step}: not a straggler"
                 ),
             ),

@@ -67,7 +67,8 @@ def plan_segments(
 ) -> tuple[list[tuple[int, int, int]], int]:
     """(param index, lo, hi) slices of the rank's parameters (flat element counts `sizes`) from
     `cursor` (an offset over all of them), at most `budget` elements (at least one slice, at most
-    every element once), slice starts aligned to ALIGN within their tensor; and the next cursor (pure)."""
+    every element once), slice starts aligned to ALIGN within their tensor; and the next cursor
+    (pure)."""
     total = sum(sizes)
     if total == 0:
         return [], 0
@@ -171,7 +172,8 @@ class UpdateReplay:
             smallest >= 3
         ):  # not said in the job's output (the common case); the coverage record omits it
             self.off = (
-                f"every shard has {smallest} or more replicas: their state votes name a wrong update; "
+                f"every shard has {smallest} or more replicas: their state votes name a wrong "
+                "update; "
                 "SCOUT_UPDATE_REPLAY=on replays it anyway"
             )
         else:
@@ -268,7 +270,9 @@ class UpdateReplay:
         }
 
     def _training_signature(self, cap: dict) -> int:
-        """What the step wrote over the captured slice, signed (the source, right after its step)."""
+        """What the step wrote over the captured slice, signed (the source, right after its
+        step).
+        """
         from scout_slurm.bootstrap.signing import state_signature
 
         opt = cap["opt"]
@@ -396,7 +400,8 @@ class UpdateReplay:
                 }
                 if state:
                     opt.state[q] = state
-            # the step as the class defines it, without optimizer hooks (scout's own, the job's global ones)
+            # the step as the class defines it, without optimizer hooks (scout's own, the job's
+            # global ones)
             step_fn = getattr(type(opt).step, "__wrapped__", type(opt).step)
             with torch.no_grad():
                 step_fn(opt)
@@ -406,7 +411,8 @@ class UpdateReplay:
                 ):  # the fault injector's persistent update fault, on this rank
                     self.corrupt(step, seg["param"], seg["lo"], q.data)
                 done.append((seg, q, opt))
-        # signed as the source signs its training-time result: segment by segment, parameter then state
+        # signed as the source signs its training-time result: segment by segment, parameter then
+        # state
         order = {id(seg): i for i, seg in enumerate(meta["segments"])}
         out = []
         for seg, q, opt in sorted(done, key=lambda d: order[id(d[0])]):
@@ -472,7 +478,8 @@ class UpdateReplay:
             for r, s in enumerate(recomputed)
         )
         details = (
-            f"optimizer update replay: {meta['cls']} over {elements} elements of rank {src}'s parameters "
+            f"optimizer update replay: {meta['cls']} over {elements} elements of rank {src}'s "
+            "parameters "
             f"({len(meta['segments'])} slices), kept before its step {gstep} and recomputed by all "
             f"{self.world} ranks",
             f"recomputations {sigs}; rank {src}'s training-time result {training:016x}",
@@ -487,7 +494,8 @@ class UpdateReplay:
                         node="",
                         kind=FindingKind.NO_MAJORITY,
                         at=now,
-                        summary=f"optimizer update of rank {src} at step {gstep}: inconclusive: {why}",
+                        summary=f"optimizer update of rank {src} at step {gstep}: inconclusive: "
+                        f"{why}",
                         details=details,
                         step=gstep,
                         since_step=gstep,
@@ -505,19 +513,24 @@ class UpdateReplay:
                 == next((s for q, s in enumerate(recomputed) if q != r and s is not None), None)
             ):
                 what = (
-                    f"rank {r}'s optimizer update at step {gstep} differs from every recomputation of it "
-                    f"(all {self.world} ranks, its own included, agree): a fault in its update as it ran "
+                    f"rank {r}'s optimizer update at step {gstep} differs from every "
+                    "recomputation of it "
+                    f"(all {self.world} ranks, its own included, agree): a fault in its "
+                    "update as it ran "
                     "in training"
                 )
             elif r == src:
                 what = (
-                    f"rank {r}'s optimizer update at step {gstep} and its own recomputation of it differ "
+                    f"rank {r}'s optimizer update at step {gstep} and its own recomputation "
+                    "of it differ "
                     "from the other ranks' recomputations: a fault in its update, repeated"
                 )
             else:
                 what = (
-                    f"rank {r}'s recomputation of rank {src}'s optimizer update at step {gstep} differs from "
-                    "the majority of the ranks': a fault in its compute, which its own updates share"
+                    f"rank {r}'s recomputation of rank {src}'s optimizer update at step "
+                    f"{gstep} differs from "
+                    "the majority of the ranks': a fault in its compute, which its own "
+                    "updates share"
                 )
             records.append(
                 (
@@ -529,10 +542,12 @@ class UpdateReplay:
                         at=now,
                         summary=what
                         + (
-                            f"; its state may be wrong since step {since} (its last update replay that "
+                            f"; its state may be wrong since step {since} (its last update "
+                            "replay that "
                             f"passed was at step {last})"
                             if last >= 0
-                            else f"; no earlier update replay of it passed in this run (from step {since})"
+                            else "; no earlier update replay of it passed in this run (from step "
+                            f"{since})"
                         ),
                         details=details,
                         step=gstep,
@@ -551,8 +566,10 @@ class UpdateReplay:
                         kind=FindingKind.SDC,
                         at=now,
                         summary=(
-                            f"rank {r}'s optimizer update at step {at} differed from every recomputation of it; "
-                            f"named at step {gstep}, when a round agreed (the recomputation is faithful)"
+                            f"rank {r}'s optimizer update at step {at} differed from every "
+                            "recomputation of it; "
+                            f"named at step {gstep}, when a round agreed (the recomputation "
+                            "is faithful)"
                         ),
                         details=details,
                         step=at,

@@ -97,7 +97,8 @@ def broadcast_packed(
     """`meta` and `tensors` from `src` to every rank (every rank calls it; only `src`'s arguments
     count). Returns (meta, tensors, payload bytes), the source's own tensors on the source, or
     None on every rank when the source had nothing (meta None). A source that cannot pack them
-    tells the others there is nothing (none is left waiting for a payload), then raises PackError."""
+    tells the others there is nothing (none is left waiting for a payload), then raises
+    PackError."""
     import torch
 
     head = torch.zeros(3, dtype=torch.int64)

@@ -10,8 +10,10 @@ from typing import Sequence
 
 # The definition: a tail is a cascade when any of its lines matches this.
 CASCADE_PATTERNS = re.compile(
-    r"Connection closed by peer|Connection reset by peer|Timed out waiting|pair closure|Broken pipe|"
-    r"remote process exited|NCCL (communicator was aborted|error)|ProcessGroupNCCL.*(timeout|abort)|"
+    r"Connection closed by peer|Connection reset by peer|Timed out waiting|pair "
+    r"closure|Broken pipe|"
+    r"remote process exited|NCCL (communicator was "
+    r"aborted|error)|ProcessGroupNCCL.*(timeout|abort)|"
     r"DistBackendError|connectFullMesh|Socket Timeout|recv operation|send operation|"
     r"Application timeout caused|watchdog caught collective operation timeout",
     re.I,

@@ -88,7 +88,8 @@ def _check_open_file(fd: int, note: CheckpointNote, digest_budget: int) -> FileC
             None, size_only=True
         )  # larger than any hook re-reads: size and presence only
     if st.st_size > digest_budget:
-        # "verified" must mean verified: a file a hook could hash is not eligible unhashed (else twelve
+        # "verified" must mean verified: a file a hook could hash is not eligible unhashed (else
+        # twelve
         # planted copies of one file would spend the budget and make the rest pass by size alone)
         return FileCheck(
             f"{path}: not verified: its sha256 was not re-read, the hashing budget was spent "
@@ -181,7 +182,9 @@ def note_digest(note: CheckpointNote) -> str:
 
 
 def list_checkpoint_notes(folder) -> list[tuple[str, CheckpointNote]]:
-    """The job's checkpoint notes with their file names in checkpoints/ (unreadable ones left out)."""
+    """The job's checkpoint notes with their file names in checkpoints/ (unreadable ones left
+    out).
+    """
     from scout_slurm.errors import EvidenceError
     from scout_slurm.evidence.store import list_named_records
 

@@ -131,18 +131,21 @@ def build_node_digest(
     if tasks is None:
         return (
             None,
-            "no digest: the job left no list of this node's ranks (started without scout-srun, or by torchrun)",
+            "no digest: the job left no list of this node's ranks (started without "
+            "scout-srun, or by torchrun)",
         )
     if (tasks.job_id, tasks.restart, tasks.node) != (folder.job_id, restart, node):
         return None, (
-            f"no digest: the tasks file names job {tasks.job_id}, run {tasks.restart}, node {tasks.node!r}, "
+            f"no digest: the tasks file names job {tasks.job_id}, run {tasks.restart}, node "
+            f"{tasks.node!r}, "
             f"not job {folder.job_id}, run {restart}, node {node!r}"
         )
     ranks = sorted({r for r in tasks.ranks if 0 <= r < MAX_WORLD})
     if not ranks or len(ranks) > MAX_TASKS_PER_NODE:
         return (
             None,
-            f"no digest: the tasks file lists {len(tasks.ranks)} ranks (1 to {MAX_TASKS_PER_NODE} expected)",
+            f"no digest: the tasks file lists {len(tasks.ranks)} ranks (1 to "
+            f"{MAX_TASKS_PER_NODE} expected)",
         )
     rings = _Rings()
     rows: list[DigestedRank] = []
@@ -195,7 +198,8 @@ def build_node_digest(
     if not rows:
         return (
             None,
-            f"no digest: none of the {len(ranks)} listed ranks has a place record of its own on this node",
+            f"no digest: none of the {len(ranks)} listed ranks has a place record of its own "
+            "on this node",
         )
     note = f"{len(rows)} rank(s) digested" + (
         f"; left to the controller: ranks {left[:20]}" if left else ""
@@ -316,7 +320,8 @@ def read_node_digests(folder: JobFolder, restart: int) -> DigestsRead:
                 st = os.fstat(node_fd)
                 if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
                     problems.append(
-                        f"{os.path.join(shown_dir, node)}: not root's folder; its digest is not read"
+                        f"{os.path.join(shown_dir, node)}: not root's folder; its digest is "
+                        "not read"
                     )
                     continue
                 try:
@@ -334,7 +339,8 @@ def read_node_digests(folder: JobFolder, restart: int) -> DigestsRead:
                 continue
             if (digest.job_id, digest.restart, digest.node) != (folder.job_id, restart, node):
                 problems.append(
-                    f"{shown}: names job {digest.job_id}, run {digest.restart}, node {digest.node!r}; "
+                    f"{shown}: names job {digest.job_id}, run {digest.restart}, node "
+                    f"{digest.node!r}; "
                     "not this job's: not read"
                 )
                 continue
@@ -355,7 +361,8 @@ def read_node_digests(folder: JobFolder, restart: int) -> DigestsRead:
                     continue
                 if r in claimed:
                     problems.append(
-                        f"rank {r} is in the digests of {claimed[r]} and {node}: its files are read instead"
+                        f"rank {r} is in the digests of {claimed[r]} and {node}: its files "
+                        "are read instead"
                     )
                     refused.add(r)
                     continue

@@ -8,7 +8,8 @@ with one pwrite and no fsync. The function that reaches outside is `HistoryWrite
 
 Layout (little-endian): header magic, version, slot size, slot count; then slots of
 seq (1-based, 0 = never written), child state, flags, collectives entered but not completed,
-wall clock, optimizer steps, collectives completed, crc32 of the slot. A torn or forged slot fails its crc and is dropped by the reader.
+wall clock, optimizer steps, collectives completed, crc32 of the slot. A torn or forged slot fails
+its crc and is dropped by the reader.
 """
 
 from __future__ import annotations

@@ -258,7 +258,8 @@ _AER_SEVERITY = re.compile(
     r"(?P<sev>Uncorrect(?:ed|able) \((?:Non-)?Fatal\)|Correct(?:ed|able))"
     r"(?:, type=| error (?:message )?received)"
 )
-# a network driver's netdev_printk: "<driver> <bdf> <ifname>: [<driver>: <ifname> ][NIC ]Link is Down"
+# a network driver's netdev_printk: "<driver> <bdf> <ifname>: [<driver>: <ifname> ][NIC ]Link is
+# Down"
 _LINK_DOWN = re.compile(r"^(?:[\w-]{1,32}: [\w.@-]{1,16} )?(?:NIC )?Link is Down\b")
 
 

@@ -102,7 +102,9 @@ class JobFolder:
 
     @property
     def results_dir(self) -> Path:
-        """The controller's outcome of each run: owned by SlurmUser, which may write nothing else here."""
+        """The controller's outcome of each run: owned by SlurmUser, which may write nothing else
+        here.
+        """
         return self.path / "results"
 
     @property
@@ -114,7 +116,9 @@ class JobFolder:
         return self.pending_dir / f"{self.job_id}-{int(restart)}.json"
 
     def lock_path(self, restart: int) -> Path:
-        """Held (flock) by the hook that handles run `restart`; the kernel frees it when that hook dies."""
+        """Held (flock) by the hook that handles run `restart`; the kernel frees it when that
+        hook dies.
+        """
         return self.results_dir / f"lock-{int(restart)}"
 
     def verdict_path(self, restart: int) -> Path:
@@ -154,7 +158,9 @@ class JobFolder:
         return self.run(restart).coverage_path
 
     def task_log_path(self, restart: int, rank: int) -> Path:
-        """The task shim's and its watchdog's own log (JSON lines, bounded): not the job's output."""
+        """The task shim's and its watchdog's own log (JSON lines, bounded): not the job's
+        output.
+        """
         return self.run(restart).task_log_path(rank)
 
     def progress_path(self, restart: int, rank: int) -> Path:
@@ -172,7 +178,9 @@ class JobFolder:
         return self.run(restart).rendezvous_path(step_id)
 
     def first_collective_path(self, restart: int, step_id: int) -> Path:
-        """A rank of job step `step_id` entered the job's first collective (records.RendezvousMark)."""
+        """A rank of job step `step_id` entered the job's first collective
+        (records.RendezvousMark).
+        """
         return self.run(restart).first_collective_path(step_id)
 
     def node_tasks_path(self, restart: int, node: str) -> Path:
@@ -231,7 +239,9 @@ class JobFolder:
 
 @dataclass(frozen=True)
 class RunFolder:
-    """`<job>/run-<restart>/`: what the job writes during one run (untrusted input for the hooks)."""
+    """`<job>/run-<restart>/`: what the job writes during one run (untrusted input for the
+    hooks).
+    """
 
     path: Path
 
@@ -301,7 +311,9 @@ class RunFolder:
         return self.path / "votes.json"
 
     def task_log_path(self, rank: int) -> Path:
-        """The task shim's and its watchdog's own log (JSON lines, bounded): not the job's output."""
+        """The task shim's and its watchdog's own log (JSON lines, bounded): not the job's
+        output.
+        """
         return self.ranks_dir / f"log-{int(rank)}.jsonl"
 
     def progress_path(self, rank: int) -> Path:
@@ -320,7 +332,9 @@ class RunFolder:
         return self.progress_dir / f"rendezvous-step-{int(step_id)}.json"
 
     def first_collective_path(self, step_id: int) -> Path:
-        """A rank of job step `step_id` entered the job's first collective (records.RendezvousMark)."""
+        """A rank of job step `step_id` entered the job's first collective
+        (records.RendezvousMark).
+        """
         return self.progress_dir / f"first-collective-step-{int(step_id)}.json"
 
     def node_tasks_path(self, node: str) -> Path:

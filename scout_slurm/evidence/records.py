@@ -34,7 +34,8 @@ class FindingKind(str, enum.Enum):
     FAULT_INJECTED = (
         "fault_injected"  # the bootstrap injected a test fault (lab, acceptance, benchmarks)
     )
-    CHECK_OFF = "check_off"  # one of scout's checks failed inside scout and was switched off (bootstrap.guard)
+    # one of scout's checks failed inside scout and was switched off (bootstrap.guard)
+    CHECK_OFF = "check_off"
     # the run loaded a checkpoint scout had rejected (corrupt, changed, saved after the first
     # suspect step): whatever it computes from there is suspect (bootstrap/ckptstate.py)
     TAINTED = "tainted"
@@ -76,7 +77,9 @@ def resume_outcome(summary: str) -> ResumeOutcome:
 
 
 class VoteOutcome(str, enum.Enum):
-    """What one vote among ranks decided (state and replay votes, the non-finite vote, timing spreads)."""
+    """What one vote among ranks decided (state and replay votes, the non-finite vote, timing
+    spreads).
+    """
 
     AGREE = "agree"  # every replica gave the same value
     SDC = "sdc"  # a strict minority of replicas differs: named
@@ -324,7 +327,8 @@ class Suspect:
 @dataclass(frozen=True)
 class VoteCoverage:
     """Written by the lowest rank after every round of scout's checks in a run (runs/N/votes.json):
-    which checks ran and how far they saw the run sound. Verdicts and checkpoint records quote it."""
+    which checks ran and how far they saw the run sound. Verdicts and checkpoint records quote
+    it."""
 
     KIND: ClassVar[str] = "vote-coverage"
     restart: int
@@ -347,7 +351,8 @@ class VoteCoverage:
         None  # at-rest witness windows so far (None: off, or a record from before it)
     )
     at_rest_stopped: str = ""  # why the witness stopped during the run ("": it ran on)
-    # scout's checks the guard switched off on the lowest rank ("check: why": a failure of scout's own
+    # scout's checks the guard switched off on the lowest rank ("check: why": a failure of scout's
+    # own
     # code, or an exchange with the other ranks that failed)
     checks_off: tuple[str, ...] = ()
     schema_version: int = 2
@@ -375,7 +380,10 @@ class VoteCoverage:
             )
         )
         if self.votes and self.replicas == 1:
-            votes += " (no replicas to compare: every rank holds a state of its own, so nothing was compared)"
+            votes += (
+                " (no replicas to compare: every rank holds a state of its own, so nothing was "
+                "compared)"
+            )
         out = [votes]
         if self.final_vote:
             out.append(f"end-of-training vote: {self.final_vote}")
@@ -427,7 +435,8 @@ class ScoutCost:
     )
     wrapper_calls: int  # collectives recorded over those steps
     step_wall_ns: int  # wall time of those steps (from the end of the first to the end of the last)
-    comm_thread_calls: int = 0  # times scout's Python ran on gloo's threads (over the whole run; each takes the GIL there)
+    # times scout's Python ran on gloo's threads (over the whole run; each takes the GIL there)
+    comm_thread_calls: int = 0
     schema_version: int = 1
 
     @property
@@ -455,7 +464,8 @@ class Verdict:
     first_suspect_step: int  # -1 when unknown
     world_size: int
     created_at: float
-    # which of scout's checks ran in the run (None: no record of any, e.g. an older job or votes off)
+    # which of scout's checks ran in the run (None: no record of any, e.g. an older job or votes
+    # off)
     coverage: VoteCoverage | None = None
     # what the failure came from and the evidence that decided it (version 2)
     cause: Cause = Cause.UNKNOWN
@@ -521,7 +531,8 @@ class CoverageSince:
 
 @dataclass(frozen=True)
 class CheckpointNote:
-    """A checkpoint the training process wrote (seen through torch.save, torch.distributed.checkpoint
+    """A checkpoint the training process wrote (seen through torch.save,
+    torch.distributed.checkpoint
     or the explicit call), and the eligibility evidence recorded with it. Version 1 records (path,
     digest and versions only) are still read: the later fields then keep their defaults."""
 
@@ -553,7 +564,9 @@ class CheckpointNote:
 
     @property
     def agreement_kind(self) -> Agreement:
-        """The outcome `agreement` opens with (the rest of the text says where replicas differed)."""
+        """The outcome `agreement` opens with (the rest of the text says where replicas
+        differed).
+        """
         for kind in (Agreement.DISAGREED, Agreement.AGREED, Agreement.NOT_EXCHANGED):
             if self.agreement.startswith(kind.value):
                 return kind
@@ -593,7 +606,9 @@ class CheckpointChecks:
 
 @dataclass(frozen=True)
 class JobEvidence:
-    """One run's records as gathered from the job folder (evidence/gather.py): the localiser's input."""
+    """One run's records as gathered from the job folder (evidence/gather.py): the localiser's
+    input.
+    """
 
     job_id: int
     restart: int

@@ -103,7 +103,8 @@ def _ran_under_scout(folder: JobFolder, restart: int) -> bool:
 def _check_checkpoints(folder: JobFolder, ctx, cfg: EpilogConfig) -> None:
     """The job's checkpoints, checked as the job's own user within the budget, into a root-owned
     record the controller decides from (hooks/ckptcheck.py): no privileged code opens a path a job
-    named. Before epilog.json, which the controller waits for. Failing here costs only eligibility."""
+    named. Before epilog.json, which the controller waits for. Failing here costs only
+    eligibility."""
     from scout_slurm.hooks.ckptcheck import write_checkpoint_checks
 
     try:

@@ -49,7 +49,8 @@ def slurm_user_owner(name: str, log: Any) -> Owner:
             "prolog.no_slurm_user",
             slurm_user=name,
             using="root",
-            consequence="a controller Epilog that does not run as root cannot read or write this job's evidence",
+            consequence="a controller Epilog that does not run as root cannot read or write this "
+            "job's evidence",
         )
         return Owner(0, 0, RESULTS_DIR_MODE)
     return Owner(pw.pw_uid, pw.pw_gid, RESULTS_DIR_MODE)
@@ -269,7 +270,8 @@ def _run(
 
 
 def _write_ib_baseline(folder: JobFolder, ctx: HookContext, log: Any) -> None:
-    """The InfiniBand error counters at the job's start, for the root checks' deltas (hooks/rootcheck.py);
+    """The InfiniBand error counters at the job's start, for the root checks' deltas
+    (hooks/rootcheck.py);
     nothing on a node without InfiniBand."""
     from scout_slurm.hooks.rootcheck import IbBaseline, IbCounter, ib_counters
 

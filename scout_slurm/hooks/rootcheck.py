@@ -398,7 +398,9 @@ def check_nvml(timeout_s: float) -> CheckOutcome:
 
 
 def dcgmi_failures(output: str) -> tuple[RootFinding, ...]:
-    """The failed tests of `dcgmi diag -r 1` text output (pure): lines like `| Deployment | Fail |`."""
+    """The failed tests of `dcgmi diag -r 1` text output (pure): lines like `| Deployment | Fail
+    |`.
+    """
     out = []
     for line in output.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]

@@ -139,7 +139,9 @@ class MapBuilder:
 
     # -- reading -------------------------------------------------------------------------------
     def snapshot(self, extra_problems: tuple[str, ...] = ()) -> HardwareMap:
-        """The map as gathered so far, plus `extra_problems` (e.g. why the caller stopped waiting)."""
+        """The map as gathered so far, plus `extra_problems` (e.g. why the caller stopped
+        waiting).
+        """
         now = self.clock()
         with self._lock:
             f = dict(self._fields)

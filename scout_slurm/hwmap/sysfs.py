@@ -378,7 +378,9 @@ def _guid(text: str | None) -> str:
 
 
 def read_ib_ports(sysfs_root: Path) -> tuple[tuple[IbPort, ...], tuple[str, ...]]:
-    """Every port of every HCA in /sys/class/infiniband (none, quietly, when the class is absent)."""
+    """Every port of every HCA in /sys/class/infiniband (none, quietly, when the class is
+    absent).
+    """
     problems: Problems = []
     class_ib = Path(sysfs_root) / "class" / "infiniband"
     ports = []

@@ -155,7 +155,9 @@ def _decision_records(
 
 
 def past_incidents(root: Path, cluster: str, *, since: float) -> list[PastIncident]:
-    """The earlier incidents the drain rule counts: those where it ran (drained or watched a node)."""
+    """The earlier incidents the drain rule counts: those where it ran (drained or watched a
+    node).
+    """
     return [
         PastIncident(
             job_id=r.job_id,
@@ -262,7 +264,8 @@ def render_suspects(rows: list[SuspectRow]) -> str:
     lines = []
     for r in rows:
         lines.append(
-            f"{r.what} {r.name}: {r.status}; {len(r.incidents)} incident(s) from {len(r.users)} user(s) "
+            f"{r.what} {r.name}: {r.status}; {len(r.incidents)} incident(s) from "
+            f"{len(r.users)} user(s) "
             f"({', '.join(r.users)}); kinds {', '.join(r.kinds)}"
         )
         for i in r.incidents:

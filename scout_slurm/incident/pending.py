@@ -5,7 +5,8 @@ While a hook handles run N of a job it holds an flock on `results/lock-N` (the k
 the hook dies, however it dies) and keeps a marker `<root>/<cluster>/pending/<job>-<N>.json`
 holding the hook's context; the marker goes when the plan reached an end. Every later controller
 run on the cluster, for any job, looks at the markers whose lock nobody holds and completes those
-incidents, through the same stages (incident/run.py `handle`) and the same actions record, so nothing is done twice.
+incidents, through the same stages (incident/run.py `handle`) and the same actions record, so
+nothing is done twice.
 The functions that reach outside are `held_lock`, `write_marker`, `remove_marker`, `list_markers`.
 """
 
@@ -184,7 +185,8 @@ def due(
     max_age_s: float,
 ) -> tuple[list[PendingIncident], list[PendingIncident]]:
     """(to complete, too old to complete) among the markers (pure): not the current incident, old
-    enough that its own hook had time to take the lock, young enough that Slurm still knows the job."""
+    enough that its own hook had time to take the lock, young enough that Slurm still knows the
+    job."""
     todo, stale = [], []
     for m in markers:
         if (m.job_id, m.restart) == current:
@@ -205,6 +207,7 @@ def abandon(folder: JobFolder, marker: PendingIncident, *, now: float) -> None:
         restart=marker.restart,
         age_s=round(now - marker.since),
         holder=marker.holder,
-        consequence="the incident stays as its records are; rerun `scout-epilog-slurmctld` by hand if needed",
+        consequence="the incident stays as its records are; rerun `scout-epilog-slurmctld` by "
+        "hand if needed",
     )
     remove_marker(dataclasses.replace(folder, job_id=marker.job_id), marker.restart)

@@ -78,7 +78,8 @@ def _stages(incident: Incident, root_check_here: RootCheckHere | None) -> Action
         found = gather.evidence(incident)
         if _clean(incident, found):
             return None
-    # from here on an incident: if this hook dies, the next controller run on the cluster completes it
+    # from here on an incident: if this hook dies, the next controller run on the cluster completes
+    # it
     write_marker(
         folder, PendingIncident.of(ctx, since=incident.clock.wall(), holder=incident.holder)
     )

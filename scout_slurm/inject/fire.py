@@ -58,7 +58,8 @@ class Injector:
         if not self.update_said:
             self.update_said = True
             self.say(
-                f"scout: injecting fault {fault.kind} into the optimizer update on rank {self.rank} at step "
+                f"scout: injecting fault {fault.kind} into the optimizer update on rank "
+                f"{self.rank} at step "
                 f"{step}: param0{what}"
             )
             self.record(fault)
@@ -77,19 +78,22 @@ class Injector:
         self.record(fault)
         FIRE[fault.kind](self, optimizer)
 
-    # -- compute faults (fired by hooks on a layer, bootstrap.replay.attach_compute_fault) -----------
+    # -- compute faults (fired by hooks on a layer, bootstrap.replay.attach_compute_fault)
+    # -----------
 
     def compute_fired_once(self, what: str, step: int) -> None:
         self.compute_fired += 1
         if self.compute_fired == 1:  # a recurring fault fires every step: said and recorded once
             self.say(
-                f"scout: injecting fault {self.fault.kind} into {self.fault.target} on rank {self.rank} at step "
+                f"scout: injecting fault {self.fault.kind} into {self.fault.target} on rank "
+                f"{self.rank} at step "
                 f"{step}: {what}"
             )
             self.record(self.fault)
 
     def corrupt_recomputed_update(self, step: int, param: int, lo: int, t: Any) -> None:
-        """The same fault in this rank's recomputation of an update (scout's update replay), unless it
+        """The same fault in this rank's recomputation of an update (scout's update replay), unless
+        it
         is transient: a faulty unit computes every update wrongly, its own and others' alike."""
         fault = self.fault
         if fault.target != "update" or fault.transient or param != 0 or not self.applies(step):
@@ -114,7 +118,8 @@ def _corrupt_state(inj: Injector, optimizer: Any) -> None:
         tensors = optimizer_tensors(optimizer)
         if not tensors:
             inj.say(
-                "scout: corrupted nothing: the optimizer has no state tensors (e.g. SGD without momentum)"
+                "scout: corrupted nothing: the optimizer has no state tensors (e.g. SGD "
+                "without momentum)"
             )
             return
         name, t = tensors[0]

@@ -1,4 +1,5 @@
-"""Parse a fault specification (pure): `KIND[,rank=R|all][,step=S][,seconds=X][,code=C][,restart=N|any]`.
+"""Parse a fault specification (pure):
+`KIND[,rank=R|all][,step=S][,seconds=X][,code=C][,restart=N|any]`.
 
 Kinds for process faults: sleep, spin, stop, skip_allreduce, exit, sigkill, segv, raise.
 The fault fires after optimizer step S (1-based) on rank R. Numerical faults may recur
@@ -26,8 +27,10 @@ TIMING_FAULTS = ("delay", "input_stall")
 # numerical faults: change one element of a tensor the replicas must share
 NUMERIC_FAULTS = ("bitflip", "scale", "sign", "nan", "inf", "noise")
 STATE_TARGETS = ("weights", "optimizer")
-# corrupt what a layer computes, not what it stores; local_gradients: this rank's own gradient of the
-# layer's first weight, before the all-reduce (a noisy or doubled local gradient; replay never sees it)
+# corrupt what a layer computes, not what it stores; local_gradients: this rank's own gradient of
+# the
+# layer's first weight, before the all-reduce (a noisy or doubled local gradient; replay never sees
+# it)
 COMPUTE_TARGETS = ("activations", "gradients", "local_gradients")
 # what the optimizer step computes on this rank (fired as the step ends, before scout's seal)
 UPDATE_TARGET = "update"
@@ -116,7 +119,8 @@ def parse_fault(text: str) -> FaultSpec:
     unknown = set(values) - valid
     if unknown:
         raise ConfigError(
-            f"SCOUT_INJECT={text!r}: unknown key(s) {sorted(unknown)}; valid: {', '.join(sorted(valid))}"
+            f"SCOUT_INJECT={text!r}: unknown key(s) {sorted(unknown)}; valid: "
+            f"{', '.join(sorted(valid))}"
         )
     try:
         rank = None if values.get("rank", "all") == "all" else int(values["rank"])

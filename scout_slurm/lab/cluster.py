@@ -252,7 +252,9 @@ def lab_site_config(spec: LabSpec) -> SiteConfig:
 
 
 def check_binaries(view: Path | None = None) -> dict[str, list[str]]:
-    """argv prefix of each daemon and tool the lab starts: the host's, or `chroot VIEW /usr/sbin/X`."""
+    """argv prefix of each daemon and tool the lab starts: the host's, or `chroot VIEW
+    /usr/sbin/X`.
+    """
     if view is not None:
         chroot = shutil.which("chroot", path="/usr/sbin:/usr/bin:/sbin:/bin") or "/usr/sbin/chroot"
         return {
@@ -274,7 +276,8 @@ def check_binaries(view: Path | None = None) -> dict[str, list[str]]:
         raise LabError(
             "Slurm or munge is not installed: missing "
             + ", ".join(missing)
-            + ". Install with: apt-get install -y --no-install-recommends slurm-wlm slurmctld slurmd "
+            + ". Install with: apt-get install -y --no-install-recommends slurm-wlm slurmctld "
+            "slurmd "
             "slurm-client munge"
         )
     return found
@@ -290,7 +293,8 @@ def check_netns_binaries() -> dict[str, str]:
             missing.append(name)
     if missing:
         raise LabError(
-            f"lab --netns needs {', '.join(missing)} (Debian packages iproute2, util-linux, hostname, "
+            f"lab --netns needs {', '.join(missing)} (Debian packages iproute2, util-linux, "
+            "hostname, "
             f"mount); {_DEFAULT_MODE_HINT}"
         )
     return found
@@ -584,7 +588,8 @@ def _processes_in_root(view: Path) -> list[int]:
 
 
 def free_port_base(count: int, lo: int = 20000, hi: int = 30000) -> int:
-    """A block of `count` free local ports in [lo, hi) for a lab's slurmctld and slurmds. Labs that run
+    """A block of `count` free local ports in [lo, hi) for a lab's slurmctld and slurmds. Labs that
+    run
     side by side (tests, benchmarks, acceptance) use separate ranges, below the ephemeral ports."""
     import random
 
@@ -599,7 +604,9 @@ def free_port_base(count: int, lo: int = 20000, hi: int = 30000) -> int:
 
 
 def _port_in_use(port: int) -> bool:
-    """Whether something listens on 127.0.0.1:port (SO_REUSEADDR: a TIME_WAIT leftover is not a clash)."""
+    """Whether something listens on 127.0.0.1:port (SO_REUSEADDR: a TIME_WAIT leftover is not a
+    clash).
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -693,7 +700,8 @@ def _check_netns_privileges() -> None:
     ]
     if lacking:
         raise LabError(
-            f"lab --netns needs root with CAP_NET_ADMIN and CAP_SYS_ADMIN (network namespaces, a bridge, "
+            "lab --netns needs root with CAP_NET_ADMIN and CAP_SYS_ADMIN (network "
+            "namespaces, a bridge, "
             f"veth pairs, a private /etc/hosts mount); this process lacks {' and '.join(lacking)}; "
             + _DEFAULT_MODE_HINT
         )
@@ -748,7 +756,9 @@ def _ensure_unreachable_route(ip: str) -> None:
 
 
 def _netns_up(ip: str, plan: dict) -> None:
-    """Route, bridge, one namespace and veth pair per node. The caller removes a half-built network."""
+    """Route, bridge, one namespace and veth pair per node. The caller removes a half-built
+    network.
+    """
     _ensure_unreachable_route(ip)
     nodes = plan["nodes"]
     first = next(iter(nodes.values()))
@@ -761,7 +771,8 @@ def _netns_up(ip: str, plan: dict) -> None:
     )
     if proc.returncode != 0:
         raise LabError(
-            f"lab --netns: this machine refuses network namespaces (`ip netns add {first['netns']}` "
+            "lab --netns: this machine refuses network namespaces (`ip netns add "
+            f"{first['netns']}` "
             f"exited {proc.returncode}: {proc.stderr.strip()[:300]}); " + _DEFAULT_MODE_HINT
         )
     bridge = plan["bridge"]
@@ -827,7 +838,8 @@ class Lab:
 
     @property
     def users(self) -> dict:
-        """As whom this lab runs: {"slurm_user": ..., "job_users": [...], "why_root": ...}, read from
+        """As whom this lab runs: {"slurm_user": ..., "job_users": [...], "why_root": ...}, read
+        from
         lab.json (what `up()` could set up, not only what the spec asked for)."""
         info = self._read_lab_json().get("users")
         if isinstance(info, dict):
@@ -836,7 +848,9 @@ class Lab:
 
     @property
     def job_user(self) -> str:
-        """The unprivileged user that submits the lab's jobs ("" where the lab runs them as root)."""
+        """The unprivileged user that submits the lab's jobs ("" where the lab runs them as
+        root).
+        """
         users = self.users.get("job_users") or []
         return users[0] if users else ""
 
@@ -860,7 +874,8 @@ class Lab:
         ]
         if blocked:
             why = (
-                f"the state folder {self.paths.root} is under {blocked[-1]}, which other users cannot enter: "
+                f"the state folder {self.paths.root} is under {blocked[-1]}, which other "
+                "users cannot enter: "
                 "slurmctld as SlurmUser and the jobs' users could not reach it"
             )
             log.warning(
@@ -978,7 +993,8 @@ class Lab:
         os.chmod(p.work, 0o1777)
         users = self._site_users()
         slurm_ids = _user_ids(users["slurm_user"]) or (os.geteuid(), os.getegid())
-        # what slurmctld (as SlurmUser) writes: its state, its logs, its pid file, the controller hook's log
+        # what slurmctld (as SlurmUser) writes: its state, its logs, its pid file, the controller
+        # hook's log
         for path in (p.spool / "ctld",):
             os.chown(path, *slurm_ids)
         for name in ("slurmctld.log", "jobcomp.txt", CONTROLLER_HOOK_LOG):
@@ -1099,13 +1115,16 @@ class Lab:
             return {}
 
     def _netns_setup(self, ip: str) -> dict:
-        """Refuse on anything of the range or the names that is not ours; record the plan; build it."""
+        """Refuse on anything of the range or the names that is not ours; record the plan; build
+        it.
+        """
         plan = netns_plan(self.spec, self.paths.root)
         links, namespaces = _links(ip), _namespaces(ip)
         taken = []
         if plan["bridge"] in links:
             taken.append(
-                f"link {plan['bridge']} (owner: {links[plan['bridge']].get('ifalias') or 'unknown'})"
+                f"link {plan['bridge']} (owner: "
+                f"{links[plan['bridge']].get('ifalias') or 'unknown'})"
             )
         taken += [f"link {n['veth']}" for n in plan["nodes"].values() if n["veth"] in links]
         taken += [
@@ -1134,9 +1153,11 @@ class Lab:
     def _netns_slurmd_argv(
         self, name: str, plan: dict, slurmd: list[str], net_bins: dict[str, str]
     ) -> list[str]:
-        """nsenter into the node's network namespace, then a private UTS and mount namespace where the
+        """nsenter into the node's network namespace, then a private UTS and mount namespace where
+        the
         hostname is set and the lab's hosts file is bind-mounted over /etc/hosts (the machine's own
-        file is never modified: the mount exists only in that mount namespace, private propagation)."""
+        file is never modified: the mount exists only in that mount namespace, private
+        propagation)."""
         p = self.paths
         if not _NODE_NAME.match(name) or name not in plan["nodes"]:
             raise LabError(f"lab: refusing node name {name!r}")

@@ -61,7 +61,8 @@ def run_demo(
         )
     )
     echo(
-        f"[1/6] starting a {nodes}-node Slurm cluster in {state_dir} (slurmctld, {nodes} slurmd, munge) ..."
+        f"[1/6] starting a {nodes}-node Slurm cluster in {state_dir} (slurmctld, {nodes} "
+        "slurmd, munge) ..."
     )
     lab.up()
     echo(
@@ -124,8 +125,10 @@ def run_demo(
                 raise ScoutError(f"job {job} did not finish its rerun within 600 s")
             time.sleep(0.5)
         echo(
-            f"[5/6] job {job} was requeued (restart {info.restart_count}), excluded {','.join(info.excluded_nodes)}, "
-            f"reran on {','.join(info.nodes) or '?'} (first run was on {','.join(first_nodes)}), final state "
+            f"[5/6] job {job} was requeued (restart {info.restart_count}), excluded "
+            f"{','.join(info.excluded_nodes)}, "
+            f"reran on {','.join(info.nodes) or '?'} (first run was on "
+            f"{','.join(first_nodes)}), final state "
             f"{info.state}"
         )
         log = Path(str(out).replace("%j", str(job))).read_text(errors="replace")
@@ -148,8 +151,10 @@ def run_demo(
         echo(shown.stdout.rstrip())
         ok = info.state == "COMPLETED" and info.restart_count >= 1 and bool(verdict.suspects)
         echo(
-            f"\nDEMO {'PASSED' if ok else 'FAILED'}: fault on rank 2 -> verdict {verdict.kind.value} -> drain "
-            f"{','.join(n.name for n in drained) or 'none'} -> requeue -> resumed run {info.state.lower()}"
+            f"\nDEMO {'PASSED' if ok else 'FAILED'}: fault on rank 2 -> verdict "
+            f"{verdict.kind.value} -> drain "
+            f"{','.join(n.name for n in drained) or 'none'} -> requeue -> resumed run "
+            f"{info.state.lower()}"
         )
         for n in drained:
             ops.resume_node(n.name, timeout=10, env=env)

@@ -1,4 +1,5 @@
-"""Record what one Slurm release really prints, on a real lab of that release, into a fixtures folder
+"""Record what one Slurm release really prints, on a real lab of that release, into a fixtures
+folder
 (tests/fixtures/slurm-<release>/scenario/), plus what was measured about it (`measured.json`): hook
 environments, requeue and ExcNodeList behaviour, drain-reason limits, `scontrol --json`, `sacct`
 without slurmdbd, `sinfo --version`.
@@ -21,7 +22,10 @@ from scout_slurm.slurm.parse import parse_squeue_json
 
 # quotes, shell syntax, a format directive, a non-ASCII letter: read back exactly or not at all
 HOSTILE_REASON = "scout: rank 2 \"crash\" $(touch /tmp/x); `id` | %s & 'q' ünï <b>x</b>"
-_ENV_HOOK = "#!/bin/sh\nenv > {work}/env-{name}-${{SLURMD_NODENAME:-ctld}}-$SLURM_JOB_ID 2>/dev/null\nexit 0\n"
+_ENV_HOOK = (
+    "#!/bin/sh\nenv > {work}/env-{name}-${{SLURMD_NODENAME:-ctld}}-$SLURM_JOB_ID "
+    "2>/dev/null\nexit 0\n"
+)
 
 
 class Recorder:
@@ -109,7 +113,8 @@ def _scenario(r: Recorder) -> dict:
     m["reason_5000_exit"] = res.returncode
     m["reason_5000_kept_chars"] = len(ops.node_info("n3", timeout=30, env=r.env).reason)
     ops.resume_node("n3", timeout=30, env=r.env)
-    # requeue with exclusions: requeue first, then the exclusion; a second update replaces or merges?
+    # requeue with exclusions: requeue first, then the exclusion; a second update replaces or
+    # merges?
     ops.drain_node("n1", HOSTILE_REASON, timeout=30, env=r.env)
     ops.requeue_job(job, timeout=30, env=r.env)
     r.run("scontrol", "update", f"jobid={job}", "excnodelist=n1", check=True)

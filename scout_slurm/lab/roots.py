@@ -37,7 +37,9 @@ def cache_dir() -> Path:
 
 
 def host_version() -> str:
-    """The host's Slurm release as MAJOR.MINOR (from dpkg; "" where Slurm is not a Debian package)."""
+    """The host's Slurm release as MAJOR.MINOR (from dpkg; "" where Slurm is not a Debian
+    package).
+    """
     try:
         out = subprocess.run(
             ["dpkg-query", "-W", "-f", "${Version}", "slurm-client"],
@@ -64,7 +66,9 @@ def check_version(version: str) -> str:
 
 
 def root_record(version: str) -> dict:
-    """What the cached root of `version` holds (built, Slurm version, size, seconds), {} if not built."""
+    """What the cached root of `version` holds (built, Slurm version, size, seconds), {} if not
+    built.
+    """
     try:
         data = json.loads((cache_dir() / version / ROOT_RECORD).read_text())
         return data if isinstance(data, dict) else {}
@@ -93,10 +97,12 @@ def ensure_root(version: str, *, echo=None) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     if echo:
         echo(
-            f"lab: building the Slurm {version} root ({SUITES[version]}) in {root}, once (about 20 to 100 s)"
+            f"lab: building the Slurm {version} root ({SUITES[version]}) in {root}, once "
+            "(about 20 to 100 s)"
         )
     t0 = time.monotonic()
-    # Check-Valid-Until off: sid's Release file may be past its Valid-Until on a machine whose clock is ahead
+    # Check-Valid-Until off: sid's Release file may be past its Valid-Until on a machine whose clock
+    # is ahead
     argv = [
         mmdebstrap,
         "--variant=apt",
@@ -179,7 +185,8 @@ def python_paths(python: str) -> list[Path]:
 
 
 def venv_of(python: str) -> Path:
-    """The environment `python` belongs to: its venv (the folder above bin/ holding pyvenv.cfg), else
+    """The environment `python` belongs to: its venv (the folder above bin/ holding pyvenv.cfg),
+    else
     its install prefix."""
     above = Path(python).absolute().parent.parent
     return above if (above / "pyvenv.cfg").exists() else Path(sys.prefix)
@@ -204,7 +211,9 @@ def _mount(*args: str) -> None:
 
 
 def _mount_point(view: Path, outside: Path) -> Path:
-    """Create, inside the view, the file or folder `outside` is mounted on (same kind, same path)."""
+    """Create, inside the view, the file or folder `outside` is mounted on (same kind, same
+    path).
+    """
     inside = view / str(outside).lstrip("/")
     if outside.is_dir():
         inside.mkdir(parents=True, exist_ok=True)
@@ -307,7 +316,8 @@ def unmount_view(view: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m scout_slurm.lab.roots 24.11 26.05`: build what is missing, print each root's record
+    """`python -m scout_slurm.lab.roots 24.11 26.05`: build what is missing, print each root's
+    record
     (CI runs this before the tests so the build time shows on its own line)."""
     for version in argv if argv is not None else sys.argv[1:]:
         check_version(version)
@@ -315,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
         root = ensure_root(version, echo=print)
         rec = root_record(version)
         print(
-            f"slurm root {version}: {root}, Slurm {rec.get('slurm')}, {rec.get('bytes', 0) / 1e6:.0f} MB, "
+            f"slurm root {version}: {root}, Slurm {rec.get('slurm')}, "
+            f"{rec.get('bytes', 0) / 1e6:.0f} MB, "
             f"built in {rec.get('build_s')} s; ready after {time.monotonic() - t0:.1f} s"
         )
     return 0

@@ -34,7 +34,8 @@ def main() -> int:
         "--atomic-save",
         choices=("none", "replace", "move", "hidden"),
         default="none",
-        help="save to NAME.tmp, then os.replace (replace) or shutil.move (move) it to NAME; hidden: "
+        help="save to NAME.tmp, then os.replace (replace) or shutil.move (move) it to NAME; "
+        "hidden: "
         "to .NAME.tmp, then os.replace",
     )
     ap.add_argument(

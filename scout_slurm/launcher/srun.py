@@ -8,8 +8,10 @@ scout options:
   --scout-stall-floor=SECONDS   never call a stall sooner than this (SCOUT_WATCHDOG_STALL_FLOOR_S)
   --scout-inject=SPEC           inject a fault, e.g. sleep,rank=1,step=5 (SCOUT_INJECT)
   --scout-config=PATH           site config file (SCOUT_CONFIG)
-  --scout-consensus-every=K     vote on the replicas' state every K optimizer steps (default 50; 0: off)
-  --scout-replay-every=K        in-situ replay of one layer every K optimizer steps (default: as consensus; 0: off)
+  --scout-consensus-every=K     vote on the replicas' state every K optimizer steps (default 50; 0:
+  off)
+  --scout-replay-every=K        in-situ replay of one layer every K optimizer steps (default: as
+  consensus; 0: off)
   --scout-off                   run plain srun, no shim
   --scout-dry-run               print the srun command line and exit
 """
@@ -108,7 +110,8 @@ def split_args(argv: Sequence[str]) -> LaunchPlan:
             else:
                 raise ScoutError(
                     f"scout-srun: unknown option {a}; scout's options: --scout-stall-floor, "
-                    "--scout-inject, --scout-config, --scout-consensus-every, --scout-replay-every, --scout-off, "
+                    "--scout-inject, --scout-config, --scout-consensus-every, "
+                    "--scout-replay-every, --scout-off, "
                     "--scout-dry-run"
                 )
             i += 1

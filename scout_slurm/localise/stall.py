@@ -108,7 +108,8 @@ def decide_stall(
             exited,
             FindingKind.HANG,
             (
-                f"rank(s) {', '.join(map(str, exited))} exited while the others waited in a collective",
+                f"rank(s) {', '.join(map(str, exited))} exited while the others waited in a "
+                "collective",
             ),
         )
     desync, why = find_desync({r: s.recent for r, s in present.items()})
@@ -147,7 +148,8 @@ def decide_stall(
             frozen,
             FindingKind.HANG,
             tuple(
-                f"rank {r} on {present[r].node}: process {present[r].child_state.value} while the others wait, "
+                f"rank {r} on {present[r].node}: process {present[r].child_state.value} while "
+                "the others wait, "
                 f"{'inside ' + present[r].current_op if present[r].in_collective else 'outside any collective'}"
                 for r in frozen
             ),

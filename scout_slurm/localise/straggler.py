@@ -25,7 +25,9 @@ def _job(default: object, help: str, **rule: object) -> object:
 
 @dataclass(frozen=True)
 class TimingRules:
-    """The timing vote's settings; every key can be set as SCOUT_TIMING_<KEY> in the job's environment."""
+    """The timing vote's settings; every key can be set as SCOUT_TIMING_<KEY> in the job's
+    environment.
+    """
 
     every: int = _job(25, "steps per timing round (0: no timing votes)")
     rel_floor: float = _job(
@@ -107,7 +109,8 @@ class Spread:
 def robust_outliers(
     values: Sequence[float], *, rel_floor: float, abs_floor: float, mad_factor: float
 ) -> Spread:
-    """Which values stand out high. A strict minority above `median + max(rel*median, abs, k*1.4826*MAD)`
+    """Which values stand out high. A strict minority above `median + max(rel*median, abs,
+    k*1.4826*MAD)`
     is named; half or more above it, or a split into a slow and a fast half (nobody is typical), is
     inconclusive; otherwise clean."""
     n = len(values)
@@ -206,7 +209,8 @@ def pairing_rounds(n: int) -> list[list[tuple[int, int]]]:
 
 def link_rounds(nodes: Sequence[str]) -> list[list[tuple[int, int]]]:
     """The link probe's schedule: `pairing_rounds` over every rank, keeping only pairs on different
-    nodes (two ranks of one node do not cross a link, and `node_link_scores` never reads their pair),
+    nodes (two ranks of one node do not cross a link, and `node_link_scores` never reads their
+    pair),
     without the rounds left empty. Every rank computes it from the same gathered node names, so both
     ends of a pair agree on it; all ranks on one node: no probe at all."""
     rounds = [
@@ -216,7 +220,8 @@ def link_rounds(nodes: Sequence[str]) -> list[list[tuple[int, int]]]:
 
 
 def node_link_scores(probe: LinkProbe, nodes: Sequence[str]) -> dict[str, float]:
-    """Per node: the fastest, over its pairs with ranks on OTHER nodes, of small round trip plus medium
+    """Per node: the fastest, over its pairs with ranks on OTHER nodes, of small round trip plus
+    medium
     exchange. A slow link on one node slows all of its pairs, so even its fastest is slow; another
     node has fast pairs left (and a spike on one pair cannot make a node look slow)."""
     n = len(nodes)
@@ -322,7 +327,8 @@ def decide_round(
         return RoundDecision(
             "group_slow",
             reasons=(
-                f"every rank is slower together: median compute {med:.4f} s/step against {best_median_compute:.4f} "
+                f"every rank is slower together: median compute {med:.4f} s/step against "
+                f"{best_median_compute:.4f} "
                 "in the best round; no rank stands out",
                 *reasons,
             ),
@@ -346,7 +352,9 @@ class RoundOutcome:
 
 
 def decision_keys(d: RoundDecision) -> tuple[str, ...]:
-    """What a round says, as keys that must repeat: compute:rank:R, communication:node:N, group_slow."""
+    """What a round says, as keys that must repeat: compute:rank:R, communication:node:N,
+    group_slow.
+    """
     if d.outcome == "compute":
         return tuple(f"compute:rank:{r}" for r in d.ranks)
     if d.outcome == "communication":

@@ -94,7 +94,8 @@ RULES: dict[Rule, VerdictRule] = {
         "an `sdc` finding (state vote or in-situ replay)",
         VerdictKind.SDC,
         0.9,
-        "a strict majority of equivalent replicas disagreed with the named rank(s); checked first, as it happens",
+        "a strict majority of equivalent replicas disagreed with the named rank(s); checked "
+        "first, as it happens",
     ),
     Rule.STALL_NO_CULPRIT: VerdictRule(
         "a stall decision naming no rank",
@@ -106,7 +107,8 @@ RULES: dict[Rule, VerdictRule] = {
         "a stall decision; the culprit's exit or stderr says it crashed (not for a desync)",
         VerdictKind.CRASH,
         0.95,
-        "it ended on its own, or raised and sat idle, or had left training: a crash, however its peers waited",
+        "it ended on its own, or raised and sat idle, or had left training: a crash, however "
+        "its peers waited",
     ),
     Rule.STALL_STOPPED: VerdictRule(
         "a stall decision; the culprit's process was stopped (T) or in disk sleep (D)",
@@ -118,7 +120,8 @@ RULES: dict[Rule, VerdictRule] = {
         "a stall decision naming the culprit(s)",
         VerdictKind.HANG,
         0.9,
-        "the watchdogs agreed the rank stopped making progress first (or its collectives left the majority's)",
+        "the watchdogs agreed the rank stopped making progress first (or its collectives left "
+        "the majority's)",
     ),
     Rule.STALL_WIDE: VerdictRule(
         "a stall decision naming more than a quarter of the ranks",
@@ -149,7 +152,8 @@ RULES: dict[Rule, VerdictRule] = {
         "no rank failed; a vote of replicas found no strict majority",
         VerdictKind.INCONCLUSIVE,
         0.0,
-        "replicas disagreed with no majority (e.g. two HSDP replicas): nobody is named, the run is not clean",
+        "replicas disagreed with no majority (e.g. two HSDP replicas): nobody is named, the "
+        "run is not clean",
     ),
     Rule.UNWATCHED_CLEAN: VerdictRule(
         "no scout records for the run; the job exited 0",
@@ -203,7 +207,8 @@ RULES: dict[Rule, VerdictRule] = {
         "more than half of the ranks failed on their own",
         VerdictKind.INCONCLUSIVE,
         0.0,
-        "a failure shared by most replicas (code, data or configuration), not one rank's: nothing is drained",
+        "a failure shared by most replicas (code, data or configuration), not one rank's: "
+        "nothing is drained",
     ),
     Rule.CRASH_SOLE: VerdictRule(
         "one rank failed on its own (the others were cascades or clean)",
@@ -212,7 +217,8 @@ RULES: dict[Rule, VerdictRule] = {
         "its exit, signal or exception; peers that died of it are not blamed",
     ),
     Rule.CRASH_FIRST: VerdictRule(
-        "a minority failed on their own; one was first by progress (wall time breaks ties within a node)",
+        "a minority failed on their own; one was first by progress (wall time breaks ties "
+        "within a node)",
         VerdictKind.CRASH,
         0.85,
         "progress order, not wall clocks, decides who was first",
@@ -224,10 +230,12 @@ RULES: dict[Rule, VerdictRule] = {
         "each is named: clocks across nodes cannot order them",
     ),
     Rule.TAINTED: VerdictRule(
-        "a rank loaded a checkpoint scout had rejected (a `tainted` finding); no rank named by the rules above",
+        "a rank loaded a checkpoint scout had rejected (a `tainted` finding); no rank named "
+        "by the rules above",
         VerdictKind.TAINTED,
         1.0,
-        "the run trained from a state scout could not vouch for: not clean, whatever its checks found after",
+        "the run trained from a state scout could not vouch for: not clean, whatever its "
+        "checks found after",
     ),
 }
 
@@ -297,7 +305,8 @@ def failed_after_finishing(ev: JobEvidence, abnormal: Mapping[int, ExitRecord]) 
             return []
         lines.append(
             f"rank {r} on {e.node} {describe_exit(e)} after it had left distributed training "
-            f"({p.coll_completed} collectives done, optimizer step {p.opt_steps}, its progress record "
+            f"({p.coll_completed} collectives done, optimizer step {p.opt_steps}, its "
+            "progress record "
             "closed by destroy_process_group() or at interpreter exit)"
         )
         lines += [f"  {ln}" for ln in e.stderr_tail[-2:]]
@@ -358,7 +367,8 @@ def crash_evidence(e: ExitRecord | None, last: ProgressSnapshot | None) -> list[
         # it left training (sys.exit, an exception handled by exiting) and was still tearing down
         return [
             f"rank {e.rank} left training while its peers waited: its progress record was closed "
-            f"(destroy_process_group() or interpreter exit) after {last.coll_completed} collectives",
+            f"(destroy_process_group() or interpreter exit) after {last.coll_completed} "
+            "collectives",
             "its process was still ending when scout ended it",
         ]
     return []
@@ -370,7 +380,8 @@ def _step(ev: JobEvidence, rank: int) -> int:
     p = ev.last_progress(rank)
     offset = ev.places[rank].step_offset if rank in ev.places else 0
     step = p.opt_steps + 1 + offset if p is not None else -1
-    # both numbers come from the job's files: a sum outside 64 bits would make the verdict unwritable
+    # both numbers come from the job's files: a sum outside 64 bits would make the verdict
+    # unwritable
     return step if 0 <= step < 2**63 else -1
 
 
@@ -509,16 +520,21 @@ def explain(ev: JobEvidence, *, now: float) -> tuple[Verdict, tuple[Rule, ...]]:
 
 
 def _decide(ev: JobEvidence, rule: _Consulted, *, now: float) -> Verdict:
-    """The evidence in order of strength: numerical findings, an agreed stall, a desync, then exits."""
+    """The evidence in order of strength: numerical findings, an agreed stall, a desync, then
+    exits.
+    """
     reasoning = list(ev.problems[:20])
-    # confirmed stragglers (timing votes): a slow rank does not fail a job, so they decide the verdict
-    # only when nothing else went wrong (or when they were ended for it, policy "exit"); else they are
+    # confirmed stragglers (timing votes): a slow rank does not fail a job, so they decide the
+    # verdict
+    # only when nothing else went wrong (or when they were ended for it, policy "exit"); else they
+    # are
     # said in the reasoning of whatever did go wrong
     stragglers = [
         f for f in ev.findings if f.kind == FindingKind.STRAGGLER and 0 <= f.rank < ev.world_size
     ]
     reasoning += [f.summary for f in stragglers[:10]]
-    # a check that failed inside scout was switched off (bootstrap.guard): what it did not see is said
+    # a check that failed inside scout was switched off (bootstrap.guard): what it did not see is
+    # said
     reasoning += [
         f"scout's check not run: {f.summary}"
         for f in ev.findings
@@ -639,7 +655,10 @@ def _from_stall_decision(
     )
     what = "desync" if d.kind == FindingKind.DESYNC else "stopped making progress first"
     if d.phase == "startup" and d.kind != FindingKind.DESYNC:
-        what = "hung at start-up (startup hang: before the first training step, past the start-up limit)"
+        what = (
+            "hung at start-up (startup hang: before the first training step, past the start-up "
+            "limit)"
+        )
     said = [f"rank(s) {', '.join(map(str, culprits))} {what}"]
     if crashed:  # the kind is crash only when every culprit crashed; a hung one keeps it a hang
         said += [f"{lines[0]} (crash, not a hang)" for lines in crashed.values()]
@@ -726,8 +745,10 @@ def _from_exits(
             reasoning
             + after
             + [
-                "every rank finished the job's collectives and the others exited cleanly: a failure at exit "
-                "(for example a communicator torn down at interpreter shutdown) says nothing about a node; "
+                "every rank finished the job's collectives and the others exited cleanly: a "
+                "failure at exit "
+                "(for example a communicator torn down at interpreter shutdown) says nothing "
+                "about a node; "
                 "nobody is drained and the job, whose training had finished, is not requeued"
             ],
             now=now,
@@ -785,7 +806,8 @@ def _from_exits(
             hit.confidence,
             reasoning
             + [
-                f"{len(primaries)} of {ev.world_size} ranks failed on their own ({kinds}): a failure shared "
+                f"{len(primaries)} of {ev.world_size} ranks failed on their own ({kinds}): a "
+                "failure shared "
                 "by most replicas (code, data or configuration), not one rank's"
             ],
             now=now,
@@ -796,7 +818,9 @@ def _from_exits(
 def _no_rank_failed(
     ev: JobEvidence, reasoning: list[str], rule: _Consulted, *, now: float
 ) -> Verdict:
-    """No rank exited abnormally: clean (or unchecked), no majority, unwatched, or ranks that vanished."""
+    """No rank exited abnormally: clean (or unchecked), no majority, unwatched, or ranks that
+    vanished.
+    """
     missing = [r for r in range(ev.world_size) if r not in ev.exits]
     # replicas that disagreed with no strict majority (e.g. two HSDP replicas): nobody is named, but
     # the run is not clean either
@@ -907,7 +931,8 @@ def _first_crash(
             lines.append(f"exception: {e.exception}")
         if p is not None:
             lines.append(
-                f"at progress {position(p)} ({p.coll_completed} collectives done, optimizer step {p.opt_steps})"
+                f"at progress {position(p)} ({p.coll_completed} collectives done, optimizer "
+                f"step {p.opt_steps})"
             )
         lines += [ln for ln in e.stderr_tail[-3:]]
         suspects.append(Suspect(r, e.node, rc.kind, confidence, tuple(lines)))

@@ -147,7 +147,8 @@ def apply_plan(
         )
         write_record(path, record)
         if not ok:
-            return record  # later actions depend on this one (exclude after requeue): keep them pending
+            # later actions depend on this one (exclude after requeue): keep them pending
+            return record
     record = dataclasses.replace(record, status=PlanStatus.APPLIED, updated_at=wall())
     write_record(path, record)
     return record

@@ -66,7 +66,8 @@ def assess(
                 Assessment(
                     note,
                     CheckpointStatus.REJECTED,
-                    f"the replicas' state signatures {note.agreement} at the save (step {note.step})",
+                    f"the replicas' state signatures {note.agreement} at the save (step "
+                    f"{note.step})",
                 )
             )
         elif cov is not None and cov.last_clean_step >= note.step:

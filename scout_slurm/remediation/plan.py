@@ -54,8 +54,10 @@ ENDED_BY_SLURM = {
     "CANCELLED": "the job was cancelled (scancel, by its user or an administrator)",
     "TIMEOUT": "the job reached its time limit and Slurm ended it (a rerun would reach it again)",
     "DEADLINE": "the job reached its deadline and Slurm ended it",
-    "PREEMPTED": "Slurm preempted the job for another; its PreemptMode decides whether it is requeued",
-    "NODE_FAIL": "Slurm saw a node of the job fail: it set that node down and requeues the job itself where allowed",
+    "PREEMPTED": "Slurm preempted the job for another; its PreemptMode decides whether it is "
+    "requeued",
+    "NODE_FAIL": "Slurm saw a node of the job fail: it set that node down and requeues the job "
+    "itself where allowed",
     "BOOT_FAIL": "a node of the job failed to boot: Slurm set it down and handles the job itself",
 }
 
@@ -88,14 +90,17 @@ def drain_reason(verdict: Verdict, node: str, evidence_path: str, why: str = "")
     ranks = ",".join(str(s.rank) for s in verdict.suspects if s.node == node)
     because = f" {why};" if why else ""
     return (
-        f"{DRAIN_REASON_PREFIX} {verdict.kind.value} rank {ranks} job {verdict.job_id} run {verdict.restart} "
+        f"{DRAIN_REASON_PREFIX} {verdict.kind.value} rank {ranks} job {verdict.job_id} run "
+        f"{verdict.restart} "
         f"conf {verdict.confidence:.2f}{because} see {evidence_path}"
     )
 
 
 @dataclass(frozen=True)
 class PastIncident:
-    """An earlier incident's decision on one node (the controller reads them from the evidence root)."""
+    """An earlier incident's decision on one node (the controller reads them from the evidence
+    root).
+    """
 
     job_id: int
     user: str
@@ -130,7 +135,9 @@ def drain_decision(
     past: Sequence[PastIncident],
     cfg: DrainConfig,
 ) -> DrainDecision:
-    """Drain `suspicion.node`, or only exclude it and watch it (pure; see the module's docstring)."""
+    """Drain `suspicion.node`, or only exclude it and watch it (pure; see the module's
+    docstring).
+    """
     if cfg.drain_on == "job-evidence":
         return DrainDecision(True, "on the job's evidence (site setting drain_on = job-evidence)")
     if suspicion.corroborated_by:
@@ -169,7 +176,9 @@ def drain_decision(
 
 @dataclass(frozen=True)
 class NodeOutcome:
-    """One suspect node's outcome in one incident, as the watch list and `scout suspects` show it."""
+    """One suspect node's outcome in one incident, as the watch list and `scout suspects` show
+    it.
+    """
 
     node: str
     gpu_serials: tuple[str, ...]
@@ -181,7 +190,9 @@ class NodeOutcome:
 
 @dataclass(frozen=True)
 class DrainDecisions:
-    """results/drain-decisions-<run>.json: who the job's user was and what became of each named node."""
+    """results/drain-decisions-<run>.json: who the job's user was and what became of each named
+    node.
+    """
 
     KIND: ClassVar[str] = "drain-decisions"
     job_id: int
@@ -217,11 +228,13 @@ def build_plan(
     software_retries: int = 1,
 ) -> Plan:
     """The actions for `verdict` and what the guards held back (pure). `checkpoint` is the one the
-    recovery rule chose (`checkpoint_status`: as eligible or as candidate; `checkpoint_reason`: why).
+    recovery rule chose (`checkpoint_status`: as eligible or as candidate; `checkpoint_reason`:
+    why).
     `decisions`: the drain rule's word on each suspect node (a node without one is drained, as
     before the rule); a node it does not drain is excluded from the rerun all the same.
     `earlier`: the verdicts of the job's earlier runs; a software failure is requeued at most
-    `software_retries` times, and never when the run before failed the same way (`software_plan`)."""
+    `software_retries` times, and never when the run before failed the same way
+    (`software_plan`)."""
     held: list[str] = []
     actions: list[PlannedAction] = []
     if verdict.kind == VerdictKind.CLEAN:
@@ -243,7 +256,8 @@ def build_plan(
         return Plan(
             (),
             (
-                f"{ended}: the verdict ({verdict.kind.value}) is kept for the record; nothing is drained "
+                f"{ended}: the verdict ({verdict.kind.value}) is kept for the record; nothing "
+                "is drained "
                 "and the job is not requeued",
             ),
         )
@@ -252,7 +266,8 @@ def build_plan(
             (),
             (
                 "inconclusive verdict: nothing is drained and the job is not requeued "
-                "(the verdict's reasoning says why: a failure most ranks share would fail again anywhere, "
+                "(the verdict's reasoning says why: a failure most ranks share would fail "
+                "again anywhere, "
                 "a failure at exit came after the training had finished)",
             ),
         )
@@ -272,12 +287,14 @@ def build_plan(
         held.append(f"verdict {verdict.kind.value} never drains")
     elif verdict.kind == VerdictKind.STRAGGLER and not cfg.drain_stragglers:
         held.append(
-            "a confirmed straggler is reported, not drained (site setting remediation.drain_stragglers "
+            "a confirmed straggler is reported, not drained (site setting "
+            "remediation.drain_stragglers "
             "is false)"
         )
     elif verdict.confidence < cfg.min_confidence:
         held.append(
-            f"confidence {verdict.confidence:.2f} is below the site's minimum {cfg.min_confidence:.2f}: "
+            f"confidence {verdict.confidence:.2f} is below the site's minimum "
+            f"{cfg.min_confidence:.2f}: "
             "no drain"
         )
     else:
@@ -334,7 +351,8 @@ def build_plan(
         requeue = False
     elif verdict.kind == VerdictKind.STRAGGLER:
         held.append(
-            "a straggler slows a job but does not fail it: not requeued (resubmit it to run without "
+            "a straggler slows a job but does not fail it: not requeued (resubmit it to run "
+            "without "
             "a drained node)"
         )
         requeue = False
@@ -346,7 +364,8 @@ def build_plan(
         and verdict.cause is not Cause.INFRASTRUCTURE
     ):
         held.append(
-            "no node drained or excluded: a rerun on the same nodes would likely fail the same way; "
+            "no node drained or excluded: a rerun on the same nodes would likely fail the "
+            "same way; "
             "not requeued"
         )
         requeue = False
@@ -355,7 +374,8 @@ def build_plan(
         remaining = [n for n in job.usable_nodes if n not in excluded]
         if len(remaining) < len(job.allocation):
             held.append(
-                f"only {len(remaining)} usable nodes would remain for a job of {len(job.allocation)}: "
+                f"only {len(remaining)} usable nodes would remain for a job of "
+                f"{len(job.allocation)}: "
                 "not requeued"
             )
             requeue = False
@@ -409,7 +429,9 @@ def same_failure(verdict: Verdict, earlier: Sequence[Verdict]) -> Verdict | None
 
 
 def a_bug_not_a_node(verdict: Verdict, before: Verdict) -> str:
-    """'the same ValueError at train.py:73 in step, step 8, on run 0 and run 1: a bug, not a node'"""
+    """'the same ValueError at train.py:73 in step, step 8, on run 0 and run 1: a bug, not a
+    node'
+    """
     steps = sorted({v.first_suspect_step for v in (before, verdict) if v.first_suspect_step >= 0})
     at = f", step {steps[0]}" if len(steps) == 1 else ""
     return (

@@ -122,7 +122,9 @@ class PlannedAction:
 
     @property
     def target(self) -> str:
-        """What the action is applied to, as its result records it: node, job id or checkpoint path."""
+        """What the action is applied to, as its result records it: node, job id or checkpoint
+        path.
+        """
         p = self.payload
         if isinstance(p, Drain):
             return p.node

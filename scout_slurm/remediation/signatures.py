@@ -19,7 +19,8 @@ COMPONENTS = (
     "data",
 )
 # Replicas must hold these identically; a difference rejects the checkpoint. RNG streams may differ
-# between ranks on purpose (per-rank seeds for dropout or augmentation): recorded, never a rejection.
+# between ranks on purpose (per-rank seeds for dropout or augmentation): recorded, never a
+# rejection.
 REPLICATED = ("model", "optimizer", "scheduler", "data")
 
 
@@ -61,7 +62,10 @@ def agreement_text(
         if s.agreed:
             continue
         _, _, differ = agree(s.per_rank, groups)
-        where = f"{s.component} differs on rank{'s' if len(differ) != 1 else ''} {', '.join(map(str, differ))}"
+        where = (
+            f"{s.component} differs on rank{'s' if len(differ) != 1 else ''} "
+            f"{', '.join(map(str, differ))}"
+        )
         (bad if s.component in REPLICATED else rng).append(where)
     if bad:
         return "disagreed: " + "; ".join(bad)

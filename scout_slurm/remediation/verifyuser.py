@@ -198,7 +198,8 @@ def _results(
             out[i] = problem[:MAX_TEXT]
         elif size_only:
             out[i] = (
-                f"{SIZE_ONLY}: its sha256 was not re-read ({max(0, left)} of the {byte_budget} bytes "
+                f"{SIZE_ONLY}: its sha256 was not re-read ({max(0, left)} of the "
+                f"{byte_budget} bytes "
                 f"of the hashing budget were left)"
             )
         else:

@@ -1,6 +1,7 @@
 """The incident bundle: everything the incident page shows about one run, as typed records, and
 the moments of the incident (fault, last advance, detection, verdict, actions) derived from them
-(pure). `report/bundle_loader.py` fills a bundle from the evidence folder; `report/html.py` draws it.
+(pure). `report/bundle_loader.py` fills a bundle from the evidence folder; `report/html.py` draws
+it.
 """
 
 from __future__ import annotations
@@ -134,7 +135,9 @@ PRIMARY_SCAN_LIMIT = (
 
 
 def primary_exits(ev: JobEvidence) -> list[ExitRecord]:
-    """Exits that failed on their own, first first ([] for a world larger than PRIMARY_SCAN_LIMIT)."""
+    """Exits that failed on their own, first first ([] for a world larger than
+    PRIMARY_SCAN_LIMIT).
+    """
     if len(ev.exits) > PRIMARY_SCAN_LIMIT:
         return []
     return sorted(
@@ -154,7 +157,8 @@ def incident_moments(bundle: IncidentBundle) -> IncidentMoments:
         kind = FindingKind.SDC if v.kind == VerdictKind.SDC else FindingKind.STRAGGLER
         detected = min((f.at for f in ev.findings if f.kind == kind), default=0.0)
     if not detected:
-        # the suspects' own exits only: a cascade check of every rank's stderr costs seconds at 100k ranks
+        # the suspects' own exits only: a cascade check of every rank's stderr costs seconds at 100k
+        # ranks
         primary = [
             e.at
             for r in suspects

@@ -42,7 +42,8 @@ def read_histories(
         samples, errs = decode_history(data, source=str(path))
         problems += errs
         # a sample claiming another rank's place is impossible here (one file per rank); a
-        # sample with a clock far outside the run's would stretch the picture: keep it, it is drawn clamped
+        # sample with a clock far outside the run's would stretch the picture: keep it, it is drawn
+        # clamped
         if samples:
             out[r] = samples
     return out, problems
@@ -101,7 +102,8 @@ def load_incident_bundle(
         folder, restart, pick_rows(ev.world_size, frozenset(s.rank for s in verdict.suspects))
     )
     problems += errs
-    # only the places the table lists (every suspect, then the lowest ranks): a hook with a 100k-rank
+    # only the places the table lists (every suspect, then the lowest ranks): a hook with a
+    # 100k-rank
     # job reads a few hundred hardware maps at most
     suspects = {s.rank for s in verdict.suspects}
     others = [r for r in sorted(ev.places) if r not in suspects][

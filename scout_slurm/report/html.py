@@ -29,7 +29,9 @@ MAX_LIST = 40  # findings, reasoning lines, evidence lines shown
 
 @dataclass(frozen=True)
 class AcceptanceCheck:
-    """One judged step of the acceptance test. passed None: not applicable here (say why in detail)."""
+    """One judged step of the acceptance test. passed None: not applicable here (say why in
+    detail).
+    """
 
     step: str
     passed: bool | None
@@ -93,7 +95,8 @@ def _doc(title: str, body: list[str]) -> str:
             "<!DOCTYPE html>",
             '<html lang="en"><head><meta charset="utf-8">',
             # nothing is fetched and nothing runs: the page is what the evidence says, as text
-            "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "
+            '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
+            "style-src 'unsafe-inline'; "
             'img-src data:">',
             '<meta name="viewport" content="width=device-width, initial-scale=1">',
             f"<title>{esc(title, 200)}</title><style>{CSS}</style></head><body>",
@@ -179,9 +182,12 @@ def incident_section(bundle: IncidentBundle, *, heading_level: int = 2) -> list[
 
     out.append(f"<{h}>Who stopped when</{h}>")
     out.append(
-        '<p class="sub">One row per rank: progress over time up to its last advance, from the samples the '
-        "watchdogs kept. Times are relative to the fault (or the suspect's last progress); clocks of "
-        "different nodes may differ by milliseconds, so progress order, not these times, decides who was "
+        '<p class="sub">One row per rank: progress over time up to its last advance, from the '
+        "samples the "
+        "watchdogs kept. Times are relative to the fault (or the suspect's last progress); "
+        "clocks of "
+        "different nodes may differ by milliseconds, so progress order, not these times, "
+        "decides who was "
         "first.</p>"
     )
     out.append(_legend())
@@ -241,7 +247,9 @@ def _hardware_table(bundle: IncidentBundle) -> str:
     keep += [r for r in rows if r.rank not in suspects][: max(0, MAX_TABLE_ROWS - len(keep))]
     keep.sort(key=lambda r: r.rank)
     out = [
-        '<table class="hwmap"><tr><th>rank</th><th>local</th><th>node</th><th>hostname</th><th>GPU UUID</th>'
+        "<table "
+        'class="hwmap"><tr><th>rank</th><th>local</th><th>node</th><th>hostname</th><th>GPU '
+        "UUID</th>"
         "<th>GPU serial</th><th>NIC</th><th>status</th></tr>"
     ]
     for r in keep:
@@ -254,7 +262,8 @@ def _hardware_table(bundle: IncidentBundle) -> str:
             status.append("no hardware map")
         out.append(
             f'<tr class="{"suspect" if r.rank in suspects else "rank"}" data-rank="{r.rank}">'
-            f'<td class="num">{r.rank}</td><td class="num">{r.local_rank}</td><td>{esc(r.node, 128)}</td>'
+            f'<td class="num">{r.rank}</td><td '
+            f'class="num">{r.local_rank}</td><td>{esc(r.node, 128)}</td>'
             f"<td>{esc(r.hostname or '?', 128)}</td><td>{esc(', '.join(r.gpu_uuids) or '-', 400)}</td>"
             f"<td>{esc(', '.join(r.gpu_serials) or '-', 200)}</td><td>{esc(r.nic or '-', 128)}</td>"
             f"<td>{' '.join(status)}</td></tr>"
@@ -289,11 +298,13 @@ def _evidence(bundle: IncidentBundle) -> str:
     findings = sorted(ev.findings, key=lambda f: f.at)[:MAX_LIST]
     if findings:
         out.append(
-            '<table class="findings"><tr><th>time (UTC)</th><th>rank</th><th>kind</th><th>summary</th></tr>'
+            '<table class="findings"><tr><th>time '
+            "(UTC)</th><th>rank</th><th>kind</th><th>summary</th></tr>"
         )
         for f in findings:
             out.append(
-                f'<tr><td>{_utc(f.at)}</td><td class="num">{f.rank}</td><td>{esc(f.kind.value)}</td>'
+                f"<tr><td>{_utc(f.at)}</td><td "
+                f'class="num">{f.rank}</td><td>{esc(f.kind.value)}</td>'
                 f"<td>{esc(f.summary)}</td></tr>"
             )
         out.append("</table>")
@@ -341,7 +352,8 @@ def _checkpoint(bundle: IncidentBundle) -> str:
     out = ['<div class="checkpoint">']
     if res is not None:
         out.append(
-            f"<p>run {res.restart} resumes from <code>{esc(res.checkpoint, 500)}</code> (step {res.step}): "
+            f"<p>run {res.restart} resumes from <code>{esc(res.checkpoint, 500)}</code> (step "
+            f"{res.step}): "
             f"{esc(res.reason, 1000)}</p>"
         )
     elif plan:
@@ -356,7 +368,8 @@ def _checkpoint(bundle: IncidentBundle) -> str:
     if bundle.verdict.first_suspect_step >= 0:
         out.append(
             f"<p>rule: the newest eligible checkpoint strictly before the first suspect step "
-            f"({bundle.verdict.first_suspect_step}); `scout checkpoints JOBID` lists every checkpoint and why.</p>"
+            f"({bundle.verdict.first_suspect_step}); `scout checkpoints JOBID` lists every "
+            "checkpoint and why.</p>"
         )
     out.append("</div>")
     return "".join(out)
@@ -368,7 +381,8 @@ def render_incident_html(bundle: IncidentBundle) -> str:
     title = f"scout incident: job {v.job_id}, run {v.restart}"
     head = [
         f"<h1>{esc(title)}</h1>",
-        f'<p class="sub">cluster {esc(bundle.cluster, 64)} \u00b7 world size {v.world_size} \u00b7 verdict written '
+        f'<p class="sub">cluster {esc(bundle.cluster, 64)} \u00b7 world size {v.world_size} '
+        "\u00b7 verdict written "
         f"{_utc(v.created_at, date=True)}</p>",
     ]
     return _doc(title, head + incident_section(bundle))
@@ -388,7 +402,8 @@ def render_acceptance_html(report: AcceptanceReport) -> str:
     title = report.title or "scout acceptance"
     out = [
         f"<h1>{esc(title)}</h1>",
-        f'<p class="sub">cluster {esc(report.cluster, 64)} \u00b7 {_utc(report.started_at, date=True)} to '
+        f'<p class="sub">cluster {esc(report.cluster, 64)} \u00b7 '
+        f"{_utc(report.started_at, date=True)} to "
         f"{_utc(report.finished_at, date=True)}</p>",
         f'<div id="summary" class="verdict {"ok" if report.passed else "bad"}"><b>'
         f"{'PASSED' if report.passed else 'FAILED'}</b>: "
@@ -400,7 +415,8 @@ def render_acceptance_html(report: AcceptanceReport) -> str:
     ]
     for c in report.checks[:200]:
         out.append(
-            f'<tr data-passed="{str(c.passed).lower()}"><td>{esc(c.step)}</td><td>{_badge(c.passed)}</td>'
+            "<tr "
+            f'data-passed="{str(c.passed).lower()}"><td>{esc(c.step)}</td><td>{_badge(c.passed)}</td>'
             f"<td>{esc(c.measured)}</td><td>{esc(c.detail, 2000)}</td></tr>"
         )
     out.append("</table>")
@@ -415,14 +431,16 @@ def render_acceptance_html(report: AcceptanceReport) -> str:
             )
         )
         out.append(
-            '<table id="cases"><tr><th>case</th><th>job</th><th>expected</th><th>named</th><th>right?</th>'
+            "<table "
+            'id="cases"><tr><th>case</th><th>job</th><th>expected</th><th>named</th><th>right?</th>'
             "<th>to detection</th><th>to verdict</th></tr>"
         )
         for c in report.cases[:200]:
             det = f"{c.detection_s:.2f} s" if c.detection_s is not None else "-"
             loc = f"{c.localisation_s:.2f} s" if c.localisation_s is not None else "-"
             out.append(
-                f'<tr><td>{esc(c.case)}</td><td class="num">{c.job_id or "-"}</td><td>{esc(c.expected)}</td>'
+                f"<tr><td>{esc(c.case)}</td><td "
+                f'class="num">{c.job_id or "-"}</td><td>{esc(c.expected)}</td>'
                 f'<td>{esc(c.named)}</td><td>{_badge(c.correct)}</td><td class="num">{det}</td>'
                 f'<td class="num">{loc}</td></tr>'
             )

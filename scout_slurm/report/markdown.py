@@ -64,7 +64,8 @@ def render_hardware(bundle: IncidentBundle, limit: int = 64) -> list[str]:
             if on
         )
         out.append(
-            f"| {r.rank} | {_cell(r.node)} | {_cell(r.hostname or '?')} | {_cell(', '.join(r.gpu_uuids))} | "
+            f"| {r.rank} | {_cell(r.node)} | {_cell(r.hostname or '?')} | "
+            f"{_cell(', '.join(r.gpu_uuids))} | "
             f"{_cell(', '.join(r.gpu_serials))} | {_cell(r.nic)} | {note} |"
         )
     if bundle.evidence.world_size > len(rows):

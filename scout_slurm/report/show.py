@@ -34,7 +34,10 @@ def render_verdict(v: Verdict) -> list[str]:
 
 
 def render_timeline(ev: JobEvidence) -> list[str]:
-    header = f"{'rank':>4}  {'node':<10} {'steps':>5} {'coll done':>9}  {'where':<28} {'process':<10} exit"
+    header = (
+        f"{'rank':>4}  {'node':<10} {'steps':>5} {'coll done':>9}  {'where':<28} {'process':<10} "
+        "exit"
+    )
     lines = [
         "timeline (progress at the end of the run; progress order decides who was first):",
         header,
@@ -104,7 +107,8 @@ def render_cost(costs: list[ScoutCost], problems: list[str] = ()) -> list[str]:
     spread and the costliest ranks)."""
     if not costs:
         return [
-            "scout's own cost: no record (the job ran no optimizer step under scout's bootstrap, or an "
+            "scout's own cost: no record (the job ran no optimizer step under scout's "
+            "bootstrap, or an "
             "older scout)"
         ] + [f"  unreadable: {p}" for p in problems[:4]]
 
@@ -112,7 +116,8 @@ def render_cost(costs: list[ScoutCost], problems: list[str] = ()) -> list[str]:
         share = f" = {100 * c.share:.2f} % of its step time" if c.share is not None else ""
         return (
             f"rank {c.rank}: {c.per_step_ms:.3f} ms a step{share} over {c.steps} steps (hooks "
-            f"{c.hooks_cpu_ns / 1e6:.1f} ms CPU, wrappers {c.wrapper_ns / 1e6:.1f} ms for {c.wrapper_calls} "
+            f"{c.hooks_cpu_ns / 1e6:.1f} ms CPU, wrappers {c.wrapper_ns / 1e6:.1f} ms for "
+            f"{c.wrapper_calls} "
             f"collectives{_off_thread(c)})"
         )
 

@@ -155,7 +155,8 @@ def timeline_svg(bundle: IncidentBundle, moments: IncidentMoments) -> str:
     times = [t for t in times if t > 0 and math.isfinite(t)]
     height = TOP + ROW_H * max(1, len(rows)) + 60
     out = [
-        f'<svg class="timeline" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
+        f'<svg class="timeline" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" '
+        f'height="{height}" '
         f'viewBox="0 0 {WIDTH} {height}" role="img" aria-label="per-rank progress timeline">'
     ]
     if not rows or not times:
@@ -189,7 +190,8 @@ def timeline_svg(bundle: IncidentBundle, moments: IncidentMoments) -> str:
         x = scale.x(t)
         label = "0" if k == 0 else f"{k * step:+g} s"
         out.append(
-            f'<line x1="{_num(x)}" y1="{axis_y - 3}" x2="{_num(x)}" y2="{axis_y + 3}" stroke="#90a4ae"/>'
+            f'<line x1="{_num(x)}" y1="{axis_y - 3}" x2="{_num(x)}" y2="{axis_y + 3}" '
+            'stroke="#90a4ae"/>'
             f'<text x="{_num(x)}" y="{axis_y - 5}" class="tick" text-anchor="middle">{label}</text>'
         )
         k += 1
@@ -202,11 +204,13 @@ def timeline_svg(bundle: IncidentBundle, moments: IncidentMoments) -> str:
         out.append(f'<g class="{cls}" data-rank="{r}">')
         if suspect:
             out.append(
-                f'<rect class="band" x="0" y="{y}" width="{WIDTH}" height="{ROW_H}" fill="#fdecea"/>'
+                f'<rect class="band" x="0" y="{y}" width="{WIDTH}" height="{ROW_H}" '
+                'fill="#fdecea"/>'
             )
         label = f"rank {r} \u00b7 {node}" + (" \u00b7 suspect" if suspect else "")
         out.append(
-            f'<text x="6" y="{y + 15}" class="{"label strong" if suspect else "label"}">{esc(label, 60)}</text>'
+            f'<text x="6" y="{y + 15}" '
+            f'class="{"label strong" if suspect else "label"}">{esc(label, 60)}</text>'
         )
         samples = bundle.history.get(r, ())
         drawn = 0
@@ -214,7 +218,8 @@ def timeline_svg(bundle: IncidentBundle, moments: IncidentMoments) -> str:
             for seg in segments(samples):
                 x0, x1 = scale.x(seg.start), scale.x(seg.end)
                 out.append(
-                    f'<rect class="bar {seg.kind}" x="{_num(x0)}" y="{y + 5}" width="{_num(max(1.0, x1 - x0))}" '
+                    f'<rect class="bar {seg.kind}" x="{_num(x0)}" y="{y + 5}" '
+                    f'width="{_num(max(1.0, x1 - x0))}" '
                     f'height="{ROW_H - 10}" fill="{COLOURS[seg.kind]}"><title>rank {r} {seg.kind} '
                     f"{_seconds(seg.start - origin)} to {_seconds(seg.end - origin)}</title></rect>"
                 )
@@ -226,8 +231,10 @@ def timeline_svg(bundle: IncidentBundle, moments: IncidentMoments) -> str:
                 adv = rank_last_advance(bundle, r)
                 xs, xa, xe = scale.x(scale.t0), scale.x(adv), scale.x(p.published_at)
                 out.append(
-                    f'<rect class="bar advancing" x="{_num(xs)}" y="{y + 5}" width="{_num(max(1.0, xa - xs))}" '
-                    f'height="{ROW_H - 10}" fill="{COLOURS["advancing"]}" opacity="0.6"><title>rank {r} '
+                    f'<rect class="bar advancing" x="{_num(xs)}" y="{y + 5}" '
+                    f'width="{_num(max(1.0, xa - xs))}" '
+                    f'height="{ROW_H - 10}" fill="{COLOURS["advancing"]}" '
+                    f'opacity="0.6"><title>rank {r} '
                     "advancing (no history kept: from its last snapshot)</title></rect>"
                 )
                 idle_kind = (
@@ -236,7 +243,8 @@ def timeline_svg(bundle: IncidentBundle, moments: IncidentMoments) -> str:
                     else "idle"
                 )
                 out.append(
-                    f'<rect class="bar {idle_kind}" x="{_num(xa)}" y="{y + 5}" width="{_num(max(1.0, xe - xa))}" '
+                    f'<rect class="bar {idle_kind}" x="{_num(xa)}" y="{y + 5}" '
+                    f'width="{_num(max(1.0, xe - xa))}" '
                     f'height="{ROW_H - 10}" fill="{COLOURS[idle_kind]}"/>'
                 )
                 drawn += 2
@@ -244,7 +252,8 @@ def timeline_svg(bundle: IncidentBundle, moments: IncidentMoments) -> str:
         if adv > 0:
             xa = scale.x(adv)
             out.append(
-                f'<line class="last-advance" x1="{_num(xa)}" y1="{y + 2}" x2="{_num(xa)}" y2="{y + ROW_H - 2}" '
+                f'<line class="last-advance" x1="{_num(xa)}" y1="{y + 2}" x2="{_num(xa)}" '
+                f'y2="{y + ROW_H - 2}" '
                 f'stroke="#1b5e20" stroke-width="2"><title>rank {r} last advanced at '
                 f"{_seconds(adv - origin)}</title></line>"
             )
@@ -259,12 +268,15 @@ def timeline_svg(bundle: IncidentBundle, moments: IncidentMoments) -> str:
                 else "#ef6c00"
             )
             out.append(
-                f'<path class="exit" d="M{_num(xe - 5)} {y + 6} l10 10 m0 -10 l-10 10" stroke="{colour}" '
-                f'stroke-width="2.5"><title>rank {r}: {esc(describe_exit(e) if is_abnormal(e) else "exited 0")} '
+                f'<path class="exit" d="M{_num(xe - 5)} {y + 6} l10 10 m0 -10 l-10 10" '
+                f'stroke="{colour}" '
+                f'stroke-width="2.5"><title>rank {r}: '
+                f"{esc(describe_exit(e) if is_abnormal(e) else 'exited 0')} "
                 f"at {_seconds(e.at - origin)}</title></path>"
             )
         out.append(
-            f'<text x="{WIDTH - STATE_W + 8}" y="{y + 15}" class="state">{esc(_end_text(bundle, r), 60)}</text>'
+            f'<text x="{WIDTH - STATE_W + 8}" y="{y + 15}" '
+            f'class="state">{esc(_end_text(bundle, r), 60)}</text>'
         )
         if not drawn:
             out.append(
@@ -280,14 +292,16 @@ def timeline_svg(bundle: IncidentBundle, moments: IncidentMoments) -> str:
         x = scale.x(t)
         c = MOMENT_COLOURS[name]
         out.append(
-            f'<g class="moment" data-moment="{esc(name)}"><line x1="{_num(x)}" y1="{TOP - 2}" x2="{_num(x)}" '
+            f'<g class="moment" data-moment="{esc(name)}"><line x1="{_num(x)}" y1="{TOP - 2}" '
+            f'x2="{_num(x)}" '
             f'y2="{bottom}" stroke="{c}" stroke-width="1.5" stroke-dasharray="5 3"/>'
             f'<text x="{_num(lx)}" y="{bottom + 12 + 11 * level}" fill="{c}" class="tick" '
             f'text-anchor="{anchor}">{esc(name)} {_seconds(t - origin)}</text></g>'
         )
     if ev.world_size > len(rows):
         out.append(
-            f'<text x="6" y="{height - 2}" class="note">{ev.world_size - len(rows)} more rank(s) not drawn'
+            f'<text x="6" y="{height - 2}" class="note">{ev.world_size - len(rows)} more '
+            "rank(s) not drawn"
             "</text>"
         )
     out.append("</svg>")
@@ -337,7 +351,8 @@ def phases_svg(moments: IncidentMoments) -> str:
     ]
     if not phases:
         out.append(
-            '<text x="10" y="30" class="note">the moments of this incident are not known</text></svg>'
+            '<text x="10" y="30" class="note">the moments of this incident are not '
+            "known</text></svg>"
         )
         return "".join(out)
     total = max(phases[-1][2] - phases[0][1], 1e-3)
@@ -349,9 +364,12 @@ def phases_svg(moments: IncidentMoments) -> str:
     for i, ((label, a, b), (lx, level, anchor)) in enumerate(zip(phases, labels)):
         x0, x1 = scale.x(a), scale.x(b)
         out.append(
-            f'<g class="phase"><rect class="bar" x="{_num(x0)}" y="8" width="{_num(max(2.0, x1 - x0))}" '
-            f'height="22" fill="{colours[i % 4]}"><title>{esc(label)}: {_seconds(b - a)}</title></rect>'
-            f'<text x="{_num(lx)}" y="{44 + 12 * level}" class="tick" text-anchor="{anchor}">{esc(label)}: '
+            f'<g class="phase"><rect class="bar" x="{_num(x0)}" y="8" '
+            f'width="{_num(max(2.0, x1 - x0))}" '
+            f'height="22" fill="{colours[i % 4]}"><title>{esc(label)}: '
+            f"{_seconds(b - a)}</title></rect>"
+            f'<text x="{_num(lx)}" y="{44 + 12 * level}" class="tick" '
+            f'text-anchor="{anchor}">{esc(label)}: '
             f"{_seconds(b - a)}</text></g>"
         )
     out.append("</svg>")
@@ -402,7 +420,8 @@ def latency_chart_svg(bars: Sequence[LatencyBar], *, limit: int = 64) -> str:
                 continue
             w = max(1.0, max(0.0, v) / top * (x1 - x0))
             out.append(
-                f'<rect class="bar" x="{x0}" y="{yy}" width="{_num(w)}" height="11" fill="{colour}"/>'
+                f'<rect class="bar" x="{x0}" y="{yy}" width="{_num(w)}" height="11" '
+                f'fill="{colour}"/>'
                 f'<text x="{_num(x0 + w + 4)}" y="{yy + 10}" class="tick">{_seconds(v)}</text>'
             )
         out.append("</g>")

@@ -70,8 +70,10 @@ def load_show(folder: JobFolder, restart: int | None = None) -> ShowView:
         ev = gather_evidence(folder, run)
     if not ev.places and not ev.exits and not ev.snapshots and not ev.findings:
         raise ScoutError(
-            f"job {folder.job_id} run {run}: no scout records in {folder.run_dir(run)} (no rank wrote "
-            "its place, progress or exit): the job did not run under scout-srun, or its SCOUT_CONFIG "
+            f"job {folder.job_id} run {run}: no scout records in {folder.run_dir(run)} (no "
+            "rank wrote "
+            "its place, progress or exit): the job did not run under scout-srun, or its "
+            "SCOUT_CONFIG "
             "sent its evidence elsewhere; there is no verdict to show"
         )
     story = tuple(load_story(folder, runs))
@@ -359,7 +361,8 @@ def checkpoints_text(view: CheckpointsView) -> str:
         )
         if n.schema_version < 2:
             lines.append(
-                f"{pad}(schema version {n.schema_version} record: no signatures or replicas' agreement)"
+                f"{pad}(schema version {n.schema_version} record: no signatures or replicas' "
+                "agreement)"
             )
             continue
         lines.append(
@@ -378,7 +381,8 @@ def checkpoints_text(view: CheckpointsView) -> str:
         if n.coverage:
             c = n.coverage
             lines.append(
-                f"{pad}coverage since the previous record: {c.votes} vote(s), {c.replay_rounds} replay "
+                f"{pad}coverage since the previous record: {c.votes} vote(s), "
+                f"{c.replay_rounds} replay "
                 f"round(s): {c.verdicts}"
             )
     lines.append(f"recovery rule: {view.rule}")

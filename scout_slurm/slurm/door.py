@@ -4,7 +4,8 @@ Binaries are resolved once to absolute paths; argv is a list (never a shell stri
 has a keyword-only timeout and is logged with its argv, exit code and duration.
 
 A lab running another Slurm release (`scout lab up --slurm 24.11`) puts its root in the callers'
-environment as SCOUT_SLURM_ROOT: the door then runs that root's binaries, `chroot ROOT /usr/bin/CMD`,
+environment as SCOUT_SLURM_ROOT: the door then runs that root's binaries, `chroot ROOT
+/usr/bin/CMD`,
 and takes the variable out of the command's environment (a job sbatch submits runs inside that
 root already, and must not chroot again).
 """
@@ -42,7 +43,8 @@ def resolve_binary(name: str, *, bin_dir: str = "", path_env: str | None = None)
     """Absolute path of a Slurm command, resolved once per (name, bin_dir)."""
     if name not in SLURM_COMMANDS:
         raise SlurmError(
-            f"{name!r} is not a Slurm command scout runs; known: {', '.join(sorted(SLURM_COMMANDS))}"
+            f"{name!r} is not a Slurm command scout runs; known: "
+            f"{', '.join(sorted(SLURM_COMMANDS))}"
         )
     key = (name, bin_dir)
     if key in _resolved:
@@ -56,8 +58,10 @@ def resolve_binary(name: str, *, bin_dir: str = "", path_env: str | None = None)
         found = shutil.which(name, path=search + os.pathsep + os.pathsep.join(_FALLBACK_DIRS))
     if not found:
         raise SlurmNotInstalled(
-            f"the Slurm command {name!r} was not found ({'in ' + bin_dir if bin_dir else 'on PATH or in ' + ', '.join(_FALLBACK_DIRS)}); "
-            "install the Slurm client (Debian: apt-get install slurm-client) or set [slurm] bin_dir in the site config"
+            f"the Slurm command {name!r} was not found "
+            f"({'in ' + bin_dir if bin_dir else 'on PATH or in ' + ', '.join(_FALLBACK_DIRS)}); "
+            "install the Slurm client (Debian: apt-get install slurm-client) or set [slurm] "
+            "bin_dir in the site config"
         )
     found = os.path.abspath(found)
     _resolved[key] = found
@@ -149,7 +153,8 @@ def run_slurm(
     if root:
         if command not in SLURM_COMMANDS:
             raise SlurmError(
-                f"{command!r} is not a Slurm command scout runs; known: {', '.join(sorted(SLURM_COMMANDS))}"
+                f"{command!r} is not a Slurm command scout runs; known: "
+                f"{', '.join(sorted(SLURM_COMMANDS))}"
             )
         binary = _root_binary(command, root)
         run_env: dict[str, str] | None = _without_root(env)

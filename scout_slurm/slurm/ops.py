@@ -50,7 +50,8 @@ def job_end_state(job_id: int, *, timeout: float, env: Env = None, bin_dir: str 
     While the Epilogs run, `scontrol show job` and `squeue --json` both say COMPLETING and hide the
     base state, and the hook's SLURM_JOB_EXIT_CODE of a cancelled job is 0 (measured on 22.05.8).
     The job's completion record is written before the Epilogs, so accounting has it: `sacct` with
-    slurmdbd, else `sacct -c` (jobcomp/filetxt). A site with neither: "" (scout acts as it would)."""
+    slurmdbd, else `sacct -c` (jobcomp/filetxt). A site with neither: "" (scout acts as it
+    would)."""
     info = job_info(job_id, timeout=timeout, env=env, bin_dir=bin_dir)
     if info.is_finished:
         return info.state
@@ -136,7 +137,9 @@ def requeue_job(job_id: int, *, timeout: float, env: Env = None, bin_dir: str = 
 
 
 def merged_exclusion(current: Sequence[str], add: Sequence[str]) -> str:
-    """`excnodelist=` replaces the list: merge what the job already excludes with the new nodes (pure)."""
+    """`excnodelist=` replaces the list: merge what the job already excludes with the new nodes
+    (pure).
+    """
     for n in add:
         _check_node_name(n)
     return compress_hostlist(list(dict.fromkeys([*current, *add])))
@@ -145,7 +148,9 @@ def merged_exclusion(current: Sequence[str], add: Sequence[str]) -> str:
 def exclude_nodes(
     job_id: int, nodes: Sequence[str], *, timeout: float, env: Env = None, bin_dir: str = ""
 ) -> str:
-    """Add nodes to a job's excluded list, merged with what it already excludes; returns the new list."""
+    """Add nodes to a job's excluded list, merged with what it already excludes; returns the new
+    list.
+    """
     current = job_info(job_id, timeout=timeout, env=env, bin_dir=bin_dir).excluded_nodes
     merged = merged_exclusion(current, nodes)
     run_slurm(

@@ -1,7 +1,8 @@
 """Pure parsers for what Slurm prints (22.05, 24.11, 26.05, recorded in tests/fixtures/slurm-*):
 `squeue --json`, the node listings `sinfo --json` (22.05) and `scontrol show node --json` (23.02+),
 `scontrol show job -o` / `show node -o`. Text or JSON in, typed records out. Where a field's shape
-changed between releases it is read by shape; which command a release needs is `versions.Dialect`."""
+changed between releases it is read by shape; which command a release needs is
+`versions.Dialect`."""
 
 from __future__ import annotations
 
@@ -157,7 +158,8 @@ def parse_squeue_json(text: str) -> list[JobInfo]:
 
 
 def parse_sacct_state(text: str, job_id: int) -> str:
-    """The state of `job_id`'s newest record in `sacct -P -n -o JobID,State` output (pure): "CANCELLED by
+    """The state of `job_id`'s newest record in `sacct -P -n -o JobID,State` output (pure):
+    "CANCELLED by
     1001" gives CANCELLED; steps (`ID.batch`) are not the job; "" when the job is not listed."""
     state = ""
     for line in text.splitlines():

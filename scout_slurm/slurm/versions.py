@@ -31,7 +31,9 @@ class Dialect:
 
 
 def dialect_of(version_text: str) -> Dialect:
-    """The dialect of the release `sinfo --version` printed ("slurm-wlm 22.05.8", "slurm 24.11.5")."""
+    """The dialect of the release `sinfo --version` printed ("slurm-wlm 22.05.8", "slurm
+    24.11.5").
+    """
     m = _VERSION.search(version_text)
     if not m:
         raise SlurmError(

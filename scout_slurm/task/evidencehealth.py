@@ -36,7 +36,9 @@ class EvidenceHealth:
     last_path: str = ""
 
     def failed(self, now: float, path: str, exc: BaseException) -> bool:
-        """Note a failed write; True when it should be logged now (first failure, then once a minute)."""
+        """Note a failed write; True when it should be logged now (first failure, then once a
+        minute).
+        """
         self.failures += 1
         self.last_error, self.last_path = str(exc), path
         if self.failing_since is None:
@@ -70,8 +72,11 @@ class EvidenceHealth:
             else 'the job goes on ([watchdog] on_evidence_loss = "warn")'
         )
         return (
-            f"SCOUT CANNOT WRITE EVIDENCE for {self.lost_for(now):.0f} s ({self.failures} failed writes; last: "
-            f"{self.last_path}: {self.last_error}). A failure of this job could not be localised. Free space on "
-            f"the evidence file system or fix its permissions; after {self.grace_s:.0f} s without evidence "
+            f"SCOUT CANNOT WRITE EVIDENCE for {self.lost_for(now):.0f} s ({self.failures} "
+            "failed writes; last: "
+            f"{self.last_path}: {self.last_error}). A failure of this job could not be "
+            "localised. Free space on "
+            f"the evidence file system or fix its permissions; after {self.grace_s:.0f} s "
+            "without evidence "
             f"{then}."
         )

@@ -22,6 +22,8 @@ ALL = {
     STALL_CULPRIT: "this rank stalled first (ended by scout)",
     STALL_PEER: "a peer stalled (ended by scout)",
     SDC_CULPRIT: "this rank's numbers differ from the replicas' majority",
-    EVIDENCE_LOST: "scout could not write evidence (full or read-only evidence file system); job ended",
-    RESUME_MISMATCH: "the restored state differs from its checkpoint record (SCOUT_RESUME_MISMATCH=fatal)",
+    EVIDENCE_LOST: "scout could not write evidence (full or read-only evidence file system); job "
+    "ended",
+    RESUME_MISMATCH: "the restored state differs from its checkpoint record "
+    "(SCOUT_RESUME_MISMATCH=fatal)",
 }

@@ -40,7 +40,9 @@ def _state(stat_text: str) -> str:
 
 
 def describe_process(pid: int, *, py_spy: bool = True) -> list[str]:
-    """Lines saying what `pid` and its threads are doing; each source that cannot be read says why."""
+    """Lines saying what `pid` and its threads are doing; each source that cannot be read says
+    why.
+    """
     lines = [f"pid {pid}:"]
     base = f"/proc/{pid}"
     try:

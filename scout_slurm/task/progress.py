@@ -53,7 +53,8 @@ OPS = (
     "broadcast_object_list",
     "ddp_bucket_all_reduce",
     "other",
-    "scout_vote",  # scout_vote: scout's own collectives on its side group (votes, replay; peers wait there)
+    # scout_vote: scout's own collectives on its side group (votes, replay; peers wait there)
+    "scout_vote",
     "all_gather_single",
     "reduce_scatter_single",
 )  # FSDP2's on torch 2.13 (appended: codes stay as written)
@@ -169,8 +170,10 @@ class ProgressWriter:
         self._rank = rank
         self._world = world_size
         self._flags = FLAG_ACTIVE | FLAG_INIT  # opened once init_process_group returned: past it
-        # timing votes (bootstrap.timing): ns outside any collective (compute) and inside at least one
-        # (collectives, overlapping ones counted once); outside time counts only while `_idle_since` is set
+        # timing votes (bootstrap.timing): ns outside any collective (compute) and inside at least
+        # one
+        # (collectives, overlapping ones counted once); outside time counts only while `_idle_since`
+        # is set
         self._idle_ns = 0
         self._busy_ns = 0
         self._idle_since: int | None = None
@@ -279,8 +282,10 @@ class ProgressWriter:
         return self._last_step
 
     def take_timing(self, *, resume: bool) -> tuple[int, int]:
-        """(ns outside collectives, ns inside) since the last take, then zero both. Outside time stops
-        counting here (scout's own work is not the job's compute) and, with `resume`, starts again now."""
+        """(ns outside collectives, ns inside) since the last take, then zero both. Outside time
+        stops
+        counting here (scout's own work is not the job's compute) and, with `resume`, starts again
+        now."""
         now = time.monotonic_ns()
         with self._lock:
             if self._in == 0 and self._idle_since is not None:
@@ -307,7 +312,9 @@ class ProgressWriter:
                 self._idle_since = time.monotonic_ns()
 
     def set_busy(self, on: bool) -> None:
-        """Mark a checkpoint save or load (the watchdog then gives the start-up limit, not the floor)."""
+        """Mark a checkpoint save or load (the watchdog then gives the start-up limit, not the
+        floor).
+        """
         with self._lock:
             self._flags = (self._flags | FLAG_BUSY) if on else (self._flags & ~FLAG_BUSY)
             self._last_change = time.monotonic_ns()

@@ -139,14 +139,16 @@ def prepare_dirs(folder: JobFolder, restart: int) -> None:
             d.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ScoutError(
-                f"cannot create the evidence folder {d} ({exc.strerror}): the site's Prolog lays it "
+                f"cannot create the evidence folder {d} ({exc.strerror}): the site's Prolog "
+                "lays it "
                 f"out; check {CONFIG_ENV} names the site's config"
             ) from None
 
 
 def unprepared(folder: JobFolder, restart: int) -> str:
     """Why the site's hooks will not see this job's evidence, or "" when the site's Prolog laid out
-    this job's folder under this root: a root-owned job folder holding `nodes/` and this run's folder
+    this job's folder under this root: a root-owned job folder holding `nodes/` and this run's
+    folder
     (a job cannot make a folder root's). Reads metadata only."""
     import stat as stat_mod
 
@@ -156,18 +158,24 @@ def unprepared(folder: JobFolder, restart: int) -> str:
         st = os.lstat(folder.path)
     except OSError:
         return (
-            f"no Prolog laid out {folder.path}: scout's Prolog is not the site's Prolog on this cluster, "
+            f"no Prolog laid out {folder.path}: scout's Prolog is not the site's Prolog on "
+            "this cluster, "
             "or the site's hooks use another config and evidence root than this job"
         )
     if not stat_mod.S_ISDIR(st.st_mode) or st.st_uid != 0:
         return f"{folder.path} is not a root-owned folder: the site's Prolog did not make it"
     if not folder.run_dir(restart).is_dir() or not folder.nodes_dir.is_dir():
-        return f"the site's Prolog did not lay out {folder.run_dir(restart)} (is PrologFlags=Alloc set?)"
+        return (
+            f"the site's Prolog did not lay out {folder.run_dir(restart)} (is PrologFlags=Alloc "
+            "set?)"
+        )
     return ""
 
 
 def _warn_unprepared(why: str, ctx: TaskContext, environ: Mapping[str, str], root: str) -> None:
-    """Loud, once a node (local rank 0), in the job's own output: the job runs on, unwatched by the site."""
+    """Loud, once a node (local rank 0), in the job's own output: the job runs on, unwatched by
+    the site.
+    """
     if ctx.local_rank != 0:
         return
     from scout_slurm.config import CONFIG_ENV, DEFAULT_CONFIG_PATH
@@ -177,8 +185,10 @@ def _warn_unprepared(why: str, ctx: TaskContext, environ: Mapping[str, str], roo
     )
     print(
         f"scout: WARNING on {ctx.node}: the site's hooks will not see this job's evidence: {why}. "
-        f"This job's config: {config}; its evidence root: {root}. The job runs, but a failure will not be "
-        f"localised, nor its node drained, nor the job requeued. Ask your site which {CONFIG_ENV} to use.",
+        f"This job's config: {config}; its evidence root: {root}. The job runs, but a failure "
+        "will not be "
+        "localised, nor its node drained, nor the job requeued. Ask your site which "
+        f"{CONFIG_ENV} to use.",
         file=sys.stderr,
         flush=True,
     )
@@ -198,9 +208,12 @@ def banner(ctx: TaskContext, cfg: SiteConfig, environ: Mapping[str, str], folder
     `init_banner`, once rank 0 enters init_process_group. A program that never does (data
     preparation, an evaluation script) shows this line alone."""
     return (
-        f"scout: watching job {ctx.job_id} (run {ctx.restart}, {ctx.world_size} ranks): each task's exit; "
-        "a task whose process never calls torch.distributed's init_process_group is watched for its exit "
-        "only and never called stalled (stall watch, state votes, replay and timing votes start in a "
+        f"scout: watching job {ctx.job_id} (run {ctx.restart}, {ctx.world_size} ranks): each "
+        "task's exit; "
+        "a task whose process never calls torch.distributed's init_process_group is watched "
+        "for its exit "
+        "only and never called stalled (stall watch, state votes, replay and timing votes "
+        "start in a "
         "process that calls it: a second line says what is on when rank 0 does); "
         f"evidence in {folder.run_dir(ctx.restart)} (scout's own log: ranks/log-<rank>.jsonl)"
     )
@@ -216,10 +229,14 @@ def init_banner(ctx: TaskContext, cfg: SiteConfig, environ: Mapping[str, str]) -
     timing = _every(job.timing.every, jobconfig.TIMING_EVERY.name, problems)
     w = cfg.watchdog
     return (
-        f"scout: job {ctx.job_id}, rank 0 entered init_process_group: a rank is called stalled after "
-        f"max({w.stall_floor_s:g} s, {w.stall_factor:g} x its step time) without progress (before its first "
-        f"optimizer step: the start-up limit, {w.startup_grace_s:g} s; a rank not yet at init_process_group "
-        f"only once a peer waits there); state votes {votes}; in-situ replay {replay}; timing votes {timing}"
+        f"scout: job {ctx.job_id}, rank 0 entered init_process_group: a rank is called "
+        "stalled after "
+        f"max({w.stall_floor_s:g} s, {w.stall_factor:g} x its step time) without progress "
+        "(before its first "
+        f"optimizer step: the start-up limit, {w.startup_grace_s:g} s; a rank not yet at "
+        "init_process_group "
+        f"only once a peer waits there); state votes {votes}; in-situ replay {replay}; timing "
+        f"votes {timing}"
     )
 
 
@@ -281,7 +298,8 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     )
     for name, text in site_defaults(cfg).items():
         env.setdefault(name, text)  # the job's own setting wins
-    # in-job checks off (settings not valid, on_bad_setting = "disable"): no bootstrap; the watchdog still runs
+    # in-job checks off (settings not valid, on_bad_setting = "disable"): no bootstrap; the watchdog
+    # still runs
     bootstrap = str(BOOTSTRAP_DIR) if checks_on else ""
     env["PYTHONPATH"] = os.pathsep.join(p for p in (bootstrap, environ.get("PYTHONPATH", "")) if p)
     resume, offset = _resume_checkpoint(folder, ctx.restart)
@@ -357,7 +375,8 @@ def settings_allow_start(
 ) -> bool | None:
     """Validate the job's SCOUT_* settings (jobconfig's table) before the command starts. True: all
     valid; False: not valid, the job starts with scout's in-job checks off; None: not valid and the
-    site's `[watchdog] on_bad_setting = "fail"`: the command must not start. Said loudly once (rank 0)
+    site's `[watchdog] on_bad_setting = "fail"`: the command must not start. Said loudly once (rank
+    0)
     in the job's output, and in every rank's own log."""
     _, problems = read_settings(environ, site_defaults(cfg))
     # which settings the job itself gave (the rest: the site's defaults, then scout's)
@@ -398,7 +417,8 @@ def node_tasks(ctx: TaskContext, environ: Mapping[str, str]) -> NodeTasks | None
 
 
 def _write_node_tasks(folder: JobFolder, ctx: TaskContext, environ: Mapping[str, str]) -> None:
-    """So that this node's Epilog can digest its ranks' records for the controller (evidence/digest.py);
+    """So that this node's Epilog can digest its ranks' records for the controller
+    (evidence/digest.py);
     without it the controller reads every rank's files itself."""
     tasks = node_tasks(ctx, environ)
     if tasks is None:
@@ -448,7 +468,8 @@ def _resume_checkpoint(folder: JobFolder, restart: int) -> tuple[str, int]:
     except ScoutError as exc:
         log.warning("task.resume_unreadable", path=str(path), error=str(exc))
         print(
-            f"scout: WARNING: the resume instruction {path} is unreadable ({exc}); this run does not "
+            f"scout: WARNING: the resume instruction {path} is unreadable ({exc}); this run "
+            "does not "
             "resume from a checkpoint scout chose",
             file=sys.stderr,
             flush=True,

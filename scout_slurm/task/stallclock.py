@@ -55,7 +55,9 @@ def stalled(idle_s: float, threshold_s: float) -> bool:
 
 
 def may_decide(*, now: float, window_since: float, confirm_s: float, any_stalled: bool) -> bool:
-    """A stall is called only when a rank is past its threshold and the window has run its course."""
+    """A stall is called only when a rank is past its threshold and the window has run its
+    course.
+    """
     return any_stalled and now - window_since >= confirm_s
 
 

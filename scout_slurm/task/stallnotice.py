@@ -51,8 +51,10 @@ def ending_line(
     if not culprits:
         why = decision.reasoning[-1] if decision.reasoning else "no rank was behind"
         return (
-            f"scout: job {job_id}: every rank stopped making progress ({phase}) and no rank could be named "
-            f"({why}); scout ended all {world_size} ranks of this step (exit code {exitcodes.STALL_PEER}); "
+            f"scout: job {job_id}: every rank stopped making progress ({phase}) and no rank "
+            "could be named "
+            f"({why}); scout ended all {world_size} ranks of this step (exit code "
+            f"{exitcodes.STALL_PEER}); "
             f"{evidence}"
         )
     first = culprits[0]
@@ -65,12 +67,14 @@ def ending_line(
     others = max(0, world_size - len(culprits))
     ended = (
         (
-            f"scout ended it (exit code {exitcodes.STALL_CULPRIT}) and the step's other {others} rank(s) "
+            f"scout ended it (exit code {exitcodes.STALL_CULPRIT}) and the step's other "
+            f"{others} rank(s) "
             f"(exit code {exitcodes.STALL_PEER})"
         )
         if len(culprits) == 1
         else (
-            f"scout ended them (exit code {exitcodes.STALL_CULPRIT}) and the step's other {others} rank(s) "
+            f"scout ended them (exit code {exitcodes.STALL_CULPRIT}) and the step's other "
+            f"{others} rank(s) "
             f"(exit code {exitcodes.STALL_PEER})"
         )
     )

@@ -39,7 +39,8 @@ class ExceptionSeen:
 class TracebackReader:
     """Finds the exception line that ends each traceback in a stream of lines (pure): after
     "Traceback (most recent call last):", the first line that is not indented, not empty and
-    looks like `Type: message` (a "[rankN]: " prefix is read past). Lines from other writers (a warning printed by another thread)
+    looks like `Type: message` (a "[rankN]: " prefix is read past). Lines from other writers (a
+    warning printed by another thread)
     in between are skipped."""
 
     def __init__(self) -> None:

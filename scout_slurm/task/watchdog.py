@@ -136,7 +136,9 @@ class RankTracker:
         self.view = view
 
     def entered_init(self) -> bool:
-        """Has the process called init_process_group (the bootstrap marks it before the rendezvous)?"""
+        """Has the process called init_process_group (the bootstrap marks it before the
+        rendezvous)?
+        """
         return self.view is not None and self.view.entered_init
 
     def entered_collective(self) -> bool:
@@ -144,7 +146,8 @@ class RankTracker:
         return self.view is not None and self.view.coll_entered > 0
 
     def between_init_and_first_collective(self) -> bool:
-        """Past init_process_group (its record's writer opened when init returned) and in no collective
+        """Past init_process_group (its record's writer opened when init returned) and in no
+        collective
         yet. A rank still waiting at the rendezvous is not: its clock runs as a waiting rank's."""
         v = self.view
         return v is not None and v.pid > 0 and v.coll_entered == 0
@@ -182,7 +185,9 @@ class RankTracker:
         return statistics.median(self.intervals) if len(self.intervals) >= 3 else 0.0
 
     def phase(self, cfg: WatchdogConfig) -> str:
-        """startup (training has not advanced: the stall clock is not armed), checkpoint I/O, or training."""
+        """startup (training has not advanced: the stall clock is not armed), checkpoint I/O, or
+        training.
+        """
         v = self.view
         if v is None:
             return stallclock.PHASE_STARTUP
@@ -252,8 +257,10 @@ class Watchdog:
         self.health = EvidenceHealth(policy=cfg.on_evidence_loss, grace_s=cfg.evidence_loss_grace_s)
         self.histories: dict[int, HistoryWriter] = {}  # for the report's timeline only
         self.next_history = 0.0
-        # when this watchdog learnt that a rank of its step entered init_process_group, then the job's
-        # first collective; until then a rank of its own not there is on no clock (stallclock.idle_from)
+        # when this watchdog learnt that a rank of its step entered init_process_group, then the
+        # job's
+        # first collective; until then a rank of its own not there is on no clock
+        # (stallclock.idle_from)
         self.rendezvous = StartupPoint(
             "init_process_group", folder.rendezvous_path, RankTracker.entered_init
         )
@@ -339,7 +346,8 @@ class Watchdog:
         return tracker.idle_s(now, self.rendezvous.since, self.first_collective.since)
 
     def _follow_startup(self, now: float) -> None:
-        """Learn when a rank of this job step passed each point of the start-up (task/stallclock.py):
+        """Learn when a rank of this job step passed each point of the start-up
+        (task/stallclock.py):
         init_process_group, then the job's first collective."""
         if self._follow(self.rendezvous, now) and self.init_line:
             _say(self.init_line)  # this task's rank entered init: what else is on, said once
@@ -545,7 +553,9 @@ class Watchdog:
         return exitcodes.EVIDENCE_LOST
 
     def _same_bug_line(self, record: ExitRecord) -> str:
-        """`same_bug` against this rank's exit on the run before (job-owned, read with no follow)."""
+        """`same_bug` against this rank's exit on the run before (job-owned, read with no
+        follow).
+        """
         if self.ctx.restart <= 0:
             return ""
         try:
@@ -632,7 +642,8 @@ class Watchdog:
                     node=self.ctx.node,
                     kind=FindingKind.STALL_SUSPECT,
                     at=self.wall(),
-                    summary=f"rank {t.rank} made no progress for {i:.1f} s (threshold {th:.1f} s, {t.phase(self.cfg)})",
+                    summary=f"rank {t.rank} made no progress for {i:.1f} s (threshold {th:.1f} s, "
+                    f"{t.phase(self.cfg)})",
                     details=(f"process state: {proc_state(self._training_pid(t)).value}",),
                     step=t.view.opt_steps if t.view else -1,
                 )
@@ -669,18 +680,23 @@ class Watchdog:
                 and s.threshold_s >= self.cfg.startup_grace_s
                 and s.idle_s <= s.threshold_s
             ):
-                return None  # a peer in a checkpoint save or load (its limit is the start-up one): busy
+                # a peer in a checkpoint save or load (its limit is the start-up one): busy
+                return None
             if s.idle_s < s.threshold_s / 2:
                 return None  # a peer is still advancing: not a job-wide stall (yet)
         if proc_state(self.child.pid) == ChildState.EXITED:
             # this task's process ended after this turn's reap: the next turn takes the exit path
-            # (its exit record, EXITED published) and the ranks still waiting decide with it. Deciding
-            # here would set this rank's fresh exit beside a peer's snapshot that the peer's shim, slower
-            # under load, has not yet refreshed, and name this rank for a death that followed the peer's.
+            # (its exit record, EXITED published) and the ranks still waiting decide with it.
+            # Deciding
+            # here would set this rank's fresh exit beside a peer's snapshot that the peer's shim,
+            # slower
+            # under load, has not yet refreshed, and name this rank for a death that followed the
+            # peer's.
             return None
         for t in self.trackers.values():
             peers[t.rank] = self.snapshot(t, now)
-        # under torchrun the ranks are the workers', not the Slurm tasks': their records say how many
+        # under torchrun the ranks are the workers', not the Slurm tasks': their records say how
+        # many
         world = max(
             [self.ctx.world_size] + [t.view.world_size for t in self.trackers.values() if t.view]
         )
@@ -699,14 +715,17 @@ class Watchdog:
             reasoning = (
                 f"startup hang: rank(s) {', '.join(map(str, before_init))} had not entered "
                 f"init_process_group while peers waited there; the start-up limit of "
-                f"{self.cfg.startup_grace_s:g} s, which runs for a rank not at the rendezvous once a "
+                f"{self.cfg.startup_grace_s:g} s, which runs for a rank not at the rendezvous "
+                "once a "
                 "peer is, passed",
                 *reasoning,
             )
         elif at_startup:
             reasoning = (
-                f"startup hang: no rank had completed a training step (the stall clock arms at the first "
-                f"optimizer step or after {self.cfg.arm_after_collectives} collectives); the start-up "
+                "startup hang: no rank had completed a training step (the stall clock arms "
+                "at the first "
+                f"optimizer step or after {self.cfg.arm_after_collectives} collectives); the "
+                "start-up "
                 f"limit of {self.cfg.startup_grace_s:g} s passed without progress",
                 *reasoning,
             )
@@ -772,12 +791,14 @@ class Watchdog:
                 return
             why = (
                 f"no Python stack dump within {STACK_WAIT_S:g} s of the stack signal "
-                f"(process state: {', '.join(sorted({proc_state(self._training_pid(t)).value for t in self.trackers.values()}))})"
+                "(process state: "
+                f"{', '.join(sorted({proc_state(self._training_pid(t)).value for t in self.trackers.values()}))})"
             )
         else:
             why = (
                 "no Python stack dump asked: the progress record is inactive or absent (closed at "
-                "destroy_process_group() or interpreter exit, or never opened), so the bootstrap's handler "
+                "destroy_process_group() or interpreter exit, or never opened), so the "
+                "bootstrap's handler "
                 "may be gone and the signal could kill the process"
             )
         from scout_slurm.task.procstack import describe_process
@@ -788,7 +809,8 @@ class Watchdog:
             )
         )
         lines = [
-            f"--- scout watchdog, {time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(self.wall()))}Z: {why}; "
+            "--- scout watchdog, "
+            f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(self.wall()))}Z: {why}; "
             "the processes as /proc shows them:"
         ]
         for pid in pids:

@@ -46,7 +46,8 @@ def main() -> None:
         h.update(p.detach().numpy().tobytes())
     with open(f"{args.out}-rank-{rank}.txt", "w") as fh:
         fh.write(
-            f"{h.hexdigest()} hooks={len(ddp._comm_hooks)} group={type(ddp.process_group).__name__}\n"
+            f"{h.hexdigest()} hooks={len(ddp._comm_hooks)} "
+            f"group={type(ddp.process_group).__name__}\n"
         )
     del ddp, opt
     dist.destroy_process_group()

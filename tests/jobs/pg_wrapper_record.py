@@ -1,7 +1,9 @@
-"""The recording wrapper's bookkeeping on one gloo rank, printed as JSON: all-reduces launched inside a
+"""The recording wrapper's bookkeeping on one gloo rank, printed as JSON: all-reduces launched
+inside a
 backward are open until that backward ends (autograd's final callback leaves them); one launched
 outside a backward is left when it completes; the buckets of a backward that raised (its final
-callbacks dropped) are left with the next backward's, or at the next `settle` (DDP's forward calls it)."""
+callbacks dropped) are left with the next backward's, or at the next `settle` (DDP's forward calls
+it)."""
 
 import json
 import sys

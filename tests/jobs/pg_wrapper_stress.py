@@ -1,5 +1,6 @@
 """Collectives through scout's recording wrapper of a gloo group, from C++ (DDP's
-`_broadcast_coalesced`, as `_rebuild_buckets` and buffer syncs call the group) and from Python, while
+`_broadcast_coalesced`, as `_rebuild_buckets` and buffer syncs call the group) and from Python,
+while
 gloo's worker threads free works the job launched from Python and dropped at once. Before pgwrap
 passed every collective on from Python, torch's trampoline ran these holding the GIL into gloo's
 queue lock, and this job deadlocked within a few hundred iterations. Prints what it checked."""
@@ -36,7 +37,8 @@ def main() -> int:
         _broadcast_coalesced(group, got, 1 << 20, 0)  # from C++, the GIL released
         if not torch.equal(got[0], torch.full((256,), float(i * world))):
             print(
-                f"rank {rank}: iteration {i}: broadcast through the wrapper gave {got[0][:4].tolist()}"
+                f"rank {rank}: iteration {i}: broadcast through the wrapper gave "
+                f"{got[0][:4].tolist()}"
             )
             return 1
         if i % 10 == 0:  # from Python, with the wrapper as the group
@@ -49,7 +51,8 @@ def main() -> int:
     faulthandler.cancel_dump_traceback_later()
     dist.barrier()
     print(
-        f"rank {rank}: {args.iterations} iterations through the wrapper in {time.monotonic() - t0:.1f} s"
+        f"rank {rank}: {args.iterations} iterations through the wrapper in "
+        f"{time.monotonic() - t0:.1f} s"
     )
     dist.destroy_process_group()
     return 0

@@ -1,4 +1,5 @@
-"""A small DDP (or FSDP2) job that checkpoints through torch.distributed.checkpoint (every rank takes part)
+"""A small DDP (or FSDP2) job that checkpoints through torch.distributed.checkpoint (every rank
+takes part)
 and can resume from such a folder. Knows nothing of scout."""
 
 import argparse

@@ -44,7 +44,8 @@ def main() -> int:
         "--load-after-init",
         type=float,
         default=0.0,
-        help="seconds spent after init_process_group, before the job's first collective (a barrier)",
+        help="seconds spent after init_process_group, before the job's first collective (a "
+        "barrier)",
     )
     ap.add_argument(
         "--before-init",
@@ -56,7 +57,8 @@ def main() -> int:
     torch.manual_seed(0)
     if args.before_init and args.sleep_rank in (-1, int(os.environ["RANK"])):
         print(
-            f"rank {os.environ['RANK']}: loading before init_process_group ({args.startup_sleep:g} s)",
+            f"rank {os.environ['RANK']}: loading before init_process_group "
+            f"({args.startup_sleep:g} s)",
             flush=True,
         )
         time.sleep(args.startup_sleep)

@@ -22,7 +22,9 @@ class Out:
 
 
 class Gate(torch.nn.Module):
-    """Returns (output, bias), like Megatron's parallel layers; takes a tensor and a float by keyword."""
+    """Returns (output, bias), like Megatron's parallel layers; takes a tensor and a float by
+    keyword.
+    """
 
     def __init__(self, n: int) -> None:
         super().__init__()

@@ -58,7 +58,8 @@ def test_batch_host_epilog_localises_and_drains():
 @pytest.mark.timeout(300)
 def test_batch_host_mode_observe_only_with_planted_checkpoints_finishes_within_budget():
     """The root node Epilog of the batch host, observe-only, with the checkpoint records that once
-    hung it until Slurm's Epilog timeout drained the node (/proc/kmsg ...): checked as the job's user
+    hung it until Slurm's Epilog timeout drained the node (/proc/kmsg ...): checked as the job's
+    user
     within the budget, no recovery point among them, and `sinfo -R` empty."""
     state = Path(f"/tmp/scout-lab-batchhost-oo-{os.getpid()}")
     base = LabSpec(state_dir=state, nodes=3, port_base=_pick_port_base(5), python=sys.executable)

@@ -105,7 +105,8 @@ def test_resume_from_the_eligible_checkpoint_bit_for_bit(lab, clean_drains):
 def test_atomic_saves_are_eligible_under_their_final_names_and_resumed_bit_for_bit(
     lab, clean_drains
 ):
-    """torch.save to NAME.tmp, then os.replace (or shutil.move) to NAME, as most training code saves:
+    """torch.save to NAME.tmp, then os.replace (or shutil.move) to NAME, as most training code
+    saves:
     the records name NAME (the .tmp name is gone, and a record of it was never a recovery point),
     the controller resumes from NAME, and the rerun ends where an uninterrupted run does."""
     from scout_slurm.evidence.store import list_records
@@ -116,7 +117,10 @@ def test_atomic_saves_are_eligible_under_their_final_names_and_resumed_bit_for_b
     jobs = {}
     for how in ("replace", "move"):
         ckpt, final = lab.paths.work / f"ck-{how}-{tag}", lab.paths.work / f"final-{how}-{tag}.txt"
-        train = f"--steps 30 --momentum 0.9 --sched --ckpt-dir {ckpt} --ckpt-every 5 --atomic-save {how}"
+        train = (
+            f"--steps 30 --momentum 0.9 --sched --ckpt-dir {ckpt} --ckpt-every 5 --atomic-save "
+            f"{how}"
+        )
         # as in the test above: rank 0 corrupted at step 12, clean vote at 10, outlier named at 20
         jobs[how] = (
             sj.submit(

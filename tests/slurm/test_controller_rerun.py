@@ -122,7 +122,9 @@ def actions_file(tmp_path: Path, job: int) -> tuple[Path, JobFolder]:
 
 
 def drain_updates(lab, node: str, job: int, since: int) -> int:
-    """How many times slurmctld set `node`'s reason to one naming `job`, in its log after offset `since`."""
+    """How many times slurmctld set `node`'s reason to one naming `job`, in its log after offset
+    `since`.
+    """
     with open(lab.paths.logs / "slurmctld.log", "rb") as fh:
         fh.seek(since)
         text = fh.read().decode(errors="replace")
@@ -311,7 +313,8 @@ def test_when_slurm_does_not_answer_the_plan_stays_pending_and_a_later_run_appli
         )
         took = time.monotonic() - t0
         print(
-            f"\nno answer: {pending.status.value} after {took:.1f} s: {pending.results[0].message[:200]}"
+            f"\nno answer: {pending.status.value} after {took:.1f} s: "
+            f"{pending.results[0].message[:200]}"
         )
         assert took < 15
         assert pending.status == PlanStatus.PENDING
@@ -378,7 +381,8 @@ with held_lock(folder, 0):
 def test_an_incident_left_by_a_killed_hook_is_completed_by_the_next_controller_run(
     lab, clean_drains, stop_after
 ):
-    """No rerun by hand: the controller Epilog of the next job to end on the cluster (any job, here a
+    """No rerun by hand: the controller Epilog of the next job to end on the cluster (any job, here
+    a
     plain `true` of another user) finds the marker, takes the free lock, and completes the incident
     from its actions record: each action done once, the marker gone."""
     job, node = running_job(lab)
@@ -428,7 +432,8 @@ def test_an_incident_left_by_a_killed_hook_is_completed_by_the_next_controller_r
         )
         if not taken_over:
             # (after the requeue the job itself ends, and its own controller Epilog may complete the
-            # incident first once the marker is old enough: then it is gone, or being completed by that
+            # incident first once the marker is old enough: then it is gone, or being completed by
+            # that
             # controller run, by the time it is listed)
             assert re.search(rf"{job}\s+0\s+planned", shown), shown
 
@@ -442,8 +447,10 @@ def test_an_incident_left_by_a_killed_hook_is_completed_by_the_next_controller_r
                 break
             time.sleep(0.3)
         print(
-            f"\nkilled {['after planning', 'after drain', 'after requeue'][stop_after]}: completed by job "
-            f"{other}'s controller Epilog {time.monotonic() - t0:.1f} s after that job was submitted"
+            f"\nkilled {['after planning', 'after drain', 'after requeue'][stop_after]}: "
+            "completed by job "
+            f"{other}'s controller Epilog {time.monotonic() - t0:.1f} s after that job was "
+            "submitted"
         )
         assert final.results[:stop_after] == killed.results
         assert_completed(lab, final, job, node, reason)

@@ -1,5 +1,6 @@
 """Issue 25: drains a tenant cannot forge, on the real lab cluster with the site's default rule
-(`[drain] drain_on = "corroborated"`; the lab itself keeps the old rule for its demo and loop tests).
+(`[drain] drain_on = "corroborated"`; the lab itself keeps the old rule for its demo and loop
+tests).
 
 A job's own evidence excludes a node from that job's rerun; a drain needs a root check on the node
 that corroborates the verdict, or incidents of two different users on the node. The jobs run as
@@ -42,7 +43,8 @@ class Site:
         self.kmsg.mkdir(mode=0o755, exist_ok=True)
         for node in lab.spec.node_names():  # each node's kernel log, empty: nothing logged yet
             (self.kmsg / f"{node}.kmsg").write_text("")
-        # the session's earlier tests drained and watched nodes too (as scout-u1 and root): their drain
+        # the session's earlier tests drained and watched nodes too (as scout-u1 and root): their
+        # drain
         # decisions are set aside for this test, so that its history is its own, and put back after
         self.stashed = [
             p.rename(p.with_name(p.name + STASHED))
@@ -218,7 +220,9 @@ def _training(
 
 
 def _watched_run(lab, job: int, node: str, rank: int) -> None:
-    """Run 0 named `node`; it was excluded from the rerun, not drained, and the rerun completed elsewhere."""
+    """Run 0 named `node`; it was excluded from the rerun, not drained, and the rerun completed
+    elsewhere.
+    """
     sj.wait_finished(lab, job, restart=0)
     v0 = sj.show_json(lab, job, restart=0)
     assert v0["kind"] == "crash" and [(s["rank"], s["node"]) for s in v0["suspects"]] == [
@@ -245,7 +249,8 @@ def test_one_users_crash_on_a_shared_node_excludes_it_a_second_users_drains_it(l
     users = lab.users.get("job_users") or []
     if len(users) < 2:
         pytest.skip(
-            f"the lab runs jobs as {users or 'root'}: two unprivileged users are needed ({lab.users})"
+            f"the lab runs jobs as {users or 'root'}: two unprivileged users are needed "
+            f"({lab.users})"
         )
     u1, u2 = users[:2]
     bystander = _sleeper(lab, u2, "n2")
@@ -317,7 +322,8 @@ def test_a_root_visible_hardware_error_drains_on_the_first_incident(lab, site):
 FORGED = (
     "NVRM: Xid 79[16715]: segfault at 0 ip 00007f3a2b4c5d6e sp 00007ffd1a2b3c40 error 4 in "
     "libc.so.6[7f3a2b400000+195000] likely on CPU 3 (core 3, socket 0)",
-    "traps: mce: [Hardware [16716] general protection fault ip:7f12 sp:7ffd error:0 in a[7f10+3000]",
+    "traps: mce: [Hardware [16716] general protection fault ip:7f12 sp:7ffd error:0 in "
+    "a[7f10+3000]",
     "EDAC MC0: 1 UE invoked oom-killer: gfp_mask=0x140cca(GFP_HIGHUSER_MOVABLE|__GFP_COMP), "
     "order=0, oom_score_adj=0",
     "Out of memory: Killed process 16717 (AER) total-vm:9123kB, anon-rss:8123kB, file-rss:0kB, "
@@ -334,7 +340,8 @@ def test_a_rank_named_like_a_hardware_error_that_segfaults_drains_nothing(lab, s
     users = lab.users.get("job_users") or []
     if len(users) < 2:
         pytest.skip(
-            f"the lab runs jobs as {users or 'root'}: two unprivileged users are needed ({lab.users})"
+            f"the lab runs jobs as {users or 'root'}: two unprivileged users are needed "
+            f"({lab.users})"
         )
     u1, u2 = users[:2]
     bystander = _sleeper(lab, u2, "n4")
@@ -358,7 +365,8 @@ def test_a_rank_named_like_a_hardware_error_that_segfaults_drains_nothing(lab, s
 @pytest.mark.timeout(420)
 def test_a_real_crash_without_root_evidence_is_excluded_not_drained_exclusive_or_not(lab, site):
     """A killed rank, in an exclusive allocation: having had the nodes to itself earns the job's
-    word no drain (a drain takes the node from every later job too); the rerun completes elsewhere."""
+    word no drain (a drain takes the node from every later job too); the rerun completes
+    elsewhere."""
     job = _training(
         lab, lab.job_user, ("n3", "n4"), "sigkill,rank=1,step=5", extra=("--exclusive",)
     )

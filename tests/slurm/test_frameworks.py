@@ -64,7 +64,8 @@ def test_deepspeed_zero1_and_zero2_clean_with_slow_start(lab, clean_drains):
     for zero, job in jobs.items():
         sj.wait_finished(lab, job, timeout=360)
     print(
-        f"\nDEEPSPEED ZeRO-1 and ZeRO-2 with a 40 s start-up, side by side: {time.monotonic() - t0:.1f} s"
+        "\nDEEPSPEED ZeRO-1 and ZeRO-2 with a 40 s start-up, side by side: "
+        f"{time.monotonic() - t0:.1f} s"
     )
     for zero, job in jobs.items():
         out = sj.output(lab, job)
@@ -230,7 +231,8 @@ def test_compiled_ddp_runs_checked_and_a_crash_in_it_is_named(lab, clean_drains)
 @pytest.mark.timeout(480)
 def test_inductor_compiled_ddp_runs_checked(lab, clean_drains):
     """Issue 38: the same with torch.compile's default backend, inductor (it compiles C++ with the
-    node's C compiler; skipped where there is none), one node x 2 ranks to keep the compile short."""
+    node's C compiler; skipped where there is none), one node x 2 ranks to keep the compile
+    short."""
     import shutil
 
     if shutil.which("cc") is None and shutil.which("gcc") is None:
@@ -250,7 +252,8 @@ def test_inductor_compiled_ddp_runs_checked(lab, clean_drains):
 @pytest.mark.timeout(300)
 def test_fsdp2_rank_asleep_in_its_step_is_a_hang_named_by_rank_and_node(lab, clean_drains):
     """FSDP2 (`fully_shard`, torch 2.13) calls all_gather_single and reduce_scatter_single: scout's
-    record sees them, so a rank asleep after step 5 (alive, not stopped) is behind its peers, waiting
+    record sees them, so a rank asleep after step 5 (alive, not stopped) is behind its peers,
+    waiting
     in the next all-gather, and named: before, every rank stood at 0 collectives and the verdict was
     `inconclusive`."""
     fsdp2 = JOBS / "train_fsdp2.py"

@@ -47,7 +47,8 @@ def _run_held(lab, policy: str, steps: int) -> tuple[int, object, str]:
     script = sj.batch_script(
         lab,
         train_args=f"--steps {steps} --step-sleep 0.05",
-        pre=f"export SCOUT_WATCHDOG_ON_EVIDENCE_LOSS={policy} SCOUT_WATCHDOG_EVIDENCE_LOSS_GRACE_S=3 "
+        pre=f"export SCOUT_WATCHDOG_ON_EVIDENCE_LOSS={policy} "
+        "SCOUT_WATCHDOG_EVIDENCE_LOSS_GRACE_S=3 "
         f"SCOUT_WATCHDOG_PUBLISH_INTERVAL_S=0.5",
     )
     job = sj.submit(lab, script, nodes=2, tasks_per_node=1, extra=("--no-requeue", "--hold"))

@@ -20,7 +20,10 @@ def test_a_misspelt_setting_is_said_once_and_the_job_runs(lab, clean_drains):
     job = sj.submit(lab, script, extra=("--no-requeue",))
     sj.wait_finished(lab, job)
     out = sj.output(lab, job)
-    said = "scout:   SCOUT_CONSENSUS_EVRY='10': unknown scout setting; did you mean SCOUT_CONSENSUS_EVERY?"
+    said = (
+        "scout:   SCOUT_CONSENSUS_EVRY='10': unknown scout setting; did you mean "
+        "SCOUT_CONSENSUS_EVERY?"
+    )
     assert out.count(said) == 1, out[-3000:]
     assert out.count("in-job checks OFF") == 1, out[-3000:]
     assert f"scout: watching job {job}" not in out, "no banner that claims checks which are off"

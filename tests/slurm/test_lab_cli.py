@@ -68,7 +68,9 @@ def test_scout_lab_up_status_down(state_dir):
 
 
 def test_scout_lab_up_slurm_release_and_down(state_dir, pytestconfig):
-    """`scout lab up --slurm R`: the exports name the root the door runs Slurm from; down leaves nothing."""
+    """`scout lab up --slurm R`: the exports name the root the door runs Slurm from; down leaves
+    nothing.
+    """
     from conftest import leftovers
 
     releases = [

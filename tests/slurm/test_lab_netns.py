@@ -136,7 +136,8 @@ def test_ddp_job_across_two_namespace_nodes():
         assert res.returncode == 0, res.stderr
         ranks = {r["rank"]: r for r in json.loads(res.stdout)["ranks"]}
         assert sorted(ranks) == [0, 1, 2, 3]
-        # every node has its own hostname: the place records' hostname is the node's, not this machine's
+        # every node has its own hostname: the place records' hostname is the node's, not this
+        # machine's
         assert {r["node"]: r["hostname"] for r in ranks.values()} == {"n1": "n1", "n2": "n2"}
         assert ranks[0]["hostname"] != ranks[2]["hostname"]
 
@@ -177,7 +178,8 @@ def test_up_down_three_times_leaves_nothing_behind():
             assert sorted(_scout_namespaces()) == ["scout-n1", "scout-n2", "scout-n3"]
             assert sorted(_lab_links()) == sorted([NETNS_BRIDGE, "sv-n1", "sv-n2", "sv-n3"])
             if cycle == 0:
-                # a second netns lab refuses to take the names over, and touches nothing of the first
+                # a second netns lab refuses to take the names over, and touches nothing of the
+                # first
                 other = Lab(
                     LabSpec(
                         state_dir=other_state,
@@ -192,7 +194,8 @@ def test_up_down_three_times_leaves_nothing_behind():
                 assert other.running_pids() == []
                 assert sorted(_scout_namespaces()) == ["scout-n1", "scout-n2", "scout-n3"]
             if cycle == 1:
-                # a crash: every daemon killed -9, plus a stray process left inside a node's namespace
+                # a crash: every daemon killed -9, plus a stray process left inside a node's
+                # namespace
                 slurmd = int((cluster.paths.run / "slurmd-n2.pid").read_text())
                 stray = subprocess.Popen(
                     ["nsenter", "-t", str(slurmd), "-n", "sleep", "600"], start_new_session=True

@@ -1,6 +1,7 @@
 """Issue 21: scout on the Slurm releases sites run. On each release of --slurm-releases (default
 24.11 and 26.05, one lab each, run from a cached Debian root): the crash and hang loops drain,
-requeue and resume; `scout map` of both runs after the job; a hostile drain reason read back exactly; every
+requeue and resume; `scout map` of both runs after the job; a hostile drain reason read back
+exactly; every
 Slurm call through the door runs the lab's own binaries; `scout lab down` leaves nothing."""
 
 from __future__ import annotations
@@ -51,7 +52,9 @@ def test_hostile_drain_reason_is_read_back_exactly(release_lab, clean_release_dr
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_crash_loop_then_map(release_lab, clean_release_drains):
-    """The crash loop, then `scout map` of both runs after the job ended (one job for both: CI time)."""
+    """The crash loop, then `scout map` of both runs after the job ended (one job for both: CI
+    time).
+    """
     job, _ = sj.closed_loop(release_lab, "exit,rank=2,step=25,code=3", 2, "crash")
     maps = {}
     for restart in (0, 1):
@@ -91,7 +94,9 @@ def test_hang_loop(release_lab, clean_release_drains):
 
 @pytest.mark.timeout(180)
 def test_lab_down_leaves_no_process_mount_or_namespace(release_lab, tmp_path):
-    """A second, small lab of the same release beside the session's: up, a job running in it, down."""
+    """A second, small lab of the same release beside the session's: up, a job running in it,
+    down.
+    """
     small = Lab(
         LabSpec(
             state_dir=tmp_path / "lab",
@@ -150,7 +155,8 @@ def test_netns_lab_of_the_release(release_lab, tmp_path):
         env = small.client_env()
         script = (
             f"#!/bin/bash\nsrun -l {sys.executable} -c "
-            "'import socket, torch; print(socket.gethostname(), socket.gethostbyname(socket.gethostname()))'\n"
+            "'import socket, torch; print(socket.gethostname(), "
+            "socket.gethostbyname(socket.gethostname()))'\n"
         )
         job = ops.submit_batch(
             script,

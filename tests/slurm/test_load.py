@@ -24,7 +24,8 @@ def test_twenty_jobs_failing_at_once(lab, clean_drains):
             lab,
             train_args="--steps 40 --step-sleep 0.05",
             scout_args=f"--scout-inject=sigkill,rank={rank},step=3",
-            pre=f"sleep $(( {int(start_at)} - $(date +%s) > 0 ? {int(start_at)} - $(date +%s) : 0 ))",
+            pre=f"sleep $(( {int(start_at)} - $(date +%s) > 0 ? {int(start_at)} - $(date +%s) : 0 "
+            "))",
         )
         jobs.append(
             (sj.submit(lab, script, nodes=1, tasks_per_node=2, extra=("--no-requeue",)), rank)

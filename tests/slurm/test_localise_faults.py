@@ -70,7 +70,8 @@ def test_fault_is_named(lab, clean_drains, case_id, inject, rank, kind):
     d = sj.decision(lab, job)
     detect = (d.at - fault_at) if d else (v.first_failure_at - fault_at)
     print(
-        f"\nLATENCY {case_id}: fault->detection {detect:.2f} s, fault->verdict {v.created_at - fault_at:.2f} s "
+        f"\nLATENCY {case_id}: fault->detection {detect:.2f} s, fault->verdict "
+        f"{v.created_at - fault_at:.2f} s "
         f"(stall floor {STALL_FLOOR} s)"
     )
     # every node's Epilog digested its ranks (SLURM_GTIDS -> the tasks file -> the digest), and the
@@ -84,7 +85,8 @@ def test_fault_is_named(lab, clean_drains, case_id, inject, rank, kind):
         localise(from_digests, now=v.created_at), created_at=0
     ) == dataclasses.replace(localise(from_files, now=v.created_at), created_at=0)
     if case_id == "skip-one-allreduce":
-        # gloo aborts on the size mismatch (on a neighbour, not the culprit): the rings tell who left the sequence
+        # gloo aborts on the size mismatch (on a neighbour, not the culprit): the rings tell who
+        # left the sequence
         assert any("desync" in line for line in shown["reasoning"]), shown
     elif kind == "hang":
         assert d is not None and d.culprits == (rank,)

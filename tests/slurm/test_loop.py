@@ -37,7 +37,8 @@ def test_hang_loop(lab, clean_drains, tmp_path):
     started = time.monotonic()
     m = check_real_incident(lab, job, tmp_path, restart=0, world=4, suspects={1})
     print(
-        f"\nHTML incident page checked in Chromium in {time.monotonic() - started:.1f} s, pixels {m['pixels']}"
+        f"\nHTML incident page checked in Chromium in {time.monotonic() - started:.1f} s, "
+        f"pixels {m['pixels']}"
     )
 
 

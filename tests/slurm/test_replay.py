@@ -23,7 +23,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]
 FSDP2 = Path(__file__).resolve().parent.parent / "jobs" / "train_fsdp2.py"
 
 CASES = [
-    # DDP, layers 0 and 2: layer 0 is first replayed after step 3 at step 6, from rank 1: the faulty rank is the source
+    # DDP, layers 0 and 2: layer 0 is first replayed after step 3 at step 6, from rank 1: the faulty
+    # rank is the source
     ("ddp", "scale,factor=1.5,rank=1,step=3,every=1,target=activations", 1, 6),
     # DDP, rank 0, the gradient entering layer 0's backward (source of step 6 is rank 1)
     ("ddp", "noise,sigma=1e-3,rank=0,step=3,every=1,target=gradients", 0, 6),
@@ -94,7 +95,8 @@ def test_clean_hsdp_run_with_replay_every_step_names_nobody(lab, clean_drains):
         and "in-situ replay every 1 steps over layers ['0', '2', '4']" in out
     )
     assert [f for f in _findings(lab, job) if f.kind != FindingKind.INFO] == []
-    # two replicas a shard: no majority, so the at-rest witness keeps every window (after steps 1 to 13)
+    # two replicas a shard: no majority, so the at-rest witness keeps every window (after steps 1 to
+    # 13)
     assert (shown["coverage"]["at_rest_windows"], shown["coverage"]["at_rest_stopped"]) == (
         13,
         "",
@@ -103,8 +105,10 @@ def test_clean_hsdp_run_with_replay_every_step_names_nobody(lab, clean_drains):
 
 @pytest.mark.timeout(180)
 def test_hsdp_weight_fault_with_two_replicas_is_inconclusive_and_names_the_pair(lab, clean_drains):
-    # HSDP 2x2: rank 2's shard has one replica (rank 0); a difference has no majority, so nobody is drained.
-    # The flip comes after step 3, outside the at-rest witness's window (steps 2 -> 3 and 4 -> 5 with
+    # HSDP 2x2: rank 2's shard has one replica (rank 0); a difference has no majority, so nobody is
+    # drained.
+    # The flip comes after step 3, outside the at-rest witness's window (steps 2 -> 3 and 4 -> 5
+    # with
     # votes every 2): no witness, so the verdict stays inconclusive (the witness case is below)
     job = sj.submit(
         lab,
@@ -132,8 +136,10 @@ def test_hsdp_weight_fault_with_two_replicas_is_inconclusive_and_names_the_pair(
 
 
 NAN_CASES = [
-    # pure FSDP2, rank 3, the output of layer 0 on steps 3.. : the NaN reaches every rank's weights through the
-    # gradient reduction of step 3; replay (layer 2 from rank 1 at step 4 per the schedule) cannot see it then
+    # pure FSDP2, rank 3, the output of layer 0 on steps 3.. : the NaN reaches every rank's weights
+    # through the
+    # gradient reduction of step 3; replay (layer 2 from rank 1 at step 4 per the schedule) cannot
+    # see it then
     ("fsdp", "nan,rank=3,step=3,every=1,target=activations", 3),
     # HSDP 2x2, rank 0 (the lowest rank, which otherwise writes the findings)
     ("hsdp", "nan,rank=0,step=3,every=1,target=activations", 0),
@@ -162,7 +168,8 @@ def test_nan_is_named_on_the_rank_where_it_began(lab, clean_drains, mode, fault,
     began = [f for f in sdc if "became non-finite at step 3" in f.summary]
     assert [(f.rank, f.component, f.step) for f in began] == [(rank, "compute", 3)], sdc
     assert {f.rank for f in sdc} == {rank}
-    # every rank's own note: the injected one from step 3, the others from step 4 (or not at all, if the vote at
+    # every rank's own note: the injected one from step 3, the others from step 4 (or not at all, if
+    # the vote at
     # step 4 came before they read their flags)
     notes = {
         f.rank: f.step
@@ -204,8 +211,10 @@ def test_the_onset_of_a_replay_finding_is_bounded_by_the_last_replay_of_that_lay
 ):
     """Issue 19: corruption of layer '2' (index 1) from step 9, between the replays of other layers.
     Replays every 2 steps over layers 0 and 2: layer 1 passes at step 8, layer 0 passes at step 10,
-    layer 1 fails at step 12. The onset is step 9 (the last pass of that layer + 1), not 11 (the last
-    pass of any replay + 1), and the rerun resumes from the checkpoint at step 5, not the one at 10."""
+    layer 1 fails at step 12. The onset is step 9 (the last pass of that layer + 1), not 11 (the
+    last
+    pass of any replay + 1), and the rerun resumes from the checkpoint at step 5, not the one at
+    10."""
     ckpt = lab.paths.work / f"ckpt-onset-{time.time_ns()}"
     fault = "scale,factor=1.5,rank=3,step=9,every=1,target=activations,layer=2"
     script = sj.batch_script(
@@ -287,8 +296,10 @@ def test_a_witness_names_the_rank_where_no_majority_can(
 
 @pytest.mark.timeout(180)
 def test_a_wrong_optimizer_update_without_replicas_is_named_and_drained(lab, clean_drains):
-    """Pure FSDP2 (no copy of any shard anywhere): rank 1's optimizer update goes wrong from step 3 on,
-    as a faulty unit would (its recomputations of updates too). The at-rest seal signs what the update
+    """Pure FSDP2 (no copy of any shard anywhere): rank 1's optimizer update goes wrong from step 3
+    on,
+    as a faulty unit would (its recomputations of updates too). The at-rest seal signs what the
+    update
     wrote and no vote exists; the update replay (every 2 steps; at step 4 rank 2 is the source and
     rank 1 recomputes its update wrongly) names rank 1, and its node is drained."""
     fault = "bitflip,bit=20,rank=1,step=3,every=1,target=update"

@@ -47,8 +47,8 @@ def test_corruption_is_named(lab, clean_drains, fault, rank, target):
     assert any("step 10" in line for line in shown["reasoning"])  # the first vote after step 6
     out = sj.output(lab, job)
     assert (
-        f"rank {rank}'s state differs from the replicas' majority at step 10; ending this rank (exit 88)"
-        in out
+        f"rank {rank}'s state differs from the replicas' majority at step 10; ending this "
+        "rank (exit 88)" in out
     )
     drained = {
         n.name: n.reason for n in ops.list_nodes(timeout=10, env=lab.client_env()) if n.is_drained
@@ -78,7 +78,8 @@ def test_clean_run_with_votes_every_step_names_nobody(lab, clean_drains):
         and cov["last_clean_step"] == 30
         and cov["final_vote"].startswith("not needed")
     ), cov
-    # four replicas: the at-rest witness ran its first window, then left the state to the votes (all ranks at once)
+    # four replicas: the at-rest witness ran its first window, then left the state to the votes (all
+    # ranks at once)
     assert cov["at_rest_windows"] == 1 and cov["at_rest_stopped"].startswith(
         "left to the state votes: every replica group has 4 or more ranks"
     ), cov

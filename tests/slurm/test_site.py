@@ -33,7 +33,8 @@ def _write_as(user: str, path) -> int:
     """errno of creating or overwriting `path` as `user` (0: it worked)."""
     code = (
         "import errno, sys\n"
-        "try:\n    open(sys.argv[1], 'w').write('forged')\nexcept OSError as e:\n    sys.exit(e.errno)\n"
+        "try:\n    open(sys.argv[1], 'w').write('forged')\nexcept OSError as e:\n    "
+        "sys.exit(e.errno)\n"
     )
     return subprocess.run(
         ["runuser", "-u", user, "--", sys.executable, "-c", code, str(path)], timeout=60, cwd="/"
@@ -76,7 +77,8 @@ def test_crash_loop_as_a_site_and_the_job_cannot_write_what_judges_it(lab, clean
         sj.output(lab, job)[-3000:],
     )
     assert sj.output(lab, job).count(f"resumed from {ckpt}/step-20.pt at step 20") == 4
-    # who owns what: the job's records are the user's (SlurmUser's group reads them), the outcome SlurmUser's
+    # who owns what: the job's records are the user's (SlurmUser's group reads them), the outcome
+    # SlurmUser's
     assert os.stat(f.rank_place_path(0, 0)).st_uid == pwd.getpwnam(user).pw_uid
     for p in (f.verdict_path(0), f.actions_path(0), f.report_path(0), f.resume_path(1)):
         assert os.stat(p).st_uid == slurm_uid, p
@@ -222,7 +224,8 @@ def test_a_site_config_root_must_not_trust_is_refused_and_the_hooks_only_observe
         script = sj.batch_script(
             lab, train_args="--steps 40", scout_args="--scout-inject=exit,rank=2,step=5,code=3"
         )
-        # the job's own tasks read the config too (as the user, for their defaults): give them a copy
+        # the job's own tasks read the config too (as the user, for their defaults): give them a
+        # copy
         job = sj.submit(
             lab, script.replace("scout-srun", f"SCOUT_CONFIG={saved_copy(lab, saved)} scout-srun")
         )
@@ -277,7 +280,8 @@ def test_checkpoint_records_naming_what_root_could_open_are_checked_as_the_user_
     lab, clean_drains
 ):
     """A failing job plants checkpoint records naming /proc/kmsg, a FIFO, /etc/shadow and another
-    user's file (both with their real digests) and a 1 GiB sparse file twelve times: the batch host's
+    user's file (both with their real digests) and a 1 GiB sparse file twelve times: the batch
+    host's
     Epilog checks them as the job's user within its budget, the controller opens none of them and
     finishes within its own, no plan or resume instruction names any, and no node is drained by
     Slurm for a hook overrunning (the only drain is scout's own, of the crashed rank's node)."""
@@ -309,8 +313,10 @@ def test_checkpoint_records_naming_what_root_could_open_are_checked_as_the_user_
     # the checks: on the batch host, root-owned, as the job's user, none verified, within budget
     from scout_slurm.evidence.checkfiles import find_checkpoint_checks
 
-    # the batch host's Epilog runs beside the controller's (both start at once on every release): its
-    # checks may land after the plan, as on 24.11, where they took 8.7 s and ended 3 s after the plan
+    # the batch host's Epilog runs beside the controller's (both start at once on every release):
+    # its
+    # checks may land after the plan, as on 24.11, where they took 8.7 s and ended 3 s after the
+    # plan
     deadline = time.monotonic() + 60
     while (checks := find_checkpoint_checks(f, 0)) is None and time.monotonic() < deadline:
         time.sleep(1)
@@ -332,7 +338,8 @@ def test_checkpoint_records_naming_what_root_could_open_are_checked_as_the_user_
     done = _hook_events(lab, "hooks-slurmctld.log", "controller.done", job)
     assert done and done[0]["seconds"] < 60, done
     print(
-        f"\nplanted checkpoints: batch host's check {epilog[0]['seconds']} s, controller {done[0]['seconds']} s"
+        f"\nplanted checkpoints: batch host's check {epilog[0]['seconds']} s, controller "
+        f"{done[0]['seconds']} s"
     )
     node = sj.places(lab, job, 0)[2].node
     assert {n: r[:6] for n, r in _drained(lab).items()} == {node: "scout:"}

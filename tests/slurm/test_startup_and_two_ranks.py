@@ -3,7 +3,8 @@ from direct process evidence, on the real lab cluster (CPU, gloo) with the tests
 floor (4 s) and the lab's start-up limit.
 
 - a DDP job that sleeps 40 s between its first collectives and its first step completes untouched;
-- a rank that hangs before its first step is named by the start-up limit as a `startup hang`, with stacks;
+- a rank that hangs before its first step is named by the start-up limit as a `startup hang`, with
+stacks;
 - 2 nodes x 1 rank: SIGSTOP, SIGKILL and exit named exactly with the right kind; a rank that only
   sleeps (no process evidence, a progress tie of one against one) stays inconclusive.
 
@@ -55,7 +56,8 @@ def test_slow_start_after_first_collectives_completes_untouched(lab, clean_drain
     shown = sj.show_json(lab, job, restart=0)
     assert shown["kind"] == "clean" and shown["suspects"] == [], shown
     print(
-        f"\nSLOW START: 40 s start-up, stall floor {STALL_FLOOR} s: job completed in {took:.1f} s untouched"
+        f"\nSLOW START: 40 s start-up, stall floor {STALL_FLOOR} s: job completed in "
+        f"{took:.1f} s untouched"
     )
     _no_drains(lab)
 
@@ -90,7 +92,8 @@ def test_hang_before_first_step_is_a_startup_hang(lab, clean_drains):
     ]  # its Python stack, in the sleep
     started = sj.places(lab, job)[1].started_at
     print(
-        f"\nSTARTUP HANG: named {d.at - started:.1f} s after rank 1 started (start-up limit 20 s, floor {STALL_FLOOR} s)"
+        f"\nSTARTUP HANG: named {d.at - started:.1f} s after rank 1 started (start-up limit "
+        f"20 s, floor {STALL_FLOOR} s)"
     )
 
 
@@ -243,7 +246,8 @@ def test_a_rank_asleep_before_init_while_its_peers_wait_is_a_startup_hang_said_o
     assert out.count(f"scout: job {job}, rank 0 entered init_process_group:") == 1, out[-4000:]
     started = place.started_at
     print(
-        f"\nSTARTUP HANG BEFORE INIT: named {d.at - started:.1f} s after rank 1 started (start-up limit "
+        f"\nSTARTUP HANG BEFORE INIT: named {d.at - started:.1f} s after rank 1 started "
+        "(start-up limit "
         f"{STARTUP_LIMIT:g} s); the job's line: {loud[0]}"
     )
 
@@ -251,8 +255,10 @@ def test_a_rank_asleep_before_init_while_its_peers_wait_is_a_startup_hang_said_o
 @pytest.mark.timeout(300)
 def test_loading_after_init_is_a_slow_start_for_all_and_a_startup_hang_for_one(lab, clean_drains):
     """Issue 38: every rank loading for 3 x the start-up limit between init_process_group and the
-    job's first collective (a large checkpoint read from a parallel file system) completes untouched;
-    one rank loading while its peers wait in that first collective is a startup hang on that rank."""
+    job's first collective (a large checkpoint read from a parallel file system) completes
+    untouched;
+    one rank loading while its peers wait in that first collective is a startup hang on that
+    rank."""
     pre = f"export SCOUT_WATCHDOG_STARTUP_GRACE_S={STARTUP_LIMIT:g}"
     seconds = 3 * STARTUP_LIMIT
     everyone = sj.submit(

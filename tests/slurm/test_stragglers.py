@@ -1,4 +1,5 @@
-"""Timing votes on the real lab cluster: a compute straggler is named (rank, node, component), a whole
+"""Timing votes on the real lab cluster: a compute straggler is named (rank, node, component), a
+whole
 group slowed together names nobody, a one-off input stall is not a straggler, and, in a netns lab of
 four nodes, a slow link on one node (tc on that node's own interface) names that node as a
 communication straggler. Small jobs: timing rounds of 5 steps, confirmed over 2 rounds."""
@@ -68,8 +69,10 @@ def test_compute_straggler_is_named_and_reported_not_drained(lab, clean_drains):
     found = _stragglers(lab, job)
     assert [(f.rank, f.node, f.component) for f in found] == [(3, node, "compute")], out[-3000:]
     print("compute straggler:", found[0].summary, *found[0].details, sep="\n  ")
-    # rank 0 says every round's reading (SCOUT_TIMING_VERBOSE): rounds end at 5, 10, 15 and the final
-    # partial one at 16. The delay starts at step 6, so no round before it names rank 3, and the finding
+    # rank 0 says every round's reading (SCOUT_TIMING_VERBOSE): rounds end at 5, 10, 15 and the
+    # final
+    # partial one at 16. The delay starts at step 6, so no round before it names rank 3, and the
+    # finding
     # comes at the second round in a row that did (15 on a quiet machine; a round spoilt by the
     # machine's own noise moves it to the final round, never earlier and never without two in a row)
     rounds = [

@@ -97,7 +97,8 @@ def test_a_rerun_that_loads_a_rejected_checkpoint_is_tainted_or_refused(lab, cle
         lab,
         train=SCRIPT,
         train_args=f"--steps 16 --rank -1 --ckpt {ckpt} --ckpt-every 4",
-        scout_args="--scout-consensus-every=5 --scout-inject=bitflip,rank=0,step=6,bit=30,target=weights",
+        scout_args="--scout-consensus-every=5 "
+        "--scout-inject=bitflip,rank=0,step=6,bit=30,target=weights",
         pre=f"export SCOUT_RESUME_MISMATCH={policy}",
     )
     job = sj.submit(lab, script)

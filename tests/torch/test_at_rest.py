@@ -77,7 +77,8 @@ def test_hsdp_two_replicas_the_at_rest_witness_breaks_the_tie(tmp_path):
     run_dir, runs = _run(tmp_path, 4, "--hsdp", SCOUT_INJECT="bitflip,bit=20,rank=2,step=10")
     assert runs[2].returncode == SDC_EXIT, runs[2].stderr[-3000:]
     names = sorted(_findings(run_dir))
-    # the vote at step 10 saw the flip among two replicas (ranks 0 and 2): a tie; the witness named it
+    # the vote at step 10 saw the flip among two replicas (ranks 0 and 2): a tie; the witness named
+    # it
     assert names == [
         "inconclusive-weights-rank--1-step-10-group-0.json",
         "sdc-at-rest-weights-rank-2-step-10.json",
@@ -123,7 +124,8 @@ def test_the_seal_is_the_votes_signature_when_the_optimizer_holds_the_voted_para
         witness.signed_at(6, opt) is None
         and witness.signed_at(5, torch.optim.SGD(model.parameters())) is None
     )
-    # an optimizer over other tensors than the voted ones (DeepSpeed's flat master copies): its own list, not shared
+    # an optimizer over other tensors than the voted ones (DeepSpeed's flat master copies): its own
+    # list, not shared
     part = torch.optim.AdamW(model[0].parameters(), lr=0.1)
     model(torch.ones(1, 4)).sum().backward()
     part.step()
@@ -136,9 +138,11 @@ def test_the_seal_is_the_votes_signature_when_the_optimizer_holds_the_voted_para
 
 @pytest.mark.timeout(400)
 def test_three_ddp_replicas_leave_it_to_the_votes_after_one_window_two_replicas_keep_it(tmp_path):
-    """auto: with three replicas a change at rest persists into the next vote, which names the rank by
+    """auto: with three replicas a change at rest persists into the next vote, which names the rank
+    by
     majority, so the witness stops after its first window (decided in that window's exchange: every
-    rank stops together, and the job runs on in step); two replicas, and SCOUT_AT_REST=on, keep it."""
+    rank stops together, and the job runs on in step); two replicas, and SCOUT_AT_REST=on, keep
+    it."""
 
     def run(name: str, world: int, **scout: str):
         run_dir = tmp_path / name

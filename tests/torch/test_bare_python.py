@@ -41,12 +41,14 @@ ANNOUNCED = (
 def _bare_python() -> Path:
     if not BARE_PYTHON.exists():
         pytest.skip(
-            f"{BARE_PYTHON} does not exist: scripts/test.sh makes it (torch and scout-slurm without the "
+            f"{BARE_PYTHON} does not exist: scripts/test.sh makes it (torch and scout-slurm "
+            "without the "
             "job extra)"
         )
     probe = (
         "import importlib.util, json; from scout_slurm.bootstrap import signing; "
-        "print(json.dumps({m: importlib.util.find_spec(m) is not None for m in ('xxhash', 'numpy', 'torch')} "
+        "print(json.dumps({m: importlib.util.find_spec(m) is not None for m in ('xxhash', "
+        "'numpy', 'torch')} "
         "| {'hash': signing.HASH_NAME}))"
     )
     out = subprocess.run(

@@ -206,9 +206,12 @@ def test_progress_record_counts_every_collective_and_step(scout_run):
         view = read_progress(run_dir, rank)
         assert (view.rank, view.world_size) == (rank, 2)
         assert view.opt_steps == 20
-        # the job's: per step one DDP bucket and one logging all_reduce (40); scout's own on its side group,
-        # recorded as scout_vote: none during the 20 steps (the checkpoint exchange rides on the vote steps,
-        # none at K = 50), then at destroy_process_group the checkpoint flag (1) and one signature exchange
+        # the job's: per step one DDP bucket and one logging all_reduce (40); scout's own on its
+        # side group,
+        # recorded as scout_vote: none during the 20 steps (the checkpoint exchange rides on the
+        # vote steps,
+        # none at K = 50), then at destroy_process_group the checkpoint flag (1) and one signature
+        # exchange
         # for both saves (1), and the end-of-training state vote (1)
         assert view.coll_entered == view.coll_completed == 40 + 1 + 1 + 1
         assert view.recent[-1].op == "scout_vote"  # the last: the end-of-training vote
@@ -296,7 +299,8 @@ def test_user_comm_hook_composes_and_dot_saves_write_no_note(tmp_path):
         view = read_progress(tmp_path, rank)
         assert view.opt_steps == 4
         # the user's hook calls dist.all_reduce itself: still one entry per bucket, not two
-        # (and scout's own: the checkpoint flag and signatures for final.pt at the end, no flag per step,
+        # (and scout's own: the checkpoint flag and signatures for final.pt at the end, no flag per
+        # step,
         # and the end-of-training vote)
         assert view.coll_entered == view.coll_completed == 8 + 2 + 1
         assert [e.op for e in view.recent if e.op != "scout_vote"] == [
@@ -314,7 +318,8 @@ def test_site_sitecustomize_still_runs_under_the_bootstrap(tmp_path):
     user_site = tmp_path / "user-site"
     user_site.mkdir()
     (user_site / "sitecustomize.py").write_text(
-        "import os\nwith open(os.environ['USER_SITE_MARKER'], 'a') as fh:\n    fh.write(f'{os.getpid()}\\n')\n"
+        "import os\nwith open(os.environ['USER_SITE_MARKER'], 'a') as fh:\n    "
+        "fh.write(f'{os.getpid()}\\n')\n"
     )
     env = scout_env(tmp_path, extra_path=(user_site,), USER_SITE_MARKER=str(tmp_path / "marker"))
     runs = run_ranks(
@@ -523,7 +528,8 @@ _FORWARDING_JOB = textwrap.dedent("""
 
 def test_fsdp2_collectives_recorded_and_forwarded_ones_once(tmp_path):
     """FSDP2 on torch 2.13 calls all_gather_single and reduce_scatter_single: in the record (before,
-    every FSDP2 rank stood at 0 collectives). A collective torch forwards to another is one entry."""
+    every FSDP2 rank stood at 0 collectives). A collective torch forwards to another is one
+    entry."""
     runs = run_ranks(
         [str(JOBS / "train_fsdp2.py"), "--steps", "4"],
         scout_env(tmp_path / "fsdp"),

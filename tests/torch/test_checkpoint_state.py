@@ -146,8 +146,10 @@ def test_torch_save_resume_is_verified_bit_for_bit_and_an_altered_file_is_a_loud
     notes = {n.step: n for n in _notes(tmp_path)}
     assert sorted(notes) == [5, 10]
     five = notes[5]
-    # one rank saved; every rank signed its state at the next exchange (no vote in 12 steps at K = 50: the
-    # one at destroy_process_group, after step 12) and the replicas agreed there, at a step >= the save's
+    # one rank saved; every rank signed its state at the next exchange (no vote in 12 steps at K =
+    # 50: the
+    # one at destroy_process_group, after step 12) and the replicas agreed there, at a step >= the
+    # save's
     assert (five.saver, five.ranks_saved, five.exchanged_at_save) == ("torch.save", (0,), False)
     assert five.agreement == "agreed at step 12, the first exchange after the save at step 5"
     assert five.agreement_kind is Agreement.AGREED
@@ -179,10 +181,12 @@ def test_torch_save_resume_is_verified_bit_for_bit_and_an_altered_file_is_a_loud
     found = _findings(tmp_path / "b")
     assert sorted(found) == ["resume-verified-rank-0.json", "resume-verified-rank-1.json"], found
     assert "scheduler" in found["resume-verified-rank-0.json"]["summary"]
-    # parameters, optimizer state, learning rate, scheduler and RNG streams after 12 steps: the same bits
+    # parameters, optimizer state, learning rate, scheduler and RNG streams after 12 steps: the same
+    # bits
     assert (tmp_path / "b.txt").read_text() == (tmp_path / "a.txt").read_text()
 
-    # the same file rewritten, still a readable checkpoint, one weight changed: the resumed run says so
+    # the same file rewritten, still a readable checkpoint, one weight changed: the resumed run says
+    # so
     altered = tmp_path / "altered.pt"
     shutil.copy(ckpt / "step-5.pt", altered)
     state = torch.load(altered, weights_only=True)
@@ -241,7 +245,8 @@ def test_sharded_dcp_save_is_not_called_a_disagreement_and_each_shard_is_verifie
 
 @pytest.mark.timeout(120)
 def test_a_dcp_folder_renamed_after_the_save_is_recorded_and_resumed_under_its_final_name(tmp_path):
-    # saved into ck.tmp/, then rank 0 renames the folder to ck/ (after a barrier): the record follows
+    # saved into ck.tmp/, then rank 0 renames the folder to ck/ (after a barrier): the record
+    # follows
     ck = tmp_path / "ck"
     _ok(
         run_ranks(

@@ -49,10 +49,12 @@ def test_ddp_under_scout_gives_plain_ddps_bits(tmp_path, world):
         view = read_progress(tmp_path / "scout", rank)
         buckets = [e for e in view.recent if e.op == "ddp_bucket_all_reduce"]
         assert view.opt_steps == 5 and view.coll_entered == view.coll_completed
-        # DDP reduces step 1 in one bucket and rebuilds its buckets after it: several a step from step 2 on
+        # DDP reduces step 1 in one bucket and rebuilds its buckets after it: several a step from
+        # step 2 on
         assert len(buckets) >= 1 + 4 * 2, [e.nbytes for e in buckets]
         assert all(e.left_ns >= e.entered_ns > 0 for e in buckets)
-        # each rank's measure of scout's own cost: the 4 steps after the first, its buckets among the collectives
+        # each rank's measure of scout's own cost: the 4 steps after the first, its buckets among
+        # the collectives
         cost = read_record(run_dir / "ranks" / f"cost-{rank}.json", ScoutCost)
         assert (cost.rank, cost.steps) == (rank, 4) and cost.wrapper_calls >= 4 * 2
         assert cost.hooks_cpu_ns > 0 and cost.step_wall_ns > 0 and cost.per_step_ms > 0
@@ -61,7 +63,8 @@ def test_ddp_under_scout_gives_plain_ddps_bits(tmp_path, world):
 @pytest.mark.timeout(120)
 def test_the_wrapper_never_holds_the_gil_into_gloos_queue(tmp_path):
     """Regression: DDP's own calls into the wrapped group (here `_broadcast_coalesced`, as in
-    `_rebuild_buckets`) against gloo worker threads freeing works the job launched and dropped. Without
+    `_rebuild_buckets`) against gloo worker threads freeing works the job launched and dropped.
+    Without
     the pass-through collectives in pgwrap, both ranks deadlocked within a few hundred iterations
     (measured: every run, at 2000 iterations)."""
     env = bare_env()
@@ -75,7 +78,8 @@ def test_the_wrapper_never_holds_the_gil_into_gloos_queue(tmp_path):
     )
     for r in runs:
         assert r.returncode == 0, (
-            f"rank {r.rank} exited {r.returncode} (1 with every thread dumped: deadlocked)\n{r.stdout}\n{r.stderr}"
+            f"rank {r.rank} exited {r.returncode} (1 with every thread dumped: "
+            f"deadlocked)\n{r.stdout}\n{r.stderr}"
         )
         assert f"rank {r.rank}: 1500 iterations through the wrapper in" in r.stdout, r.stdout
 

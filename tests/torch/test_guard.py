@@ -19,7 +19,8 @@ from test_bootstrap import TRAIN, bare_env, run_ranks, scout_env  # noqa: E402
 pytestmark = [pytest.mark.torch]
 
 ARGS = ["--steps", "12", "--ckpt-every", "5", "--step-sleep", "0"]
-# what only the lowest rank meets in this job: it alone writes the coverage record (every rank patches
+# what only the lowest rank meets in this job: it alone writes the coverage record (every rank
+# patches
 # renames and reads a checkpoint back, so the checkpoint record and busy mark are met on every rank)
 RANK0_ONLY = {"coverage record"}
 # every 5 steps: votes, replay, at-rest, update replay and timing rounds all run within 12 steps

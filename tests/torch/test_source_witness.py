@@ -89,7 +89,8 @@ def test_a_difference_before_the_layer_is_trusted_is_named_once_another_source_a
     assert trust(trusted, pending, 0, 1, 7, ["output"], []) == [] and pending[(0, "output")] == {
         1: 4
     }
-    # rank 2's values of layer 0 agree at step 10: the layer computes alike; rank 1's step 4 is named
+    # rank 2's values of layer 0 agree at step 10: the layer computes alike; rank 1's step 4 is
+    # named
     assert trust(trusted, pending, 0, 2, 10, [], ["output"]) == [(1, 4, "output")]
     assert (0, "output") in trusted and (0, "output") not in pending
     # held for two sources (kernels that differ whoever the source is): dropped, nobody named
@@ -111,7 +112,8 @@ def test_a_transient_fault_present_before_its_layers_first_comparison_is_named_u
     tmp_path,
 ):
     """Pure FSDP2 at world 4, replay every step over 3 layers: the faulty layer is first compared at
-    step 4, with rank 1 (faulty since step 3) the source, before any comparison on it agreed (measured
+    step 4, with rank 1 (faulty since step 3) the source, before any comparison on it agreed
+    (measured
     in the fault matrix: missed before). Another source's agreement on that layer names rank 1."""
     run_dir = tmp_path / "run"
     for d in ("findings", "ranks"):  # as scout-task prepares them
@@ -139,7 +141,8 @@ def test_a_transient_fault_present_before_its_layers_first_comparison_is_named_u
         "training-time output of layer '0' at step 4 differed from every recomputation"
         in f["summary"]
     )
-    # why only the output is compared here (sharded weights) is said at most once for the job, by rank 0,
+    # why only the output is compared here (sharded weights) is said at most once for the job, by
+    # rank 0,
     # not once a source and layer (it was 9 lines in 12 steps)
     said = [
         (r.rank, line)

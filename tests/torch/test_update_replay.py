@@ -123,7 +123,9 @@ def test_pure_fsdp_wrong_update_is_named(tmp_path, spec, rank, first):
 
 @pytest.mark.timeout(240)
 def test_hsdp_pair_wrong_update_is_named(tmp_path):
-    """HSDP 2x2: the vote between rank 3 and its one replica has no majority; the update replay names it."""
+    """HSDP 2x2: the vote between rank 3 and its one replica has no majority; the update replay
+    names it.
+    """
     run_dir, runs = _run(
         tmp_path,
         4,

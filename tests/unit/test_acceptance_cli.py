@@ -45,7 +45,8 @@ def test_acceptance_on_a_site_without_slurm_fails_every_step_honestly(tmp_path):
     assert "no case ran under load" not in details["8"] and "sbatch failed" in details["8"]
     assert report["passed"] is False and "ACCEPTANCE FAILED" in res.output
     assert (out / "acceptance.md").read_text().startswith("# scout acceptance: FAILED")
-    # the disk writer wrote in the evidence file system and removed its file; nothing is left running
+    # the disk writer wrote in the evidence file system and removed its file; nothing is left
+    # running
     assert list(ev.iterdir()) == []
     assert "load generators stopped" in res.output
     assert (

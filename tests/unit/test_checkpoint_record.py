@@ -295,7 +295,8 @@ def test_scout_checkpoints_lists_the_new_fields_and_old_records(tmp_path, monkey
         "versions": "python 3.11",
     }
     (folder.checkpoints_dir / "run-0-step-2-rank-0.json").write_text(json.dumps(old))
-    # the command (root here) checks the files as the owner of the job's checkpoints folder, in a child
+    # the command (root here) checks the files as the owner of the job's checkpoints folder, in a
+    # child
     monkeypatch.setenv("SCOUT_EVIDENCE_ROOT", str(tmp_path / "evidence"))
     monkeypatch.delenv("SCOUT_CONFIG", raising=False)
     res = CliRunner().invoke(main, ["checkpoints", "7"])
@@ -308,8 +309,8 @@ def test_scout_checkpoints_lists_the_new_fields_and_old_records(tmp_path, monkey
     )
     assert "versions: python 3.11.7, torch 2.13.0, cuda -, nccl -, scout 0.1.0" in out
     assert (
-        "coverage since the previous record: 2 vote(s), 0 replay round(s): clean; no replay coverage recorded"
-        in out
+        "coverage since the previous record: 2 vote(s), 0 replay round(s): clean; no replay "
+        "coverage recorded" in out
     )
     assert "why: the replicas' state signatures disagreed: model differs on rank 2" in out
     assert "(schema version 1 record: no signatures or replicas' agreement)" in out

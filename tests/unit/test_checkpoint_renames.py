@@ -225,7 +225,8 @@ def test_a_failure_of_scouts_part_never_reaches_the_job(tmp_path, watch, monkeyp
         tmp_path / "s.pt"
     )
     assert (tmp_path / "s.pt").read_bytes() == b"weights"
-    # said once, loudly (the guard switched the record off at the first failure), never raised into the job
+    # said once, loudly (the guard switched the record off at the first failure), never raised into
+    # the job
     err = capsys.readouterr().err
     assert err.count("scout: ERROR: scout's checkpoint record failed inside scout") == 1, err
     assert "RuntimeError: scout's bug" in err

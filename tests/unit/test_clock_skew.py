@@ -133,7 +133,8 @@ def clock(node: str, skewed_node: str, skew: float):
 def crash_with_a_second_primary(
     skew: float, skewed_node: str, culprit: int, other: int
 ) -> JobEvidence:
-    """`culprit` dies first, before entering collective 10; `other` (on the other node) then fails on
+    """`culprit` dies first, before entering collective 10; `other` (on the other node) then fails
+    on
     its own, with an error that is no known cascade, while waiting inside collective 10; the
     remaining ranks report the peer's death."""
     exits = {}

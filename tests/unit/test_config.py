@@ -204,7 +204,8 @@ def test_env_values_are_coerced_and_checked():
     assert cfg.epilog.localise_on == "batch-host" and cfg.evidence.max_record_bytes == 1024
     with pytest.raises(
         ConfigError,
-        match=r"environment \(SCOUT_\* variables\): \[slurm\] retries: expected an integer, got '2x'",
+        match=r"environment \(SCOUT_\* variables\): \[slurm\] retries: expected an integer, got "
+        r"'2x'",
     ):
         load_config({"SCOUT_SLURM_RETRIES": "2x"})
     with pytest.raises(ConfigError, match="min_confidence must be within 0..1"):

@@ -624,6 +624,7 @@ def test_dot_dot_and_relative_paths(site, monkeypatch):
 
 @needs_root
 def test_load_config_still_trusts_any_file_for_unprivileged_callers(site):
-    # the job's shim and the operator's CLI run as the user, with nothing more than the user's rights
+    # the job's shim and the operator's CLI run as the user, with nothing more than the user's
+    # rights
     path = put(site / "scout.toml", GOOD, mode=0o666, uid=USER)
     assert load_config({}, path=path).slurm.retries == 7

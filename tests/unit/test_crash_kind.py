@@ -29,10 +29,14 @@ from scout_slurm.localise.verdict import JobEvidence, localise
 from scout_slurm.task import exitcodes
 
 NOW = 1_700_000_500.0
-GLOO_PEER = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.12]:36411"
+GLOO_PEER = (
+    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+    "[10.0.0.12]:36411"
+)
 RAISED = "RuntimeError: scout injected exception at step 5"
 OOM = (
-    "RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+    "RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't "
+    "allocate memory: "
     "you tried to allocate 8589934592 bytes. Error code 12 (Cannot allocate memory)"
 )
 
@@ -132,7 +136,9 @@ def job(exits, decision=None) -> JobEvidence:
 
 
 def ended_by_scout(rank: int, position: int = 31) -> ExitRecord:
-    """A healthy peer, waiting in collective 31 when scout ended the step (SIGTERM, then SIGKILL)."""
+    """A healthy peer, waiting in collective 31 when scout ended the step (SIGTERM, then
+    SIGKILL).
+    """
     return exit_record(rank, signal=9, by_scout=True, progress=snap(rank, 30, entered=31))
 
 
@@ -321,7 +327,9 @@ from unit.test_watchdog_window import Script  # noqa: E402 - the same scripted c
 
 
 def publish_peers(folder, script: Script, position: int, seq: list[int]) -> None:
-    """Ranks 1 and 2 on n2, waiting inside the next collective since t = 0, their watchdog publishing."""
+    """Ranks 1 and 2 on n2, waiting inside the next collective since t = 0, their watchdog
+    publishing.
+    """
     seq[0] += 1
     for r in (1, 2):
         write_record(

@@ -77,6 +77,7 @@ def test_a_large_world_with_one_outlier():
         == reference(rings)
         == (
             (12_345,),
-            "collective #25: 19999 of 20000 ranks ran all_reduce of 8 B; rank 12345: broadcast of 8 B",
+            "collective #25: 19999 of 20000 ranks ran all_reduce of 8 B; rank 12345: "
+            "broadcast of 8 B",
         )
     )

@@ -1,6 +1,7 @@
 """Node digests (evidence/digest.py): the node Epilog abridges its ranks' records into one
 root-owned file; the controller reads those instead of three files a rank. They must change no
-verdict, cover only what checked out, and be refused when anyone but root could have written them."""
+verdict, cover only what checked out, and be refused when anyone but root could have written
+them."""
 
 from __future__ import annotations
 

@@ -208,7 +208,9 @@ def test_a_drain_the_rule_allows_says_why_in_the_reason():
 
 
 def test_guards_still_hold_a_watched_node_back():
-    """Below the site's confidence the node is neither drained nor excluded: the guards come first."""
+    """Below the site's confidence the node is neither drained nor excluded: the guards come
+    first.
+    """
     low = Verdict(
         job_id=9,
         restart=0,

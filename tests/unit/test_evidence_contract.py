@@ -1,4 +1,5 @@
-"""The evidence contract (scout_slurm/evidence/contract.py) lists every versioned record type exactly
+"""The evidence contract (scout_slurm/evidence/contract.py) lists every versioned record type
+exactly
 once, with versions that are the classes' own; README's table is rendered from it; evidence/ reads
 and writes records without importing the layers above it."""
 

@@ -215,7 +215,8 @@ HOSTILE = st.one_of(
     st.builds(Obj),
     st.builds(lambda: Obj([("a", 1), ("a", 2)])),  # fresh each time: the tree is mutated
 )
-# ([1] is built afresh each time: a shared list constant would be changed in place by later mutations,
+# ([1] is built afresh each time: a shared list constant would be changed in place by later
+# mutations,
 #  and hypothesis would see its data depend on earlier examples)
 VERSIONS = st.one_of(
     st.sampled_from([0, -1, 2, 99, "1", 1.0, True, None, 2**70, Raw("1" * 5000)]),

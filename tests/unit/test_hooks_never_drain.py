@@ -308,7 +308,8 @@ def test_a_broken_site_config_is_logged_and_exits_0(site, hook, case):
     breaker, reason = CONFIG_CASES[case]
     breaker(site)
     run = run_hook(hook, site.env(hook))
-    # refused like sshd refuses a bad config of its own: logged, exit 0, safe defaults (observe only)
+    # refused like sshd refuses a bad config of its own: logged, exit 0, safe defaults (observe
+    # only)
     run.logged(str(site.config), reason, events=(f"{hook}.config_refused",))
 
 
@@ -477,7 +478,8 @@ def test_a_garbage_job_id_is_logged_and_exits_0(site, hook, case):
 def test_without_slurm_commands_the_plan_is_kept_pending(site, hook):
     """No scontrol on PATH and an empty [slurm] bin_dir: nothing may reach any Slurm (not even
     /usr/bin's), the drain stays pending in the actions file for a later retry. (The old drain
-    rule, so that the job's own evidence plans a drain: tests/unit/test_drain_rule.py has the new.)"""
+    rule, so that the job's own evidence plans a drain: tests/unit/test_drain_rule.py has the
+    new.)"""
     write_job_tree(site.job_dir)
     site.write_config(
         '[drain]\ndrain_on = "job-evidence"\n',

@@ -771,7 +771,8 @@ def hook_env(tmp_path, monkeypatch):
 
     def configure(*, evidence=root, fail_on_broken_gpu=False, time_budget_s=20.0):
         conf.write_text(
-            f'[evidence]\nroot = "{evidence}"\nslurm_user = "{SLURM_USER}"\n[prolog]\ntime_budget_s = {time_budget_s}\n'
+            f'[evidence]\nroot = "{evidence}"\nslurm_user = '
+            f'"{SLURM_USER}"\n[prolog]\ntime_budget_s = {time_budget_s}\n'
             f"fail_on_broken_gpu = {'true' if fail_on_broken_gpu else 'false'}\n"
         )
 
@@ -844,10 +845,7 @@ def test_prolog_second_node_and_restart_share_the_folder(hook_env, monkeypatch):
     assert run_prolog(tree=VM) == 0
     f = hook_env.folder
     assert store.read_record(f.hardware_map_path("n2"), HardwareMap).hostname == "vm"
-    assert (
-        store.read_record(f.hardware_map_path("n1"), HardwareMap).hostname
-        == "gpu-node-017"
-    )
+    assert store.read_record(f.hardware_map_path("n1"), HardwareMap).hostname == "gpu-node-017"
     assert owner_mode(f.run_dir(1)) == (JOB_UID, SLURM_GID, 0o2750, True)
     assert owner_mode(f.run_dir(0)) == (JOB_UID, SLURM_GID, 0o2750, True)
 

@@ -28,27 +28,35 @@ PACKAGE_DIR = Path(__file__).resolve().parents[2] / "scout_slurm"
 
 # The pure modules, each with why it is in the list. localise/ is taken whole (glob below).
 PURE_NAMED = {
-    "scout_slurm.remediation.plan": "drain/requeue decisions: a verdict and notes in, planned actions out",
-    "scout_slurm.remediation.eligibility": "checkpoint eligibility: notes and a verdict in, a status out",
+    "scout_slurm.remediation.plan": "drain/requeue decisions: a verdict and notes in, planned "
+    "actions out",
+    "scout_slurm.remediation.eligibility": "checkpoint eligibility: notes and a verdict in, a "
+    "status out",
     "scout_slurm.remediation.signatures": "state signatures compared: notes in, mismatches out",
     "scout_slurm.remediation.records": "typed records only",
-    "scout_slurm.bootstrap.replicas": "the majority vote tallies (the torch calls around them live elsewhere)",
+    "scout_slurm.bootstrap.replicas": "the majority vote tallies (the torch calls around them "
+    "live elsewhere)",
     "scout_slurm.evidence.records": "typed records only",
     "scout_slurm.evidence.codec": "records <-> JSON, no I/O (the I/O is evidence/safeio.py)",
     "scout_slurm.evidence.contract": "the list of record types, who writes them and where",
     "scout_slurm.evidence.cascade": "stderr text -> does it name a peer's failure",
     "scout_slurm.hwmap.records": "typed records only",
     "scout_slurm.slurm.hostlist": "hostlist text <-> names",
-    "scout_slurm.slurm.parse": "Slurm's text and JSON -> records (the door that gets them is slurm/door.py)",
+    "scout_slurm.slurm.parse": "Slurm's text and JSON -> records (the door that gets them is "
+    "slurm/door.py)",
     "scout_slurm.task.exitcodes": "the exit code table (constants) the localiser reads exits by",
     "scout_slurm.incident.localise": "the incident's localise stage: evidence in, a verdict out",
-    "scout_slurm.incident.decide": "the incident's decide stage: named nodes and history in, decisions out",
-    "scout_slurm.incident.plan": "the incident's plan stage: decisions in, the plan and its records out",
+    "scout_slurm.incident.decide": "the incident's decide stage: named nodes and history in, "
+    "decisions out",
+    "scout_slurm.incident.plan": "the incident's plan stage: decisions in, the plan and its "
+    "records out",
 }
 # Looked at and left out, with the reason (so that a later reader does not add them unthinking):
 NOT_PURE = {
-    "scout_slurm.hwmap.join": "reads rank places and hardware maps (evidence.store) and asks NVML for UUIDs",
-    "scout_slurm.remediation.apply": "the executor: applies actions through the door, writes records",
+    "scout_slurm.hwmap.join": "reads rank places and hardware maps (evidence.store) and asks NVML "
+    "for UUIDs",
+    "scout_slurm.remediation.apply": "the executor: applies actions through the door, writes "
+    "records",
     "scout_slurm.remediation.verifyuser": "opens the checkpoints a job named, as the job's user",
     "scout_slurm.remediation.checkpoint_assessment": "reads a job's notes and records",
 }

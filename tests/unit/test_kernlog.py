@@ -32,11 +32,13 @@ C, H, S, I, X = (
     VerdictKind.STRAGGLER,
 )
 
-# --- genuine lines, recorded in the forms the kernel and drivers print -----------------------------
+# --- genuine lines, recorded in the forms the kernel and drivers print
+# -----------------------------
 # (message, category, subsystem, xid, pci)
 GENUINE = [
     (
-        "NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+        "NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off "
+        "the bus.",
         "nvidia-xid-bus",
         Subsystem.NVIDIA,
         79,
@@ -163,7 +165,8 @@ GENUINE = [
     ),
     (
         "EDAC MC0: 1 UE memory read error on CPU_SrcID#0_Ha#0_Chan#1_DIMM#0 (channel:1 slot:0 "
-        "page:0x12345 offset:0x0 grain:32 - err_code:0000:009f socket:0 ha:0 channel_mask:2 rank:0)",
+        "page:0x12345 offset:0x0 grain:32 - err_code:0000:009f socket:0 ha:0 channel_mask:2 "
+        "rank:0)",
         "edac",
         Subsystem.EDAC,
         None,
@@ -274,7 +277,8 @@ def test_ordinary_lines_are_no_event(text):
     assert classify_message(text) is None
 
 
-# --- every shape of kernel line that prints a process's name (`comm`) -------------------------------
+# --- every shape of kernel line that prints a process's name (`comm`)
+# -------------------------------
 # `{c}` is the name as the kernel prints it (task->comm, at most 15 bytes; /dev/kmsg shows a
 # control byte, a byte above 0x7e or a backslash as \xNN).
 COMM_SHAPES = [
@@ -314,7 +318,8 @@ COMM_SHAPES = [
     "{c} (4242) used greatest stack depth: 11488 bytes left",
     "{c} (4242): drop_caches: 3",
     # kernel/audit.c, arch/x86/kernel/umip.c, split lock detection
-    'audit: type=1326 audit(1733400000.123:42): auid=1000 uid=1000 gid=1000 ses=3 pid=4242 comm="{c}" '
+    "audit: type=1326 audit(1733400000.123:42): auid=1000 uid=1000 gid=1000 ses=3 pid=4242 "
+    'comm="{c}" '
     'exe="/home/u/{c}" sig=31 arch=c000003e syscall=39 compat=0 ip=0x7f code=0x0',
     "umip: {c}[4242] ip:4010f0 sp:7ffd: SGDT instruction cannot be used by applications.",
     "x86/split lock detection: #AC: {c}/4242 took a split_lock trap at address: 0x401ee0",
@@ -356,7 +361,10 @@ def test_a_process_name_never_makes_a_hardware_event(shape, name):
 
 
 def test_the_issues_own_line_is_a_process_fault():
-    record = "4,5001,3600000000,-;NVRM: Xid 79[16715]: segfault at 0 ip 0000 sp 0000 error 4 in a[400000+1000]"
+    record = (
+        "4,5001,3600000000,-;NVRM: Xid 79[16715]: segfault at 0 ip 0000 sp 0000 error 4 in "
+        "a[400000+1000]"
+    )
     event = event_from_record(record)
     assert event.category == "process-fault" and event.xid is None and event.pci == ""
     assert rc.corroborating(_checks_of(record), VerdictKind.CRASH) == ()

@@ -14,16 +14,32 @@ from scout_slurm.hooks.nodeevidence import (
 
 # /dev/kmsg records: "prio,seq,usec,flags;text" (continuation lines " KEY=value" follow some)
 XID_79 = "4,1234,5000000,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."
-XID_48 = "4,1240,5100000,-;NVRM: Xid (PCI:0000:86:00): 48, pid=9021, name=python, Ch 00000008, DBE (0x00000002)"
-FALLEN = "3,1241,5200000,-;NVRM: GPU at PCI:0000:3b:00: GPU-6f0c1a77-3a7b-4c1f-b0a4-63f7e0d3a8c2 has fallen off the bus."
+XID_48 = (
+    "4,1240,5100000,-;NVRM: Xid (PCI:0000:86:00): 48, pid=9021, name=python, Ch 00000008, DBE "
+    "(0x00000002)"
+)
+FALLEN = (
+    "3,1241,5200000,-;NVRM: GPU at PCI:0000:3b:00: GPU-6f0c1a77-3a7b-4c1f-b0a4-63f7e0d3a8c2 has "
+    "fallen off the bus."
+)
 MCE = "2,2201,7300123456,-;mce: [Hardware Error]: Machine check events logged"
-EDAC = "3,2210,7400000000,-;EDAC MC0: 1 UE memory read error on CPU_SrcID#0_Ha#0_Chan#1_DIMM#0 (channel:1 slot:0)"
-AER = "3,2300,7500000000,-;pcieport 0000:3a:00.0: AER: Uncorrected (Fatal) error received: 0000:3b:00.0"
-PCIE = "3,2301,7500000100,-;nvidia 0000:3b:00.0: PCIe Bus Error: severity=Uncorrected (Fatal), type=Inaccessible"
+EDAC = (
+    "3,2210,7400000000,-;EDAC MC0: 1 UE memory read error on CPU_SrcID#0_Ha#0_Chan#1_DIMM#0 "
+    "(channel:1 slot:0)"
+)
+AER = (
+    "3,2300,7500000000,-;pcieport 0000:3a:00.0: AER: Uncorrected (Fatal) error received: "
+    "0000:3b:00.0"
+)
+PCIE = (
+    "3,2301,7500000100,-;nvidia 0000:3b:00.0: PCIe Bus Error: severity=Uncorrected (Fatal), "
+    "type=Inaccessible"
+)
 LINK = "6,2400,7600000000,-;mlx5_core 0000:5e:00.0 ib0: Link is Down"
 NIC = "6,2401,7600000100,-;ice 0000:18:00.0 ens1f0: NIC Link is Down"
 OOM = (
-    "4,2500,7700000000,-;python invoked oom-killer: gfp_mask=0x140cca(GFP_HIGHUSER_MOVABLE|__GFP_COMP), "
+    "4,2500,7700000000,-;python invoked oom-killer: "
+    "gfp_mask=0x140cca(GFP_HIGHUSER_MOVABLE|__GFP_COMP), "
     "order=0, oom_score_adj=0"
 )
 OOM_KILL = (

@@ -87,7 +87,8 @@ def test_host_modules_import_neither_torch_nor_the_lab():
 def test_host_third_party_imports_are_core_dependencies():
     seen = _probe()
     assert set(seen["third_party"]) <= set(CORE_IMPORTS), (
-        f"host-side modules import {sorted(set(seen['third_party']) - set(CORE_IMPORTS))}, not core dependencies"
+        f"host-side modules import {sorted(set(seen['third_party']) - set(CORE_IMPORTS))}, "
+        "not core dependencies"
     )
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     core = {d.split(">")[0].split("=")[0].split("<")[0].strip() for d in project["dependencies"]}

@@ -1,5 +1,6 @@
 """The remediation plan: every guard of the site config over plain verdicts and job facts. What a
-guard stops is written down with the reason; nothing outside the job's allocation is ever drained."""
+guard stops is written down with the reason; nothing outside the job's allocation is ever
+drained."""
 
 from __future__ import annotations
 
@@ -591,7 +592,8 @@ def test_an_infrastructure_failure_is_excluded_from_the_rerun_never_drained_nor_
     v = dataclasses.replace(
         verdict(VerdictKind.CRASH, (1, "n2")),
         cause=Cause.INFRASTRUCTURE,
-        cause_evidence="rank 1 raised a storage or network error: OSError: [Errno 98] Address already in use",
+        cause_evidence="rank 1 raised a storage or network error: OSError: [Errno 98] Address "
+        "already in use",
     )
     for decisions in (None, {"n2": DrainDecision(False, "only the job's own evidence")}):
         plan = build_plan(

@@ -156,7 +156,8 @@ def test_reads_are_consistent_while_another_thread_writes(record):
         return "broadcast" if seq % 3 == 0 else "all_reduce"
 
     def hammer():
-        # each collective's size is its own seq: a reader can tell a whole ring entry from a torn one
+        # each collective's size is its own seq: a reader can tell a whole ring entry from a torn
+        # one
         n = 0
         while not stop.is_set():
             n += 1
@@ -188,7 +189,8 @@ def test_reads_are_consistent_while_another_thread_writes(record):
                 bad.append(f"ring seqs not ascending: {seqs}")
             if seqs != list(range(max(1, v.coll_entered - RING + 1), v.coll_entered + 1)):
                 bad.append(
-                    f"ring {seqs[:1]}..{seqs[-1:]} is not the last {RING} of {v.coll_entered} entered"
+                    f"ring {seqs[:1]}..{seqs[-1:]} is not the last {RING} of {v.coll_entered} "
+                    "entered"
                 )
             torn = [
                 e
@@ -209,7 +211,9 @@ def test_reads_are_consistent_while_another_thread_writes(record):
 
 
 def test_leave_many_is_one_change_for_several_collectives(record):
-    """DDP's buckets are left together at the end of their backward: only the entries named change."""
+    """DDP's buckets are left together at the end of their backward: only the entries named
+    change.
+    """
     w = ProgressWriter(record, rank=3, world_size=8)
     seqs = [w.enter("ddp_bucket_all_reduce", 1024 * (i + 1), 8) for i in range(3)]
     w.leave_many([seqs[0], seqs[2]])

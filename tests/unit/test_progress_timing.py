@@ -1,5 +1,6 @@
 """The progress writer's timing split: time outside collectives (compute) and inside (collectives),
-overlapping collectives counted once, scout's own work left out. A fake monotonic clock drives it."""
+overlapping collectives counted once, scout's own work left out. A fake monotonic clock drives
+it."""
 
 from __future__ import annotations
 

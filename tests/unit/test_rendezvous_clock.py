@@ -217,7 +217,8 @@ def test_snapshots_of_ranks_past_init_are_ordered_by_progress_alone_as_before():
     )
 
 
-# ---- the real watchdog loop on a scripted clock ---------------------------------------------------
+# ---- the real watchdog loop on a scripted clock
+# ---------------------------------------------------
 
 
 def Script(events: list[tuple[float, object]]) -> scriptclock.Script:
@@ -453,7 +454,8 @@ def test_a_rank_waiting_at_the_rendezvous_keeps_its_clock_and_one_past_init_wait
     tmp_path,
 ):
     """The first-collective rule applies past init only: a rank still inside init_process_group (its
-    record marked, no writer yet) waits at the rendezvous and its clock runs from its last change."""
+    record marked, no writer yet) waits at the rendezvous and its clock runs from its last
+    change."""
     from scout_slurm.task.watchdog import RankTracker
 
     path = tmp_path / "rank-0.bin"

@@ -97,7 +97,8 @@ def test_two_replicas_disagreeing_make_a_clean_exit_inconclusive():
         at=NOW - 30,
         step=4,
         component="weights",
-        summary="no strict majority among 2 replicas (ranks 0, 2) for weights at step 4: inconclusive",
+        summary="no strict majority among 2 replicas (ranks 0, 2) for weights at step 4: "
+        "inconclusive",
     )
     ev = evidence(4, exits=[exited(r) for r in range(4)], findings=[unsure], job_exit_code=0)
     v = localise(ev, now=NOW)

@@ -255,7 +255,9 @@ def hang_bundle(world: int = 4, *, evil: bool = False, with_history: bool = True
 
 
 class Tree(HTMLParser):
-    """The tags and attributes a browser would build (the stdlib parser follows HTML5 tokenising)."""
+    """The tags and attributes a browser would build (the stdlib parser follows HTML5
+    tokenising).
+    """
 
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
@@ -323,7 +325,8 @@ def test_the_page_lists_the_checks_that_ran():
         dataclasses.replace(b, verdict=dataclasses.replace(b.verdict, coverage=cov))
     )
     assert (
-        "Checks that ran: state votes (every 10 steps): 2, the last at step 20, every replica agreed up to "
+        "Checks that ran: state votes (every 10 steps): 2, the last at step 20, every replica "
+        "agreed up to "
         "step 20; in-situ replay (every 5 steps): 4 rounds; timing votes (every 25 steps): 1 rounds"
     ) in page
 

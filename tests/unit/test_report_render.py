@@ -234,7 +234,8 @@ def test_actions_show_done_failed_and_pending():
     assert lines[3] == "- [pending] set job 4711 excluded nodes to node02"
     assert (
         lines[4]
-        == "- [pending] resume from checkpoint /ckpt/step-8.pt (step 8, before first suspect step 11)"
+        == "- [pending] resume from checkpoint /ckpt/step-8.pt (step 8, before first suspect "
+        "step 11)"
     )
     assert lines[5] == "- held back: restart limit reached (3 of 3): not requeued"
 

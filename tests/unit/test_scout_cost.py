@@ -83,7 +83,8 @@ def test_an_exchange_after_the_save_keeps_the_eligibility_rule_meaning():
         later == "agreed at step 9, the first exchange after the save at step 5"
         and _kind(later) is Agreement.AGREED
     )
-    # a later disagreement may have begun after the save: not the save's (the vote's verdict decides)
+    # a later disagreement may have begun after the save: not the save's (the vote's verdict
+    # decides)
     differ = _at_step("disagreed: model differs on rank 1", 5, 9)
     assert _kind(differ) is Agreement.NOT_EXCHANGED and "model differs on rank 1" in differ
 

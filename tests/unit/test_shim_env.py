@@ -82,7 +82,8 @@ def test_parse_args(argv, command):
 
 def test_unprepared_says_why_the_site_will_not_see_the_job(tmp_path):
     """The shim's start-up check (issue: a job whose SCOUT_CONFIG points elsewhere writes where the
-    site's hooks never look): only a root-owned job folder with nodes/ and this run's folder counts."""
+    site's hooks never look): only a root-owned job folder with nodes/ and this run's folder
+    counts."""
     import os
     from scout_slurm.evidence.layout import JobFolder
     from scout_slurm.task.shim import unprepared

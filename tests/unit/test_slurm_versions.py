@@ -1,6 +1,7 @@
 """The parsers over the same scenario recorded on each Slurm release (22.05.8, 24.11.5, 26.05.5;
 `python -m scout_slurm.lab.record`): a running job, a drained node with a hostile reason, the job
-requeued with an exclusion (pending, then running elsewhere), a failed job (exit 3), a cancelled one.
+requeued with an exclusion (pending, then running elsewhere), a failed job (exit 3), a cancelled
+one.
 Expected values come from the scenario itself (scout_slurm/lab/record.py) and its measured.json."""
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ def test_requeued_with_exclusion_pending(release):
         j.job_id: j for j in parse_squeue_json(scenario(release, "squeue-pending-requeued.json"))
     }
     job = jobs[first.job_id]
-    # just after the requeue the job is still completing: 22.05's squeue --json says only COMPLETING,
+    # just after the requeue the job is still completing: 22.05's squeue --json says only
+    # COMPLETING,
     # later releases list the states, PENDING first (["PENDING", "COMPLETING"])
     assert (job.state, job.excluded_nodes, job.restart_count) == (
         "COMPLETING" if release == "22.05" else "PENDING",
@@ -147,7 +149,9 @@ def test_drained_node_keeps_the_hostile_reason_exactly(release):
 
 
 def test_node_listing_of_each_release(release):
-    """The per-node JSON listing the dialect names: 22.05 sinfo --json, later scontrol show node --json."""
+    """The per-node JSON listing the dialect names: 22.05 sinfo --json, later scontrol show node
+    --json.
+    """
     listing = "sinfo-drained.json" if release == "22.05" else "scontrol-node-drained.json"
     nodes = {n.name: n for n in parse_sinfo_json(scenario(release, listing))}
     assert nodes["n3"].is_drained and nodes["n3"].reason == HOSTILE_REASON

@@ -35,7 +35,8 @@ RuntimeError: boom at step 5
   warnings.warn(...)""".splitlines()
 
 OOM = (
-    "RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+    "RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't "
+    "allocate memory: "
     "you tried to allocate 8589934592 bytes. Error code 12 (Cannot allocate memory)"
 )
 

@@ -1,4 +1,6 @@
-"""Timing votes (pure): robust outliers, round decisions, confirmation, the pairing schedule, settings."""
+"""Timing votes (pure): robust outliers, round decisions, confirmation, the pairing schedule,
+settings.
+"""
 
 from __future__ import annotations
 
@@ -261,7 +263,8 @@ def test_group_slow_and_communication_keys():
     )
 
 
-# -- pairing_rounds ---------------------------------------------------------------------------------
+# -- pairing_rounds
+# ---------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("n", range(0, 12))

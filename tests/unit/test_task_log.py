@@ -112,7 +112,9 @@ def test_the_init_banner_says_what_is_on_once_rank_0_enters_init(tmp_path):
 
 
 def test_operator_commands_print_no_info_log_lines(tmp_path, monkeypatch, capsys):
-    """`scout` commands (the demo, `scout lab`) show warnings and errors only: no line per Slurm call."""
+    """`scout` commands (the demo, `scout lab`) show warnings and errors only: no line per Slurm
+    call.
+    """
     from click.testing import CliRunner
 
     from scout_slurm.cli import main

@@ -1,4 +1,6 @@
-"""Timing faults in SCOUT_INJECT: `delay` recurs every step from S, `input_stall` fires once; both need seconds."""
+"""Timing faults in SCOUT_INJECT: `delay` recurs every step from S, `input_stall` fires once;
+both need seconds.
+"""
 
 from __future__ import annotations
 

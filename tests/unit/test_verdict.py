@@ -203,7 +203,8 @@ def ranks(v) -> list[int]:
             1,
             1,
             stderr=(
-                "RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 1800000ms "
+                "RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting "
+                "1800000ms "
                 "for recv operation to complete",
             ),
         ),
@@ -855,7 +856,8 @@ def test_whole_group_slow_is_inconclusive_and_names_nobody():
         at=NOW,
         component="timing",
         step=15,
-        summary="timing vote at step 15: the whole group is slower together; nobody named (inconclusive)",
+        summary="timing vote at step 15: the whole group is slower together; nobody named "
+        "(inconclusive)",
     )
     v = localise(
         evidence(4, exits=[exited(r) for r in range(4)], findings=[f], job_exit_code=0), now=NOW

@@ -196,11 +196,14 @@ def test_rules_are_consulted_in_table_order():
 def test_readme_shows_the_rule_table_as_rendered():
     found = BLOCK.search(README.read_text())
     assert found, (
-        f"{README}: no <!-- verdict-rules:begin --> ... <!-- verdict-rules:end --> block in the verdict section"
+        f"{README}: no <!-- verdict-rules:begin --> ... <!-- verdict-rules:end --> block in "
+        "the verdict section"
     )
     assert found.group(1) == render_rules_markdown(), (
-        "README's verdict-rules block differs from the table in scout_slurm/localise/verdict.py: paste the output "
-        "of `python -c 'from scout_slurm.localise.verdict import render_rules_markdown as r; print(r(), end=\"\")'`"
+        "README's verdict-rules block differs from the table in "
+        "scout_slurm/localise/verdict.py: paste the output "
+        "of `python -c 'from scout_slurm.localise.verdict import render_rules_markdown as r; "
+        'print(r(), end="")\'`'
     )
 
 

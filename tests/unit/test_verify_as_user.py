@@ -154,7 +154,8 @@ def test_the_users_own_file_that_matches_is_verified_and_one_that_differs_is_not
     changed = dataclasses.replace(noted(good, step=5), sha256="1" * 64)
     assert verify([noted(good), changed]) == [
         None,
-        f"{good}: sha256 differs from the one recorded after the save: changed on disk after its record",
+        f"{good}: sha256 differs from the one recorded after the save: changed on disk after "
+        "its record",
     ]
 
 
@@ -218,7 +219,8 @@ def test_the_byte_budget_is_shared_newest_first(shared):
     digest = zeros_sha256(size)
     notes = [note(big, step=s, size=size, sha256=digest) for s in range(12)]
     results = verify(notes, time_budget_s=30.0, byte_budget=160 * MiB)
-    # two files fit in 160 MiB: the two newest (steps 11 and 10) are hashed; the rest are not verified
+    # two files fit in 160 MiB: the two newest (steps 11 and 10) are hashed; the rest are not
+    # verified
     assert results[10:] == [None, None]
     assert all(not is_verified(r) and "the hashing budget was spent" in r for r in results[:10]), (
         results

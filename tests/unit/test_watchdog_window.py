@@ -246,7 +246,9 @@ def test_a_peer_still_advancing_holds_the_call_as_before(rig):
 
 
 def _wait_zombie(pid: int) -> None:
-    """Until the killed child is a zombie: dead, not reaped (what the watchdog's next reap collects)."""
+    """Until the killed child is a zombie: dead, not reaped (what the watchdog's next reap
+    collects).
+    """
     import time
 
     for _ in range(500):
