@@ -22,6 +22,7 @@ import math
 import sys
 
 from scout_slurm.config import WatchdogConfig
+from scout_slurm.evidence import history
 from scout_slurm.evidence.digest import abridge_tail
 from scout_slurm.evidence.records import (
     ChildState,
@@ -38,7 +39,6 @@ from scout_slurm.evidence.records import (
     VerdictKind,
     VoteCoverage,
 )
-from scout_slurm.evidence import history
 from scout_slurm.evidence.store import record_to_bytes
 from scout_slurm.hooks.nodeevidence import KernelLine, NodeEvidence
 from scout_slurm.hwmap.records import (

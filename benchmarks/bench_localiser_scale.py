@@ -344,9 +344,9 @@ def _maxrss_bytes() -> int:
 
 
 def measure(args: argparse.Namespace) -> None:
+    from scout_slurm.evidence.gather import cycle_collector_paused, gather_evidence
     from scout_slurm.evidence.layout import JobFolder
     from scout_slurm.evidence.records import VerdictKind
-    from scout_slurm.evidence.gather import cycle_collector_paused, gather_evidence
     from scout_slurm.localise.verdict import localise
 
     folder = JobFolder(Path(args.root), CLUSTER, JOB_ID)

@@ -163,7 +163,6 @@ def account_scout(acct: Account) -> list[str]:
     cells), before the first forward. Returns what could not be reached, to be said."""
     import torch.distributed.distributed_c10d as c10d
     import torch.optim.optimizer as optim_mod
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     from scout_slurm.bootstrap import ckptstate, patches
 

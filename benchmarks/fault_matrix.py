@@ -29,22 +29,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from scout_slurm.errors import SlurmError  # noqa: E402
 from scout_slurm.evidence.layout import JobFolder  # noqa: E402
-from scout_slurm.evidence.records import (
+from scout_slurm.evidence.records import (  # noqa: E402
     ExitRecord,
     Finding,
     FindingComponent,
     FindingKind,
-    RankPlace,  # noqa: E402
+    RankPlace,
     Verdict,
     VerdictKind,
 )
-from scout_slurm.remediation.plan import is_scout_drain  # noqa: E402
 from scout_slurm.evidence.store import list_records, read_record  # noqa: E402
 from scout_slurm.lab.cluster import CLUSTER_NAME, Lab, LabSpec, free_port_base  # noqa: E402
-from scout_slurm.slurm import ops  # noqa: E402
 from scout_slurm.localise.verdict import is_cascade  # noqa: E402
-from scout_slurm.errors import SlurmError  # noqa: E402
+from scout_slurm.remediation.plan import is_scout_drain  # noqa: E402
+from scout_slurm.slurm import ops  # noqa: E402
 
 JOBS = {
     "ddp": ROOT / "tests" / "jobs" / "train_ddp.py",

@@ -152,6 +152,7 @@ def lab_status(state_dir: Path, as_json: bool) -> None:
 
 def _site(config_path: str | None):
     import os as _os
+
     from scout_slurm.config import load_config
 
     return load_config(_os.environ, path=config_path)
@@ -241,7 +242,7 @@ def show(
         except OSError as exc:
             raise ScoutError(
                 f"scout show: cannot write {output}: {exc.strerror or exc}; choose another -o path"
-            )
+            ) from None
         click.echo(f"wrote {output} (job {job_id}, run {view.run})", err=True)
 
 
@@ -355,7 +356,6 @@ def _echo_pending(pending) -> None:
 @_config_opt
 def undrain(node: str, dry_run: bool, config_path: str | None) -> None:
     """Return NODE to service, only if scout drained it (other drains are left alone)."""
-    import os as _os
     from scout_slurm.slurm import ops
 
     cfg = _site(config_path)
@@ -542,6 +542,7 @@ def map_cmd(
 ) -> None:
     """Rank to node, hostname, GPU UUID and serial, NIC for JOB_ID; or history by --node / --gpu."""
     import dataclasses
+
     from scout_slurm.report.map_loader import all_places, read_maps, read_places
     from scout_slurm.report.map_table import history_rows, rank_map_rows, render_rank_map_table
 

@@ -15,9 +15,10 @@ import dataclasses
 import os
 import stat
 import tomllib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from scout_slurm.errors import ConfigError
 from scout_slurm.settings import Refused, Setting, declare, declared, parse

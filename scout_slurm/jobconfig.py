@@ -9,9 +9,10 @@ from __future__ import annotations
 import difflib
 import enum
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 from scout_slurm.errors import ConfigError
 from scout_slurm.localise.straggler import ENV_PREFIX as TIMING_PREFIX
@@ -283,7 +284,7 @@ class JobConfig:
     resume_mismatch: ResumeMismatch = ResumeMismatch.WARN
     checkpoint_agreement: bool = True
     timing: TimingRules = field(default_factory=TimingRules)
-    inject: "FaultSpec | None" = None
+    inject: FaultSpec | None = None
     break_checks: frozenset[str] = frozenset()
     log_level: str = ""
     resume_checkpoint: str = ""
@@ -299,7 +300,7 @@ class JobConfig:
     @classmethod
     def from_environment(
         cls, environ: Mapping[str, str], defaults: Mapping[str, str] | None = None
-    ) -> "JobConfig":
+    ) -> JobConfig:
         """The settings `environ` holds; a bad value is a JobConfigError naming each bad
         variable.
         """
@@ -396,7 +397,7 @@ def read_settings(
     return JobConfig(**values), tuple(problems)  # type: ignore[arg-type]
 
 
-def site_defaults(cfg: "SiteConfig") -> dict[str, str]:
+def site_defaults(cfg: SiteConfig) -> dict[str, str]:
     """The site config's in-job values, as the defaults of the variables they stand for."""
     return as_environment({RESUME_MISMATCH: cfg.remediation.on_resume_mismatch})
 

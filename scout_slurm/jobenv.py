@@ -4,8 +4,8 @@ to typed fields; a missing or bad variable raises an error naming it and its val
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 from scout_slurm.errors import ConfigError
 

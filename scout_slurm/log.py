@@ -15,10 +15,10 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+import structlog
+
 LEVEL_ENV = "SCOUT_LOG_LEVEL"
 TASK_LOG_MAX_BYTES = 4 << 20
-
-import structlog
 
 _configured = False
 

@@ -10,9 +10,10 @@ import dataclasses
 import enum
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 
 class Kind(str, enum.Enum):

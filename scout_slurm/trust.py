@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import Collection, Iterable
+from collections.abc import Collection, Iterable
 
 from scout_slurm.errors import UntrustedPath
 

@@ -24,6 +24,10 @@ if ! is_bare; then
   exit 1
 fi
 echo "test.sh: .venv-bare (torch, scout-slurm without the job extra; no xxhash, no numpy) ready in $((SECONDS - bare_t0)) s" >&2
+# the formatter and the linter first (pyproject.toml [tool.ruff]): seconds, and a failure names the
+# file and line (`.venv/bin/ruff format .` fixes the formatting)
+.venv/bin/ruff format --check --quiet . || { echo "test.sh: files not formatted: run .venv/bin/ruff format ." >&2; exit 1; }
+.venv/bin/ruff check --quiet . || { echo "test.sh: ruff check found the problems above" >&2; exit 1; }
 releases="${SCOUT_SLURM_RELEASES:-24.11,26.05}"
 if [ "$releases" != "none" ]; then
   # built here, not inside a test: the build time (about 50 s per root, once) shows on its own line

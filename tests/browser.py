@@ -29,12 +29,16 @@ _MEASURE = """<script>
   const out = {
     timeline: q(document, 'svg.timeline').map(box),
     rows: q(document, 'svg.timeline g.rank-row').map(g => ({
-      rank: Number(g.getAttribute('data-rank')), suspect: g.classList.contains('suspect'), box: box(g),
+      rank: Number(g.getAttribute('data-rank')),
+      suspect: g.classList.contains('suspect'),
+      box: box(g),
       bars: q(g, 'rect.bar').map(b => ({kind: b.getAttribute('class'), box: box(b)}))})),
     moments: q(document, 'svg.timeline g.moment').map(g => ({name: g.getAttribute('data-moment'),
                                                              box: box(g.querySelector('line'))})),
     phases: q(document, 'svg.phases rect.bar').map(box),
-    table: q(document, 'table.hwmap tr').map(tr => ({rank: tr.getAttribute('data-rank'), cls: tr.className,
+    table: q(document, 'table.hwmap tr').map(tr => ({
+      rank: tr.getAttribute('data-rank'),
+      cls: tr.className,
       cells: Array.from(tr.children).map(td => ({box: box(td), text: td.textContent}))})),
     cases: q(document, 'svg#latency g.case').map(g => ({ok: g.getAttribute('data-ok'),
                                                        bars: q(g, 'rect.bar').map(box)})),
@@ -198,7 +202,7 @@ def assert_incident_page_renders(page: str, tmp: Path, *, world: int, suspects: 
     for r in rows:
         bars = [b["box"] for b in r["bars"]]
         assert bars, f"rank {r['rank']}: no bar drawn"
-        for x, y, w, h in bars:
+        for x, _y, w, h in bars:
             assert w >= 1 and h >= 5 and tx - 1 <= x and x + w <= tx + tw + 1, (r["rank"], bars)
         assert any("advancing" in b["kind"] for b in r["bars"]), r
     names = [mo["name"] for mo in m["moments"]]
@@ -228,6 +232,7 @@ def check_real_incident(
     """A real incident's page, from `scout show JOBID --html -o FILE` and from the controller's
     bundle: the watchdogs kept each rank's history, and Chromium renders the timeline and tables."""
     import sys
+
     from scout_slurm.evidence.history import decode_history
     from scout_slurm.evidence.layout import JobFolder
     from scout_slurm.lab.cluster import CLUSTER_NAME

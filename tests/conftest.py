@@ -11,8 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/scoutjobs.py and friends
 
-from scout_slurm.lab.cluster import Lab, LabSpec, free_port_base  # noqa: F401 - tests import it from here
-
+from scout_slurm.lab.cluster import Lab, LabSpec, free_port_base
 
 _pick_port_base = free_port_base
 

@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.records import (
     ExitRecord,
     Finding,
-    FindingKind,
     RankPlace,
     StallDecision,
     Verdict,
@@ -221,8 +218,9 @@ plants = [("/proc/kmsg", 0, "0" * 64), (str(fifo), 0, "0" * 64),
 plants += [(str(sparse), 1 << 30, "0" * 64)] * 12
 for i, (path, size, sha) in enumerate(plants):
     write_record(ck / f"planted-{i}.json",
-                 CheckpointNote(path=path, step=1 + i % 3, rank=0, restart=0, saved_at=time.time() - 100 + i,
-                                size_bytes=size, sha256=sha, agreement="agreed"))
+                 CheckpointNote(path=path, step=1 + i % 3, rank=0, restart=0,
+                                saved_at=time.time() - 100 + i, size_bytes=size, sha256=sha,
+                                agreement="agreed"))
 print("planted", len(plants), "checkpoint records")
 PY
 """

@@ -12,10 +12,10 @@ import time
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-import deepspeed  # noqa: E402
-import deepspeed.ops  # noqa: E402
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import deepspeed
+import deepspeed.ops
+import torch
+import torch.distributed as dist
 
 
 def main() -> int:
@@ -54,7 +54,7 @@ def main() -> int:
     )
     time.sleep(args.startup_sleep)
     gen = torch.Generator().manual_seed(1000 + rank)
-    for step in range(1, args.steps + 1):
+    for _step in range(1, args.steps + 1):
         x = torch.randn(8, 32, generator=gen)
         loss = engine(x).pow(2).mean()
         engine.backward(loss)

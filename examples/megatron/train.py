@@ -65,7 +65,7 @@ def main() -> int:
     ddp = DDP(model)
     opt = torch.optim.Adam(ddp.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(1000 + rank)
-    for step in range(1, args.steps + 1):
+    for _step in range(1, args.steps + 1):
         x = torch.randn(8, hidden, generator=gen)
         loss = ddp(x).pow(2).mean()
         opt.zero_grad()

@@ -18,9 +18,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from scout_slurm.acceptance.steps import (
     CaseRun,
@@ -507,7 +507,7 @@ def read_case(case: CaseRun, folder: JobFolder, restart: int) -> CaseRun:
 def incident_files(path: Path, *, limit: int = 100_000) -> IncidentFiles:
     """Files and bytes under the job's evidence folder (no links followed), the three largest."""
     sizes: list[tuple[str, int]] = []
-    for dirpath, dirnames, filenames in os.walk(path, followlinks=False):
+    for dirpath, _dirnames, filenames in os.walk(path, followlinks=False):
         for name in filenames:
             p = Path(dirpath) / name
             try:
@@ -630,7 +630,7 @@ def run_acceptance(opts: AcceptanceOptions, echo: Callable[[str], None]) -> int:
     opts.out_dir.mkdir(parents=True, exist_ok=True)
     # every Slurm call is logged (argv, exit code, duration): into a file beside the report, so
     # that the terminal shows the steps
-    calls = open(opts.out_dir / "slurm-calls.log", "a")  # noqa: SIM115 - open for the whole run
+    calls = open(opts.out_dir / "slurm-calls.log", "a")
     configure(stream=calls, json=True)
     lab: Lab | None = None
     temp_state: Path | None = None

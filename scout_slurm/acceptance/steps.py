@@ -8,8 +8,8 @@ a step the cluster cannot carry out is SKIPPED with the reason; never a pass wit
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from scout_slurm.evidence.records import ResumeOutcome, VerdictKind, resume_outcome
 

@@ -187,8 +187,8 @@ class AtRest:
         )
         if self.run_dir is None:
             return
-        from scout_slurm.evidence.records import Finding, FindingKind
         from scout_slurm.evidence.layout import RunFolder
+        from scout_slurm.evidence.records import Finding, FindingKind
         from scout_slurm.evidence.store import write_record
 
         for w in what:
@@ -217,5 +217,5 @@ class AtRest:
                     ),
                     finding,
                 )
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 sys.stderr.write(f"scout: finding not written: {exc!r}\n")

@@ -45,18 +45,18 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
-
-from scout_slurm.evidence.layout import RunFolder, checkpoint_note_path
-from scout_slurm.remediation.signatures import COMPONENTS
+from typing import Any
 
 from scout_slurm.bootstrap.exitpolicy import Ending, end, ends
+from scout_slurm.bootstrap.signing import byte_view, optimizer_tensors, state_signature
 
 # signing.py signs for every bootstrap module; its helpers keep their old names here
 from scout_slurm.bootstrap.signing import bytes_sig as _bytes_sig
-from scout_slurm.bootstrap.signing import byte_view, optimizer_tensors, state_signature
 from scout_slurm.bootstrap.signing import sig_hex as _sig_hex
+from scout_slurm.evidence.layout import RunFolder, checkpoint_note_path
+from scout_slurm.remediation.signatures import COMPONENTS
 
 # what the bootstrap swallows to keep the job running, for a debugging session (stdlib logging: the
 # job's Python may lack structlog, and configuring it here would change the job's own logging)
@@ -130,7 +130,7 @@ def software_versions():
         if torch.cuda.is_available():
             v = torch.cuda.nccl.version()
             nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
-    except Exception as exc:  # noqa: BLE001 - a build without NCCL
+    except Exception as exc:
         _log.debug("no NCCL version (a build without NCCL?): %r", exc)
         nccl = None
     return SoftwareVersions(
@@ -315,8 +315,8 @@ class CheckpointWatch:
         self.saved_here.add(canonical(path))
         if self.notes_dir is None:
             return
-        from scout_slurm.evidence.store import write_record
         from scout_slurm.evidence.records import CheckpointNote
+        from scout_slurm.evidence.store import write_record
 
         target = os.path.abspath(os.fspath(path))
         try:
@@ -361,7 +361,7 @@ class CheckpointWatch:
             try:
                 self.notes_dir.mkdir(parents=True, exist_ok=True)
                 write_record(dest, note)
-            except Exception as exc:  # noqa: BLE001 - never break the job for a note
+            except Exception as exc:
                 sys.stderr.write(f"scout: checkpoint note not written: {exc!r}\n")
                 return
             if per_rank is None and self.world >= 2 and self.side is not None:
@@ -472,7 +472,7 @@ class CheckpointWatch:
                 from scout_slurm.evidence.store import read_record
 
                 cov = read_record(votes, VoteCoverage)
-            except Exception as exc:  # noqa: BLE001 - coverage is evidence, never a reason to fail the save
+            except Exception as exc:
                 sys.stderr.write(
                     f"scout: the run's coverage record {votes} is unreadable "
                     f"({exc!r}); the checkpoint record says no coverage\n"
@@ -557,7 +557,7 @@ class CheckpointWatch:
                 )
                 try:
                     write_record(dest, done)
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     sys.stderr.write(f"scout: checkpoint record not completed: {exc!r}\n")
             self.pending.clear()
 
@@ -642,8 +642,8 @@ class CheckpointWatch:
         (another save at the same step may have written `dest` since). Under the lock."""
         import dataclasses
 
-        from scout_slurm.evidence.store import read_record, write_record
         from scout_slurm.evidence.records import CheckpointNote
+        from scout_slurm.evidence.store import read_record, write_record
 
         def moved_note(note):
             if canonical(note.path) != key:
@@ -657,7 +657,7 @@ class CheckpointWatch:
             done = moved_note(read_record(dest, CheckpointNote))
             if done is not None:
                 write_record(dest, done)
-        except Exception as exc:  # noqa: BLE001 - never break the job for a note
+        except Exception as exc:
             sys.stderr.write(
                 f"scout: the record {dest.name} still names the checkpoint's old name: {exc!r}\n"
             )
@@ -766,7 +766,7 @@ class CheckpointWatch:
                 self._verify()
             except SystemExit:
                 raise
-            except Exception as exc:  # noqa: BLE001 - verification is evidence; never break the job
+            except Exception as exc:
                 sys.stderr.write(f"scout: resume not verified: {exc!r}\n")
         done = self.completed_steps()
         if (
@@ -848,13 +848,13 @@ class CheckpointWatch:
     def _record_of(self, path: str):
         if self.notes_dir is None or not self.notes_dir.is_dir():
             return None
-        from scout_slurm.evidence.store import list_records
         from scout_slurm.evidence.records import CheckpointNote
+        from scout_slurm.evidence.store import list_records
 
         target = os.path.realpath(path)
         try:
             notes, _ = list_records(self.notes_dir, "*.json", CheckpointNote)
-        except Exception as exc:  # noqa: BLE001 - an unreadable folder: the resume is not checked, and says so
+        except Exception as exc:
             sys.stderr.write(
                 f"scout: the checkpoint records in {self.notes_dir} are unreadable ({exc!r}); "
                 f"the resume from {path} is not checked against its record\n"
@@ -909,7 +909,7 @@ class CheckpointWatch:
                     component="resume",
                 ),
             )
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             sys.stderr.write(f"scout: resume finding not written: {exc!r}\n")
 
 

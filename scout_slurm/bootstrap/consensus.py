@@ -235,8 +235,8 @@ class Consensus:
     def _write_nonfinite(self, v: Any, first_steps: list[int]) -> None:
         if self.run_dir is None:
             return
-        from scout_slurm.evidence.records import Finding, FindingKind
         from scout_slurm.evidence.layout import RunFolder
+        from scout_slurm.evidence.records import Finding, FindingKind
         from scout_slurm.evidence.store import write_record
 
         now = time.time()
@@ -287,7 +287,7 @@ class Consensus:
         for name, finding in records:
             try:
                 write_record(RunFolder(self.run_dir).finding_path(name), finding)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 sys.stderr.write(f"scout: finding not written: {exc!r}\n")
 
     def _write(
@@ -302,8 +302,8 @@ class Consensus:
     ) -> None:
         if self.run_dir is None:
             return
-        from scout_slurm.evidence.records import Finding, FindingKind
         from scout_slurm.evidence.layout import RunFolder
+        from scout_slurm.evidence.records import Finding, FindingKind
         from scout_slurm.evidence.store import write_record
 
         now = time.time()
@@ -339,5 +339,5 @@ class Consensus:
             )
             try:
                 write_record(RunFolder(self.run_dir).finding_path(name), finding)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 sys.stderr.write(f"scout: finding not written: {exc!r}\n")

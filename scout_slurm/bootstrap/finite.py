@@ -20,8 +20,9 @@ from __future__ import annotations
 import functools
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from scout_slurm.evidence.records import VoteOutcome
 
@@ -131,7 +132,7 @@ class FiniteWatch:
                     if self.on_first is not None:
                         try:
                             self.on_first(gstep)
-                        except Exception as exc:  # noqa: BLE001
+                        except Exception as exc:
                             sys.stderr.write(f"scout: non-finite note not written: {exc!r}\n")
                     break
         return self.first_bad

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import re
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from scout_slurm.bootstrap.replicas import replica_groups
 
@@ -72,7 +73,7 @@ def zero_stage(root: Any) -> int:
     """The DeepSpeed engine's ZeRO stage (0: plain data parallel)."""
     try:
         return int(root.zero_optimization_stage())
-    except Exception:  # noqa: BLE001 - an engine without ZeRO configured
+    except Exception:
         return 0
 
 
@@ -279,7 +280,7 @@ class RootTracker:
         self.roots.append(module)
         try:
             self.on_root(module)
-        except Exception as exc:  # noqa: BLE001 - never break the job
+        except Exception as exc:
             say(f"cannot attach to model {type(module).__name__}: {exc!r}")
 
     def remove(self) -> None:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import threading
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 # The checks the guard knows by name: scout's entry points inside the user's calls, then the
 # witnesses. A name is what the loud line, the finding and the verdict say.
@@ -78,7 +79,7 @@ class Guard:
             if check in self.broken:
                 raise ScoutFault(f"SCOUT_BREAK made {check!r} fail")
             return fn(*args, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - the point of the guard: scout's failure is never the job's
+        except Exception as exc:
             if getattr(exc, JOBS_OWN, False):
                 # the job's own (an injected fault stands for one): it reaches the job as it would
                 raise
@@ -116,7 +117,7 @@ class Guard:
         if self.record is not None:
             try:
                 self.record(check, why, exchange)
-            except Exception as rec_exc:  # noqa: BLE001 - the evidence of a failure must not fail the job either
+            except Exception as rec_exc:
                 self._say(f"scout: the failure of {check} was not recorded: {rec_exc!r}")
 
 

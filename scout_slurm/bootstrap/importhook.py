@@ -6,7 +6,8 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 class PatchAfterImport(importlib.abc.MetaPathFinder):
@@ -30,7 +31,7 @@ class PatchAfterImport(importlib.abc.MetaPathFinder):
             original_exec(module)
             try:
                 patch(module)
-            except Exception as exc:  # noqa: BLE001 - never break the import
+            except Exception as exc:
                 sys.stderr.write(f"scout: cannot hook {fullname}: {exc!r}\n")
 
         loader.exec_module = exec_module

@@ -15,8 +15,9 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from scout_slurm.bootstrap import selfcost
 from scout_slurm.bootstrap.guard import ScoutFault
@@ -271,7 +272,7 @@ def _patch_distributed(rt: Runtime, handle: InstalledHooks, dist: Any) -> None:
             # abort a finished process (release_side_groups says why)
             try:
                 rt.release_side_groups()
-            except Exception as exc:  # noqa: BLE001 - the job's teardown goes on
+            except Exception as exc:
                 say(f"scout: side groups not released: {exc!r}")
         return result
 

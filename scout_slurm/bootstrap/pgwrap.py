@@ -35,8 +35,9 @@ before gloo's lock is taken. Imported only after torch.distributed (patches._pat
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from threading import get_ident
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch._C._distributed_c10d import ProcessGroup
@@ -105,7 +106,7 @@ class RecordingGroup(ProcessGroup):
     def name(self) -> str:
         return self._pg.name()
 
-    def allreduce(self, tensors, opts=None):  # noqa: ANN001 - the reducer's call, passed on unchanged
+    def allreduce(self, tensors, opts=None):
         inner = (
             self._pg.allreduce(tensors, opts) if opts is not None else self._pg.allreduce(tensors)
         )
@@ -114,7 +115,7 @@ class RecordingGroup(ProcessGroup):
         # from here on scout's own work (the launch above is the job's): never into DDP's reducer
         try:
             return self._record(tensors, inner)
-        except Exception as exc:  # noqa: BLE001 - the guard's rule (bootstrap.guard), inlined on the hot path
+        except Exception as exc:
             self._failed(exc)
             return inner
 
@@ -127,7 +128,7 @@ class RecordingGroup(ProcessGroup):
         if self._on_error is not None:
             try:
                 self._on_error(exc)
-            except Exception:  # noqa: BLE001 - nothing of scout's reaches the job
+            except Exception:
                 pass
 
     def _record(self, tensors: Any, inner: Any) -> Any:
@@ -153,8 +154,9 @@ class RecordingGroup(ProcessGroup):
         if queued or (task >= 0 and self._queue(task)):
             opened.append((seq, inner, pg_seq))
         else:  # not inside a backward: left when it completes (on gloo's thread)
+            me = get_ident()  # the thread that entered it, bound now (the callback runs on gloo's)
             inner.get_future().add_done_callback(
-                lambda _f, w=w, seq=seq, me=get_ident(): _left(w, (seq,), me)
+                lambda _f, w=w, seq=seq, me=me: _left(w, (seq,), me)
             )
         if timed:
             COST.samples += 1
@@ -180,7 +182,7 @@ class RecordingGroup(ProcessGroup):
         GIL while the interpreter ends aborts the process)."""
         try:
             self._leave_opened()
-        except Exception as exc:  # noqa: BLE001 - an autograd callback of scout's: never into the job's backward
+        except Exception as exc:
             self._failed(exc)
 
     def _leave_opened(self) -> None:
@@ -204,7 +206,7 @@ class RecordingGroup(ProcessGroup):
         if late:
             try:
                 _leave_when_done(self._w, late)
-            except Exception as exc:  # noqa: BLE001 - as in _backward_done
+            except Exception as exc:
                 self._failed(exc)
 
     def settle(self) -> None:
@@ -315,7 +317,7 @@ def _left(w: ProgressWriter, seqs: tuple[int, ...] | list[int], registered_on: i
         COST.comm_thread_calls += 1
     try:
         w.leave_many(seqs)
-    except Exception:  # noqa: BLE001 - the record is evidence; the job's collectives come first
+    except Exception:
         pass
 
 

@@ -14,12 +14,11 @@ torch; runs only in the job's Python.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from scout_slurm.bootstrap.signing import state_signature
 from scout_slurm.bootstrap.exitpolicy import Ending, end, ends
-from scout_slurm.evidence.records import VoteOutcome
 from scout_slurm.bootstrap.frameworks import (
     inner,
     is_compiled,
@@ -31,6 +30,8 @@ from scout_slurm.bootstrap.frameworks import (
     say,
 )
 from scout_slurm.bootstrap.replicas import GroupVote, replay_plan, shard_group, vote_group
+from scout_slurm.bootstrap.signing import state_signature
+from scout_slurm.evidence.records import VoteOutcome
 from scout_slurm.jobconfig import REPLAY_MAX_BYTES
 
 DEFAULT_MAX_BYTES = REPLAY_MAX_BYTES  # SCOUT_REPLAY_MAX_BYTES (scout_slurm.jobconfig)
@@ -438,7 +439,7 @@ class Replay:
         try:
             sig_out, sig_gx, sig_gw = self._recompute(layer, weights, spec, xs, gys, rng)
             mine[0], mine[1], mine[2], mine[3] = 1, sig_out, sig_gx, sig_gw
-        except Exception as exc:  # noqa: BLE001 - a failed recomputation is said (once a layer), not fatal
+        except Exception as exc:
             error = repr(exc)[:300]
         else:
             error = ""
@@ -781,7 +782,7 @@ class Replay:
         for name, finding in records:
             try:
                 write_record(RunFolder(self.run_dir).finding_path(name), finding)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 say(f"finding not written: {exc!r}")
 
 

@@ -9,8 +9,8 @@ rank, at which step) are derived from the step number alone, so every rank agree
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from scout_slurm.evidence.records import VoteOutcome
 

@@ -165,6 +165,7 @@ class Runtime:
         on all (a rank without xxhash would otherwise differ from every vote and be called
         corrupt)."""
         import torch
+
         from scout_slurm.bootstrap import signing
 
         mine = torch.tensor([1 if signing.HASH_NAME == "xxh3_64" else 0], dtype=torch.int64)
@@ -510,7 +511,7 @@ class Runtime:
                 f"fault injected: {fault.kind}",
                 step=fault.step,
             )
-        except Exception as exc:  # noqa: BLE001 - the fault still fires
+        except Exception as exc:
             say(f"scout: injection not recorded: {exc!r}")
 
     def _note_first_nonfinite(self, gstep: int) -> None:
@@ -623,7 +624,7 @@ class Runtime:
                 self.final_vote = c.final_vote(
                     *self._side_ops(), timeout_s=self.config.final_vote_timeout_s
                 )
-            except Exception as exc:  # noqa: BLE001 - never break the job's teardown
+            except Exception as exc:
                 self.final_vote = f"not made: {exc!r}"[:200]
             # every rank is here only when this vote gathered them and none is leaving: then the
             # timing of
@@ -637,7 +638,7 @@ class Runtime:
                 try:
                     if timing.final_round(c.steps):
                         self.final_vote += f"; a last timing round over steps {last + 1}-{c.steps}"
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     self.final_vote += f"; the last timing round failed: {exc!r}"[:200]
         self.write_coverage(force=True)
         selfcost.write(self.config.run_dir, self.rank, self.restart)

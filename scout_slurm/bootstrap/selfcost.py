@@ -12,8 +12,9 @@ from __future__ import annotations
 import functools
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 COST_EVERY = 100  # steps between rewrites of the record (one small file write)
 SAMPLE_EVERY = 16  # wrapper calls per timed one
@@ -103,5 +104,5 @@ def write(run_dir: Path | None, rank: int, restart: int) -> None:
         from scout_slurm.evidence.store import write_record
 
         write_record(RunFolder(run_dir).rank_cost_path(rank), record(rank, restart))
-    except Exception as exc:  # noqa: BLE001 - evidence of scout's cost is never a reason to fail the job
+    except Exception as exc:
         sys.stderr.write(f"scout: the record of scout's own cost not written: {exc!r}\n")

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 _MASK = 0x7FFFFFFFFFFFFFFF
 

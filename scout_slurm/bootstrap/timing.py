@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from scout_slurm.bootstrap.exitpolicy import Ending, end, ends
 from scout_slurm.localise.straggler import (
     Confirmation,
     LinkProbe,
@@ -22,8 +24,6 @@ from scout_slurm.localise.straggler import (
     link_rounds,
     median,
 )
-
-from scout_slurm.bootstrap.exitpolicy import Ending, end, ends
 
 _NODE_BYTES = 64
 _SMALL_REPS = 3
@@ -271,7 +271,7 @@ class Timing:
 
         try:
             write_record(RunFolder(self.run_dir).finding_path(name), finding)
-        except Exception as exc:  # noqa: BLE001 - never break the job for a finding
+        except Exception as exc:
             sys.stderr.write(f"scout: timing finding not written: {exc!r}\n")
 
     def _write_confirmed(
@@ -381,7 +381,7 @@ def start_timing(
     node: str,
     rules: TimingRules,
     offset: int = 0,
-) -> "Timing | None":
+) -> Timing | None:
     """Timing votes per SCOUT_TIMING_* (the job's JobConfig.timing; None when off or alone)."""
     if rules.every <= 0 or world < 2 or writer is None:
         return None

@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from scout_slurm.bootstrap.exitpolicy import Ending, end, ends
 from scout_slurm.bootstrap.frameworks import say
@@ -196,7 +197,7 @@ class UpdateReplay:
             return
         try:
             self.cap = self._capture(step, optimizer)
-        except Exception as exc:  # noqa: BLE001 - evidence, never a reason to fail the job
+        except Exception as exc:
             self.cap = {"why": f"capture failed: {exc!r}"}
 
     def _capture(self, step: int, optimizer: Any) -> dict:
@@ -303,7 +304,7 @@ class UpdateReplay:
         if self.rank == src and cap is not None and "why" not in cap:
             try:
                 training = self._training_signature(cap)
-            except Exception as exc:  # noqa: BLE001 - not known: the recomputations still vote among themselves
+            except Exception as exc:
                 self._say_once("sig", f"rank {self.rank}'s update not signed: {exc!r}")
         got = self._exchange(src, cap)
         if got is None:
@@ -311,7 +312,7 @@ class UpdateReplay:
         meta, tensors = got
         try:
             mine, err = self._recompute(step, meta, tensors), ""
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             mine, err = None, repr(exc)
         row = torch.tensor([1 if mine is not None else 0, mine or 0, training], dtype=torch.int64)
         rows = [torch.zeros_like(row) for _ in range(self.world)]
@@ -583,7 +584,7 @@ class UpdateReplay:
         for name, finding in records:
             try:
                 write_record(RunFolder(self.run_dir).finding_path(name), finding)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 say(f"finding not written: {exc!r}")
 
 

@@ -10,7 +10,8 @@ view: no numpy)."""
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from scout_slurm.bootstrap.signing import byte_view
 
@@ -108,7 +109,7 @@ def broadcast_packed(
         if meta is not None:
             try:
                 h, payload = pack(meta, tensors)
-            except Exception as exc:  # noqa: BLE001 - said by the caller, after the others are told
+            except Exception as exc:
                 failed = exc
             else:
                 head[0], head[1], head[2] = h[0], h[1], h[2]

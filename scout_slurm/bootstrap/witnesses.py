@@ -5,7 +5,8 @@ list and calls each inside the guard under its name; what each does lives in its
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 
 class Witness(Protocol):

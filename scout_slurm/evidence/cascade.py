@@ -6,7 +6,7 @@ ranks that all print gloo's "Connection closed by peer", the per-line regex took
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 # The definition: a tail is a cascade when any of its lines matches this.
 CASCADE_PATTERNS = re.compile(

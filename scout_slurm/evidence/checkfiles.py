@@ -153,7 +153,7 @@ def _folder_check(note: CheckpointNote, digest_budget: int) -> FileCheck:
                 f"{note.path} (one of {len(note.files)} files): {result.problem}", hashed, size_only
             )
     seen = 0
-    for dirpath, dirnames, names in os.walk(root, followlinks=False):
+    for dirpath, _dirnames, names in os.walk(root, followlinks=False):
         seen += len(names)
         if seen > MAX_FOLDER_FILES:
             return FileCheck(

@@ -23,6 +23,13 @@ import stat
 from dataclasses import dataclass, field
 
 from scout_slurm.errors import EvidenceError
+from scout_slurm.evidence.cascade import mentions_peer_failure
+from scout_slurm.evidence.codec import (
+    KIND_KEY,
+    decode_record,
+    parse_json_unbounded,
+    record_from_obj,
+)
 from scout_slurm.evidence.layout import JobFolder, check_node_name, node_digest_name
 from scout_slurm.evidence.records import (
     CollectiveEntry,
@@ -32,13 +39,6 @@ from scout_slurm.evidence.records import (
     NodeTasks,
     ProgressSnapshot,
     RankPlace,
-)
-from scout_slurm.evidence.cascade import mentions_peer_failure
-from scout_slurm.evidence.codec import (
-    KIND_KEY,
-    decode_record,
-    parse_json_unbounded,
-    record_from_obj,
 )
 from scout_slurm.evidence.safeio import (
     DIR_LIST,

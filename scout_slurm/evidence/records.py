@@ -8,8 +8,9 @@ record, and into which file, is listed in evidence/contract.py.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar, Mapping
+from typing import ClassVar
 
 
 class ChildState(str, enum.Enum):
@@ -369,7 +370,10 @@ class VoteCoverage:
 
     def lines(self) -> tuple[str, ...]:
         """What ran, in words (one line per kind of check)."""
-        every = lambda k: f"every {k} steps" if k > 0 else "off"
+
+        def every(k: int) -> str:
+            return f"every {k} steps" if k > 0 else "off"
+
         votes = (
             f"state votes ({every(self.votes_every)}): {self.votes}"
             + (f", the last at step {self.last_vote_step}" if self.votes else "")

@@ -19,7 +19,7 @@ from scout_slurm.evidence.codec import (
     MAX_JSON_DEPTH,
     R,
     decode_record,
-    record_from_obj,  # noqa: F401
+    record_from_obj,
     record_to_bytes,
     record_to_obj,
 )
@@ -27,7 +27,7 @@ from scout_slurm.evidence.safeio import (
     DIR_LIST,
     MAX_RECORD_BYTES,
     PLANTED_ADVICE,
-    EvidenceMissing,  # noqa: F401
+    EvidenceMissing,
     atomic_write_bytes,
     create_exclusive,
     open_below,

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import time
 
+from scout_slurm.evidence.checkfiles import list_checkpoint_notes, note_digest
 from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.store import write_record
 from scout_slurm.hooks.nodefolder import ensure_node_dir
 from scout_slurm.log import get_logger
-from scout_slurm.evidence.checkfiles import list_checkpoint_notes, note_digest
 from scout_slurm.remediation.records import CheckpointCheck, CheckpointChecks
 from scout_slurm.remediation.verifyuser import is_verified, verify_as_job_user
 

@@ -43,7 +43,7 @@ def main() -> int:
             run.complete_pending(incident)
     except ScoutError as exc:
         log.error("controller.failed", error=str(exc))
-    except Exception as exc:  # noqa: BLE001 - never let scout's bug look like the job's failure
+    except Exception as exc:
         log.exception("controller.bug", error=repr(exc))
     return 0
 

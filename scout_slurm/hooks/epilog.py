@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Callable, Mapping
 
 from scout_slurm.config import EpilogConfig, SiteConfig, load_hook_config
 from scout_slurm.errors import ScoutError
@@ -34,6 +34,7 @@ def _job_started(folder: JobFolder, node: str) -> float:
     not lay out its folders), and only a regular file owned by root counts: the time bounds which
     kernel log lines are attached, so a job must not be able to choose it."""
     import stat as stat_mod
+
     from scout_slurm.evidence.safeio import DIR_PATH, open_below, split_under
 
     path = os.fspath(folder.hardware_map_path(node))
@@ -57,6 +58,7 @@ def _write_digest(folder: JobFolder, restart: int, node: str) -> None:
     """This node's ranks' records, abridged into one file for the controller (evidence/digest.py).
     Whatever goes wrong here costs only the controller's time: it then reads the ranks' files."""
     import time
+
     from scout_slurm.evidence.digest import build_node_digest
 
     started = time.monotonic()
@@ -67,7 +69,7 @@ def _write_digest(folder: JobFolder, restart: int, node: str) -> None:
     except (ScoutError, OSError) as exc:
         log.warning("epilog.digest_failed", node=node, error=str(exc))
         return
-    except Exception as exc:  # noqa: BLE001 - never at the cost of the node's own evidence
+    except Exception as exc:
         log.exception("epilog.digest_bug", node=node, error=repr(exc))
         return
     log.info(
@@ -124,7 +126,7 @@ def _check_checkpoints(folder: JobFolder, ctx, cfg: EpilogConfig) -> None:
             error=str(exc),
             consequence="no checkpoint is eligible as a recovery point for this run",
         )
-    except Exception as exc:  # noqa: BLE001 - never at the cost of the node's own evidence
+    except Exception as exc:
         log.exception("epilog.checkpoint_checks_bug", node=ctx.node, error=repr(exc))
 
 
@@ -134,6 +136,7 @@ def root_check_if_named(
     """The root checks on this node when `verdict` names it, within what is left until `deadline`
     (time.monotonic) and the site's [drain] root_check_s; recorded whatever their outcome."""
     import time
+
     from scout_slurm.hooks.rootcheck import (
         CORROBORATES,
         IbBaseline,
@@ -209,6 +212,7 @@ def _root_check_on_suspicion(folder: JobFolder, ctx, cfg: SiteConfig, *, started
     """Wait for the controller's verdict of a failed run, then check this node if it is named.
     Failing here costs only the corroboration: the node is then excluded, not drained."""
     import time
+
     from scout_slurm.hooks.rootcheck import wait_for_verdict
 
     deadline = started + cfg.epilog.time_budget_s
@@ -239,7 +243,7 @@ def _guarded(node: str, fn: Callable[[], None]) -> None:
             error=str(exc),
             consequence="no root corroboration from this node: it is excluded, not drained",
         )
-    except Exception as exc:  # noqa: BLE001 - never at the cost of the node
+    except Exception as exc:
         log.exception("epilog.root_checks_bug", node=node, error=repr(exc))
 
 
@@ -319,7 +323,7 @@ def run(environ: Mapping[str, str], *, collect: Callable | None = None) -> int:
             _root_check_on_suspicion(folder, ctx, cfg, started=started)
     except ScoutError as exc:
         log.error("epilog.failed", error=str(exc))
-    except Exception as exc:  # noqa: BLE001 - a failing Epilog would drain this node
+    except Exception as exc:
         log.exception("epilog.bug", error=repr(exc))
     code = exit_status(evidence.hardware_error, cfg.epilog)
     if code:
@@ -339,7 +343,7 @@ def main(*, environ: Mapping[str, str] | None = None, collect: Callable | None =
         return run(os.environ if environ is None else environ, collect=collect)
     except ScoutError as exc:
         log.error("epilog.failed", error=str(exc))
-    except Exception as exc:  # noqa: BLE001 - a failing Epilog would drain this node
+    except Exception as exc:
         log.exception("epilog.bug", error=repr(exc))
     return 0
 

@@ -150,7 +150,7 @@ def collect_node_evidence(node: str, job_id: int, *, job_started_wall: float) ->
     lines = parse_kmsg(raw.splitlines(), since_boot_s=since_boot)
     gpu = _gpu_errors(problems)
     leftover = _leftovers(job_id)
-    hw = any(l.category in HARDWARE_CLASSES for l in lines) or bool(gpu)
+    hw = any(ln.category in HARDWARE_CLASSES for ln in lines) or bool(gpu)
     return NodeEvidence(
         node=node,
         job_id=job_id,

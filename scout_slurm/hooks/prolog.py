@@ -13,8 +13,9 @@ import pwd
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from scout_slurm import log as scout_log
 from scout_slurm.config import load_hook_config
@@ -153,7 +154,7 @@ def _within(fn: Callable[[], Any], seconds: float, name: str) -> tuple[bool, _Ou
     def target() -> None:
         try:
             outcome.value = fn()
-        except BaseException as exc:  # noqa: BLE001 - reported by the caller
+        except BaseException as exc:
             outcome.error = exc
 
     thread = threading.Thread(target=target, name=f"scout-prolog-{name}", daemon=True)
@@ -347,7 +348,7 @@ def main(
             nvml_loader=nvml_loader,
             clock=clock,
         )
-    except Exception as exc:  # noqa: BLE001 - a Prolog that raises would drain the node
+    except Exception as exc:
         log.exception(
             "prolog.unexpected_error",
             reason=f"{type(exc).__name__}: {exc}",

@@ -18,9 +18,10 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, ClassVar, Mapping, Sequence
+from typing import ClassVar
 
 from scout_slurm.evidence import kernlog
 from scout_slurm.evidence.records import Verdict, VerdictKind
@@ -477,7 +478,7 @@ def run_checks(
             continue
         try:
             outcomes.append(check(left))
-        except Exception as exc:  # noqa: BLE001 - one failing check never costs the others
+        except Exception as exc:
             outcomes.append(CheckOutcome(name, "error", 0.0, note=repr(exc)[:300]))
     return RootChecks(
         node=node,

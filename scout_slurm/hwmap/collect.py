@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from scout_slurm.hwmap import nvml, sysfs
 from scout_slurm.hwmap.records import GpuInfo, GpuNic, HardwareMap, NicInfo

@@ -7,7 +7,8 @@ returns an object with pynvml's API. `resolve_visible_uuids` is pure.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from scout_slurm.hwmap.records import GpuInfo
 from scout_slurm.hwmap.sysfs import normalise_pci_address
@@ -91,7 +92,7 @@ def read_gpus(loader: Loader | None = None) -> tuple[tuple[GpuInfo, ...], str, t
         return (), STATUS_NO_LIBRARY, (f"import pynvml: {exc}",)
     try:
         nv.nvmlInit()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - NVML raises its own types, or anything when broken
         if _error_value(exc) == _NVML_ERROR_LIBRARY_NOT_FOUND:
             return (), STATUS_NO_LIBRARY, (f"nvmlInit: {_describe(exc)}",)
         return (), f"error: nvmlInit: {_describe(exc)}", (f"nvmlInit: {_describe(exc)}",)

@@ -12,8 +12,8 @@ import errno
 import os
 import re
 import stat
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from scout_slurm.hwmap.records import Affinity, IbPort, NicInfo, NicKind
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from scout_slurm.config import DrainConfig
 from scout_slurm.evidence.records import Cause, Verdict
-from scout_slurm.localise import cause
 from scout_slurm.jobenv import HookContext
+from scout_slurm.localise import cause
 from scout_slurm.remediation.eligibility import Assessment, recovery_point
 from scout_slurm.remediation.plan import (
     DrainDecision,

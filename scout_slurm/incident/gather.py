@@ -9,7 +9,6 @@ from collections.abc import Sequence
 
 from scout_slurm.errors import EvidenceError, SlurmError
 from scout_slurm.evidence.checkfiles import find_checkpoint_checks
-from scout_slurm.remediation.checkpoint_assessment import assess_job
 from scout_slurm.evidence.gather import cycle_collector_paused, gather_evidence, with_full_records
 from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.records import Finding, Verdict
@@ -19,6 +18,7 @@ from scout_slurm.incident.decide import NamedNode
 from scout_slurm.incident.incident import Incident
 from scout_slurm.localise.verdict import JobEvidence
 from scout_slurm.log import get_logger
+from scout_slurm.remediation.checkpoint_assessment import assess_job
 from scout_slurm.remediation.plan import DRAINABLE, JobFacts, NodeSuspicion, PastIncident
 from scout_slurm.slurm import ops
 from scout_slurm.slurm.hostlist import expand_hostlist

@@ -17,8 +17,9 @@ import errno
 import fcntl
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import ClassVar, Iterator
+from typing import ClassVar
 
 from scout_slurm.errors import EvidenceError
 from scout_slurm.evidence.layout import JobFolder
@@ -49,7 +50,7 @@ class PendingIncident:
     schema_version: int = 1
 
     @classmethod
-    def of(cls, ctx: HookContext, *, since: float, holder: str) -> "PendingIncident":
+    def of(cls, ctx: HookContext, *, since: float, holder: str) -> PendingIncident:
         return cls(
             job_id=ctx.job_id,
             job_uid=ctx.job_uid,
@@ -92,7 +93,7 @@ class held_lock:
         self.path = folder.lock_path(restart)
         self.fd = -1
 
-    def __enter__(self) -> "held_lock":
+    def __enter__(self) -> held_lock:
         try:
             self.fd = os.open(
                 self.path,

@@ -50,11 +50,11 @@ def write_report(
         bundle = load_incident_bundle(
             folder, restart, evidence=evidence, verdict=verdict, actions=record
         )
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         log.warning("controller.report_bundle_failed", job=folder.job_id, error=repr(exc))
     try:
         text = render_incident_markdown(verdict, evidence, record, bundle=bundle)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         log.warning("controller.report_bundle_failed", job=folder.job_id, error=repr(exc))
         bundle, text = None, render_incident_markdown(verdict, evidence, record)
     atomic_write_bytes(folder.report_path(restart), text.encode("utf-8"))
@@ -66,7 +66,7 @@ def write_report(
         atomic_write_bytes(
             folder.report_html_path(restart), render_incident_html(bundle).encode("utf-8")
         )
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         log.warning("controller.report_html_failed", job=folder.job_id, error=repr(exc))
 
 

@@ -24,8 +24,8 @@ from scout_slurm.incident.pending import (
 )
 from scout_slurm.localise.verdict import JobEvidence
 from scout_slurm.log import get_logger
-from scout_slurm.remediation.plan import JobFacts
 from scout_slurm.remediation.eligibility import rerun_checkpoints
+from scout_slurm.remediation.plan import JobFacts
 from scout_slurm.remediation.records import ActionKind, ActionsRecord, PlanStatus
 
 log = get_logger("scout.controller")

@@ -4,7 +4,8 @@ hardware would. Imports torch; runs only in the job's Python."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from scout_slurm.inject.spec import FaultSpec
 

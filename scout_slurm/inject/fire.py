@@ -11,7 +11,8 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Callable, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from scout_slurm.inject.spec import NUMERIC_FAULTS, TIMING_FAULTS, FaultSpec
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-
 DEFAULT_PORT_BASE = 16800  # slurmctld listens here, node i on port base + i
 
 

@@ -29,7 +29,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from scout_slurm.config import (
@@ -43,10 +43,9 @@ from scout_slurm.config import (
     render_toml,
 )
 from scout_slurm.errors import LabError, SlurmError
-from scout_slurm.lab import DEFAULT_PORT_BASE, default_state_dir
-from scout_slurm.lab import roots
-from scout_slurm.slurm.door import SLURM_ROOT_ENV
+from scout_slurm.lab import DEFAULT_PORT_BASE, default_state_dir, roots
 from scout_slurm.log import get_logger
+from scout_slurm.slurm.door import SLURM_ROOT_ENV
 
 log = get_logger("scout.lab")
 
@@ -371,7 +370,7 @@ def render_slurm_conf(
             f"NodeName={name} {where} "
             f"Port={spec.port_base + i} CPUs={spec.cpus_per_node} RealMemory=4000 State=UNKNOWN"
         )
-    lines.append(f"PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
+    lines.append("PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
     return "\n".join(line for line in lines if line) + "\n"
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from scout_slurm.errors import ScoutError
 from scout_slurm.evidence.layout import JobFolder

@@ -22,8 +22,8 @@ import os
 import random
 import shlex
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
 
 from scout_slurm import config, jobconfig
 from scout_slurm.errors import ScoutError
@@ -35,14 +35,15 @@ SHORT_WITH_VALUE = frozenset("AbBcCdDeFGiJLmMnNopqrStTwWx")
 LONG_WITH_VALUE = frozenset(
     """
 accel-bind account acctg-freq bb bbf begin bcast-exclude chdir cluster-constraint clusters comment
-constraint container contiguous-? core-spec cores-per-socket cpu-bind cpu-freq cpus-per-gpu cpus-per-task
-deadline delay-boot dependency distribution epilog error export extra-node-info gid gpu-bind gpu-freq gpus
-gpus-per-node gpus-per-socket gpus-per-task gres gres-flags het-group hint input jobid job-name licenses mail-type
-mail-user mcs-label mem mem-bind mem-per-cpu mem-per-gpu mincpus mpi msg-timeout network nodefile nodelist nodes ntasks
-ntasks-per-core ntasks-per-gpu ntasks-per-node ntasks-per-socket open-mode output partition power prefer prolog
-priority profile qos quit-on-interrupt? reboot? relative reservation resv-ports? signal slurmd-debug sockets-per-node
-switches task-epilog task-prolog thread-spec threads threads-per-core time time-min tmp tres-per-task uid wait
-wait-all-nodes? wckey x11? exclude cpus-per-gpu array
+constraint container contiguous-? core-spec cores-per-socket cpu-bind cpu-freq cpus-per-gpu
+cpus-per-task deadline delay-boot dependency distribution epilog error export extra-node-info gid
+gpu-bind gpu-freq gpus gpus-per-node gpus-per-socket gpus-per-task gres gres-flags het-group hint
+input jobid job-name licenses mail-type mail-user mcs-label mem mem-bind mem-per-cpu mem-per-gpu
+mincpus mpi msg-timeout network nodefile nodelist nodes ntasks ntasks-per-core ntasks-per-gpu
+ntasks-per-node ntasks-per-socket open-mode output partition power prefer prolog priority profile
+qos quit-on-interrupt? reboot? relative reservation resv-ports? signal slurmd-debug sockets-per-node
+switches task-epilog task-prolog thread-spec threads threads-per-core time time-min tmp
+tres-per-task uid wait wait-all-nodes? wckey x11? exclude cpus-per-gpu array
 """.split()
 ) - {x for x in "contiguous-? quit-on-interrupt? reboot? resv-ports? wait-all-nodes? x11?".split()}
 

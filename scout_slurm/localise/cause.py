@@ -11,8 +11,8 @@ they never make a node's drain: that needs the site's drain rule, as before.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from scout_slurm.evidence.records import Cause, ExitRecord, VerdictKind
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import operator
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from scout_slurm.evidence.records import ChildState, CollectiveEntry, FindingKind, ProgressSnapshot
 
@@ -150,7 +150,11 @@ def decide_stall(
             tuple(
                 f"rank {r} on {present[r].node}: process {present[r].child_state.value} while "
                 "the others wait, "
-                f"{'inside ' + present[r].current_op if present[r].in_collective else 'outside any collective'}"
+                + (
+                    f"inside {present[r].current_op}"
+                    if present[r].in_collective
+                    else "outside any collective"
+                )
                 for r in frozen
             ),
         )

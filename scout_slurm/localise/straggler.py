@@ -8,8 +8,8 @@ decides communication stragglers by node; a whole group that slows down names no
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from scout_slurm.errors import ConfigError
 from scout_slurm.evidence.records import VoteOutcome

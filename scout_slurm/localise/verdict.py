@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from scout_slurm.evidence.cascade import CASCADE_PATTERNS, mentions_peer_failure  # noqa: F401 (re-exported)
 from scout_slurm.evidence.records import (
@@ -22,12 +22,9 @@ from scout_slurm.evidence.records import (
     FindingKind,
     JobEvidence,
     ProgressSnapshot,
-    RankPlace,
-    StallDecision,
     Suspect,
     Verdict,
     VerdictKind,
-    VoteCoverage,
     is_no_majority,
 )
 from scout_slurm.localise import cause

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Callable, Mapping
 
 from scout_slurm.errors import ScoutError, SlurmError, SlurmTimeout
 from scout_slurm.evidence.layout import JobFolder
@@ -19,8 +19,8 @@ from scout_slurm.remediation.records import (
     ActionsRecord,
     Drain,
     Exclude,
-    PlanStatus,
     PlannedAction,
+    PlanStatus,
     Requeue,
     ResumeFrom,
     ResumeInstruction,

@@ -11,8 +11,8 @@ before the first suspect step; failing that, the newest candidate, said so plain
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
 
 from scout_slurm.evidence.records import (
     Agreement,
@@ -22,7 +22,7 @@ from scout_slurm.evidence.records import (
     VoteCoverage,
 )
 from scout_slurm.remediation.records import (
-    CheckpointStatus,  # noqa: F401 (re-exported)
+    CheckpointStatus,
     RejectedCheckpoint,
     RerunCheckpoints,
 )

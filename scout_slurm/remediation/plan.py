@@ -13,8 +13,9 @@ could still forge a finding that takes the node from everyone after it."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Mapping, Sequence
+from typing import ClassVar
 
 from scout_slurm.config import DrainConfig, RemediationConfig
 from scout_slurm.evidence.records import Cause, Verdict, VerdictKind
@@ -303,7 +304,8 @@ def build_plan(
             if node not in alloc:
                 held.append(
                     f"node {node!r} named by the evidence is outside the job's allocation "
-                    f"({compress_hostlist(list(job.allocation)) if job.allocation else 'empty'}): not drained"
+                    f"({compress_hostlist(list(job.allocation)) if job.allocation else 'empty'}): "
+                    "not drained"
                 )
                 continue
             drains.append(node)

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass
 from typing import ClassVar
 
-from scout_slurm.evidence.records import VerdictKind
+from scout_slurm.errors import SlurmError
 from scout_slurm.evidence.records import (  # noqa: F401 (re-exported: the job writes these; hooks/ckptcheck.py imports them from here)
     Agreement,
     CheckpointCheck,
@@ -16,9 +16,9 @@ from scout_slurm.evidence.records import (  # noqa: F401 (re-exported: the job w
     CoverageSince,
     SoftwareVersions,
     StateSignature,
+    VerdictKind,
     VoteCoverage,
 )
-from scout_slurm.errors import SlurmError
 from scout_slurm.slurm.hostlist import compress_hostlist
 
 
@@ -113,7 +113,7 @@ class PlannedAction:
     payload: ActionPayload
 
     @classmethod
-    def of(cls, payload: ActionPayload) -> "PlannedAction":
+    def of(cls, payload: ActionPayload) -> PlannedAction:
         return cls(payload)
 
     @property

@@ -4,7 +4,7 @@ signatures are computed in the job (scout_slurm.bootstrap.ckptstate) and arrive 
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from scout_slurm.evidence.records import CheckpointNote, StateSignature
 

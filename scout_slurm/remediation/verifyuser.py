@@ -15,7 +15,7 @@ import resource
 import select
 import signal
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from scout_slurm.evidence.checkfiles import check_file
 from scout_slurm.evidence.records import CheckpointNote

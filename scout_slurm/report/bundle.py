@@ -6,18 +6,18 @@ it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from scout_slurm.evidence.history import ProgressSample
 from scout_slurm.evidence.records import (
     ExitRecord,
     FindingKind,
+    JobEvidence,
     Verdict,
     VerdictKind,
     is_fault_injection,
 )
-from scout_slurm.evidence.records import JobEvidence
 from scout_slurm.localise.verdict import is_abnormal, is_cascade
 from scout_slurm.remediation.records import ActionKind, ActionsRecord, ResumeInstruction
 from scout_slurm.report.map_table import RankMapRow

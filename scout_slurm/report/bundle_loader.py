@@ -5,15 +5,14 @@ problems, never a crash. The function that reaches outside is `load_incident_bun
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from scout_slurm.errors import EvidenceError
+from scout_slurm.evidence.gather import gather_evidence, with_full_records
 from scout_slurm.evidence.history import MAX_BYTES, ProgressSample, decode_history
 from scout_slurm.evidence.layout import JobFolder, check_node_name
-from scout_slurm.evidence.records import Verdict
+from scout_slurm.evidence.records import JobEvidence, Verdict
 from scout_slurm.evidence.store import read_record, safe_read_bytes
-from scout_slurm.evidence.gather import gather_evidence, with_full_records
-from scout_slurm.evidence.records import JobEvidence
 from scout_slurm.localise.verdict import localise
 from scout_slurm.remediation.records import ActionsRecord, ResumeInstruction
 from scout_slurm.report.bundle import IncidentBundle

@@ -16,7 +16,7 @@ API (for `scout show --html`, the controller's incident bundle and `scout accept
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from scout_slurm.localise.verdict import describe_exit, is_abnormal, is_cascade
 from scout_slurm.remediation.records import ResumeFrom
@@ -72,17 +72,23 @@ class AcceptanceReport:
 
 
 CSS = """
-body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px;color:#1c2833;max-width:1000px}
-h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #cfd8dc}
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px;
+color:#1c2833;max-width:1000px}
+h1{font-size:22px;margin:0 0 4px}
+h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #cfd8dc}
 .sub{color:#546e7a}.verdict{font-size:18px;padding:10px 14px;border-radius:6px;background:#eceff1}
-.verdict.bad{background:#fdecea;border-left:6px solid #c62828}.verdict.ok{background:#e8f5e9;border-left:6px solid #2e7d32}
-table{border-collapse:collapse;margin:6px 0;font-size:13px}th,td{border:1px solid #cfd8dc;padding:3px 8px;text-align:left;vertical-align:top}
+.verdict.bad{background:#fdecea;border-left:6px solid #c62828}
+.verdict.ok{background:#e8f5e9;border-left:6px solid #2e7d32}
+table{border-collapse:collapse;margin:6px 0;font-size:13px}
+th,td{border:1px solid #cfd8dc;padding:3px 8px;text-align:left;vertical-align:top}
 th{background:#eceff1}tr.suspect td{background:#fdecea;font-weight:600}td.num{text-align:right}
 .badge{display:inline-block;padding:0 6px;border-radius:4px;font-size:12px;font-weight:600}
 .badge.drained{background:#c62828;color:#fff}.badge.pass{background:#2e7d32;color:#fff}
 .badge.fail{background:#c62828;color:#fff}.badge.na{background:#90a4ae;color:#fff}
-code,pre{font:12px/1.4 ui-monospace,Menlo,Consolas,monospace}pre{background:#f5f7f8;padding:8px;overflow-x:auto;white-space:pre-wrap}
-svg text{font:11px system-ui,sans-serif;fill:#263238}svg text.strong{font-weight:700}svg text.note{fill:#78909c;font-style:italic}
+code,pre{font:12px/1.4 ui-monospace,Menlo,Consolas,monospace}
+pre{background:#f5f7f8;padding:8px;overflow-x:auto;white-space:pre-wrap}
+svg text{font:11px system-ui,sans-serif;fill:#263238}svg text.strong{font-weight:700}
+svg text.note{fill:#78909c;font-style:italic}
 svg text.tick{font-size:10px}.legend span{display:inline-block;margin-right:14px}
 .legend i{display:inline-block;width:12px;height:10px;margin-right:4px;vertical-align:-1px}
 .problems{color:#8d6e63}
@@ -111,7 +117,7 @@ def _utc(t: float, *, date: bool = False) -> str:
     if not t or t <= 0:
         return "unknown"
     try:
-        d = datetime.fromtimestamp(t, tz=timezone.utc)
+        d = datetime.fromtimestamp(t, tz=UTC)
     except (OverflowError, OSError, ValueError):
         return "unknown"
     return d.strftime("%Y-%m-%d %H:%M:%S UTC" if date else "%H:%M:%S.%f")[: None if date else -3]
@@ -264,7 +270,8 @@ def _hardware_table(bundle: IncidentBundle) -> str:
             f'<tr class="{"suspect" if r.rank in suspects else "rank"}" data-rank="{r.rank}">'
             f'<td class="num">{r.rank}</td><td '
             f'class="num">{r.local_rank}</td><td>{esc(r.node, 128)}</td>'
-            f"<td>{esc(r.hostname or '?', 128)}</td><td>{esc(', '.join(r.gpu_uuids) or '-', 400)}</td>"
+            f"<td>{esc(r.hostname or '?', 128)}</td>"
+            f"<td>{esc(', '.join(r.gpu_uuids) or '-', 400)}</td>"
             f"<td>{esc(', '.join(r.gpu_serials) or '-', 200)}</td><td>{esc(r.nic or '-', 128)}</td>"
             f"<td>{' '.join(status)}</td></tr>"
         )
@@ -332,7 +339,8 @@ def _actions(bundle: IncidentBundle) -> str:
         r = results.get((p.kind, p.target))
         state = "pending" if r is None else ("done" if r.ok else "FAILED")
         out.append(
-            f"<tr><td>{esc(p.describe())}</td><td>{state}</td><td>{esc(r.message if r else '')}</td>"
+            f"<tr><td>{esc(p.describe())}</td><td>{state}</td>"
+            f"<td>{esc(r.message if r else '')}</td>"
             f"<td>{_utc(r.at) if r else '-'}</td></tr>"
         )
     out.append("</table>")
@@ -400,6 +408,7 @@ def render_acceptance_html(report: AcceptanceReport) -> str:
     """The acceptance page: the verdict of each step, detection latency per case, then each
     case's incident in full."""
     title = report.title or "scout acceptance"
+    not_applicable = sum(c.passed is None for c in report.checks)
     out = [
         f"<h1>{esc(title)}</h1>",
         f'<p class="sub">cluster {esc(report.cluster, 64)} \u00b7 '
@@ -408,8 +417,8 @@ def render_acceptance_html(report: AcceptanceReport) -> str:
         f'<div id="summary" class="verdict {"ok" if report.passed else "bad"}"><b>'
         f"{'PASSED' if report.passed else 'FAILED'}</b>: "
         f"{sum(c.passed is True for c in report.checks)} of {len(report.checks)} steps passed"
-        f"{', ' + str(sum(c.passed is None for c in report.checks)) + ' not applicable' if any(c.passed is None for c in report.checks) else ''}"
-        "</div>",
+        + (f", {not_applicable} not applicable" if not_applicable else "")
+        + "</div>",
         "<h2>Steps</h2>",
         '<table id="checks"><tr><th>step</th><th>result</th><th>measured</th><th>detail</th></tr>',
     ]

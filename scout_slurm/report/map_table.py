@@ -3,8 +3,8 @@ hardware map (pure: records in, rows and text out)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from scout_slurm.evidence.records import RankPlace
 from scout_slurm.hwmap.records import HardwareMap

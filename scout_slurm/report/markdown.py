@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import html
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
-from scout_slurm.evidence.records import Verdict
-from scout_slurm.evidence.records import JobEvidence
+from scout_slurm.evidence.records import JobEvidence, Verdict
 from scout_slurm.remediation.records import ActionsRecord
 from scout_slurm.report.bundle import IncidentBundle, incident_moments
 from scout_slurm.report.show import render_timeline, render_verdict
@@ -82,9 +81,7 @@ def render_incident_markdown(
     bundle: IncidentBundle | None = None,
 ) -> str:
     """With a bundle (report/bundle.py), also the detection latency and the suspects' hardware."""
-    when = datetime.fromtimestamp(verdict.created_at, tz=timezone.utc).strftime(
-        "%Y-%m-%d %H:%M:%S UTC"
-    )
+    when = datetime.fromtimestamp(verdict.created_at, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     out = [
         f"# scout incident: job {verdict.job_id}, run {verdict.restart}",
         "",

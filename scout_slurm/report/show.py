@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from scout_slurm.evidence.records import Finding, FindingKind, ScoutCost, Verdict
-from scout_slurm.localise.stall import position
-from scout_slurm.evidence.records import JobEvidence
+from scout_slurm.evidence.records import Finding, FindingKind, JobEvidence, ScoutCost, Verdict
 from scout_slurm.localise.verdict import describe_exit, is_abnormal, is_cascade
 
 
@@ -149,7 +147,11 @@ def render_show(
 ) -> str:
     lines = [
         f"job {job_id} on cluster {cluster}, run {restart} "
-        f"({'verdict computed now from the evidence' if computed else 'verdict recorded by the epilog'})",
+        + (
+            "(verdict computed now from the evidence)"
+            if computed
+            else "(verdict recorded by the epilog)"
+        ),
         "",
     ]
     lines += render_verdict(verdict)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from scout_slurm.evidence.history import ProgressSample
 from scout_slurm.evidence.records import ChildState

@@ -7,19 +7,18 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from scout_slurm.errors import EvidenceError, ScoutError
 from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.records import (
     Finding,
     FindingComponent,
+    JobEvidence,
     ResumeOutcome,
     ScoutCost,
     Verdict,
     resume_outcome,
 )
-from scout_slurm.evidence.records import JobEvidence
 from scout_slurm.remediation.eligibility import Assessment
 from scout_slurm.remediation.records import ActionsRecord
 from scout_slurm.report.bundle_loader import load_stacks
@@ -279,7 +278,7 @@ class CheckpointRow:
     coverage: dict | None
 
     @classmethod
-    def of(cls, a: Assessment) -> "CheckpointRow":
+    def of(cls, a: Assessment) -> CheckpointRow:
         n = a.note
         return cls(
             path=n.path,
@@ -317,9 +316,9 @@ def load_checkpoints(
 ) -> CheckpointsView:
     """The checkpoints a job noted, assessed against the files as they are now (read as the job's
     user, never as root) and the last run's verdict; and the one a rerun would resume from."""
-    from scout_slurm.remediation.checkpoint_assessment import assess_job
     from scout_slurm.evidence.store import read_record
     from scout_slurm.hooks.ckptcheck import checks_now
+    from scout_slurm.remediation.checkpoint_assessment import assess_job
     from scout_slurm.remediation.eligibility import recovery_point
 
     runs = folder.restarts()

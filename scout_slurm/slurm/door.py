@@ -16,8 +16,8 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from scout_slurm.errors import SlurmError, SlurmNotInstalled, SlurmTimeout
 from scout_slurm.log import get_logger

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from scout_slurm.errors import SlurmError
 from scout_slurm.slurm.door import run_slurm
 from scout_slurm.slurm.hostlist import compress_hostlist
-from scout_slurm.slurm.versions import dialect
 from scout_slurm.slurm.parse import (
     JobInfo,
     NodeInfo,
@@ -18,6 +17,7 @@ from scout_slurm.slurm.parse import (
     parse_sinfo_json,
     parse_squeue_json,
 )
+from scout_slurm.slurm.versions import dialect
 
 Env = Mapping[str, str] | None
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from scout_slurm.errors import SlurmError
 from scout_slurm.slurm.hostlist import expand_hostlist

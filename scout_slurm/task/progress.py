@@ -244,7 +244,7 @@ class ProgressWriter:
     def leave(self, seq: int) -> None:
         self.leave_many((seq,))
 
-    def leave_many(self, seqs: "tuple[int, ...] | list[int]") -> None:
+    def leave_many(self, seqs: tuple[int, ...] | list[int]) -> None:
         """Several collectives completed (DDP's buckets at the end of a backward): one change."""
         now = time.monotonic_ns()
         with self._lock:

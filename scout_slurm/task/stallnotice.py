@@ -9,7 +9,7 @@ scout ended the others, the exit codes used (task/exitcodes.py), and where the e
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from scout_slurm.evidence.records import ChildState, ProgressSnapshot, StallDecision
 from scout_slurm.task import exitcodes

@@ -9,8 +9,8 @@ import re
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 TRACEBACK_START = "Traceback (most recent call last):"
 # "RuntimeError: boom", "torch.OutOfMemoryError: ...", "KeyboardInterrupt": a dotted name, then

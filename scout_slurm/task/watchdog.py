@@ -19,9 +19,9 @@ import statistics
 import subprocess
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from scout_slurm.config import WatchdogConfig
 from scout_slurm.errors import ScoutError
@@ -46,9 +46,8 @@ from scout_slurm.evidence.store import (
 from scout_slurm.jobenv import TaskContext
 from scout_slurm.localise.stall import decide_stall
 from scout_slurm.log import get_logger
-from scout_slurm.task import exitcodes
+from scout_slurm.task import exitcodes, publishing, stallclock, stallnotice
 from scout_slurm.task import progress as progress_mod
-from scout_slurm.task import publishing, stallclock, stallnotice
 from scout_slurm.task.evidencehealth import EvidenceHealth, storage_errno
 
 log = get_logger("scout.watchdog")
@@ -100,7 +99,7 @@ class StartupPoint:
 
     name: str
     path: Callable[[int, int], Path]  # the step's mark in the evidence folder (restart, step id)
-    reached: Callable[["RankTracker"], bool]
+    reached: Callable[[RankTracker], bool]
     since: float | None = None
     mine: bool = False  # a rank of this task passed it (the mark is written)
     next_look: float = 0.0
@@ -792,7 +791,12 @@ class Watchdog:
             why = (
                 f"no Python stack dump within {STACK_WAIT_S:g} s of the stack signal "
                 "(process state: "
-                f"{', '.join(sorted({proc_state(self._training_pid(t)).value for t in self.trackers.values()}))})"
+                + ", ".join(
+                    sorted(
+                        {proc_state(self._training_pid(t)).value for t in self.trackers.values()}
+                    )
+                )
+                + ")"
             )
         else:
             why = (

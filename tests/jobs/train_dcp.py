@@ -9,7 +9,6 @@ import random
 import sys
 
 import numpy
-
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp

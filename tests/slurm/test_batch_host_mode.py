@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import scoutjobs as sj
 from conftest import _pick_port_base
+
 from scout_slurm.lab.cluster import Lab, LabSpec, lab_site_config
 from scout_slurm.slurm import ops
 

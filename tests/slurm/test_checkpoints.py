@@ -11,7 +11,6 @@ import sys
 import time
 
 import pytest
-
 import scoutjobs as sj
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]
@@ -138,7 +137,7 @@ def test_atomic_saves_are_eligible_under_their_final_names_and_resumed_bit_for_b
     clean = sj.submit(
         lab, sj.batch_script(lab, train_args=f"--steps 30 --momentum 0.9 --sched --out {ref}")
     )
-    for how, (job, ckpt, final) in jobs.items():
+    for how, (job, ckpt, _final) in jobs.items():
         sj.wait_finished(lab, job, restart=0, timeout=300)
         info = sj.wait_completed(lab, job, timeout=300)
         assert info.state == "COMPLETED" and info.restart_count == 1, (
@@ -184,5 +183,5 @@ def test_atomic_saves_are_eligible_under_their_final_names_and_resumed_bit_for_b
         )
         assert not any(p.name.endswith(".tmp") for p in ckpt.iterdir())
     assert sj.wait_completed(lab, clean).state == "COMPLETED"
-    for how, (job, ckpt, final) in jobs.items():
+    for how, (_job, _ckpt, final) in jobs.items():
         assert final.read_text() == ref.read_text(), how

@@ -17,7 +17,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 import scoutjobs as sj
 
 from scout_slurm.errors import EvidenceError
@@ -31,8 +30,8 @@ from scout_slurm.remediation.records import (
     ActionsRecord,
     Drain,
     Exclude,
-    PlanStatus,
     PlannedAction,
+    PlanStatus,
     Requeue,
 )
 from scout_slurm.slurm import ops
@@ -58,7 +57,8 @@ def clock():
     return time.monotonic()
 record = read_record(path, ActionsRecord, root=root)
 folder = JobFolder(root, "scoutlab", record.job_id)
-apply_plan(record, path, folder, timeout=20, retries=0, retry_wait_s=1, deadline=time.monotonic() + 60, clock=clock)
+apply_plan(record, path, folder, timeout=20, retries=0, retry_wait_s=1,
+           deadline=time.monotonic() + 60, clock=clock)
 """
 
 
@@ -362,8 +362,9 @@ def clock():
     if reads[0] == stop_after + 1:
         os.kill(os.getpid(), signal.SIGSTOP)
     return time.monotonic()
-ctx = HookContext(job_id=job, job_uid=0, job_user="root", cluster="scoutlab", restart=0, node="", job_nodelist=node,
-                  exit_code_raw=256, script_context="epilog_slurmctld", work_dir="/")
+ctx = HookContext(job_id=job, job_uid=0, job_user="root", cluster="scoutlab", restart=0, node="",
+                  job_nodelist=node, exit_code_raw=256, script_context="epilog_slurmctld",
+                  work_dir="/")
 with held_lock(folder, 0):
     write_marker(folder, PendingIncident.of(ctx, since=time.time() - 5, holder="controller"))
     record = read_record(folder.actions_path(0), ActionsRecord, root=root)
@@ -457,6 +458,6 @@ def test_an_incident_left_by_a_killed_hook_is_completed_by_the_next_controller_r
         assert drain_updates(lab, node, job, since) == 1  # once, whoever did it
         assert not folder.pending_path(0).exists()
         ctl_log = (lab.paths.logs / "hooks-slurmctld.log").read_text(errors="replace")
-        assert f'"event": "controller.pending_completed"' in ctl_log and f'"job": {job}' in ctl_log
+        assert '"event": "controller.pending_completed"' in ctl_log and f'"job": {job}' in ctl_log
     finally:
         cleanup(lab, job, node)

@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 import scoutjobs as sj
+
 from scout_slurm.config import DrainConfig, parse_config, render_toml
 from scout_slurm.slurm import ops
 
@@ -384,6 +384,7 @@ def test_batch_host_mode_the_batch_host_checks_itself_between_verdict_and_plan()
     import shutil
 
     from conftest import _pick_port_base
+
     from scout_slurm.lab.cluster import Lab, LabPaths, LabSpec, lab_site_config
 
     state = Path(f"/tmp/scout-lab-drain-batchhost-{os.getpid()}")

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 import scoutjobs as sj
+
 from scout_slurm.slurm import ops
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]
@@ -61,7 +61,7 @@ def test_deepspeed_zero1_and_zero2_clean_with_slow_start(lab, clean_drains):
             scout_args=f"--scout-stall-floor={STALL_FLOOR} --scout-consensus-every=5",
         )
         jobs[zero] = sj.submit(lab, script, extra=("--no-requeue",))
-    for zero, job in jobs.items():
+    for job in jobs.values():
         sj.wait_finished(lab, job, timeout=360)
     print(
         "\nDEEPSPEED ZeRO-1 and ZeRO-2 with a 40 s start-up, side by side: "
@@ -170,7 +170,8 @@ def test_torchrun_ddp_weight_bitflip_named_by_rank_and_node(lab, clean_drains):
     script = f"""#!/bin/bash
 export OMP_NUM_THREADS=1
 export PATH={Path(sys.executable).parent}:$PATH
-scout-srun --scout-consensus-every=5 --scout-inject=bitflip,bit=23,rank=3,step=6,target=weights -N2 \\
+scout-srun --scout-consensus-every=5 \\
+    --scout-inject=bitflip,bit=23,rank=3,step=6,target=weights -N2 \\
     --ntasks-per-node=1 {torchrun} --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d \\
     --rdzv-endpoint 127.0.0.1:{port} --rdzv-id $SLURM_JOB_ID {sj.TRAIN} --steps 40
 """

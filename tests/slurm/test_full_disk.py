@@ -12,8 +12,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 import scoutjobs as sj
+
 from scout_slurm.slurm import ops
 from scout_slurm.slurm.door import run_slurm
 from scout_slurm.task import exitcodes

@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import collections
 import os
-import random
 import shutil
-import socket
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import pytest
-
 from conftest import free_port_base
 
 from scout_slurm.errors import SlurmError

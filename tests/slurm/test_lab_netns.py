@@ -19,10 +19,9 @@ import time
 from pathlib import Path
 
 import pytest
-
+import scoutjobs as sj
 from conftest import free_port_base, up_or_skip
 
-import scoutjobs as sj
 from scout_slurm.errors import LabError
 from scout_slurm.lab.cluster import NETNS_BRIDGE, NETNS_RANGE, NETNS_ROUTE_METRIC, Lab, LabSpec
 

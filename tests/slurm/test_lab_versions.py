@@ -12,9 +12,9 @@ import sys
 import time
 
 import pytest
-
 import scoutjobs as sj
 from conftest import leftovers
+
 from scout_slurm.lab.cluster import Lab, LabSpec, free_port_base
 from scout_slurm.lab.record import HOSTILE_REASON
 from scout_slurm.lab.roots import cache_dir, mounts_under

@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 
 import pytest
-
 import scoutjobs as sj
+
 from scout_slurm.slurm import ops
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]

@@ -13,8 +13,8 @@ import signal
 import time
 
 import pytest
-
 import scoutjobs as sj
+
 from scout_slurm.evidence.gather import gather_evidence
 from scout_slurm.localise.verdict import localise
 from scout_slurm.remediation.records import PlanStatus

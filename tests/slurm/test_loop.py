@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 
 import pytest
-
 import scoutjobs as sj
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]
@@ -80,7 +79,7 @@ def test_two_jobs_failing_at_once_are_each_handled(lab, clean_drains):
             lab, train_args="--steps 30", scout_args=f"--scout-inject=sigkill,rank={r},step=5"
         )
         jobs.append((sj.submit(lab, script, nodes=1, tasks_per_node=2, extra=("--exclusive",)), r))
-    for job, r in jobs:
+    for job, _ in jobs:
         sj.wait_finished(lab, job)
     drained = sj.drained_nodes(lab)
     for job, r in jobs:
@@ -100,7 +99,8 @@ FORGE = r"""
 python3 - <<'PY'
 import glob, json, os
 alloc = os.environ["SLURM_JOB_NODELIST"]
-fake = next(n for n in ("n1", "n2", "n3", "n4") if n not in alloc.replace("[", ",").replace("]", ",").replace("-", ","))
+listed = alloc.replace("[", ",").replace("]", ",").replace("-", ",")
+fake = next(n for n in ("n1", "n2", "n3", "n4") if n not in listed)
 run = glob.glob(os.path.join(os.environ["EVIDENCE"], "run-0", "ranks"))[0]
 for path in glob.glob(os.path.join(run, "*.json")):
     d = json.load(open(path))

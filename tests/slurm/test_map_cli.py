@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 import pytest
-
 import scoutjobs as sj
+
 from scout_slurm.slurm import ops
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]

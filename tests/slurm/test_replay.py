@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 import scoutjobs as sj
+
 from scout_slurm.evidence.records import Finding, FindingKind
 from scout_slurm.evidence.store import read_record
 from scout_slurm.slurm import ops

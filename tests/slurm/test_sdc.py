@@ -4,8 +4,8 @@ optimizer state were corrupted, on the real lab cluster (4 replicas on 2 nodes).
 from __future__ import annotations
 
 import pytest
-
 import scoutjobs as sj
+
 from scout_slurm.slurm import ops
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]

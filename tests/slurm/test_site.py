@@ -10,8 +10,8 @@ import sys
 import time
 
 import pytest
-
 import scoutjobs as sj
+
 from scout_slurm.slurm import ops
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]

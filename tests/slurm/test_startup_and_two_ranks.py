@@ -22,8 +22,8 @@ import signal
 import time
 
 import pytest
-
 import scoutjobs as sj
+
 from scout_slurm.slurm import ops
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]

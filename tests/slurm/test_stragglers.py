@@ -14,10 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
+import scoutjobs as sj
 from conftest import free_port_base, up_or_skip
 
-import scoutjobs as sj
 from scout_slurm.evidence.records import Finding, FindingKind
 from scout_slurm.evidence.store import list_records
 from scout_slurm.lab.cluster import Lab, LabSpec, shape_link, unshape_link

@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import scoutjobs as sj
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 import scoutjobs as sj
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]

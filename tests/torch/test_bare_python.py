@@ -19,11 +19,10 @@ import pytest
 from scout_slurm.evidence.store import read_record
 from scout_slurm.remediation.records import Agreement, CheckpointNote
 
-
 sys.path.insert(
     0, str(Path(__file__).resolve().parent)
 )  # the rank runner of test_bootstrap.py, one copy
-from test_bootstrap import JOBS, run_ranks, scout_env  # noqa: E402
+from test_bootstrap import JOBS, run_ranks, scout_env
 
 pytestmark = [pytest.mark.torch]
 
@@ -152,11 +151,13 @@ import json, sys, torch
 from scout_slurm.bootstrap import signing
 torch.manual_seed(11)
 g = torch.Generator().manual_seed(3)
-ts = {"step": torch.tensor(5.0), "t": torch.randn(6, 4, generator=g).t(), "bf16": torch.randn(9, generator=g).bfloat16(),
+ts = {"step": torch.tensor(5.0), "t": torch.randn(6, 4, generator=g).t(),
+      "bf16": torch.randn(9, generator=g).bfloat16(),
       "bool": torch.randn(5, generator=g) > 0, "slice": torch.arange(40).reshape(5, 8)[1:, ::3]}
 print(json.dumps({"numpy": "numpy" in sys.modules, "hash": signing.HASH_NAME,
                   "each": {k: signing.tensor_signature(t) for k, t in ts.items()},
-                  "state": signing.state_signature(ts.items()), "rng": signing.bytes_sig([signing.byte_view(torch.get_rng_state())])}))
+                  "state": signing.state_signature(ts.items()),
+                  "rng": signing.bytes_sig([signing.byte_view(torch.get_rng_state())])}))
 """
 
 
@@ -173,6 +174,7 @@ def test_signatures_without_numpy_equal_those_made_through_numpy(tmp_path, monke
     assert (bare["numpy"], bare["hash"]) == (False, "blake2b-64")
 
     import torch
+
     from scout_slurm.bootstrap import signing
 
     monkeypatch.setattr(signing, "new_hasher", signing._Blake2b64)

@@ -441,7 +441,9 @@ _REVERSIBLE_BEFORE_IMPORT = textwrap.dedent("""
     from torch.distributed import distributed_c10d as c10d
     assert dist.all_reduce is c10d.all_reduce
     bare = dist.all_reduce.__scout_original__
-    assert not hasattr(bare, "__scout_original__"), "wrapped twice: the removed import hook still ran"
+    assert not hasattr(bare, "__scout_original__"), (
+        "wrapped twice: the removed import hook still ran"
+    )
     handle.remove()
     assert not finders()
     assert dist.all_reduce is bare and c10d.all_reduce is bare
@@ -519,9 +521,11 @@ _FORWARDING_JOB = textwrap.dedent("""
     import torch, torch.distributed as dist
     dist.init_process_group("gloo")
     out = torch.zeros(2 * dist.get_world_size())
-    dist.all_gather_into_tensor(out, torch.ones(2))     # torch 2.13 forwards it to all_gather_single
+    # torch 2.13 forwards it to all_gather_single
+    dist.all_gather_into_tensor(out, torch.ones(2))
     dist.reduce_scatter_tensor(torch.zeros(2), torch.ones(2 * dist.get_world_size()))
-    dist.all_gather_object([None] * dist.get_world_size(), {"rank": dist.get_rank()})  # all_gather inside
+    # all_gather inside
+    dist.all_gather_object([None] * dist.get_world_size(), {"rank": dist.get_rank()})
     dist.destroy_process_group()
 """)
 

@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from scout_slurm.evidence.checkfiles import file_problem
 from scout_slurm.evidence.store import read_record
 from scout_slurm.remediation.eligibility import CheckpointStatus, assess
-from scout_slurm.evidence.checkfiles import file_problem
 from scout_slurm.remediation.records import Agreement, CheckpointNote
 
 sys.path.insert(
     0, str(Path(__file__).resolve().parent)
 )  # the rank runner of test_bootstrap.py, one copy
-from test_bootstrap import JOBS, TRAIN, run_ranks, scout_env  # noqa: E402
+from test_bootstrap import JOBS, TRAIN, run_ranks, scout_env
 
 pytestmark = [pytest.mark.torch]
 

@@ -11,7 +11,6 @@ import pytest
 
 from scout_slurm.evidence.records import ScoutCost
 from scout_slurm.evidence.store import read_record
-
 from tests.torch.test_bootstrap import JOBS, bare_env, read_progress, run_ranks, scout_env
 
 pytestmark = [pytest.mark.torch]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # the bootstrap tests' helpers to run ranks
-from test_bootstrap import JOBS, run_ranks, scout_env  # noqa: E402
+from test_bootstrap import JOBS, run_ranks, scout_env
 
 pytestmark = [pytest.mark.torch]
 

@@ -14,7 +14,7 @@ import pytest
 from scout_slurm.bootstrap.guard import CHECKS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_bootstrap import TRAIN, bare_env, run_ranks, scout_env  # noqa: E402
+from test_bootstrap import TRAIN, bare_env, run_ranks, scout_env
 
 pytestmark = [pytest.mark.torch]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_bootstrap import JOBS, bare_env, run_ranks  # noqa: E402
+from test_bootstrap import JOBS, bare_env, run_ranks
 
 pytestmark = [pytest.mark.torch]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_bootstrap import JOBS, TRAIN, run_ranks, scout_env  # noqa: E402
+from test_bootstrap import JOBS, TRAIN, run_ranks, scout_env
 
 from scout_slurm.bootstrap.replay import source_witness, trust
 

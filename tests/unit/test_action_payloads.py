@@ -8,13 +8,12 @@ import json
 
 import pytest
 
+from scout_slurm.config import RemediationConfig
 from scout_slurm.errors import EvidenceError
 from scout_slurm.evidence.layout import JobFolder
-from scout_slurm.evidence.records import VerdictKind
+from scout_slurm.evidence.records import Suspect, Verdict, VerdictKind
 from scout_slurm.evidence.store import decode_record, read_record, record_to_bytes
 from scout_slurm.remediation.apply import apply_plan
-from scout_slurm.config import RemediationConfig
-from scout_slurm.evidence.records import Suspect, Verdict
 from scout_slurm.remediation.plan import JobFacts, build_plan
 from scout_slurm.remediation.records import (
     ActionKind,

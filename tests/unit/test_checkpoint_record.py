@@ -12,8 +12,8 @@ import pytest
 
 from scout_slurm.bootstrap.ckptstate import combined_sha, dcp_path, files_of
 from scout_slurm.errors import EvidenceError
-from scout_slurm.evidence.store import read_record, write_record
 from scout_slurm.evidence.checkfiles import file_problem
+from scout_slurm.evidence.store import read_record, write_record
 from scout_slurm.remediation.eligibility import CheckpointStatus, assess, recovery_point
 from scout_slurm.remediation.records import (
     CheckpointFile,

@@ -17,8 +17,8 @@ import pytest
 
 from scout_slurm.bootstrap import ckptstate, patches
 from scout_slurm.bootstrap.ckptstate import CheckpointWatch, files_of
-from scout_slurm.evidence.store import read_record
 from scout_slurm.evidence.checkfiles import file_problem
+from scout_slurm.evidence.store import read_record
 from scout_slurm.remediation.eligibility import CheckpointStatus, assess
 from scout_slurm.remediation.records import Agreement, CheckpointNote
 
@@ -187,7 +187,7 @@ def test_the_jobs_rename_errors_are_unchanged(tmp_path, watch, capsys):
         with pytest.raises(FileNotFoundError) as got:
             fn(missing, tmp_path / "x")
         with pytest.raises(FileNotFoundError) as want:
-            getattr(fn, "__scout_original__")(missing, tmp_path / "x")
+            fn.__scout_original__(missing, tmp_path / "x")
         assert (got.value.errno, got.value.filename, got.value.filename2, str(got.value)) == (
             want.value.errno,
             want.value.filename,
@@ -338,8 +338,11 @@ def test_installed_only_with_a_checkpoints_folder(tmp_path):
         handle = patches.install(Path(sys.argv[1]) / "progress", checkpoints_dir=None)
         assert (os.rename, os.replace, shutil.move) == originals
         handle.remove()
-        handle = patches.install(Path(sys.argv[1]) / "progress", checkpoints_dir=Path(sys.argv[1]) / "notes")
-        assert [f.__scout_original__ for f in (os.rename, os.replace, shutil.move)] == list(originals)
+        handle = patches.install(
+            Path(sys.argv[1]) / "progress", checkpoints_dir=Path(sys.argv[1]) / "notes"
+        )
+        wrapped = (os.rename, os.replace, shutil.move)
+        assert [f.__scout_original__ for f in wrapped] == list(originals)
         from os import replace
         assert replace is os.replace
         assert patches.install(Path(sys.argv[1]) / "progress") is handle

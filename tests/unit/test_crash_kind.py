@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from scout_slurm.evidence.gather import gather_evidence
 from scout_slurm.evidence.records import (
     ChildState,
     ExitRecord,
@@ -24,7 +25,6 @@ from scout_slurm.evidence.records import (
     VerdictKind,
 )
 from scout_slurm.evidence.store import read_record, write_record
-from scout_slurm.evidence.gather import gather_evidence
 from scout_slurm.localise.verdict import JobEvidence, localise
 from scout_slurm.task import exitcodes
 

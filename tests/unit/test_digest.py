@@ -13,7 +13,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from scout_slurm.errors import EvidenceError
+from scout_slurm.evidence.cascade import mentions_peer_failure
 from scout_slurm.evidence.digest import abridge_tail, build_node_digest, read_node_digests
+from scout_slurm.evidence.gather import gather_evidence, with_full_records
 from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.records import (
     ChildState,
@@ -28,8 +30,6 @@ from scout_slurm.evidence.records import (
 )
 from scout_slurm.evidence.store import read_record, write_record
 from scout_slurm.jobenv import TaskContext
-from scout_slurm.evidence.cascade import mentions_peer_failure
-from scout_slurm.evidence.gather import gather_evidence, with_full_records
 from scout_slurm.localise.verdict import localise
 from scout_slurm.task.shim import node_tasks
 

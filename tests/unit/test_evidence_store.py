@@ -47,7 +47,6 @@ from scout_slurm.evidence.store import (
     read_record,
     record_from_obj,
     record_to_bytes,
-    record_to_obj,
     safe_read_bytes,
     write_record,
 )

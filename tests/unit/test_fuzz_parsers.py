@@ -12,8 +12,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-import math
-import random
 import shutil
 import time
 import types
@@ -28,6 +26,8 @@ from hypothesis import strategies as st
 from scout_slurm.config import RemediationConfig
 from scout_slurm.errors import ConfigError, EvidenceError, SlurmError
 from scout_slurm.evidence import records as ev_records
+from scout_slurm.evidence.gather import MAX_WORLD, gather_evidence
+from scout_slurm.evidence.kernlog import CATEGORY_CORROBORATES
 from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.records import (
     ExitRecord,
@@ -43,11 +43,9 @@ from scout_slurm.evidence.store import (
     record_to_bytes,
     record_to_obj,
 )
-from scout_slurm.evidence.kernlog import CATEGORY_CORROBORATES
 from scout_slurm.hooks.nodeevidence import MAX_LINES, NodeEvidence, parse_kmsg
 from scout_slurm.hwmap.records import HardwareMap
 from scout_slurm.jobenv import HOOK_TABLE, HookContext, hook_context
-from scout_slurm.evidence.gather import MAX_WORLD, gather_evidence
 from scout_slurm.localise.verdict import localise
 from scout_slurm.remediation import records as rem_records
 from scout_slurm.remediation.plan import JobFacts, build_plan

@@ -10,6 +10,7 @@ import os
 import pytest
 
 from scout_slurm.errors import EvidenceError
+from scout_slurm.evidence.gather import gather_evidence
 from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.records import ProgressSnapshot
 from scout_slurm.evidence.store import (
@@ -19,7 +20,6 @@ from scout_slurm.evidence.store import (
     record_to_obj,
     write_record,
 )
-from scout_slurm.evidence.gather import gather_evidence
 from scout_slurm.localise.verdict import localise
 from tests.unit.test_verdict import GLOO_PEER, NOW, exited, place, snap
 

@@ -95,7 +95,7 @@ class FakeNvml:
         return ("gpu", index)
 
     def _gpu(self, fn, handle):
-        kind, index = handle[0], handle[1]
+        index = handle[1]
         self._maybe_fail(fn, index)
         return self.gpus[index]
 
@@ -519,7 +519,8 @@ def test_unreadable_sysfs_files_become_problems(tmp_path):
     (eth0 / "address").mkdir()  # root can read anything; not a directory
     rate = (
         tree
-        / "sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:00.0/0000:03:00.0/infiniband/mlx5_0/ports/1/rate"
+        / "sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:00.0/0000:03:00.0"
+        / "infiniband/mlx5_0/ports/1/rate"
     )
     rate.unlink()
     rate.symlink_to("nowhere")  # dangling

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import ast
 import sys
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 import pytest
 

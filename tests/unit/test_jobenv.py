@@ -146,7 +146,7 @@ def test_local_world_size_is_this_node_s_count(node_index, expected):
 def test_local_world_size_outside_the_list_names_both_variables():
     ctx = task_context({**TASK_ENV, "SLURM_NODEID": "4", "SLURM_STEP_TASKS_PER_NODE": "2(x3),1"})
     with pytest.raises(ConfigError, match=r"SLURM_NODEID=4.*SLURM_STEP_TASKS_PER_NODE='2\(x3\),1'"):
-        ctx.local_world_size
+        _ = ctx.local_world_size
 
 
 # --- hooks --------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from scout_slurm.evidence.records import VerdictKind
 from scout_slurm.hooks import rootcheck as rc
 from scout_slurm.hwmap.records import GpuInfo, gpu_at_pci
 
-C, H, S, I, X = (
+C, H, S, INF, X = (
     VerdictKind.CRASH,
     VerdictKind.HANG,
     VerdictKind.SDC,
@@ -446,14 +446,14 @@ def test_events_since_keeps_the_last():
         (31, XidClass.APPLICATION, set()),
         (43, XidClass.APPLICATION, set()),
         (45, XidClass.APPLICATION, set()),
-        (48, XidClass.MEMORY, {C, H, S, I}),
-        (63, XidClass.MEMORY, {C, H, S, I}),
-        (64, XidClass.MEMORY, {C, H, S, I}),
-        (94, XidClass.MEMORY, {C, H, S, I}),
-        (95, XidClass.MEMORY, {C, H, S, I}),
+        (48, XidClass.MEMORY, {C, H, S, INF}),
+        (63, XidClass.MEMORY, {C, H, S, INF}),
+        (64, XidClass.MEMORY, {C, H, S, INF}),
+        (94, XidClass.MEMORY, {C, H, S, INF}),
+        (95, XidClass.MEMORY, {C, H, S, INF}),
         (92, XidClass.MEMORY_CORRECTED, {X}),
-        (79, XidClass.BUS, {C, H, I}),
-        (74, XidClass.NVLINK, {C, H, I, X}),
+        (79, XidClass.BUS, {C, H, INF}),
+        (74, XidClass.NVLINK, {C, H, INF, X}),
         (54, XidClass.THERMAL, {C, H, X}),
         (119, XidClass.DRIVER, set()),
         (120, XidClass.DRIVER, set()),

@@ -111,7 +111,7 @@ def test_hardware_classes():
 def test_parse_kmsg_keeps_what_matters_after_the_job_began():
     records = [USB, XID_79, CONT, CONT2, MCE, EDAC, AER, OOM, "", "garbage"]
     lines = parse_kmsg(records, since_boot_s=4.0)
-    assert [l.category for l in lines] == [
+    assert [ln.category for ln in lines] == [
         "nvidia-xid-bus",
         "machine-check",
         "edac",

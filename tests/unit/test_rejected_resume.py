@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from scout_slurm.bootstrap import ckptstate
 from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.records import Finding, FindingKind

@@ -18,7 +18,6 @@ import signal
 import subprocess
 
 import pytest
-
 import scriptclock
 
 from scout_slurm.config import WatchdogConfig
@@ -450,7 +449,7 @@ def test_rank_0_says_what_is_on_when_it_enters_even_after_a_peer_marked_the_step
     assert capsys.readouterr().err.count("rank 0 entered init_process_group") == 1
 
 
-def test_a_rank_waiting_at_the_rendezvous_keeps_its_clock_and_one_past_init_waits_for_a_first_collective(
+def test_a_rank_at_the_rendezvous_keeps_its_clock_one_past_init_waits_for_a_first_collective(
     tmp_path,
 ):
     """The first-collective rule applies past init only: a rank still inside init_process_group (its

@@ -5,8 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from scout_slurm.evidence.records import ExitRecord, Finding, FindingKind, RankPlace, VerdictKind
-from scout_slurm.evidence.records import VoteCoverage
+from scout_slurm.evidence.records import (
+    ExitRecord,
+    Finding,
+    FindingKind,
+    RankPlace,
+    VerdictKind,
+    VoteCoverage,
+)
 from scout_slurm.localise.verdict import JobEvidence, localise
 
 NOW = 1_700_000_500.0

@@ -10,12 +10,11 @@ from html.parser import HTMLParser
 import pytest
 
 from scout_slurm.evidence.history import (
+    HistoryWriter,
     ProgressSample,
     decode_history,
     encode_header,
-    encode_slot,
     slot_offset,
-    HistoryWriter,
 )
 from scout_slurm.evidence.records import (
     ChildState,
@@ -43,7 +42,6 @@ from scout_slurm.remediation.records import (
 )
 from scout_slurm.report.bundle import (
     IncidentBundle,
-    IncidentMoments,
     incident_moments,
     last_advance,
 )
@@ -492,6 +490,7 @@ def write_tree(root, *, world: int = 4, forged_node: bool = False):
 
 def test_bundle_from_the_folder_reads_histories_and_refuses_planted_ones(tmp_path):
     import os
+
     from scout_slurm.report.bundle_loader import load_incident_bundle
 
     folder = write_tree(tmp_path, forged_node=True)
@@ -513,6 +512,7 @@ def test_bundle_from_the_folder_reads_histories_and_refuses_planted_ones(tmp_pat
 
 def test_scout_show_html_writes_the_page(tmp_path):
     from click.testing import CliRunner
+
     from scout_slurm.cli import main
 
     folder = write_tree(tmp_path / "evidence")
@@ -539,8 +539,8 @@ def test_scout_show_html_writes_the_page(tmp_path):
 
 
 def test_the_controller_writes_the_page_and_survives_when_it_cannot(tmp_path):
-    from scout_slurm.incident.report import write_report as _write_report
     from scout_slurm.evidence.gather import gather_evidence
+    from scout_slurm.incident.report import write_report as _write_report
     from scout_slurm.localise.verdict import localise
 
     folder = write_tree(tmp_path)
@@ -564,6 +564,7 @@ def test_the_controller_writes_the_page_and_survives_when_it_cannot(tmp_path):
 def test_the_page_renders_in_headless_chromium(tmp_path):
     """The timeline and tables of a synthetic hang, laid out and painted by a real browser."""
     import time
+
     from browser import assert_incident_page_renders
 
     started = time.monotonic()
@@ -632,10 +633,10 @@ def test_markdown_report_keeps_hostile_text_inside_its_cells():
     )
     md = render_incident_markdown(b.verdict, b.evidence, b.actions, bundle=b)
     table = md.split("## Suspects on the hardware")[1].split("## Actions")[0]
-    rows = [l for l in table.splitlines() if l.startswith("| ")]
+    rows = [ln for ln in table.splitlines() if ln.startswith("| ")]
     assert len(rows) == 5
     # every row has the header's 7 columns: no cell broke out with a | or a newline
-    assert all(len(re.split(r"(?<!\\)\|", l)) == 9 for l in rows), rows
+    assert all(len(re.split(r"(?<!\\)\|", ln)) == 9 for ln in rows), rows
     assert (
         "<script" not in table
         and "\x1b" not in table
@@ -688,7 +689,9 @@ def test_scout_show_says_why_an_actions_file_cannot_be_read(tmp_path):
     """An actions file an older scout wrote (schema 1, prose actions) or a damaged one: the verdict
     and timeline are still shown, with one line saying why there are no actions (issue 20)."""
     import json
+
     from click.testing import CliRunner
+
     from scout_slurm.cli import main
 
     folder = write_tree(tmp_path / "evidence")

@@ -11,8 +11,8 @@ from scout_slurm.evidence.records import (
     ProgressSnapshot,
     RankPlace,
     VerdictKind,
+    VoteCoverage,
 )
-from scout_slurm.evidence.records import VoteCoverage
 from scout_slurm.localise.verdict import JobEvidence, localise
 from scout_slurm.remediation.records import (
     ActionKind,
@@ -113,7 +113,7 @@ def crash_evidence() -> JobEvidence:
 
 
 def timeline_rows(lines: list[str]) -> list[str]:
-    return [l for l in lines if re.match(r"^\s*\d+\s+node", l)]
+    return [ln for ln in lines if re.match(r"^\s*\d+\s+node", ln)]
 
 
 def test_show_names_the_suspect_rank_and_node():
@@ -157,8 +157,8 @@ def test_timeline_row_without_progress():
     rows = timeline_rows(render_timeline(ev))
     assert len(rows) == 2  # rank 2 is nowhere: node "?"
     lines = render_timeline(ev)
-    assert sum(1 for l in lines if "no progress record" in l) == 3
-    assert any(l.split()[:2] == ["2", "?"] for l in lines)
+    assert sum(1 for ln in lines if "no progress record" in ln) == 3
+    assert any(ln.split()[:2] == ["2", "?"] for ln in lines)
     assert "exited with code 0" in lines[2] and lines[3].rstrip().endswith("no exit record")
 
 
@@ -193,7 +193,7 @@ def test_clean_verdict_names_nobody():
         "  timing votes (off): 0 rounds",
     ]
     assert "suspects: none" in lines
-    assert not any(l.startswith("first suspect step") for l in lines)
+    assert not any(ln.startswith("first suspect step") for ln in lines)
     assert all("exited 0" in r for r in timeline_rows(render_timeline(ev)))
 
 

@@ -85,6 +85,7 @@ def test_unprepared_says_why_the_site_will_not_see_the_job(tmp_path):
     site's hooks never look): only a root-owned job folder with nodes/ and this run's folder
     counts."""
     import os
+
     from scout_slurm.evidence.layout import JobFolder
     from scout_slurm.task.shim import unprepared
 

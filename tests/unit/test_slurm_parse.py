@@ -14,10 +14,10 @@ from scout_slurm.errors import SlurmError
 from scout_slurm.slurm import ops
 from scout_slurm.slurm.hostlist import expand_hostlist
 from scout_slurm.slurm.parse import (
-    parse_sacct_state,
     JobInfo,
     NodeInfo,
     format_reason,
+    parse_sacct_state,
     parse_scontrol_job,
     parse_scontrol_node,
     parse_scontrol_oneliner,

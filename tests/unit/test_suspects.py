@@ -10,8 +10,8 @@ from click.testing import CliRunner
 from scout_slurm.cli import main
 from scout_slurm.evidence.records import VerdictKind
 from scout_slurm.evidence.store import write_record
-from scout_slurm.remediation.plan import DrainDecisions, NodeOutcome
 from scout_slurm.incident.history import list_suspects, past_incidents
+from scout_slurm.remediation.plan import DrainDecisions, NodeOutcome
 
 
 def _decisions(root, job, user, at, *rows) -> None:

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from scout_slurm.evidence.gather import gather_evidence
 from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.records import (
     ChildState,
@@ -19,10 +20,9 @@ from scout_slurm.evidence.records import (
     RankPlace,
     StallDecision,
     VerdictKind,
+    VoteCoverage,
 )
-from scout_slurm.evidence.records import VoteCoverage
 from scout_slurm.evidence.store import write_record
-from scout_slurm.evidence.gather import gather_evidence
 from scout_slurm.localise.verdict import (
     JobEvidence,
     describe_exit,

@@ -17,15 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from scout_slurm.evidence.layout import JobFolder
-from scout_slurm.evidence.store import read_record, write_record
-from scout_slurm.hooks.ckptcheck import write_checkpoint_checks
 from scout_slurm.evidence.checkfiles import (
     NO_RECORD,
     NO_RESULT,
     note_digest,
     read_checkpoint_checks,
 )
+from scout_slurm.evidence.layout import JobFolder
+from scout_slurm.evidence.store import read_record, write_record
+from scout_slurm.hooks.ckptcheck import write_checkpoint_checks
 from scout_slurm.remediation.checkpoint_assessment import assess_job
 from scout_slurm.remediation.eligibility import CheckpointStatus
 from scout_slurm.remediation.records import CheckpointCheck, CheckpointChecks, CheckpointNote

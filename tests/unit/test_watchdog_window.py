@@ -13,7 +13,6 @@ import signal
 import subprocess
 
 import pytest
-
 import scriptclock
 
 from scout_slurm.config import WatchdogConfig
