@@ -324,8 +324,18 @@ def suspects(as_json: bool, config_path: str | None) -> None:
     """Every node and GPU serial an incident named: status (drained, watch), users, kinds, root
     checks and each incident's outcome. The watch list is the nodes in status "watch"."""
     from scout_slurm.incident.history import list_suspects, render_suspects
+    from scout_slurm.slurm import ops
 
-    rows = list_suspects(Path(_site(config_path).evidence.root))
+    cfg = _site(config_path)
+    try:  # the nodes' state now: a node returned to service since its drain says so
+        states = {
+            n.name: n
+            for n in ops.list_nodes(timeout=cfg.slurm.timeout_s, bin_dir=cfg.slurm.bin_dir)
+        }
+    except ScoutError as exc:
+        click.echo(f"scout suspects: Slurm's node states not read ({exc})", err=True)
+        states = None
+    rows = list_suspects(Path(cfg.evidence.root), node_states=states)
     click.echo(
         json.dumps([r.as_dict() for r in rows], indent=2)
         if as_json

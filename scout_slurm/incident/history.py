@@ -5,6 +5,7 @@ the gather stage; `scout suspects`). A reader: it writes nothing."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from scout_slurm.evidence.records import Verdict, VerdictKind
 from scout_slurm.evidence.store import read_record
 from scout_slurm.remediation.plan import DrainDecisions, PastIncident
 from scout_slurm.remediation.records import ActionKind, ActionsRecord
+from scout_slurm.slurm.parse import NodeInfo
 
 
 @dataclass(frozen=True)
@@ -195,6 +197,9 @@ class SuspectRow:
     what: str  # "node" or "gpu"
     name: str  # node name or GPU serial
     incidents: tuple[SuspectIncident, ...]
+    # the node as Slurm says it is now ("" for a GPU, or when Slurm was not asked or not answering)
+    slurm_state: str = ""
+    drained_now: bool | None = None
 
     @property
     def users(self) -> tuple[str, ...]:
@@ -206,24 +211,31 @@ class SuspectRow:
 
     @property
     def status(self) -> str:
-        """ "drained" when an incident drained it, else "watch" (on the watch list), else "held"."""
+        """ "drained" when an incident drained it and Slurm still has it drained, "undrained" when
+        it was drained and has been returned to service since (`scout undrain`, an operator), else
+        "watch" (on the watch list), else "held"."""
         outcomes = {i.outcome for i in self.incidents}
-        return "drained" if "drain" in outcomes else "watch" if "watch" in outcomes else "held"
+        if "drain" in outcomes:
+            return "undrained" if self.drained_now is False else "drained"
+        return "watch" if "watch" in outcomes else "held"
 
     def as_dict(self) -> dict:
         return {
             "what": self.what,
             "name": self.name,
             "status": self.status,
+            "slurm_state": self.slurm_state,
             "users": list(self.users),
             "kinds": list(self.kinds),
             "incidents": [asdict(i) for i in self.incidents],
         }
 
 
-def list_suspects(root: Path, *, gpu: str | None = None) -> list[SuspectRow]:
+def list_suspects(
+    root: Path, *, gpu: str | None = None, node_states: Mapping[str, NodeInfo] | None = None
+) -> list[SuspectRow]:
     """Every node and GPU serial some incident named, newest incident first within each; only
-    GPU serial `gpu` when given."""
+    GPU serial `gpu` when given. `node_states`: Slurm's word on each node now (None: not asked)."""
     by: dict[tuple[str, str], list[SuspectIncident]] = {}
     for cdir in (
         sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink())
@@ -250,8 +262,15 @@ def list_suspects(root: Path, *, gpu: str | None = None) -> list[SuspectRow]:
                 for key in keys:
                     if gpu is None or key[1] == gpu:
                         by.setdefault(key, []).append(inc)
+    states = node_states or {}
     rows = [
-        SuspectRow(what, name, tuple(sorted(incs, key=lambda i: i.at, reverse=True)))
+        SuspectRow(
+            what,
+            name,
+            tuple(sorted(incs, key=lambda i: i.at, reverse=True)),
+            slurm_state=states[name].state_text if what == "node" and name in states else "",
+            drained_now=states[name].is_drained if what == "node" and name in states else None,
+        )
         for (what, name), incs in by.items()
     ]
     return sorted(rows, key=lambda r: (r.what != "node", r.name))
@@ -263,8 +282,9 @@ def render_suspects(rows: list[SuspectRow]) -> str:
 
     lines = []
     for r in rows:
+        now = f" (Slurm: {r.slurm_state})" if r.slurm_state else ""
         lines.append(
-            f"{r.what} {r.name}: {r.status}; {len(r.incidents)} incident(s) from "
+            f"{r.what} {r.name}: {r.status}{now}; {len(r.incidents)} incident(s) from "
             f"{len(r.users)} user(s) "
             f"({', '.join(r.users)}); kinds {', '.join(r.kinds)}"
         )

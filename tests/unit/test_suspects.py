@@ -105,9 +105,26 @@ def test_cli_incidents_gpu_and_suspects(tmp_path):
     res = runner.invoke(main, ["incidents", "--gpu", "9999", "--config", str(conf)])
     assert "no incident named GPU serial 9999" in res.output
     res = runner.invoke(main, ["suspects", "--json", "--config", str(conf)])
-    assert {(r["what"], r["name"], r["status"]) for r in json.loads(res.output)} == {
+    assert {(r["what"], r["name"], r["status"]) for r in json.loads(res.stdout)} == {
         ("node", "n2", "watch"),
         ("node", "n5", "drained"),
         ("node", "n3", "held"),
         ("gpu", "1320", "drained"),
     }
+
+
+def test_a_node_returned_to_service_since_its_drain_says_so(tmp_path):
+    from scout_slurm.incident.history import render_suspects
+    from scout_slurm.slurm.parse import NodeInfo
+
+    _tree(tmp_path)
+    states = {
+        "n5": NodeInfo("n5", "IDLE", (), "", "n5", "n5"),  # `scout undrain n5` since
+        "n2": NodeInfo("n2", "IDLE", ("DRAIN",), "scout: crash rank 1 job 7", "n2", "n2"),
+    }
+    rows = {(r.what, r.name): r for r in list_suspects(tmp_path, node_states=states)}
+    assert rows[("node", "n5")].status == "undrained"
+    assert rows[("node", "n5")].slurm_state == "IDLE"
+    assert rows[("node", "n2")].status == "watch"  # drained by someone else: not scout's word
+    assert rows[("gpu", "1320")].status == "drained"  # a GPU has no Slurm state of its own
+    assert "node n5: undrained (Slurm: IDLE);" in render_suspects(list(rows.values()))
