@@ -120,3 +120,40 @@ def test_a_rerun_that_loads_a_rejected_checkpoint_is_tainted_or_refused(lab, cle
         exits = sj.exits(lab, job, 1)
         assert exits and all(e.exit_code == 90 for e in exits.values()), exits
         assert v1.kind.value != "clean"
+
+
+@pytest.mark.timeout(300)
+def test_a_user_listening_on_the_ports_of_the_next_jobs_causes_no_incident(lab, clean_drains):
+    """Issue 40: the rendezvous port was computed from the public job id; a tenant listening on the
+    ports of the next job ids failed other users' jobs (EADDRINUSE) and made incidents on their
+    nodes. scout-srun now draws the port at random for each step: the squatter misses."""
+    import socket
+
+    from scout_slurm.task.shim import master_port
+
+    # the last job id handed out: a trivial job's (Slurm forgets finished jobs from its list)
+    last = sj.submit(lab, "#!/bin/bash\ntrue\n", nodes=1, tasks_per_node=1)
+    squatted = []
+    try:
+        for job in range(last + 1, last + 9):
+            for step in range(8):
+                s = socket.socket()
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind(("0.0.0.0", master_port(job, step)))
+                except OSError:
+                    s.close()
+                    continue
+                s.listen()
+                squatted.append(s)
+        job = sj.submit(lab, sj.batch_script(lab, train=SCRIPT, train_args="--steps 8 --rank -1"))
+        assert last < job <= last + 8, (last, job)  # its old port is among the squatted ones
+        info = sj.wait_completed(lab, job, timeout=240)
+        assert info.state == "COMPLETED" and info.restart_count == 0, (info, sj.output(lab, job))
+        assert sj.verdict(lab, job, 0).kind.value == "clean"
+        port = sj.places(lab, job, 0)[0].master_port
+        assert port not in {s.getsockname()[1] for s in squatted}
+        assert sj.drained_nodes(lab) == {} and _decisions(lab, job) == []
+    finally:
+        for s in squatted:
+            s.close()
