@@ -11,6 +11,7 @@ import atexit
 import dataclasses
 import gc
 import logging
+import os
 import sys
 import threading
 import time
@@ -128,7 +129,42 @@ class Runtime:
         self.guard.run("state vote", self._start_consensus)
         self.guard.run("timing votes", self._start_timing)
         self.guard.run("model tracker", self._start_root_tracker)
+        self.guard.run("collective record", self._start_flight_recorder_dumps)
         self.order_witnesses()
+
+    def _start_flight_recorder_dumps(self) -> None:
+        """A thread of scout's that writes torch's Flight Recorder dump into the run's evidence when
+        the watchdog asks (with the stacks, before it ends a stall): the dump is taken while the
+        training thread is blocked inside a collective (the wait releases the GIL). Quietly nothing
+        where torch has no Flight Recorder or the run has no evidence folder."""
+        try:
+            import torch
+
+            dump = getattr(torch._C._distributed_c10d, "_dump_fr_trace_json", None)
+        except (ImportError, AttributeError):
+            return
+        if dump is None or self.progress_dir is None or self.config.run_dir is None:
+            return
+        from scout_slurm.evidence.layout import RunFolder
+        from scout_slurm.evidence.store import atomic_write_bytes
+        from scout_slurm.task.progress import flight_recorder_request
+
+        request = flight_recorder_request(self.progress_dir, self.rank)
+        dest = RunFolder(self.config.run_dir).flight_recorder_path(self.rank)
+
+        def serve() -> None:
+            while True:
+                time.sleep(0.5)
+                if not os.path.exists(request):
+                    continue
+                try:
+                    data = dump()
+                    atomic_write_bytes(dest, data if isinstance(data, bytes) else data.encode())
+                    os.unlink(request)
+                except Exception:  # evidence only: a dump that fails is not the job's problem
+                    return
+
+        threading.Thread(target=serve, name="scout-flight-recorder", daemon=True).start()
 
     def _side_ops(self) -> tuple[Any, Any]:
         return self.originals["all_gather"], self.originals["barrier"]

@@ -226,6 +226,9 @@ class JobFolder:
     def stacks_path(self, restart: int, rank: int) -> Path:
         return self.run(restart).stacks_path(rank)
 
+    def flight_recorder_path(self, restart: int, rank: int) -> Path:
+        return self.run(restart).flight_recorder_path(rank)
+
     def restarts(self) -> list[int]:
         """Run indices present in the folder, ascending (reads the directory listing only)."""
         out = []
@@ -343,6 +346,10 @@ class RunFolder:
 
     def stacks_path(self, rank: int) -> Path:
         return self.stacks_dir / f"rank-{int(rank)}.txt"
+
+    def flight_recorder_path(self, rank: int) -> Path:
+        """torch's Flight Recorder of the rank (its JSON dump), taken when its stacks were."""
+        return self.stacks_dir / f"flight-recorder-rank-{int(rank)}.json"
 
 
 def node_digest_name(restart: int) -> str:

@@ -45,6 +45,8 @@ class IncidentBundle:
     problems: tuple[str, ...] = ()
     # the suspects' dumped stacks: (rank, the current thread's frames or the dump's last lines)
     stacks: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    # torch's Flight Recorder: where each rank was in its collectives (report lines)
+    flight_recorder: tuple[str, ...] = ()
     schema_version: int = 1
 
     @property

@@ -122,6 +122,7 @@ def load_incident_bundle(
         verdict_computed=computed,
         problems=tuple(problems[:200]),
         stacks=tuple(load_stacks(folder, restart, [s.rank for s in verdict.suspects])),
+        flight_recorder=tuple(load_flight_recorder(folder, restart, ev.world_size)),
     )
 
 
@@ -141,3 +142,36 @@ def load_stacks(folder: JobFolder, run: int, ranks: list[int]) -> list[tuple[int
         lines = main_thread(text) or text.splitlines()[-20:]
         out.append((rank, tuple(line[:300] for line in lines)))
     return out
+
+
+def load_flight_recorder(folder: JobFolder, run: int, world: int) -> list[str]:
+    """What torch's Flight Recorder dumps of the run say of each rank's place in its collectives
+    (report lines; [] when no rank left one). At most 64 dumps are read, suspects' or not."""
+    from scout_slurm.evidence import flightrec
+    from scout_slurm.evidence.safeio import list_names_below
+
+    try:
+        names = list_names_below(folder.run(run).stacks_dir, folder.root)
+    except EvidenceError:
+        return []
+    ranks = sorted(
+        int(n[len("flight-recorder-rank-") : -len(".json")])
+        for n in names
+        if n.startswith("flight-recorder-rank-")
+        and n.endswith(".json")
+        and n[len("flight-recorder-rank-") : -len(".json")].isdigit()
+    )
+    positions = {}
+    for rank in ranks[:64]:
+        try:
+            data = safe_read_bytes(
+                folder.flight_recorder_path(run, rank),
+                max_bytes=flightrec.MAX_DUMP_BYTES,
+                root=folder.root,
+            )
+        except EvidenceError:
+            continue
+        found = flightrec.read_dump(data, rank)
+        if found:
+            positions[rank] = found
+    return flightrec.summary(positions, world)

@@ -221,6 +221,13 @@ def incident_section(bundle: IncidentBundle, *, heading_level: int = 2) -> list[
 
     out.append(f"<{h}>Evidence</{h}>")
     out.append(_evidence(bundle))
+    if bundle.flight_recorder:
+        out.append(f"<{h}>torch's Flight Recorder: where each rank was</{h}>")
+        out.append(
+            '<pre class="flight-recorder">'
+            + esc("\n".join(bundle.flight_recorder), 20000)
+            + "</pre>"
+        )
     for rank, frames in bundle.stacks:
         out.append(f'<{h} class="stack">Rank {rank}\'s stack when scout dumped it</{h}>')
         out.append(

@@ -21,7 +21,7 @@ from scout_slurm.evidence.records import (
 )
 from scout_slurm.remediation.eligibility import Assessment
 from scout_slurm.remediation.records import ActionsRecord
-from scout_slurm.report.bundle_loader import load_stacks
+from scout_slurm.report.bundle_loader import load_flight_recorder, load_stacks
 from scout_slurm.report.story import RunStory, render_story, requeued, running
 
 
@@ -47,6 +47,7 @@ class ShowView:
     story: tuple[RunStory, ...] = ()
     # the suspects' dumped stacks: (rank, the current thread's frames, or the dump's last lines)
     stacks: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    flight_recorder: tuple[str, ...] = ()  # torch's record of each rank's collectives
     running: bool = False  # no verdict yet and ranks still without an exit record
 
 
@@ -115,6 +116,7 @@ def load_show(folder: JobFolder, restart: int | None = None) -> ShowView:
         cost_problems=cost_problems,
         story=story if restart is None else (),
         stacks=tuple(load_stacks(folder, run, [s.rank for s in verdict.suspects])),
+        flight_recorder=tuple(load_flight_recorder(folder, run, ev.world_size)),
         running=is_running,
     )
 
@@ -186,6 +188,7 @@ def show_json(view: ShowView) -> dict:
         for s in view.story
     ]
     obj["stacks"] = {str(rank): list(frames) for rank, frames in view.stacks}
+    obj["flight_recorder"] = list(view.flight_recorder)
     obj["cost"] = [
         dict(record_to_obj(c), per_step_ms=c.per_step_ms, share=c.share) for c in view.cost
     ]
@@ -217,6 +220,9 @@ def show_text(view: ShowView) -> str:
                 lines += [f"      {d}" for d in f.details]
     from scout_slurm.report.show import render_cost
 
+    if view.flight_recorder:
+        lines += ["", "torch's Flight Recorder (where each rank was in its collectives):"]
+        lines += [f"  {line}" for line in view.flight_recorder]
     for rank, frames in view.stacks:
         lines += ["", f"rank {rank}'s stack when scout dumped it:"] + [f"  {f}" for f in frames]
     lines += [""] + render_cost(list(view.cost), list(view.cost_problems))

@@ -412,3 +412,10 @@ def read(path: Path, *, retries: int = 100) -> ProgressView | None:
         busy=bool(flags & FLAG_BUSY),
         entered_init=bool(flags & FLAG_INIT),
     )
+
+
+def flight_recorder_request(shm_dir: Path, rank: int) -> Path:
+    """The node-local file the watchdog creates to ask rank `rank` for torch's Flight Recorder
+    dump (the bootstrap's dump thread looks for it twice a second: a stat on tmpfs, never shared
+    storage)."""
+    return Path(shm_dir) / f"flight-recorder-request-{int(rank)}"

@@ -51,6 +51,7 @@ from scout_slurm.task import progress as progress_mod
 from scout_slurm.task.evidencehealth import EvidenceHealth, storage_errno
 
 log = get_logger("scout.watchdog")
+FR_WAIT_S = 2.0  # for the Flight Recorder dumps, once the stacks are in (the thread looks at 2 Hz)
 STACK_SIGNAL = signal.SIGRTMIN + 5  # the bootstrap registers faulthandler on it
 STDERR_DRAIN_S = (
     2.0  # how long the child's last stderr lines may take to reach the tail after it exited
@@ -777,6 +778,22 @@ class Watchdog:
                 self.stacks_signalled = True
             except ProcessLookupError:
                 pass
+            try:  # and torch's Flight Recorder, dumped by the bootstrap's own thread
+                progress_mod.flight_recorder_request(self.shm_dir, t.rank).touch()
+            except OSError:
+                pass
+
+    def _wait_flight_recorder(self, deadline: float) -> None:
+        """Until the bootstrap's thread took the Flight Recorder dumps asked for (it removes each
+        request), at most until `deadline`: a rank whose Python cannot run leaves its request."""
+        asked = [progress_mod.flight_recorder_request(self.shm_dir, r) for r in self.trackers]
+        while any(p.exists() for p in asked) and self.clock() < deadline:
+            self.sleep(0.05)
+        for p in asked:
+            try:
+                p.unlink()
+            except OSError:
+                pass
 
     def _ensure_stacks(self) -> None:
         """Before anything is killed: wait (bounded) for the dump the stack signal asked for; when
@@ -787,6 +804,7 @@ class Watchdog:
             while self._stacks_size() <= self.stacks_size_before and self.clock() < deadline:
                 self.sleep(0.05)
             if self._stacks_size() > self.stacks_size_before:
+                self._wait_flight_recorder(min(deadline, self.clock() + FR_WAIT_S))
                 return
             why = (
                 f"no Python stack dump within {STACK_WAIT_S:g} s of the stack signal "

@@ -30,6 +30,12 @@ def test_crash_loop(lab, clean_drains):
 @pytest.mark.timeout(300)
 def test_hang_loop(lab, clean_drains, tmp_path):
     job, _ = sj.closed_loop(lab, "sleep,rank=1,step=25", 1, "hang")
+    # torch's Flight Recorder of every rank is in the evidence: the sleeper outside any collective,
+    # its peers inside the one it never entered
+    fr = sj.show_json(lab, job, restart=0)["flight_recorder"]
+    assert any(line.startswith("rank 1: outside any collective") for line in fr), fr
+    inside = [r for r in (0, 2, 3) if any(line.startswith(f"rank {r}: inside ") for line in fr)]
+    assert inside == [0, 2, 3], fr
     # the incident page of the failed run renders in headless Chromium (issue 8)
     from browser import check_real_incident
 

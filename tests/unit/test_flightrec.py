@@ -1,0 +1,54 @@
+"""torch's Flight Recorder dumps read for each rank's place in its collectives (pure), from real
+dumps (tests/fixtures/flight_recorder: torch 2.13 CPU, gloo) and from what a job could plant."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scout_slurm.evidence.flightrec import read_dump, summary
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "flight_recorder"
+
+
+def _real(rank: int) -> bytes:
+    return (FIXTURES / f"gloo-2ranks-rank-{rank}.json").read_bytes()
+
+
+def test_the_rank_blocked_inside_a_collective_and_the_one_that_never_entered_it():
+    a, b = read_dump(_real(0), 0), read_dump(_real(1), 1)
+    assert [(p.group, p.last_enqueued, p.last_completed, p.op) for p in a] == [
+        ("0", 6, 5, "gloo:all_reduce")
+    ]
+    assert a[0].inside and not b[0].inside
+    assert summary({0: a, 1: b}, 3) == [
+        "rank 0: inside gloo:all_reduce #6 (completed up to #5)",
+        "rank 1: outside any collective, after gloo:all_reduce #5",
+        "no Flight Recorder dump from ranks 2",
+    ]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"", b"\xff\xfe", b"[]", b'{"pg_status": 3}', b"{" * 100_000, b'{"pg_status": {"0": 7}}'],
+)
+def test_what_is_not_a_dump_says_nothing(data):
+    assert read_dump(data, 0) == ()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.recursive(
+        st.none() | st.integers() | st.text(max_size=8),
+        lambda c: st.lists(c) | st.dictionaries(st.text(max_size=8), c),
+        max_leaves=20,
+    )
+)
+def test_any_json_a_job_plants_is_read_or_refused_never_raised(obj):
+    dump = {"pg_status": {"0": obj}, "entries": [obj]}
+    found = read_dump(json.dumps(dump).encode(), 3)
+    assert all(p.rank == 3 for p in found)
