@@ -564,7 +564,13 @@ def site_install(prefix: Path, slurm_conf: Path) -> None:
             "run `scout site install` from the Python scout-slurm is installed into "
             "(pip install scout-slurm)"
         )
-    done = site_layout.write_layout(planned)
+    try:
+        done = site_layout.write_layout(planned)
+    except OSError as exc:
+        raise ScoutError(
+            f"scout site install: {exc}; run it as a user who may write under {planned.prefix} "
+            "(root for /), or choose another --prefix"
+        ) from None
     click.echo(site_layout.install_summary(planned, done), nl=False)
 
 

@@ -117,6 +117,12 @@ def test_site_install_keeps_an_existing_config_and_says_what_to_add(tmp_path):
     assert again.exit_code == 0, again.output
 
 
+def test_a_prefix_it_cannot_write_is_one_clear_error(tmp_path):
+    (tmp_path / "file").write_text("")
+    result = CliRunner().invoke(main, ["site", "install", "--prefix", str(tmp_path / "file/x")])
+    assert result.exit_code == 1 and "choose another --prefix" in result.output, result.output
+
+
 def test_the_packaged_files_are_the_repositorys():
     # scout_slurm/site/ links to the files where the repository keeps them; the wheel holds copies
     for name, source in {
