@@ -13,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from scout_slurm import __version__
 from scout_slurm.errors import LabError, ScoutError
 from scout_slurm.lab import DEFAULT_PORT_BASE, default_state_dir
 
@@ -26,6 +27,7 @@ class _ScoutGroup(click.Group):
 
 
 @click.group(cls=_ScoutGroup)
+@click.version_option(__version__, prog_name="scout", message="%(prog)s (scout-slurm) %(version)s")
 def main() -> None:
     """scout: find the rank that failed first in a Slurm job, keep the evidence, act on it.
 
@@ -527,6 +529,59 @@ def acceptance(
         netns=netns,
     )
     sys.exit(run_acceptance(opts, echo=click.echo))
+
+
+@main.group()
+def site() -> None:
+    """What a site administrator installs: the hooks slurm.conf names, the site config."""
+
+
+@site.command("install")
+@click.option(
+    "--prefix",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Root of the layout: PREFIX/etc/scout, PREFIX/libexec/scout, PREFIX/share/doc/scout.",
+)
+@click.option(
+    "--slurm-conf",
+    default="/etc/slurm/slurm.conf",
+    show_default=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="slurm.conf as the controller Epilog must find it (controller hooks get no SLURM_CONF).",
+)
+def site_install(prefix: Path, slurm_conf: Path) -> None:
+    """Lay out the hooks for slurm.conf, with this Python's hook scripts filled in.
+
+    Writes PREFIX/etc/scout/scout.toml (from the example; an existing one is kept), the hook
+    wrappers in PREFIX/libexec/scout, PREFIX/etc/scout/slurm.conf.snippet and
+    PREFIX/share/doc/scout/THREAT-MODEL.md, then prints what to add to slurm.conf.
+
+    Example: scout site install --prefix /   (then /etc/scout/scout.toml)
+    """
+    import sysconfig
+
+    from scout_slurm.site import layout as site_layout
+
+    scripts = Path(sysconfig.get_path("scripts"))
+    planned = site_layout.site_layout(
+        prefix, scripts_dir=scripts, python=Path(sys.executable), slurm_conf=slurm_conf
+    )
+    missing = site_layout.missing_scripts(planned, scripts)
+    if missing:
+        raise ScoutError(
+            f"{', '.join(map(str, missing))}: not installed beside {sys.executable}; "
+            "run `scout site install` from the Python scout-slurm is installed into "
+            "(pip install scout-slurm)"
+        )
+    try:
+        done = site_layout.write_layout(planned)
+    except OSError as exc:
+        raise ScoutError(
+            f"scout site install: {exc}; run it as a user who may write under {planned.prefix} "
+            "(root for /), or choose another --prefix"
+        ) from None
+    click.echo(site_layout.install_summary(planned, done), nl=False)
 
 
 @main.command("map")

@@ -1,19 +1,9 @@
 """`scout-srun [srun options] [--scout-* options] COMMAND [ARGS...]`
 
 Every srun option passes through unchanged; scout's own options start with `--scout-` and are
-removed. It runs `srun <options> python -m scout_slurm.task.shim -- COMMAND ...` by replacing
-itself with srun, so the exit status and signals are srun's.
-
-scout options:
-  --scout-stall-floor=SECONDS   never call a stall sooner than this (SCOUT_WATCHDOG_STALL_FLOOR_S)
-  --scout-inject=SPEC           inject a fault, e.g. sleep,rank=1,step=5 (SCOUT_INJECT)
-  --scout-config=PATH           site config file (SCOUT_CONFIG)
-  --scout-consensus-every=K     vote on the replicas' state every K optimizer steps (default 50; 0:
-  off)
-  --scout-replay-every=K        in-situ replay of one layer every K optimizer steps (default: as
-  consensus; 0: off)
-  --scout-off                   run plain srun, no shim
-  --scout-dry-run               print the srun command line and exit
+removed (`SCOUT_OPTIONS`, which `--help` prints). It runs `srun <options> python -m
+scout_slurm.task.shim -- COMMAND ...` by replacing itself with srun, so the exit status and signals
+are srun's.
 """
 
 from __future__ import annotations
@@ -49,12 +39,70 @@ tres-per-task uid wait wait-all-nodes? wckey x11? exclude cpus-per-gpu array
 
 
 @dataclass(frozen=True)
+class ScoutOption:
+    name: str  # without the leading --
+    metavar: str  # "" for a flag
+    help: str
+
+
+SCOUT_OPTIONS = (
+    ScoutOption(
+        "scout-stall-floor",
+        "SECONDS",
+        "never call a stall sooner than this (SCOUT_WATCHDOG_STALL_FLOOR_S)",
+    ),
+    ScoutOption("scout-inject", "SPEC", "inject a fault, e.g. sleep,rank=1,step=5 (SCOUT_INJECT)"),
+    ScoutOption("scout-config", "PATH", "site config file (SCOUT_CONFIG)"),
+    ScoutOption(
+        "scout-consensus-every",
+        "K",
+        "vote on the replicas' state every K steps (default 50; 0: off)",
+    ),
+    ScoutOption(
+        "scout-replay-every",
+        "K",
+        "replay one layer every K steps (default: as consensus; 0: off)",
+    ),
+    ScoutOption("scout-off", "", "run plain srun, no shim"),
+    ScoutOption("scout-dry-run", "", "print the srun command line and exit"),
+)
+_TAKES_VALUE = frozenset(o.name for o in SCOUT_OPTIONS if o.metavar)
+HELP_OPTIONS = frozenset({"-h", "--help", "--usage"})
+VERSION_OPTIONS = frozenset({"-V", "--version"})
+
+
+def usage() -> str:
+    """What `scout-srun --help` prints (pure)."""
+    lines = [
+        "usage: scout-srun [srun options] [scout options] COMMAND [ARGS...]",
+        "",
+        "Runs COMMAND under srun with scout's per-task watchdog: write scout-srun where the",
+        "sbatch script said srun. Every option that is not scout's passes to srun unchanged",
+        "(see `srun --help`); the first word that is not an option starts the command, as does --.",
+        "srun's exit status and signals are the job's.",
+        "",
+        "scout options:",
+    ]
+    for o in SCOUT_OPTIONS:
+        flag = f"--{o.name}=" + o.metavar if o.metavar else f"--{o.name}"
+        lines.append(f"  {flag:<30}{o.help}")
+    lines += [
+        "  -h, --help                    this text",
+        "  -V, --version                 scout-slurm's version",
+        "",
+        "example: scout-srun -N 2 --ntasks-per-node=4 --scout-stall-floor=120 python train.py",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
 class LaunchPlan:
     srun_options: tuple[str, ...]
     command: tuple[str, ...]
     scout_env: Mapping[str, str] = field(default_factory=dict)
     off: bool = False
     dry_run: bool = False
+    asked: str = ""  # "help" or "version": print that instead of launching
 
 
 def _steps(option: str, value: str) -> str:
@@ -77,16 +125,12 @@ def split_args(argv: Sequence[str]) -> LaunchPlan:
         if a == "--":
             i += 1
             break
+        if a in HELP_OPTIONS or a in VERSION_OPTIONS:
+            # before the command these are scout-srun's own; after it, the command's
+            return LaunchPlan((), (), asked="help" if a in HELP_OPTIONS else "version")
         if a.startswith("--scout-"):
             name, _, value = a[2:].partition("=")
-            takes = name in (
-                "scout-stall-floor",
-                "scout-inject",
-                "scout-config",
-                "scout-consensus-every",
-                "scout-replay-every",
-            )
-            if takes and not _:
+            if name in _TAKES_VALUE and not _:
                 if i + 1 >= len(argv):
                     raise ScoutError(f"scout-srun: {a} needs a value")
                 i += 1
@@ -110,10 +154,9 @@ def split_args(argv: Sequence[str]) -> LaunchPlan:
                 dry = True
             else:
                 raise ScoutError(
-                    f"scout-srun: unknown option {a}; scout's options: --scout-stall-floor, "
-                    "--scout-inject, --scout-config, --scout-consensus-every, "
-                    "--scout-replay-every, --scout-off, "
-                    "--scout-dry-run"
+                    f"scout-srun: unknown option {a}; scout's options: "
+                    + ", ".join("--" + o.name for o in SCOUT_OPTIONS)
+                    + " (scout-srun --help)"
                 )
             i += 1
             continue
@@ -145,7 +188,8 @@ def split_args(argv: Sequence[str]) -> LaunchPlan:
     command = tuple(argv[i:])
     if not command and not dry:
         raise ScoutError(
-            "scout-srun: no command given; usage: scout-srun [srun options] COMMAND [ARGS...]"
+            "scout-srun: no command given; usage: scout-srun [srun options] COMMAND [ARGS...] "
+            "(scout-srun --help)"
         )
     return LaunchPlan(tuple(srun), command, env, off, dry)
 
@@ -195,6 +239,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         plan = split_args(argv)
+        if plan.asked == "help":
+            sys.stdout.write(usage())
+            return 0
+        if plan.asked == "version":
+            from scout_slurm import __version__
+
+            print(f"scout-srun (scout-slurm) {__version__}")
+            return 0
         args = srun_argv(plan, sys.executable)
         env = dict(os.environ)
         env.update(plan.scout_env)

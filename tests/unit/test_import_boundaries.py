@@ -83,6 +83,7 @@ RIM = (
     "scout_slurm.acceptance",
     "scout_slurm.inject",
     "scout_slurm.cli",
+    "scout_slurm.site",
 )
 FORBIDDEN_EXTERNAL = ("subprocess", "torch.distributed", "pynvml")
 ENV_ATTRS = frozenset({"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"})

@@ -22,6 +22,7 @@ HOST_PACKAGES = (
     "scout_slurm.evidence",
     "scout_slurm.slurm",
     "scout_slurm.hwmap",
+    "scout_slurm.site",
 )
 HOST_MODULES = (
     "scout_slurm.cli",

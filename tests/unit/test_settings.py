@@ -157,7 +157,9 @@ def test_the_example_site_config_is_declared_and_valid():
         assert section in config.SECTIONS, f"{path}: [{section}] is not a declared section"
         names = {s.name for s in config.SECTIONS[section]}
         assert set(values) <= names, f"{path}: [{section}] {sorted(set(values) - names)}"
-    parse_config(data, source=str(path))
+    cfg = parse_config(data, source=str(path))
+    # the README tells a site to start observing only: the example it copies must say so
+    assert cfg.remediation.observe_only is True, f"{path}: ship observe_only = true"
 
 
 def test_the_references_are_generated_from_the_declarations():
