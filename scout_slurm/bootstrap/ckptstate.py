@@ -688,7 +688,10 @@ class CheckpointWatch:
         from scout_slurm.evidence.store import read_record
         from scout_slurm.remediation.records import RerunCheckpoints
 
-        folder, restart = JobFolder.of_run_dir(self.run_dir)
+        try:  # a run folder of the evidence tree; any other (a test's, a hand-run job's) has none
+            folder, restart = JobFolder.of_run_dir(self.run_dir)
+        except ScoutError:
+            return self.rejected
         path = folder.rerun_checkpoints_path(restart)
         if not path.exists():
             return self.rejected

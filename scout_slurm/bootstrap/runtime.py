@@ -366,13 +366,17 @@ class Runtime:
             self.checkpoint_watch.offset = done
         run_dir = self.config.run_dir
         if run_dir is not None:  # the verdict reads the offset from the rank's place record
+            from scout_slurm.errors import ScoutError
             from scout_slurm.evidence.layout import JobFolder
             from scout_slurm.evidence.records import RankPlace
             from scout_slurm.evidence.store import read_record, write_record
 
-            folder, restart = JobFolder.of_run_dir(run_dir)
-            path = folder.rank_place_path(restart, self.rank)
-            place = read_record(path, RankPlace)
+            try:
+                folder, restart = JobFolder.of_run_dir(run_dir)
+                path = folder.rank_place_path(restart, self.rank)
+                place = read_record(path, RankPlace)
+            except ScoutError:  # no place record of the evidence tree's (a hand-run job): nothing
+                return
             write_record(path, dataclasses.replace(place, step_offset=done))
 
     def after_step(self, optimizer: Any) -> None:
