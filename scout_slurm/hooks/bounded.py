@@ -29,6 +29,7 @@ MARGIN_S = 3.0
 REAP_GRACE_S = 0.5
 MAX_REPORT_BYTES = 1 << 20  # what a child may send in all; past it the rest is dropped
 _CHILD_FAILED = 70
+_PR_SET_PDEATHSIG = 1
 _abandoned: set[int] = set()
 
 Report = Callable[..., None]
@@ -97,10 +98,12 @@ class BoundedChild:
         self.erd, ewr = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
+        parent = os.getpid()
         self.pid = os.fork()
         if self.pid == 0:  # the child: never returns
             os.close(self.rd)
             os.close(self.erd)
+            _die_with(parent)
             _child(fn, wr, ewr)
         os.close(wr)
         os.close(ewr)
@@ -244,6 +247,19 @@ class _Lines:
             if isinstance(obj, dict):
                 out.append(obj)
         return out
+
+
+def _die_with(parent: int) -> None:
+    """SIGKILL this child when its parent dies (PR_SET_PDEATHSIG): a child killed at its deadline
+    takes its own bounded children (a root check under the Epilog's child) with it."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the prctl took effect
+        os._exit(_CHILD_FAILED)
 
 
 def _child(fn: Callable[[Report], Any], wr: int, ewr: int) -> None:

@@ -20,6 +20,8 @@ from scout_slurm.jobenv import hook_context
 from scout_slurm.log import configure, configure_hook, get_logger
 
 log = get_logger("scout.controller")
+# How long the first look at the evidence root may take before it is taken as hung.
+PROBE_S = 5.0
 
 
 def main(*, environ: Mapping[str, str] | None = None) -> int:
@@ -46,6 +48,25 @@ def main(*, environ: Mapping[str, str] | None = None) -> int:
             return 0
         budget = cfg.epilog.time_budget_s
         margin = margin_s(budget)
+        root = cfg.evidence.root
+        # A first look that reaches the file server (a listing, not cached attributes): on a hung
+        # root the stages are not begun at all, and the log says why at once.
+        probe = run_bounded(
+            lambda report: len(os.listdir(root)),
+            min(PROBE_S, budget / 4),
+            name="evidence root probe",
+            log=log,
+        )
+        if probe.status == TIMED_OUT:
+            log.error(
+                "controller.evidence_root_hung",
+                root=root,
+                job=ctx.job_id,
+                waited_s=probe.seconds,
+                consequence="this job's evidence is not read and nothing is applied; its nodes' "
+                "Epilogs exit 0; pending incidents wait for a later run",
+            )
+            return 0
 
         def work(report) -> None:
             # the stages aim at the parent's cut-off: their budget ends `margin` earlier
@@ -60,7 +81,10 @@ def main(*, environ: Mapping[str, str] | None = None) -> int:
         )
         if not out.done:
             log.error(
-                "controller.evidence_hung" if out.status == TIMED_OUT else "controller.failed",
+                "controller.timed_out" if out.status == TIMED_OUT else "controller.failed",
+                why="the evidence root or Slurm stopped answering"
+                if out.status == TIMED_OUT
+                else "the stages' process ended abnormally",
                 root=cfg.evidence.root,
                 job=ctx.job_id,
                 error=out.error,

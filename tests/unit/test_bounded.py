@@ -96,3 +96,30 @@ def test_a_child_in_d_state_on_a_frozen_mount_is_abandoned_not_waited_for(tmp_pa
         while bounded.reap_abandoned() and time.monotonic() < end:
             time.sleep(0.05)
         assert bounded.reap_abandoned() == 0  # the kill took effect once the I/O returned
+
+
+def _gone(pid: int) -> bool:
+    """Ended: no such process, or a zombie waiting for its (new) parent to reap it."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_child_killed_at_its_deadline_takes_its_own_bounded_children_with_it():
+    """The Epilog's child runs the root checks in bounded children of its own: killing it must
+    not leave a self-test running without anyone to cut it off."""
+
+    def outer(report):
+        inner = bounded.BoundedChild(lambda r: time.sleep(60), name="grandchild")
+        report(grandchild=inner.pid)
+        inner.wait(60.0)
+
+    out = run_bounded(outer, 1.0, name="outer")
+    assert out.status == TIMED_OUT
+    grandchild = out.last("grandchild")
+    end = time.monotonic() + 5
+    while not _gone(grandchild) and time.monotonic() < end:
+        time.sleep(0.05)
+    assert _gone(grandchild)

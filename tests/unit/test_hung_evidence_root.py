@@ -112,8 +112,8 @@ def test_the_controller_epilog_keeps_its_budget_on_a_hung_evidence_root(tmp_path
         code, took = timed(lambda: controller.main(environ=env))
         assert code == 0 and took < BUDGET_S + SLACK_S, took
         events = {e["event"]: e for e in local_events(site, "controller")}
-        assert "controller.evidence_hung" in events, events.keys()
-        assert events["controller.evidence_hung"]["job"] == JOB
+        assert "controller.evidence_root_hung" in events, events.keys()
+        assert events["controller.evidence_root_hung"]["job"] == JOB
     bounded.reap_abandoned()
 
 
