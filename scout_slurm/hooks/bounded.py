@@ -3,8 +3,8 @@ deadline the child is killed (SIGKILL) and, if it cannot die yet (uninterruptibl
 file system: D state), abandoned, never waited for. So no thread of the hook's own process is
 ever stuck in the evidence root, and the hook exits on time whatever the storage does. The child
 sends JSON lines (never pickle) to the parent; its stderr reaches the hook's stderr through the
-parent, so that a child that outlives the hook holds none of Slurm's pipes. `run_bounded` is the
-one function that reaches outside.
+parent, so that a child that outlives the hook holds none of Slurm's pipes. `BoundedChild` (and
+`run_bounded` over it) is the one part that reaches outside.
 """
 
 from __future__ import annotations
@@ -19,9 +19,17 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
-DONE, FAILED, TIMED_OUT = "done", "failed", "timed-out"
+
+class Status(StrEnum):
+    DONE = "done"  # the work returned
+    FAILED = "failed"  # it raised, or the child died of itself
+    TIMED_OUT = "timed-out"  # killed at its deadline (and maybe abandoned)
+
+
+DONE, FAILED, TIMED_OUT = Status.DONE, Status.FAILED, Status.TIMED_OUT
 # Of a hook's budget, kept back from its bounded work: killing a child stuck on a hung evidence
 # root, logging it and exiting take this long at most.
 MARGIN_S = 3.0
@@ -41,7 +49,7 @@ class BoundedRun:
     (killed at the deadline; `abandoned` if it could not be reaped: stuck in D state)."""
 
     name: str
-    status: str
+    status: Status
     seconds: float
     result: Any = None
     error: str = ""
@@ -96,8 +104,9 @@ class BoundedChild:
         self.started = clock()
         self.rd, wr = os.pipe()
         self.erd, ewr = os.pipe()
-        sys.stdout.flush()
-        sys.stderr.flush()
+        with contextlib.suppress(OSError, ValueError):  # what is buffered is not written twice
+            sys.stdout.flush()
+            sys.stderr.flush()
         parent = os.getpid()
         self.pid = os.fork()
         if self.pid == 0:  # the child: never returns
@@ -114,18 +123,22 @@ class BoundedChild:
         deadline = clock() + max(0.0, seconds)
         lines = _Lines()
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        open_fds = [self.rd, self.erd]
+        # poll, not select: a hook run inside a busy process may hold fds past FD_SETSIZE
+        poller = select.poll()
+        open_fds = {self.rd, self.erd}
+        for fd in open_fds:
+            poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
         code: int | None = None
         try:
             while open_fds:
                 left = deadline - clock()
                 if left <= 0:
                     break
-                ready, _, _ = select.select(open_fds, [], [], min(left, 0.5))
-                for fd in ready:
+                for fd, _ in poller.poll(min(left, 0.5) * 1000):
                     chunk = os.read(fd, 65536)
                     if not chunk:
-                        open_fds.remove(fd)
+                        open_fds.discard(fd)
+                        poller.unregister(fd)
                     elif fd == self.rd:
                         lines.feed(chunk)
                     else:
