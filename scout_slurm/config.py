@@ -42,6 +42,12 @@ class EvidenceConfig:
         "the evidence folder's root, on storage every node (and the controller) sees",
         readers=(*ALL_HOOKS, TASK, CLI),
     )
+    hook_log_dir: str = declare(
+        "/var/log/scout",
+        "the hooks' own log: a folder on each node's local disk, never the evidence root (which "
+        "may hang), where each hook appends <hook>.log before its stderr; empty: stderr only",
+        readers=ALL_HOOKS,
+    )
     max_record_bytes: int = declare(
         4 * 1024 * 1024, "accepted for compatibility; nothing reads it (each reader has its bound)"
     )

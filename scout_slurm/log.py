@@ -1,10 +1,11 @@
 """Logging set-up: structlog, JSON lines when not on a terminal, readable on one.
 
-Where each part logs: the privileged hooks to the site's hook log (their stderr); the per-task shim
-and its watchdog to a bounded file of their own in the job's evidence folder (`TaskLog`), never to
-the job's output, which belongs to the user (scout prints there only its start banner and loud
-event lines); the operator commands to stderr, warnings and errors only unless `SCOUT_LOG_LEVEL`
-says otherwise.
+Where each part logs: the privileged hooks to a file on the node's own disk first (`HookLog`, so
+that a hung evidence root or a lost stderr still leaves a line), then to the site's hook log
+(their stderr); the per-task shim and its watchdog to a bounded file of their own in the job's
+evidence folder (`TaskLog`), never to the job's output, which belongs to the user (scout prints
+there only its start banner and loud event lines); the operator commands to stderr, warnings and
+errors only unless `SCOUT_LOG_LEVEL` says otherwise.
 """
 
 from __future__ import annotations
@@ -19,8 +20,12 @@ import structlog
 
 LEVEL_ENV = "SCOUT_LOG_LEVEL"
 TASK_LOG_MAX_BYTES = 4 << 20
+# The privileged hooks' own log on each node's local disk (not the evidence root, which may hang).
+HOOK_LOG_DIR = Path("/var/log/scout")
+HOOK_LOG_MAX_BYTES = 64 << 20
 
 _configured = False
+_hook_log: HookLog | None = None
 
 
 class _CurrentStderr:
@@ -87,6 +92,79 @@ class TaskLog:
 
     def isatty(self) -> bool:
         return False
+
+
+class HookLog:
+    """A privileged hook's log: each line appended to `<dir>/<hook>.log` on the node's own disk
+    (created 0640 without following a link; past `max_bytes` renamed to `.1` and begun anew),
+    then to stderr. A local file that cannot be opened costs only that copy (said once on
+    stderr): the hook goes on."""
+
+    def __init__(self, directory: Path, hook: str, *, max_bytes: int = HOOK_LOG_MAX_BYTES):
+        self.path, self.max_bytes = Path(directory) / f"{hook}.log", max_bytes
+        self.fd: int | None = None
+        self.failed = ""
+        self.stderr = _CurrentStderr()
+        try:
+            os.makedirs(directory, mode=0o750, exist_ok=True)
+            self._open()
+        except OSError as exc:
+            self.failed = f"{self.path}: {exc.strerror or exc}"
+
+    def _open(self) -> None:
+        self.fd = os.open(
+            self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640
+        )
+        if os.fstat(self.fd).st_size > self.max_bytes:
+            os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+            os.close(self.fd)
+            self.fd = os.open(
+                self.path,
+                os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o640,
+            )
+
+    def write(self, text: str) -> int:
+        if self.fd is not None:
+            try:
+                os.write(self.fd, text.encode("utf-8", "replace"))
+            except OSError:
+                pass
+        try:
+            return self.stderr.write(text)
+        except (OSError, ValueError):
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.stderr.flush()
+        except (OSError, ValueError):
+            pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+def configure_hook(hook: str, directory: Path | str | None = HOOK_LOG_DIR) -> HookLog | None:
+    """JSON lines to `<directory>/<hook>.log` (local disk) and stderr; stderr only without a
+    directory. Returns the local log (its `failed` says why it has no file)."""
+    global _hook_log
+    if _hook_log is not None and _hook_log.fd is not None:  # a test's earlier run of a hook
+        os.close(_hook_log.fd)
+        _hook_log = None
+    if not directory:
+        configure()
+        return None
+    local = _hook_log = HookLog(Path(directory), hook)
+    configure(local, json=True)
+    if local.failed:
+        get_logger(f"scout.{hook}").warning(
+            "hook.no_local_log",
+            path=str(local.path),
+            reason=local.failed,
+            consequence="this hook logs to stderr only",
+        )
+    return local
 
 
 def level_from_env(default: int = logging.INFO) -> int:

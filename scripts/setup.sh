@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 missing=0
-for bin in slurmctld slurmd sbatch scontrol munged mungekey chromium runuser mmdebstrap; do
+for bin in slurmctld slurmd sbatch scontrol munged mungekey chromium runuser mmdebstrap bindfs fusermount3; do
   command -v "$bin" >/dev/null 2>&1 || [ -x "/usr/sbin/$bin" ] || missing=1
 done
 if [ "$missing" = 1 ]; then
@@ -20,9 +20,10 @@ if [ "$missing" = 1 ]; then
   fi
   apt-get update -qq
   # iproute2: ip netns for the netns lab, tc for its slow-link test; chromium: the incident page's test renders it headless (fonts-dejavu-core: text needs one font)
+  # bindfs, fuse3: the hung-evidence-root tests freeze a FUSE mount (tests/frozenfs.py)
   # mmdebstrap: builds the Debian roots of the other Slurm releases (lab --slurm 24.11|26.05), once, into /var/cache/scout-slurm/roots
   apt-get install -y -qq --no-install-recommends slurm-wlm slurmctld slurmd slurm-client munge procps iproute2 python3-venv \
-    chromium chromium-driver fonts-dejavu-core mmdebstrap >/dev/null
+    chromium chromium-driver fonts-dejavu-core mmdebstrap bindfs fuse3 >/dev/null
   [ "$created_policy" = 1 ] && rm -f /usr/sbin/policy-rc.d
 fi
 

@@ -22,7 +22,7 @@ from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.store import read_record, write_record
 from scout_slurm.hooks.nodefolder import ensure_node_dir
 from scout_slurm.jobenv import hook_context
-from scout_slurm.log import configure, get_logger
+from scout_slurm.log import configure, configure_hook, get_logger
 from scout_slurm.slurm.hostlist import expand_hostlist
 
 log = get_logger("scout.epilog")
@@ -86,20 +86,25 @@ def _is_batch_host(ctx) -> bool:
     return bool(nodes) and nodes[0] == ctx.node
 
 
-def _has_findings(folder: JobFolder, restart: int) -> bool:
+def _json_names_below(folder: JobFolder, path: Path) -> bool:
+    """Whether the job-owned folder `path` holds a `.json` name, listed through no-follow
+    directory fds (a link the job planted anywhere below the evidence root is not followed)."""
+    from scout_slurm.evidence.safeio import list_names_below
+
     try:
-        return any(n.endswith(".json") for n in os.listdir(folder.findings_dir(restart)))
-    except OSError:
+        return any(n.endswith(".json") for n in list_names_below(path, folder.root))
+    except (ScoutError, OSError):
         return False
+
+
+def _has_findings(folder: JobFolder, restart: int) -> bool:
+    return _json_names_below(folder, folder.findings_dir(restart))
 
 
 def _ran_under_scout(folder: JobFolder, restart: int) -> bool:
     """Whether the run left scout's rank records (the controller writes a verdict only then): a
     failed job that never ran under scout-srun must not hold its nodes waiting for one."""
-    try:
-        return any(n.endswith(".json") for n in os.listdir(folder.ranks_dir(restart)))
-    except OSError:
-        return False
+    return _json_names_below(folder, folder.ranks_dir(restart))
 
 
 def _check_checkpoints(folder: JobFolder, ctx, cfg: EpilogConfig) -> None:
@@ -278,54 +283,89 @@ def exit_status(hardware_error: bool, cfg: EpilogConfig) -> int:
     return 1 if hardware_error and cfg.drain_on_local_hardware_error else 0
 
 
+# How long the look at the evidence root before anything else may take (the Prolog's map's
+# time): past it the root is taken as hung, and only the node's own evidence is collected.
+PROBE_S = 5.0
+
+
 def run(environ: Mapping[str, str], *, collect: Callable | None = None) -> int:
+    """The hook: configuration and logging here, every access to the evidence root in bounded
+    child processes (hooks/bounded.py), so the Epilog exits within its budget whatever the
+    evidence root does."""
     import time
+
+    from scout_slurm.hooks.bounded import TIMED_OUT, margin_s, run_bounded
 
     started = time.monotonic()  # the budget includes reading the config
     ctx = hook_context(environ)
     hook_cfg = load_hook_config(environ)
+    cfg = hook_cfg.config
+    configure_hook("epilog", cfg.evidence.hook_log_dir)
     if hook_cfg.refused:
         log.error(
             "epilog.config_refused",
             reason=hook_cfg.refused,
             consequence="safe defaults (observe only, the default evidence root); exit 0",
         )
-    cfg = hook_cfg.config
     if not ctx.node:
         raise ScoutError("scout-epilog runs on a node: SLURMD_NODENAME is not set")
     folder = JobFolder(Path(cfg.evidence.root), ctx.cluster, ctx.job_id)
     if collect is None:
         from scout_slurm.hooks.nodeevidence import collect_node_evidence as collect
-    evidence = collect(ctx.node, ctx.job_id, job_started_wall=_job_started(folder, ctx.node))
-    log.info(
-        "epilog.node_evidence",
-        job=ctx.job_id,
-        node=ctx.node,
-        kernel_lines=len(evidence.kernel_lines),
-        hardware_error=evidence.hardware_error,
-        problems=list(evidence.problems),
+    budget = cfg.epilog.time_budget_s
+    # the inner steps aim at the same end as the parent's cut-off: the budget less the margin
+    inner_started = started - margin_s(budget)
+    cutoff = started + budget - margin_s(budget)
+
+    probe = run_bounded(
+        lambda report: _job_started(folder, ctx.node),
+        min(PROBE_S, budget / 4),
+        name="evidence root probe",
+        log=log,
     )
-    # from here on the node's own verdict stands whatever happens to the shared evidence
-    try:
-        ensure_node_dir(folder, ctx.node)
-        _write_digest(folder, ctx.restart, ctx.node)
-        if _is_batch_host(ctx) and (ctx.job_failed or _has_findings(folder, ctx.restart)):
-            _check_checkpoints(folder, ctx, cfg.epilog)
-        # epilog.json last: the controller waits for it, and then finds the digest there too
-        write_record(folder.node_epilog_path(ctx.node), evidence)
-        if cfg.epilog.localise_on == "batch-host" and _is_batch_host(ctx):
-            _localise_here(folder, ctx, cfg, started=started)
-        elif (
-            cfg.drain.drain_on == "corroborated"
-            and _ran_under_scout(folder, ctx.restart)
-            and (ctx.job_failed or _has_findings(folder, ctx.restart))
-        ):
-            _root_check_on_suspicion(folder, ctx, cfg, started=started)
-    except ScoutError as exc:
-        log.error("epilog.failed", error=str(exc))
-    except Exception as exc:
-        log.exception("epilog.bug", error=repr(exc))
-    code = exit_status(evidence.hardware_error, cfg.epilog)
+    root_hung = probe.status == TIMED_OUT
+    if root_hung:
+        log.error(
+            "epilog.evidence_root_hung",
+            root=str(folder.root),
+            node=ctx.node,
+            job=ctx.job_id,
+            waited_s=probe.seconds,
+            consequence="only this node's own evidence is collected; nothing is written to the "
+            "evidence root; exit 0 unless a local hardware error drains",
+        )
+    started_wall = float(probe.result or 0.0) if probe.done else 0.0
+
+    def work(report) -> None:
+        evidence = collect(ctx.node, ctx.job_id, job_started_wall=started_wall)
+        report(hardware_error=bool(evidence.hardware_error))
+        log.info(
+            "epilog.node_evidence",
+            job=ctx.job_id,
+            node=ctx.node,
+            kernel_lines=len(evidence.kernel_lines),
+            hardware_error=evidence.hardware_error,
+            problems=list(evidence.problems),
+        )
+        if not root_hung:
+            _write_evidence(folder, ctx, cfg, evidence, report, started=inner_started)
+
+    out = run_bounded(work, cutoff - time.monotonic(), name="epilog evidence", log=log)
+    if not out.done:
+        log.error(
+            "epilog.evidence_hung" if out.status == TIMED_OUT else "epilog.evidence_failed",
+            root=str(folder.root),
+            node=ctx.node,
+            job=ctx.job_id,
+            stage=out.last("stage", "collecting this node's evidence"),
+            error=out.error,
+            abandoned=out.abandoned,
+            seconds=round(time.monotonic() - started, 3),
+            budget_s=budget,
+            consequence="what was not written is lost for this run; exit 0 unless a local "
+            "hardware error drains",
+        )
+    code = exit_status(bool(out.last("hardware_error", False)), cfg.epilog)
     if code:
         log.error(
             "epilog.hardware_error_drain",
@@ -333,6 +373,39 @@ def run(environ: Mapping[str, str], *, collect: Callable | None = None) -> int:
             action="exit 1: Slurm drains this node ([epilog] drain_on_local_hardware_error = true)",
         )
     return code
+
+
+def _write_evidence(folder: JobFolder, ctx, cfg: SiteConfig, evidence, report, *, started) -> None:
+    """In the bounded child: this node's evidence into the job's folder, then the batch host's
+    incident stages or the root checks on suspicion. `report(stage=...)` tells the parent where
+    it is, for its log if the evidence root hangs here."""
+    # from here on the node's own verdict stands whatever happens to the shared evidence
+    try:
+        report(stage="laying out this node's folder")
+        ensure_node_dir(folder, ctx.node)
+        report(stage="writing the node digest")
+        _write_digest(folder, ctx.restart, ctx.node)
+        if _is_batch_host(ctx) and (ctx.job_failed or _has_findings(folder, ctx.restart)):
+            report(stage="checking the job's checkpoints")
+            _check_checkpoints(folder, ctx, cfg.epilog)
+        # epilog.json last: the controller waits for it, and then finds the digest there too
+        report(stage="writing epilog.json")
+        write_record(folder.node_epilog_path(ctx.node), evidence)
+        if cfg.epilog.localise_on == "batch-host" and _is_batch_host(ctx):
+            report(stage="localising on the batch host")
+            _localise_here(folder, ctx, cfg, started=started)
+        elif (
+            cfg.drain.drain_on == "corroborated"
+            and _ran_under_scout(folder, ctx.restart)
+            and (ctx.job_failed or _has_findings(folder, ctx.restart))
+        ):
+            report(stage="root checks on suspicion")
+            _root_check_on_suspicion(folder, ctx, cfg, started=started)
+        report(stage="done")
+    except ScoutError as exc:
+        log.error("epilog.failed", error=str(exc))
+    except Exception as exc:
+        log.exception("epilog.bug", error=repr(exc))
 
 
 def main(*, environ: Mapping[str, str] | None = None, collect: Callable | None = None) -> int:

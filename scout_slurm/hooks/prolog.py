@@ -23,6 +23,7 @@ from scout_slurm.errors import ConfigError, EvidenceError, ScoutError
 from scout_slurm.evidence import store
 from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.safeio import Owner, UnsafeFolder, ensure_dir
+from scout_slurm.hooks.bounded import TIMED_OUT, BoundedChild, margin_s, run_bounded
 from scout_slurm.hwmap.collect import MapBuilder
 from scout_slurm.hwmap.records import HardwareMap
 from scout_slurm.jobenv import HookContext, hook_context
@@ -143,24 +144,6 @@ def prepare_job_folder(
 class _Outcome:
     def __init__(self) -> None:
         self.value: Any = None
-        self.error: BaseException | None = None
-
-
-def _within(fn: Callable[[], Any], seconds: float, name: str) -> tuple[bool, _Outcome]:
-    """Run fn in a daemon thread for at most `seconds`: a hung NFS server or GPU driver must not
-    hold the Prolog past its budget (the thread is abandoned; the process exits anyway)."""
-    outcome = _Outcome()
-
-    def target() -> None:
-        try:
-            outcome.value = fn()
-        except BaseException as exc:
-            outcome.error = exc
-
-    thread = threading.Thread(target=target, name=f"scout-prolog-{name}", daemon=True)
-    thread.start()
-    thread.join(max(0.0, seconds))
-    return not thread.is_alive(), outcome
 
 
 def _run(
@@ -177,6 +160,11 @@ def _run(
         time.monotonic()
     )  # the budget includes reading the config (a FIFO or a hung mount there)
     hook_cfg = load_hook_config(environ)
+    # the node's own disk first: a hung evidence root is then still said somewhere
+    scout_log.configure_hook("prolog", hook_cfg.config.evidence.hook_log_dir)
+    log = scout_log.get_logger("scout.prolog").bind(
+        job_id=ctx.job_id, node=ctx.node, restart=ctx.restart
+    )
     if hook_cfg.refused:
         log.error(
             "prolog.config_refused",
@@ -193,6 +181,22 @@ def _run(
         clock=clock,
         deadline_s=budget * STAGE_SHARE,
     )
+    slurm = slurm_user_owner(cfg.evidence.slurm_user, log)
+    owner = _job_owner(ctx.job_uid, slurm)
+    folders: BoundedChild | None = None
+    try:
+        folder = JobFolder(Path(cfg.evidence.root), ctx.cluster, ctx.job_id)
+    except EvidenceError as exc:
+        log.error("prolog.folder_failed", reason=str(exc))
+    else:
+        # Every access to the evidence root in a bounded child (hooks/bounded.py), forked before
+        # the collector thread starts: a hung root costs its bound, never a thread in D state.
+        folders = BoundedChild(
+            lambda report: _path_text(
+                prepare_job_folder(folder, ctx.node, ctx.restart, owner, log, slurm)
+            ),
+            name="prolog folders",
+        )
     collecting = _Outcome()
     collector = threading.Thread(
         target=lambda: setattr(collecting, "value", builder.run()),
@@ -202,28 +206,20 @@ def _run(
     collector.start()
 
     node_dir: Path | None = None
-    try:
-        folder = JobFolder(Path(cfg.evidence.root), ctx.cluster, ctx.job_id)
-        slurm = slurm_user_owner(cfg.evidence.slurm_user, log)
-        owner = _job_owner(ctx.job_uid, slurm)
-        done, out = _within(
-            lambda: prepare_job_folder(folder, ctx.node, ctx.restart, owner, log, slurm),
-            start + budget * COLLECT_SHARE - time.monotonic(),
-            "folders",
-        )
-        if not done:
+    if folders is not None:
+        out = folders.wait(start + budget * COLLECT_SHARE - time.monotonic(), log=log)
+        if out.status == TIMED_OUT:
             log.error(
                 "prolog.folder_timeout",
                 root=cfg.evidence.root,
                 budget_s=budget,
+                abandoned=out.abandoned,
                 consequence="the hardware map is not written (evidence storage hung?)",
             )
-        elif out.error is not None:
-            log.error("prolog.folder_failed", reason=f"{type(out.error).__name__}: {out.error}")
-        else:
-            node_dir = out.value
-    except EvidenceError as exc:
-        log.error("prolog.folder_failed", reason=str(exc))
+        elif not out.done:
+            log.error("prolog.folder_failed", reason=out.error)
+        elif out.result:
+            node_dir = Path(out.result)
 
     collector.join(max(0.0, start + budget * COLLECT_SHARE - time.monotonic()))
     if collector.is_alive() or collecting.value is None:
@@ -238,18 +234,27 @@ def _run(
 
     if node_dir is not None:
         path = folder.hardware_map_path(ctx.node)
-        done, out = _within(
-            lambda: store.write_record(path, hwmap, mode=0o644),
-            start + budget - time.monotonic(),
-            "write",
+
+        def write(report) -> None:
+            store.write_record(path, hwmap, mode=0o644)
+            report(stage="map written")
+            _write_ib_baseline(folder, ctx, log)
+
+        out = run_bounded(
+            write,
+            start + budget - margin_s(budget) - time.monotonic(),
+            name="prolog write",
+            log=log,
         )
-        if not done:
-            log.error("prolog.write_timeout", path=str(path), budget_s=budget)
-        elif out.error is not None:
+        if out.status == TIMED_OUT and out.last("stage") is None:
+            log.error(
+                "prolog.write_timeout", path=str(path), budget_s=budget, abandoned=out.abandoned
+            )
+        elif not out.done and out.last("stage") is None:
             log.error(
                 "prolog.write_failed",
                 path=str(path),
-                reason=str(out.error),
+                reason=out.error,
                 consequence="no hardware map for this node",
             )
         else:
@@ -263,11 +268,16 @@ def _run(
                 problems=len(hwmap.problems),
                 duration_s=round(time.monotonic() - start, 3),
             )
-        _write_ib_baseline(folder, ctx, log)
+            if not out.done:
+                log.warning("prolog.ib_counters_failed", reason=out.error)
     for problem in hwmap.problems[:20]:
         log.warning("prolog.map_problem", problem=problem)
 
     return _exit_code(hwmap, cfg.prolog.fail_on_broken_gpu, log)
+
+
+def _path_text(path: Path | None) -> str | None:
+    return None if path is None else os.fspath(path)
 
 
 def _write_ib_baseline(folder: JobFolder, ctx: HookContext, log: Any) -> None:

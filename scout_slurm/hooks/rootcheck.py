@@ -62,6 +62,14 @@ SIGNATURE_BYTES = 8 * 1024 * 1024
 SIGNATURE_ROUNDS = 24
 REFERENCE_SIGNATURE = "d1be1069f40919ab"
 
+# The self-test is started only with this much of the budget left, and cut off at its own bound
+# (a loaded node computes it in 2-50 s): a cut-off self-test is "timed-out", never a finding.
+SIGNATURE_LEAST_S = 4.0
+SIGNATURE_BOUND_S = 10.0
+# A check that runs a command of its own gives that command this much less than the check's
+# bound, so that the command's own time-out is said rather than the check's.
+CHILD_SLACK_S = 0.5
+
 IB_COUNTERS = ("symbol_error", "link_downed", "port_rcv_errors")
 PCIE_REPLAY_LIMIT = 100
 
@@ -454,20 +462,26 @@ def run_checks(
     clock: Callable[[], float] = time.monotonic,
     wall: Callable[[], float] = time.time,
 ) -> RootChecks:
-    """Each check that fits in what is left of `budget_s`; the rest recorded as skipped. `gpus`:
-    the Prolog's map of the node's GPUs (an Xid's PCI address names one of them)."""
+    """Each check that fits in what is left of `budget_s`, in a bounded child cut off at its own
+    bound or at the budget's end, whichever is first; the rest recorded as skipped. `gpus`: the
+    Prolog's map of the node's GPUs (an Xid's PCI address names one of them)."""
     started, at = clock(), wall()
     deadline = started + budget_s
-    # (name, least time it needs, the check given the time left)
-    plan: list[tuple[str, float, Callable[[float], CheckOutcome]]] = [
-        ("kernel-log", 0.5, lambda left: check_kernel_log(kernel_source, since_boot_s, gpus)),
-        ("infiniband", 0.5, lambda left: check_infiniband(ib_baseline)),
-        ("nvml", 2.0, lambda left: check_nvml(min(left, 10.0))),
-        ("dcgmi-diag", 5.0, lambda left: check_dcgmi(min(left, 60.0))),
-        ("compute-signature", 4.0, lambda left: check_signature()),
+    # (name, least time left to start it, its own bound, the check given that bound)
+    plan: list[tuple[str, float, float, Callable[[float], CheckOutcome]]] = [
+        ("kernel-log", 0.5, 5.0, lambda bound: check_kernel_log(kernel_source, since_boot_s, gpus)),
+        ("infiniband", 0.5, 5.0, lambda bound: check_infiniband(ib_baseline)),
+        ("nvml", 2.0, 10.0, lambda bound: check_nvml(bound - CHILD_SLACK_S)),
+        ("dcgmi-diag", 5.0, 60.0, lambda bound: check_dcgmi(bound - CHILD_SLACK_S)),
+        (
+            "compute-signature",
+            SIGNATURE_LEAST_S,
+            SIGNATURE_BOUND_S,
+            lambda bound: check_signature(),
+        ),
     ]
     outcomes = []
-    for name, least, check in plan:
+    for name, least, own, check in plan:
         left = deadline - clock()
         if left < least:
             outcomes.append(
@@ -476,10 +490,7 @@ def run_checks(
                 )
             )
             continue
-        try:
-            outcomes.append(check(left))
-        except Exception as exc:
-            outcomes.append(CheckOutcome(name, "error", 0.0, note=repr(exc)[:300]))
+        outcomes.append(bounded_check(name, check, min(own, left)))
     return RootChecks(
         node=node,
         job_id=verdict.job_id,
@@ -488,6 +499,46 @@ def run_checks(
         started_at=at,
         seconds=round(clock() - started, 3),
         outcomes=tuple(outcomes),
+    )
+
+
+def bounded_check(name: str, check: Callable[[float], CheckOutcome], bound: float) -> CheckOutcome:
+    """`check(bound)` in a bounded child (hooks/bounded.py), cut off at `bound`: a check stuck in
+    the kernel (a hung driver, a starved CPU) costs its own bound, never the next check's time or
+    the hook's, and never leaves a thread of the hook behind."""
+    from scout_slurm.hooks.bounded import TIMED_OUT, run_bounded
+
+    out = run_bounded(lambda report: _outcome_json(check(bound)), bound, name=f"root check {name}")
+    if out.done and isinstance(out.result, dict):
+        try:
+            return _outcome_of(out.result)
+        except (KeyError, TypeError, ValueError) as exc:
+            return CheckOutcome(name, "error", out.seconds, note=f"unreadable outcome: {exc}")
+    if out.status == TIMED_OUT:
+        still = f"; abandoned in {out.state}" if out.abandoned else ""
+        return CheckOutcome(
+            name, "timed-out", out.seconds, note=f"cut off at its bound of {bound:.1f} s{still}"
+        )
+    return CheckOutcome(name, "error", out.seconds, note=out.error[:300])
+
+
+def _outcome_json(outcome: CheckOutcome) -> dict:
+    return {
+        "name": outcome.name,
+        "status": outcome.status,
+        "seconds": outcome.seconds,
+        "findings": [[f.category, f.detail, f.gpu_serial] for f in outcome.findings],
+        "note": outcome.note,
+    }
+
+
+def _outcome_of(data: dict) -> CheckOutcome:
+    return CheckOutcome(
+        str(data["name"]),
+        str(data["status"]),
+        float(data["seconds"]),
+        tuple(RootFinding(str(c), str(d), str(g)) for c, d, g in data["findings"]),
+        str(data["note"]),
     )
 
 

@@ -68,3 +68,32 @@ def test_a_fifo_in_its_place_gives_zero(tmp_path):
     f.node_dir("n1").mkdir(parents=True)
     os.mkfifo(f.node_dir("n1") / "hardware-map.json")
     assert _job_started(f, "n1") == 0.0
+
+
+@pytest.mark.parametrize("planted", ["run", "leaf"])
+@pytest.mark.parametrize("which", ["findings", "ranks"])
+def test_the_job_owned_folders_are_listed_without_following_a_planted_link(
+    tmp_path, planted, which
+):
+    """Whether a run left findings or rank records is listed through no-follow directory fds: a
+    link the job planted at `run-N` or at the folder itself lists nothing."""
+    from scout_slurm.hooks.epilog import _has_findings, _ran_under_scout
+
+    listed = {"findings": _has_findings, "ranks": _ran_under_scout}[which]
+    f = _folder(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / which).mkdir(parents=True)
+    (elsewhere / which / "0.json").write_text("{}")
+    leaf = f.findings_dir(0) if which == "findings" else f.ranks_dir(0)
+    if planted == "run":
+        f.path.mkdir(parents=True)
+        os.symlink(elsewhere, f.run_dir(0))
+    else:
+        leaf.parent.mkdir(parents=True)
+        os.symlink(elsewhere / which, leaf)
+    assert listed(f, 0) is False
+    # the same names in the real folder are seen
+    os.unlink(f.run_dir(0) if planted == "run" else leaf)
+    leaf.mkdir(parents=True, exist_ok=True)
+    (leaf / "0.json").write_text("{}")
+    assert listed(f, 0) is True

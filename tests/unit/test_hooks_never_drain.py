@@ -115,6 +115,7 @@ class Site:
     ) -> None:
         self.config.write_text(
             f'[evidence]\nroot = "{root or self.root}"\n'
+            f'hook_log_dir = "{self.tmp / "hook-log"}"\n'
             f'[slurm]\nbin_dir = "{self.nobin}"\ntimeout_s = 5\nretries = 0\n'
             f"[prolog]\ntime_budget_s = 8\n"
             f'[epilog]\ntime_budget_s = 20\nwait_for_nodes_s = 0\nlocalise_on = "{localise_on}"\n'
@@ -547,17 +548,16 @@ def test_epilog_main_drains_only_for_a_hardware_error_when_asked(
 ):
     write_job_tree(site.job_dir)
     site.write_config(f"drain_on_local_hardware_error = {'true' if drain else 'false'}\n")
-    seen = []
 
     def collect(node, job_id, *, job_started_wall):
-        seen.append((node, job_id))
         return node_evidence(node, job_id, hardware_error=hardware_error)
 
     assert epilog.main(environ=site.env("epilog"), collect=collect) == expected
-    assert seen == [("n1", JOB)]
+    # collected in the Epilog's bounded child: what it wrote says for which node and job
     written = read_record(
         site.job_dir / "nodes" / "n1" / "epilog.json", NodeEvidence, root=site.root
     )
+    assert (written.node, written.job_id) == ("n1", JOB)
     assert written.hardware_error is hardware_error
 
 

@@ -772,8 +772,8 @@ def hook_env(tmp_path, monkeypatch):
 
     def configure(*, evidence=root, fail_on_broken_gpu=False, time_budget_s=20.0):
         conf.write_text(
-            f'[evidence]\nroot = "{evidence}"\nslurm_user = '
-            f'"{SLURM_USER}"\n[prolog]\ntime_budget_s = {time_budget_s}\n'
+            f'[evidence]\nroot = "{evidence}"\nhook_log_dir = "{tmp_path / "hook-log"}"\n'
+            f'slurm_user = "{SLURM_USER}"\n[prolog]\ntime_budget_s = {time_budget_s}\n'
             f"fail_on_broken_gpu = {'true' if fail_on_broken_gpu else 'false'}\n"
         )
 

@@ -263,3 +263,23 @@ def test_the_epilog_checks_only_a_node_the_verdict_names(tmp_path):
     assert [(f.category, f.detail) for f in got.findings] == [("edac", EDAC_UE)]
     assert {o.name: o.status for o in got.outcomes}["compute-signature"] == "clean"
     assert [f.category for f in rc.corroborating(got, VerdictKind.CRASH)] == ["edac"]
+
+
+def test_a_check_past_its_bound_is_cut_off_and_recorded_as_timed_out():
+    """A starved self-test (or a hung driver call) costs its own bound, not the hook's budget."""
+
+    def starved(bound):
+        time.sleep(60)
+
+    started = time.monotonic()
+    out = rc.bounded_check("compute-signature", starved, 0.5)
+    assert out.status == "timed-out" and "bound of 0.5 s" in out.note, out
+    assert out.findings == () and time.monotonic() - started < 2.0
+
+
+def test_a_bounded_checks_outcome_comes_back_whole():
+    finding = rc.RootFinding(rc.ECC, "GPU 0: 2 uncorrected volatile ECC errors", "1320")
+    want = rc.CheckOutcome("nvml", "found", 0.25, (finding,), note="1 GPU(s) read")
+    assert rc.bounded_check("nvml", lambda bound: want, 5.0) == want
+    broken = rc.bounded_check("nvml", lambda bound: 1 / 0, 5.0)
+    assert broken.status == "error" and "ZeroDivisionError" in broken.note
