@@ -278,7 +278,8 @@ def test_one_users_crash_on_a_shared_node_excludes_it_a_second_users_drains_it(l
     assert _suspects(lab)["n2"]["status"] == "drained"
     text = _scout(lab, "suspects").stdout
     assert (
-        f"node n2: drained; 2 incident(s) from 2 user(s) ({', '.join(sorted([u1, u2]))})" in text
+        "node n2: drained (Slurm: IDLE+DRAIN); 2 incident(s) from 2 user(s) "
+        f"({', '.join(sorted([u1, u2]))})" in text
     ), text
 
 

@@ -6,6 +6,7 @@ The jobs are the user's own script (tests/jobs/train_user_bug.py: DDP, AdamW), n
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -113,8 +114,20 @@ def test_a_rerun_that_loads_a_rejected_checkpoint_is_tainted_or_refused(lab, cle
         assert info.state == "COMPLETED", info
         assert v1.kind.value == "tainted", (v1.reasoning, out[-3000:])
         assert any("loaded a checkpoint scout had rejected" in r for r in v1.reasoning)
-        # one step count: the rerun continued from the optimizer's own count (step 8)
         assert "rank 0: done" in out
+        # one step count: the rerun loaded step 8 as the script chose and continued the
+        # optimizer's own count, so its saves are steps 12 and 16, never its own 4 and 8 again
+        res = subprocess.run(
+            [sys.executable, "-m", "scout_slurm.cli", "checkpoints", str(job), "--json"],
+            capture_output=True,
+            text=True,
+            env=lab.client_env(),
+            timeout=60,
+        )
+        assert res.returncode == 0, res.stderr
+        steps = sorted((c["run"], c["step"]) for c in json.loads(res.stdout)["checkpoints"])
+        assert [st for run, st in steps if run == 1] == [12, 16], steps
+        assert [st for run, st in steps if run == 0] == [4, 8], steps
     else:
         assert "will not train from" in out and "SCOUT_RESUME_MISMATCH=fatal" in out
         exits = sj.exits(lab, job, 1)
