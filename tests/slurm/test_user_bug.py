@@ -159,8 +159,13 @@ def test_a_user_listening_on_the_ports_of_the_next_jobs_causes_no_incident(lab, 
                     continue
                 s.listen()
                 squatted.append(s)
-        job = sj.submit(lab, sj.batch_script(lab, train=SCRIPT, train_args="--steps 8 --rank -1"))
+        job = sj.submit(lab, sj.batch_script(lab, train=SCRIPT, train_args="--steps 100 --rank -1"))
         assert last < job <= last + 8, (last, job)  # its old port is among the squatted ones
+        # while it trains, `scout show` says it is running (not "the job failed")
+        sj.wait_progress(lab, job, 0, steps=3)
+        text = _show_text(lab, job)
+        assert f"job {job} run 0 is running: no verdict yet" in text, text[:2000]
+        assert "failed" not in text.split("timeline")[0], text[:2000]
         info = sj.wait_completed(lab, job, timeout=240)
         assert info.state == "COMPLETED" and info.restart_count == 0, (info, sj.output(lab, job))
         assert sj.verdict(lab, job, 0).kind.value == "clean"
