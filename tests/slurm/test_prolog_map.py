@@ -13,7 +13,6 @@ import pytest
 
 from scout_slurm.evidence import store
 from scout_slurm.evidence.layout import JobFolder
-from scout_slurm.hooks.prolog import MAP_NAME
 from scout_slurm.hwmap import sysfs
 from scout_slurm.hwmap.records import HardwareMap
 from scout_slurm.lab.cluster import CLUSTER_NAME
@@ -57,7 +56,7 @@ def check_job_folder(lab, job: JobInfo, uid: int) -> None:
     _, boot_id, _, _ = sysfs.read_identity(Path("/proc"))
     hostname = Path("/proc/sys/kernel/hostname").read_text().strip()
     for node in job.nodes:
-        path = folder.node_dir(node) / MAP_NAME
+        path = folder.hardware_map_path(node)
         hwmap = store.read_record(path, HardwareMap, root=evidence)
         # every lab node is a slurmd -N on this machine: Slurm's names differ, the host is one
         assert hwmap.node == node
