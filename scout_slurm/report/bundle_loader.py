@@ -139,7 +139,9 @@ def load_stacks(folder: JobFolder, run: int, ranks: list[int]) -> list[tuple[int
             continue
         from scout_slurm.report.story import main_thread
 
-        lines = main_thread(text) or text.splitlines()[-20:]
+        lines = main_thread(text) or [ln for ln in text.splitlines() if ln.strip()][-20:]
+        if not lines:  # an empty file: the rank had ended before anything was dumped
+            continue
         out.append((rank, tuple(line[:300] for line in lines)))
     return out
 
