@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from scout_slurm.config import DrainConfig
-from scout_slurm.evidence.records import Cause, Verdict
+from scout_slurm.evidence.records import Cause, Verdict, VerdictKind
 from scout_slurm.jobenv import HookContext
 from scout_slurm.localise import cause
 from scout_slurm.remediation.eligibility import Assessment, recovery_point
@@ -67,6 +67,23 @@ def with_root_cause(verdict: Verdict, named: Mapping[str, NamedNode]) -> Verdict
     now = cause.with_root_evidence(was, "; ".join(found[:2]))
     return dataclasses.replace(
         verdict, cause=now.cause, cause_evidence=now.evidence[:400], fault_site=""
+    )
+
+
+def with_stack_cause(verdict: Verdict, stacks: Sequence[tuple[int, Sequence[str]]]) -> Verdict:
+    """A hang whose every suspect was dumped standing in the job's own code (a sleep, a loop of
+    its own) is the job's software; the verdict as it was otherwise (root evidence, applied after,
+    still outranks it)."""
+    if verdict.kind is not VerdictKind.HANG or verdict.cause is not Cause.UNKNOWN:
+        return verdict
+    found = cause.of_hang(stacks, [s.rank for s in verdict.suspects])
+    if found.cause is Cause.UNKNOWN:
+        return verdict
+    return dataclasses.replace(
+        verdict,
+        cause=found.cause,
+        cause_evidence=found.evidence[:400],
+        fault_site=found.fault_site,
     )
 
 

@@ -11,7 +11,7 @@ from scout_slurm.errors import EvidenceError, SlurmError
 from scout_slurm.evidence.checkfiles import find_checkpoint_checks
 from scout_slurm.evidence.gather import cycle_collector_paused, gather_evidence, with_full_records
 from scout_slurm.evidence.layout import JobFolder
-from scout_slurm.evidence.records import Finding, Verdict
+from scout_slurm.evidence.records import Finding, Verdict, VerdictKind
 from scout_slurm.evidence.store import list_records, read_record
 from scout_slurm.hooks.rootcheck import RootChecks, corroborating
 from scout_slurm.incident.decide import NamedNode
@@ -240,3 +240,12 @@ def earlier_verdicts(incident: Incident) -> list[Verdict]:
         except EvidenceError as exc:
             log.warning("controller.earlier_verdict_unreadable", run=run, error=str(exc))
     return out
+
+
+def suspect_stacks(incident: Incident, verdict: Verdict) -> list[tuple[int, tuple[str, ...]]]:
+    """The hung suspects' dumped main threads (the job's files, read bounded and no-follow)."""
+    if verdict.kind is not VerdictKind.HANG:
+        return []
+    from scout_slurm.report.bundle_loader import load_stacks
+
+    return load_stacks(incident.folder, incident.restart, [s.rank for s in verdict.suspects])

@@ -93,7 +93,8 @@ def _stages(incident: Incident, root_check_here: RootCheckHere | None) -> Action
     if root_check_here is not None:
         root_check_here(verdict)
     named = gather.named_nodes(incident, verdict, found, facts)
-    judged = decide.with_root_cause(verdict, named)
+    stacks = gather.suspect_stacks(incident, verdict)
+    judged = decide.with_root_cause(decide.with_stack_cause(verdict, stacks), named)
     if judged is not verdict:
         verdict = judged
         report.write_verdict(folder, restart, verdict)

@@ -11,7 +11,7 @@ they never make a node's drain: that needs the site's drain rule, as before.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from scout_slurm.evidence.records import Cause, ExitRecord, VerdictKind
@@ -156,6 +156,43 @@ def judge(kind: VerdictKind, suspect_exits: Iterable[tuple[ExitRecord, str]]) ->
         if hit is not None:
             return hit
     if all(f.cause is Cause.SOFTWARE for f in found):
+        return found[0]
+    return UNKNOWN
+
+
+# faulthandler's frame line: '  File "/w/train.py", line 40 in step' (innermost first)
+DUMP_FRAME = re.compile(
+    r'\s*File "(?P<path>[^"]{1,400})", line (?P<line>\d{1,9}) in (?P<fn>\S{1,200})'
+)
+
+
+def of_hang_stack(rank: int, frames: Sequence[str]) -> CauseFinding:
+    """What a hung rank's dumped main thread says (`frames`: faulthandler's current thread,
+    innermost frame first): stopped in the job's own code (a sleep, a loop, a wait of its own),
+    outside any library or collective, it is the job's software; anything else decides nothing."""
+    for line in frames:
+        m = DUMP_FRAME.match(line)
+        if m is None:
+            continue
+        where = f"{m['path']}:{m['line']} in {m['fn']}"
+        if not in_job_code(where):
+            return UNKNOWN
+        site = f"hang at {short_site(where)}"
+        return CauseFinding(
+            Cause.SOFTWARE,
+            f"rank {rank} was in the job's own code when scout dumped its stack "
+            f"({short_site(where)}), not in a collective or a library",
+            site,
+        )
+    return UNKNOWN
+
+
+def of_hang(stacks: Sequence[tuple[int, Sequence[str]]], suspects: Sequence[int]) -> CauseFinding:
+    """A hang's cause from its suspects' dumped stacks: software only when every suspect's was
+    read and every one stood in the job's own code."""
+    by_rank = dict(stacks)
+    found = [of_hang_stack(r, by_rank.get(r, ())) for r in suspects]
+    if found and all(f.cause is Cause.SOFTWARE for f in found):
         return found[0]
     return UNKNOWN
 

@@ -1,6 +1,7 @@
 """A user's training script as researchers write them: DDP on gloo, AdamW, and
 - `--rank R --step S`: a bug, a ValueError raised by the script's own code on rank R at step S,
-  every run (`--transient`: only on the job's first run, as a passing error would);
+  every run (`--transient`: only on the job's first run, as a passing error would; `--hang`: a
+  wait of the script's own that never ends, instead of the exception);
 - `--ckpt PATH`: rank 0 saves to one path, replaced in place every `--ckpt-every` steps, and every
   run loads that file when it exists (the script's own choice, not scout's)."""
 
@@ -16,7 +17,15 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 def check_batch(batch: torch.Tensor, step: int, args) -> None:
     first_run = os.environ.get("SLURM_RESTART_COUNT", "0") == "0"
     if dist.get_rank() == args.rank and step == args.step and (first_run or not args.transient):
+        if args.hang:
+            wait_for_the_next_shard()
         raise ValueError(f"batch {step} has {batch.shape[0]} rows, expected 17")
+
+
+def wait_for_the_next_shard() -> None:
+    """The user's own wait that never ends (a polling loop on a file nobody writes)."""
+    while True:
+        time.sleep(1.0)
 
 
 def main() -> None:
@@ -25,6 +34,7 @@ def main() -> None:
     ap.add_argument("--rank", type=int, default=1)
     ap.add_argument("--step", type=int, default=5)
     ap.add_argument("--transient", action="store_true")
+    ap.add_argument("--hang", action="store_true", help="wait forever in the script's own code")
     ap.add_argument("--ckpt", default="")
     ap.add_argument("--ckpt-every", type=int, default=4)
     args = ap.parse_args()

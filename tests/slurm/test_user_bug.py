@@ -175,3 +175,28 @@ def test_a_user_listening_on_the_ports_of_the_next_jobs_causes_no_incident(lab, 
     finally:
         for s in squatted:
             s.close()
+
+
+@pytest.mark.timeout(300)
+def test_a_hang_in_the_users_own_code_is_software_not_a_nodes(lab, clean_drains):
+    """Rank 1 waits forever in the script's own polling loop at step 5 of every run: scout calls
+    the hang, and its dumped stack stands in the job's code: cause software, nothing drained, one
+    rerun, then stopped (the same hang at the same place)."""
+    job = sj.submit(
+        lab,
+        sj.batch_script(
+            lab, train=SCRIPT, train_args="--steps 12 --hang", scout_args="--scout-stall-floor=4"
+        ),
+    )
+    info = sj.wait_completed(lab, job, timeout=260)
+    assert info.restart_count == 1, info
+    for run in (0, 1):
+        v = sj.verdict(lab, job, run)
+        assert v.kind.value == "hang" and [s.rank for s in v.suspects] == [1], v
+        assert v.cause.value == "software", v
+        assert v.fault_site.startswith(
+            "hang at train_user_bug.py:"
+        ) and "wait_for_the_next_shard" in (v.fault_site), v
+    assert [a.kind.value for a in sj.actions(lab, job, 0).actions] == ["requeue"]
+    assert sj.actions(lab, job, 1).actions == ()
+    assert sj.drained_nodes(lab) == {} and _decisions(lab, job) == []

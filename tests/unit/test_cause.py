@@ -199,3 +199,85 @@ def test_the_job_output_line_for_the_same_bug_on_two_runs():
         same_bug(now, _exit(exception="KeyError: 'x'", at="/w/train.py:18 in check_batch"), 0) == ""
     )
     assert same_bug(now, _exit(code=3), 0) == "" and same_bug(now, None, 0) == ""
+
+
+def _dump_of(tmp_path, body: str) -> list[str]:
+    """A real faulthandler dump of `body`'s main thread (report/story.py main_thread)."""
+    from scout_slurm.report.story import main_thread
+
+    out = tmp_path / "stack.txt"
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(body).replace("OUT", repr(str(out))))
+    subprocess.run([sys.executable, str(script)], check=True, timeout=60, cwd=tmp_path)
+    return main_thread(out.read_text())
+
+
+def test_a_hang_in_the_jobs_own_code_is_software_and_one_in_a_library_is_not(tmp_path):
+    own = _dump_of(
+        tmp_path,
+        """
+        import faulthandler
+
+        def wait_for_data():
+            with open(OUT, "w") as fh:
+                faulthandler.dump_traceback(fh)
+
+        wait_for_data()
+        """,
+    )
+    found = cause.of_hang(((1, own),), [1])
+    assert (
+        found.cause is Cause.SOFTWARE and found.fault_site == "hang at train.py:6 in wait_for_data"
+    )
+    assert "rank 1 was in the job's own code" in found.evidence
+    # every suspect must have stood in its own code; a missing dump decides nothing
+    assert cause.of_hang(((1, own),), [1, 2]).cause is Cause.UNKNOWN
+    assert cause.of_hang((), [1]).cause is Cause.UNKNOWN
+    # innermost in the standard library (a lock's wait), not the job's code: nothing decided
+    assert (
+        cause.of_hang_stack(
+            1,
+            [
+                "Current thread 0x1 (most recent call first):",
+                '  File "/usr/lib/python3.11/threading.py", line 320 in wait',
+            ],
+        ).cause
+        is Cause.UNKNOWN
+    )
+
+
+def test_the_decide_stage_takes_a_hangs_cause_from_the_stacks_and_root_outranks_it():
+    import dataclasses
+
+    from scout_slurm.evidence.records import Suspect, Verdict
+    from scout_slurm.incident import decide
+
+    v = Verdict(
+        job_id=7,
+        restart=0,
+        kind=VerdictKind.HANG,
+        suspects=(Suspect(1, "n2", VerdictKind.HANG, 0.9),),
+        confidence=0.9,
+        reasoning=(),
+        first_failure_at=0.0,
+        first_suspect_step=5,
+        world_size=4,
+        created_at=1.0,
+    )
+    frames = (
+        "Current thread 0x1 (most recent call first):",
+        '  File "/w/train.py", line 40 in step',
+    )
+    soft = decide.with_stack_cause(v, [(1, frames)])
+    assert soft.cause is Cause.SOFTWARE and soft.fault_site == "hang at train.py:40 in step"
+    assert (
+        decide.with_stack_cause(dataclasses.replace(v, kind=VerdictKind.CRASH), [(1, frames)]).cause
+        is Cause.UNKNOWN
+    )
+    assert decide.counts_against_nodes(soft) is False
+    from scout_slurm.remediation.plan import NodeSuspicion
+
+    named = {"n2": decide.NamedNode(NodeSuspicion("n2", (), ("nvidia-xid-bus: Xid 79",), True))}
+    rooted = decide.with_root_cause(soft, named)
+    assert rooted.cause is Cause.HARDWARE and "Xid 79" in rooted.cause_evidence
+    assert decide.counts_against_nodes(rooted) is True
