@@ -246,6 +246,6 @@ def suspect_stacks(incident: Incident, verdict: Verdict) -> list[tuple[int, tupl
     """The hung suspects' dumped main threads (the job's files, read bounded and no-follow)."""
     if verdict.kind is not VerdictKind.HANG:
         return []
-    from scout_slurm.report.bundle_loader import load_stacks
+    from scout_slurm.evidence.stacks import load_stacks
 
     return load_stacks(incident.folder, incident.restart, [s.rank for s in verdict.suspects])

@@ -12,6 +12,7 @@ from scout_slurm.evidence.gather import gather_evidence, with_full_records
 from scout_slurm.evidence.history import MAX_BYTES, ProgressSample, decode_history
 from scout_slurm.evidence.layout import JobFolder, check_node_name
 from scout_slurm.evidence.records import JobEvidence, Verdict
+from scout_slurm.evidence.stacks import load_stacks
 from scout_slurm.evidence.store import read_record, safe_read_bytes
 from scout_slurm.localise.verdict import localise
 from scout_slurm.remediation.records import ActionsRecord, ResumeInstruction
@@ -124,26 +125,6 @@ def load_incident_bundle(
         stacks=tuple(load_stacks(folder, restart, [s.rank for s in verdict.suspects])),
         flight_recorder=tuple(load_flight_recorder(folder, restart, ev.world_size)),
     )
-
-
-def load_stacks(folder: JobFolder, run: int, ranks: list[int]) -> list[tuple[int, tuple[str, ...]]]:
-    """The suspects' dumped stacks (at most 4 ranks): the current thread's frames, or the dump's
-    last lines when no Python dump is in it (a stopped process: the watchdog's /proc view)."""
-    out = []
-    for rank in ranks[:4]:
-        try:
-            text = safe_read_bytes(
-                folder.stacks_path(run, rank), max_bytes=4 << 20, root=folder.root
-            ).decode("utf-8", "replace")
-        except EvidenceError:
-            continue
-        from scout_slurm.report.story import main_thread
-
-        lines = main_thread(text) or [ln for ln in text.splitlines() if ln.strip()][-20:]
-        if not lines:  # an empty file: the rank had ended before anything was dumped
-            continue
-        out.append((rank, tuple(line[:300] for line in lines)))
-    return out
 
 
 def load_flight_recorder(folder: JobFolder, run: int, world: int) -> list[str]:

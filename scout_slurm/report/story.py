@@ -1,7 +1,6 @@
 """A job's story for `scout show JOBID`: its runs in order, each incident first (what failed, the
 cause, what was done, where it reran, how that ended), then the run shown in full; a run still
-going says so; the suspects' dumped stacks (pure rendering, plus `main_thread`, a pure parser of
-faulthandler's dump)."""
+going says so (pure rendering; the suspects' stacks are read by evidence/stacks.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +8,6 @@ from dataclasses import dataclass
 
 from scout_slurm.evidence.records import Verdict, VerdictKind
 from scout_slurm.remediation.records import ActionKind, ActionsRecord
-
-STACK_FRAMES = 25  # of the suspect's main thread, innermost last as Python prints a traceback
 
 
 @dataclass(frozen=True)
@@ -91,24 +88,3 @@ def render_story(job_id: int, stories: list[RunStory], shown: int) -> list[str]:
         else:
             lines.append("    the job ended here")
     return lines
-
-
-def main_thread(dump: str) -> list[str]:
-    """The thread faulthandler marked current (the one the signal interrupted: the training's
-    main thread) from the last dump in `dump`, innermost frame first as faulthandler prints it;
-    [] when the text holds none."""
-    blocks: list[list[str]] = []
-    for line in dump.splitlines():
-        if line.startswith(("Current thread ", "Thread ")):
-            blocks.append([line])
-        elif blocks and line.startswith("  File "):
-            blocks[-1].append(line)
-    current = [b for b in blocks if b[0].startswith("Current thread ")]
-    if not current:
-        return []
-    block = current[-1]
-    return [block[0], *block[1 : 1 + STACK_FRAMES]] + (
-        [f"  ... {len(block) - 1 - STACK_FRAMES} more frames"]
-        if len(block) - 1 > STACK_FRAMES
-        else []
-    )

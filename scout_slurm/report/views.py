@@ -19,9 +19,10 @@ from scout_slurm.evidence.records import (
     Verdict,
     resume_outcome,
 )
+from scout_slurm.evidence.stacks import load_stacks
 from scout_slurm.remediation.eligibility import Assessment
 from scout_slurm.remediation.records import ActionsRecord
-from scout_slurm.report.bundle_loader import load_flight_recorder, load_stacks
+from scout_slurm.report.bundle_loader import load_flight_recorder
 from scout_slurm.report.story import RunStory, render_story, requeued, running
 
 

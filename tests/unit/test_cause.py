@@ -203,7 +203,7 @@ def test_the_job_output_line_for_the_same_bug_on_two_runs():
 
 def _dump_of(tmp_path, body: str) -> list[str]:
     """A real faulthandler dump of `body`'s main thread (report/story.py main_thread)."""
-    from scout_slurm.report.story import main_thread
+    from scout_slurm.evidence.stacks import main_thread
 
     out = tmp_path / "stack.txt"
     script = tmp_path / "train.py"

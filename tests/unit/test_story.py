@@ -14,6 +14,7 @@ import pytest
 from scout_slurm.errors import EvidenceError
 from scout_slurm.evidence.records import Cause, Suspect, Verdict, VerdictKind
 from scout_slurm.evidence.safeio import list_names_below
+from scout_slurm.evidence.stacks import main_thread
 from scout_slurm.remediation.records import (
     ActionResult,
     ActionsRecord,
@@ -22,7 +23,7 @@ from scout_slurm.remediation.records import (
     PlanStatus,
     Requeue,
 )
-from scout_slurm.report.story import RunStory, main_thread, render_story, running
+from scout_slurm.report.story import RunStory, render_story, running
 
 
 def _verdict(run: int, kind=VerdictKind.HANG, cause=Cause.UNKNOWN) -> Verdict:
