@@ -652,10 +652,25 @@ def install(
         if dist.is_available():
             rt.guard.run("process group start", _patch_distributed, rt, handle, dist)
 
+    targets = {}
     if "torch.distributed" in sys.modules:
         on_distributed(sys.modules["torch.distributed"])
     else:
-        finder = PatchAfterImport({"torch.distributed": on_distributed})
+        targets["torch.distributed"] = on_distributed
+    if progress_dir is not None:
+        # this Python may be torchrun's agent: its workers' ranks, pids and exits, from the agent
+        def on_agent(module: Any) -> None:
+            from scout_slurm.bootstrap.agent import watch_agent
+
+            rt.guard.run("torchrun agent record", watch_agent, module, progress_dir, rt.guard)
+
+        name = "torch.distributed.elastic.agent.server.local_elastic_agent"
+        if name in sys.modules:
+            on_agent(sys.modules[name])
+        else:
+            targets[name] = on_agent
+    if targets:
+        finder = PatchAfterImport(targets)
         sys.meta_path.insert(0, finder)
         handle.on_remove(lambda: finder in sys.meta_path and sys.meta_path.remove(finder))
     return handle

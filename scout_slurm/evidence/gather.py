@@ -159,12 +159,13 @@ def gather_evidence(
         return out
 
     if torchrun:
-        # place and exit records are per Slurm task; under torchrun the ranks are the workers',
-        # known from the watchdogs' per-rank progress records only
+        # place records are per Slurm task; under torchrun the ranks are the workers', placed by the
+        # watchdogs' per-rank progress records; their exit records are the workers' own (the
+        # watchdog writes one per worker from torchrun's agent, bootstrap/agent.py)
         problems.append(
             "torchrun: ranks are placed by their progress records (one Slurm task per node)"
         )
-        places, exits = [], []
+        places = []
     return JobEvidence(
         job_id=folder.job_id,
         restart=restart,

@@ -359,6 +359,7 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         shm_dir=shm,
         stderr_tail=tail,
         init_line=init_line,
+        torchrun=launcher,
     )
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, watchdog.on_signal)

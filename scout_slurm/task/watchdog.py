@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from scout_slurm.bootstrap.agent import AgentRecord, read_agent
 from scout_slurm.config import WatchdogConfig
 from scout_slurm.errors import ScoutError
 from scout_slurm.evidence.history import HistoryWriter
@@ -230,6 +231,7 @@ class Watchdog:
         wall: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
         init_line: str = "",
+        torchrun: bool = False,
     ) -> None:
         self.ctx, self.cfg, self.folder, self.child = ctx, cfg, folder, child
         self.shm_dir, self.stderr_tail = shm_dir, stderr_tail
@@ -273,6 +275,11 @@ class Watchdog:
         self.decided_here: dict[int, ProgressSnapshot] | None = (
             None  # the snapshots, when this watchdog decided
         )
+        # under torchrun the child is the agent and the ranks its workers (bootstrap/agent.py):
+        # their pids and exits come from the agent's record; its attempts hold the stall clock
+        self.torchrun = torchrun
+        self.agent: AgentRecord | None = None
+        self.attempt = 0
 
     # -- state machine ------------------------------------------------------------------
     def _to(self, new: WatchState) -> None:
@@ -298,6 +305,8 @@ class Watchdog:
             if status is not None:
                 return self._on_exit(status, killed_by_scout=False)
             now = self.clock()
+            if self.torchrun:
+                self._follow_agent(now)
             self._observe(now)
             if self._publish_due(now):
                 self._publish(now)
@@ -611,6 +620,8 @@ class Watchdog:
         existing = self._existing_decision()
         if existing is not None:
             return existing
+        if self._agent_restarting():
+            return None  # torchrun is restarting its workers: the next attempt is watched anew
         confirm_s = confirm_window_s(self.cfg)
         # a record the training process deactivated (process group destroyed, interpreter exiting)
         # is not watched for stalls: the process is done with collectives
@@ -888,25 +899,115 @@ class Watchdog:
 
     def _escalate(self) -> int:
         """SIGTERM then SIGCONT (a stopped child dies on resuming, before it can run on), grace,
-        SIGKILL."""
+        SIGKILL. Under torchrun the same for each of the agent's workers, so that none is left
+        behind (a stopped worker would keep the step's output open)."""
         pid = self.child.pid
+        workers = self._worker_pids() if self.torchrun else ()
+        status = None
         for sig, wait in (
             (signal.SIGTERM, 0.0),
             (signal.SIGCONT, self.cfg.grace_s),
             (signal.SIGKILL, 10.0),
         ):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
+            for target in ((pid,) if status is None else ()) + workers:  # a reaped pid: never
+                try:
+                    os.kill(target, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
             deadline = self.clock() + wait
             while self.clock() < deadline:
-                status = self._reap()
-                if status is not None:
+                if status is None:
+                    status = self._reap()
+                if status is not None and not any(_alive(w) for w in workers):
                     return status
                 self.sleep(0.05)
-        status = self._reap()
+        if status is None:
+            status = self._reap()
         return status if status is not None else 0
+
+    # -- torchrun ---------------------------------------------------------------------------------
+    def _follow_agent(self, now: float) -> None:
+        """The agent's record read; a new attempt (torchrun restarted its workers) starts the
+        workers' trackers anew and is said once in the job's output."""
+        record = read_agent(self.shm_dir)
+        if record is None or record.current is None:
+            return
+        self.agent = record
+        current = record.current
+        if current.number == self.attempt:
+            return
+        before = record.attempts[-2] if len(record.attempts) > 1 else None
+        self.attempt = current.number
+        self.trackers.clear()  # the old attempt's clocks: the new workers are on their own
+        self.next_publish = now
+        why = ""
+        if before is not None and before.failed():
+            w = before.failed()[0]
+            why = f" after rank {w.rank} " + (
+                f"ended on signal {w.signal}" if w.signal else f"exited with code {w.exit_code}"
+            )
+        log.info("watchdog.torchrun_attempt", rank=self.ctx.rank, attempt=current.number)
+        if self.ctx.rank == 0:
+            _say(
+                f"scout: torchrun restarted its workers (attempt {current.number + 1} of "
+                f"{record.max_restarts + 1}){why}; scout watches the new attempt"
+            )
+
+    def _agent_restarting(self) -> bool:
+        if not self.torchrun:
+            return False
+        record = read_agent(self.shm_dir)
+        current = record.current if record is not None else None
+        return current is not None and current.state == "failed" and current.restarting
+
+    def _worker_pids(self) -> tuple[int, ...]:
+        """The agent's workers now alive and still its children (a recycled pid is not signalled):
+        from its record and from the workers' own progress records."""
+        record = read_agent(self.shm_dir) or self.agent
+        pids = set(record.pids() if record is not None else ())
+        pids |= {t.view.pid for t in self.trackers.values() if t.view is not None and t.view.pid}
+        return tuple(sorted(p for p in pids if p > 0 and _parent(p) == self.child.pid))
+
+    def _worker_exits(
+        self,
+        status: int,
+        *,
+        killed_by_scout: bool,
+        snaps: dict[int, ProgressSnapshot],
+        seen,
+    ) -> list[ExitRecord]:
+        """One exit record per worker of torchrun's last attempt, from the agent's record (empty
+        when there is none: the workers' exits are then not known)."""
+        record = read_agent(self.shm_dir) or self.agent
+        current = record.current if record is not None else None
+        if current is None:
+            return []
+        failed = current.failed()
+        own = [w for w in failed if not (w.signal == signal.SIGTERM and len(failed) > 1)]
+        out = []
+        for w in current.workers:
+            stopped = w.exit_code is None and not w.signal  # torchrun ended it, or scout, or Slurm
+            by_torchrun = current.state == "failed" and w not in own
+            blamed = w in own and len(own) == 1
+            out.append(
+                ExitRecord(
+                    rank=w.rank,
+                    node=self.ctx.node,
+                    pid=w.pid,
+                    exit_code=-1 if w.exit_code is None else w.exit_code,
+                    signal=signal.SIGTERM if stopped else w.signal,
+                    core_dumped=False,
+                    at=self.wall(),
+                    killed_by_scout=killed_by_scout and current.state == "running",
+                    last_progress=snaps.get(w.rank),
+                    stderr_tail=tuple(self.stderr_tail) if blamed else (),
+                    external_termination=bool(self.external_signal) or by_torchrun,
+                    exception=seen.line if blamed and seen is not None else "",
+                    exception_position=seen.position if blamed and seen is not None else -1,
+                    exception_at=seen.raised_at if blamed and seen is not None else "",
+                )
+            )
+        return out
 
     def _on_exit(
         self,
@@ -945,7 +1046,18 @@ class Watchdog:
             exception_position=seen.position if seen is not None else -1,
             exception_at=seen.raised_at if seen is not None else "",
         )
-        if not self._write_evidence(
+        if self.torchrun:
+            # the task's own rank is not a torch rank: each worker's record instead
+            workers = self._worker_exits(
+                status, killed_by_scout=killed_by_scout, snaps=snaps, seen=seen
+            )
+            if not workers:
+                log.warning("watchdog.torchrun_exits_unknown", rank=self.ctx.rank, code=code)
+            for w in workers:
+                path = self.folder.rank_exit_path(self.ctx.restart, w.rank)
+                if not self._write_evidence(path, w, what="exit_record"):
+                    log.error("watchdog.exit_record_failed", rank=w.rank)
+        elif not self._write_evidence(
             self.folder.rank_exit_path(self.ctx.restart, self.ctx.rank), record, what="exit_record"
         ):
             log.error("watchdog.exit_record_failed", rank=self.ctx.rank)
@@ -965,6 +1077,26 @@ class Watchdog:
             killed_by_scout=killed_by_scout,
         )
         return code if code >= 0 else 128 + signum
+
+
+def _parent(pid: int) -> int:
+    """The parent pid of `pid` (0 when it is gone or unreadable)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read(4096)
+        return int(data[data.rindex(b")") + 2 :].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` still runs (a zombie does not: its parent has yet to reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read(4096)
+        return data[data.rindex(b")") + 2 : data.rindex(b")") + 3] not in (b"Z", b"X")
+    except (OSError, ValueError):
+        return False
 
 
 def same_bug(record: ExitRecord, before: ExitRecord | None, run_before: int) -> str:
