@@ -297,3 +297,85 @@ def format_reason(reason: str, *, limit: int = 1000) -> str:
     """A drain reason safe to pass as one argv element: printable, one line, bounded."""
     clean = "".join(ch if ch.isprintable() else " " for ch in reason).replace("\n", " ")
     return clean[:limit]
+
+
+# `scontrol show config` prints "Key<spaces>= value", one per line, after a heading; later
+# sections (cgroup.conf, the controllers' state) follow. A key's first occurrence is slurm.conf's.
+_CONFIG_LINE = re.compile(r"^([A-Za-z][A-Za-z0-9_]*(?:\[\d+\])?)\s*= ?(.*)$")
+_SECONDS = re.compile(r"^(\d+)(?: sec)?$")
+
+
+@dataclass(frozen=True)
+class SlurmSettings:
+    """What `scout site check` reads of `scontrol show config`. A hook parameter Slurm shows as
+    `(null)` is (); several programs (a line repeated, 24.11 on) are one entry each."""
+
+    version: str  # SLURM_VERSION, "22.05.8"
+    cluster_name: str
+    slurm_user: str  # the name of SlurmUser, without the "(uid)" scontrol adds
+    slurm_user_uid: int | None
+    prolog: tuple[str, ...]
+    epilog: tuple[str, ...]
+    epilog_slurmctld: tuple[str, ...]
+    prolog_flags: tuple[str, ...]
+    prolog_epilog_timeout_s: int | None  # None: unlimited (no value, or 65534 = NO_VAL16)
+    min_job_age_s: int | None
+    controller_hosts: tuple[str, ...]  # SlurmctldHost[i], the host names without "(addr)"
+    raw: Mapping[str, str]
+
+    @property
+    def release(self) -> tuple[int, int] | None:
+        m = re.match(r"(\d+)\.(\d+)", self.version)
+        return (int(m[1]), int(m[2])) if m else None
+
+
+def _programs(value: str) -> tuple[str, ...]:
+    if value in ("", "(null)"):
+        return ()
+    return tuple(p.strip() for p in value.split(",") if p.strip())
+
+
+def _seconds(value: str) -> int | None:
+    m = _SECONDS.match(value.strip())
+    return int(m[1]) if m else None
+
+
+def parse_show_config(text: str) -> SlurmSettings:
+    """`scontrol show config` (recorded: tests/fixtures/slurm-22.05/scontrol-show-config.txt)."""
+    raw: dict[str, str] = {}
+    for line in text.splitlines():
+        m = _CONFIG_LINE.match(line)
+        if m and m[1] not in raw:
+            raw[m[1]] = m[2].strip()
+    if "SLURM_VERSION" not in raw:
+        raise SlurmError(
+            "`scontrol show config` printed no SLURM_VERSION line: is this its output? "
+            f"first line: {text.strip().splitlines()[0][:200] if text.strip() else '(empty)'!r}"
+        )
+    user = raw.get("SlurmUser", "")
+    m = re.fullmatch(r"(.*?)\((\d+)\)", user)
+    name, uid = (m[1], int(m[2])) if m else (user, None)
+    timeout = _seconds(raw.get("PrologEpilogTimeout", ""))
+    hosts = tuple(
+        re.sub(r"\(.*\)$", "", v)
+        for k, v in raw.items()
+        if k.startswith("SlurmctldHost[") and v not in ("", "(null)")
+    )
+    return SlurmSettings(
+        version=raw["SLURM_VERSION"],
+        cluster_name=raw.get("ClusterName", ""),
+        slurm_user=name,
+        slurm_user_uid=uid,
+        prolog=_programs(raw.get("Prolog", "")),
+        epilog=_programs(raw.get("Epilog", "")),
+        epilog_slurmctld=_programs(raw.get("EpilogSlurmctld", "")),
+        prolog_flags=tuple(
+            f.strip()
+            for f in raw.get("PrologFlags", "").split(",")
+            if f.strip() not in ("", "(null)")
+        ),
+        prolog_epilog_timeout_s=None if timeout in (None, 65534) else timeout,
+        min_job_age_s=_seconds(raw.get("MinJobAge", "")),
+        controller_hosts=hosts,
+        raw=raw,
+    )
