@@ -455,10 +455,10 @@ def hook_findings(
     for program in programs:
         problems = _program_problems(program, who, trusted)
         text = ""
-        if not problems:
-            try:
-                text = _head(program)
-            except OSError as exc:
+        try:  # read also when root must not run it: whose program it is still matters
+            text = _head(program)
+        except OSError as exc:
+            if not problems:
                 problems.append(f"{program}: cannot be read ({exc.strerror or exc})")
         if text and spec.marker.search(text):
             scout_own.append(program)
@@ -528,42 +528,47 @@ def _entry(path: str, kind: str) -> Entry | None:
 def evidence_entries(root: str, cluster: str, *, jobs: int = JOBS_CHECKED) -> list[Entry]:
     """The cluster folder, pending/, and the newest `jobs` job folders with their nodes/ and
     results/ (lstat only; never following a link below the root)."""
-    cluster_dir = os.path.join(root, cluster)
-    out = [e for e in [_entry(cluster_dir, "cluster")] if e]
+    from scout_slurm.errors import EvidenceError
+    from scout_slurm.evidence.layout import JobFolder
+
+    try:
+        any_job = JobFolder(Path(root), cluster, 1)
+    except EvidenceError:
+        return []
+    out = [e for e in [_entry(str(any_job.cluster_dir), "cluster")] if e]
     if not out or not out[0].is_dir:
         return out
-    pending = _entry(os.path.join(cluster_dir, "pending"), "pending")
+    pending = _entry(str(any_job.pending_dir), "pending/")
     if pending:
         out.append(pending)
-    with os.scandir(cluster_dir) as it:
-        ids = sorted((int(e.name) for e in it if e.name.isdigit()), reverse=True)[:jobs]
-    for job in ids:
-        job_dir = os.path.join(cluster_dir, str(job))
-        e = _entry(job_dir, "job")
+    with os.scandir(any_job.cluster_dir) as it:
+        ids = [int(e.name) for e in it if e.name.isdigit() and int(e.name) > 0]
+    for job in sorted(ids, reverse=True)[:jobs]:
+        folder = JobFolder(Path(root), cluster, job)
+        e = _entry(str(folder.path), "job")
         if e is None:
             continue
         out.append(e)
         if e.is_dir:
-            out += [
-                x for x in (_entry(os.path.join(job_dir, n), n) for n in ("nodes", "results")) if x
-            ]
+            below = ((folder.nodes_dir, "nodes/"), (folder.results_dir, "results/"))
+            out += [x for x in (_entry(str(p), kind) for p, kind in below) if x]
     return out
 
 
 _OWNER_OF = {
     "cluster": "root",
     "job": "root",
-    "nodes": "root",
-    "pending": "slurm",
-    "results": "slurm",
+    "nodes/": "root",
+    "pending/": "slurm",
+    "results/": "slurm",
 }
-_MODE_OF = {"cluster": "755", "job": "755", "nodes": "755", "pending": "750", "results": "755"}
+_MODE_OF = {"cluster": "755", "job": "755", "nodes/": "755", "pending/": "750", "results/": "755"}
 _WHO_WRITES = {
     "cluster": "root hooks only",
     "job": "root hooks only",
-    "nodes": "root hooks only: the node evidence the controller trusts",
-    "pending": "the controller Epilog only: markers of incidents being handled",
-    "results": "the controller Epilog only: verdicts, actions, resume instructions",
+    "nodes/": "root hooks only: the node evidence the controller trusts",
+    "pending/": "the controller Epilog only: markers of incidents being handled",
+    "results/": "the controller Epilog only: verdicts, actions, resume instructions",
 }
 
 
@@ -582,7 +587,7 @@ def tree_findings(entries: Sequence[Entry], slurm: Runner, root: str) -> list[Fi
             problem = f"writable by group or others (mode {stat.S_IMODE(e.mode):04o})"
         elif e.uid not in (owner, 0):
             problem = f"owned by uid {e.uid}"
-        elif e.uid != owner and e.kind in ("pending", "results"):
+        elif e.uid != owner and _OWNER_OF[e.kind] == "slurm":
             handed.append(e.path)
         if problem:
             bad.setdefault(e.kind, []).append((e.path, problem))
@@ -700,7 +705,10 @@ def nvml_finding(result: dict | None, *, timed_out: bool, error: str) -> Finding
     if result is None:
         return Finding("nvml", Severity.FAIL, f"the NVML check failed: {error}", "see the error")
     status = result["status"]
-    if status == nvml.STATUS_NO_LIBRARY:
+    # the library installed on a node without a GPU driver loaded: a CPU node, not a broken one
+    if status == nvml.STATUS_NO_LIBRARY or (
+        status.startswith("error: nvmlInit:") and "Driver Not Loaded" in status
+    ):
         return Finding("nvml", Severity.OK, "no NVIDIA driver: GPU evidence off on this host")
     if status == nvml.STATUS_NO_GPU:
         return Finding("nvml", Severity.OK, "NVML works and counts no GPU: GPU evidence off")
