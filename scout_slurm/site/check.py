@@ -227,38 +227,7 @@ def slurm_findings(s: SlurmSettings, cfg: SiteConfig, *, slurm_user_here: bool) 
                 "present flags>), then `scontrol reconfigure`",
             )
         )
-    need = max(cfg.prolog.time_budget_s, cfg.epilog.time_budget_s) + TIMEOUT_SLACK_S
-    timeout = s.prolog_epilog_timeout_s
-    if timeout is None:
-        out.append(
-            Finding(
-                "slurm",
-                Severity.OK,
-                "PrologEpilogTimeout unlimited: scout's hooks end within their own budgets "
-                f"(Prolog {cfg.prolog.time_budget_s:g} s, Epilogs {cfg.epilog.time_budget_s:g} s)",
-            )
-        )
-    elif timeout < need:
-        out.append(
-            Finding(
-                "slurm",
-                Severity.FAIL,
-                f"PrologEpilogTimeout={timeout} s is shorter than scout's hook budgets plus "
-                f"{TIMEOUT_SLACK_S} s ({need:g} s): Slurm may kill a hook that is on time, and "
-                "drain the node",
-                f"set PrologEpilogTimeout={int(need + 0.999)} or more in slurm.conf, or lower "
-                "[prolog] time_budget_s and [epilog] time_budget_s in the site config",
-            )
-        )
-    else:
-        out.append(
-            Finding(
-                "slurm",
-                Severity.OK,
-                f"PrologEpilogTimeout={timeout} s, above scout's hook budgets ({need:g} s with "
-                "slack)",
-            )
-        )
+    out += _timeout_findings(s, cfg)
     if s.min_job_age_s is not None and s.min_job_age_s < MIN_JOB_AGE_S:
         out.append(
             Finding(
@@ -295,6 +264,56 @@ def slurm_findings(s: SlurmSettings, cfg: SiteConfig, *, slurm_user_here: bool) 
         out.append(
             Finding("slurm", Severity.OK, f"SlurmUser {s.slurm_user}, as the site config says")
         )
+    return out
+
+
+def _timeout_findings(s: SlurmSettings, cfg: SiteConfig) -> list[Finding]:
+    """Slurm's limit on the Prolog and on the Epilogs against scout's budgets for them (pure)."""
+    limits = [
+        ("Prolog", "[prolog] time_budget_s", cfg.prolog.time_budget_s, s.prolog_timeout),
+        ("Epilogs", "[epilog] time_budget_s", cfg.epilog.time_budget_s, s.epilog_timeout),
+    ]
+    if s.prolog_timeout[0] == s.epilog_timeout[0]:  # one parameter for both: one line
+        budget = max(cfg.prolog.time_budget_s, cfg.epilog.time_budget_s)
+        limits = [
+            (
+                "hooks",
+                "[prolog] time_budget_s and [epilog] time_budget_s",
+                budget,
+                s.prolog_timeout,
+            )
+        ]
+    out = []
+    for what, setting, budget, (param, timeout) in limits:
+        need = budget + TIMEOUT_SLACK_S
+        if timeout is None:
+            out.append(
+                Finding(
+                    "slurm",
+                    Severity.OK,
+                    f"{param} unlimited: scout's {what} end within their own budget ({budget:g} s)",
+                )
+            )
+        elif timeout < need:
+            out.append(
+                Finding(
+                    "slurm",
+                    Severity.FAIL,
+                    f"{param}={timeout} s is shorter than scout's {what} budget plus "
+                    f"{TIMEOUT_SLACK_S} s ({need:g} s): Slurm may kill a hook that is on time, "
+                    "and drain the node",
+                    f"set {param}={int(need + 0.999)} or more in slurm.conf, or lower {setting} "
+                    "in the site config",
+                )
+            )
+        else:
+            out.append(
+                Finding(
+                    "slurm",
+                    Severity.OK,
+                    f"{param}={timeout} s, above scout's {what} budget plus slack ({need:g} s)",
+                )
+            )
     return out
 
 

@@ -301,14 +301,18 @@ def format_reason(reason: str, *, limit: int = 1000) -> str:
 
 # `scontrol show config` prints "Key<spaces>= value", one per line, after a heading; later
 # sections (cgroup.conf, the controllers' state) follow. A key's first occurrence is slurm.conf's.
+# From 24.11 a hook's programs are numbered, one line each ("Prolog[0] = ..."): 22.05 prints
+# "Prolog = ..." (tests/fixtures/slurm-*/scontrol-show-config.txt).
 _CONFIG_LINE = re.compile(r"^([A-Za-z][A-Za-z0-9_]*(?:\[\d+\])?)\s*= ?(.*)$")
+_INDEXED = re.compile(r"^([A-Za-z][A-Za-z0-9_]*)\[(\d+)\]$")
 _SECONDS = re.compile(r"^(\d+)(?: sec)?$")
+NO_VAL16 = 65534  # what Slurm prints for a timeout left unset: no limit
 
 
 @dataclass(frozen=True)
 class SlurmSettings:
     """What `scout site check` reads of `scontrol show config`. A hook parameter Slurm shows as
-    `(null)` is (); several programs (a line repeated, 24.11 on) are one entry each."""
+    `(null)` is (); several programs (numbered lines, 24.11 on) are one entry each."""
 
     version: str  # SLURM_VERSION, "22.05.8"
     cluster_name: str
@@ -318,7 +322,10 @@ class SlurmSettings:
     epilog: tuple[str, ...]
     epilog_slurmctld: tuple[str, ...]
     prolog_flags: tuple[str, ...]
-    prolog_epilog_timeout_s: int | None  # None: unlimited (no value, or 65534 = NO_VAL16)
+    # (parameter, seconds) Slurm kills the Prolog / the Epilogs at: PrologTimeout and
+    # EpilogTimeout (26.05) where set, else PrologEpilogTimeout; seconds None: no limit
+    prolog_timeout: tuple[str, int | None]
+    epilog_timeout: tuple[str, int | None]
     min_job_age_s: int | None
     controller_hosts: tuple[str, ...]  # SlurmctldHost[i], the host names without "(addr)"
     raw: Mapping[str, str]
@@ -329,10 +336,16 @@ class SlurmSettings:
         return (int(m[1]), int(m[2])) if m else None
 
 
-def _programs(value: str) -> tuple[str, ...]:
-    if value in ("", "(null)"):
-        return ()
-    return tuple(p.strip() for p in value.split(",") if p.strip())
+def _programs(raw: Mapping[str, str], name: str) -> tuple[str, ...]:
+    """The programs of hook `name`: "Name = a" (22.05, maybe "a,b") or "Name[0] = a" lines."""
+    values = [raw.get(name, "")]
+    numbered = sorted(
+        (int(m[2]), v) for k, v in raw.items() if (m := _INDEXED.match(k)) and m[1] == name
+    )
+    values += [v for _, v in numbered]
+    return tuple(
+        p.strip() for v in values if v not in ("", "(null)") for p in v.split(",") if p.strip()
+    )
 
 
 def _seconds(value: str) -> int | None:
@@ -340,8 +353,14 @@ def _seconds(value: str) -> int | None:
     return int(m[1]) if m else None
 
 
+def _timeout(raw: Mapping[str, str], own: str) -> tuple[str, int | None]:
+    name = own if _seconds(raw.get(own, "")) is not None else "PrologEpilogTimeout"
+    seconds = _seconds(raw.get(name, ""))
+    return name, None if seconds in (None, NO_VAL16) else seconds
+
+
 def parse_show_config(text: str) -> SlurmSettings:
-    """`scontrol show config` (recorded: tests/fixtures/slurm-22.05/scontrol-show-config.txt)."""
+    """`scontrol show config` (recorded: tests/fixtures/slurm-*/scontrol-show-config.txt)."""
     raw: dict[str, str] = {}
     for line in text.splitlines():
         m = _CONFIG_LINE.match(line)
@@ -355,7 +374,6 @@ def parse_show_config(text: str) -> SlurmSettings:
     user = raw.get("SlurmUser", "")
     m = re.fullmatch(r"(.*?)\((\d+)\)", user)
     name, uid = (m[1], int(m[2])) if m else (user, None)
-    timeout = _seconds(raw.get("PrologEpilogTimeout", ""))
     hosts = tuple(
         re.sub(r"\(.*\)$", "", v)
         for k, v in raw.items()
@@ -366,15 +384,16 @@ def parse_show_config(text: str) -> SlurmSettings:
         cluster_name=raw.get("ClusterName", ""),
         slurm_user=name,
         slurm_user_uid=uid,
-        prolog=_programs(raw.get("Prolog", "")),
-        epilog=_programs(raw.get("Epilog", "")),
-        epilog_slurmctld=_programs(raw.get("EpilogSlurmctld", "")),
+        prolog=_programs(raw, "Prolog"),
+        epilog=_programs(raw, "Epilog"),
+        epilog_slurmctld=_programs(raw, "EpilogSlurmctld"),
         prolog_flags=tuple(
             f.strip()
             for f in raw.get("PrologFlags", "").split(",")
             if f.strip() not in ("", "(null)")
         ),
-        prolog_epilog_timeout_s=None if timeout in (None, 65534) else timeout,
+        prolog_timeout=_timeout(raw, "PrologTimeout"),
+        epilog_timeout=_timeout(raw, "EpilogTimeout"),
         min_job_age_s=_seconds(raw.get("MinJobAge", "")),
         controller_hosts=hosts,
         raw=raw,

@@ -126,9 +126,41 @@ def test_parse_show_config_reads_the_recorded_22_05_output():
     assert s.epilog == ("/tmp/scout-sitecheck-lab/hooks/epilog",)
     assert s.epilog_slurmctld == ("/tmp/scout-sitecheck-lab/hooks/epilog-slurmctld",)
     assert s.prolog_flags == ("Alloc",)
-    assert s.prolog_epilog_timeout_s == 180 and s.min_job_age_s == 300
+    assert s.prolog_timeout == s.epilog_timeout == ("PrologEpilogTimeout", 180)
+    assert s.min_job_age_s == 300
     assert s.controller_hosts == ("vm",)
     assert s.raw["PrologSlurmctld"] == "(null)"
+
+
+@pytest.mark.parametrize("release", ["24.11", "26.05"])
+def test_parse_show_config_reads_the_numbered_hook_lines_of_newer_releases(release):
+    path = FIXTURE.parents[1] / f"slurm-{release}" / "scontrol-show-config.txt"
+    s = parse_show_config(path.read_text())
+    assert s.release == tuple(int(x) for x in release.split("."))
+    lab = f"/tmp/scout-sitecheck-lab{release[:2]}/hooks"
+    assert s.raw["Prolog[0]"] == f"{lab}/prolog"
+    assert (s.prolog, s.epilog, s.epilog_slurmctld) == (
+        (f"{lab}/prolog",),
+        (f"{lab}/epilog",),
+        (f"{lab}/epilog-slurmctld",),
+    )
+    assert s.prolog_flags == ("Alloc",) and s.prolog_timeout == ("PrologEpilogTimeout", 180)
+    assert (s.slurm_user, s.cluster_name) == ("slurm", "scoutlab")
+
+
+def test_parse_show_config_reads_several_numbered_programs_and_timeouts_of_their_own():
+    path = FIXTURE.parents[1] / "slurm-26.05" / "scontrol-show-config.txt"
+    text = path.read_text().replace(
+        "PrologFlags             = Alloc",
+        "Prolog[1]               = /etc/slurm/nhc.sh\n"
+        "PrologFlags             = Alloc\n"
+        "PrologTimeout           = 65534\n"
+        "EpilogTimeout           = 90",
+    )
+    s = parse_show_config(text)
+    assert s.prolog == ("/tmp/scout-sitecheck-lab26/hooks/prolog", "/etc/slurm/nhc.sh")
+    assert s.prolog_timeout == ("PrologTimeout", None)
+    assert s.epilog_timeout == ("EpilogTimeout", 90)
 
 
 def test_parse_show_config_reads_unset_hooks_unlimited_timeout_and_several_programs():
@@ -140,7 +172,7 @@ def test_parse_show_config_reads_unset_hooks_unlimited_timeout_and_several_progr
         .replace("PrologFlags             = Alloc", "PrologFlags             = Contain,X11")
     )
     s = parse_show_config(text)
-    assert s.prolog_epilog_timeout_s is None
+    assert s.prolog_timeout == ("PrologEpilogTimeout", None)
     assert s.epilog_slurmctld == ()
     assert s.prolog == ("/etc/a", "/etc/b")
     assert s.prolog_flags == ("Contain", "X11")
@@ -370,9 +402,17 @@ def test_an_untested_release_warns_and_an_older_one_fails(site: Site):
 
 
 def test_a_prolog_epilog_timeout_below_the_budgets_fails(site: Site):
-    (f,) = _slurm(site, prolog_epilog_timeout_s=30)
+    short = ("PrologEpilogTimeout", 30)
+    (f,) = _slurm(site, prolog_timeout=short, epilog_timeout=short)
     assert f.severity == Severity.FAIL and "PrologEpilogTimeout=30 s is shorter" in f.message
     assert f.remedy.startswith("set PrologEpilogTimeout=65 or more")
+
+
+def test_an_epilog_timeout_of_its_own_is_held_to_the_epilog_budget(site: Site):
+    # 26.05: EpilogTimeout where set, PrologEpilogTimeout for the Prolog
+    (f,) = _slurm(site, epilog_timeout=("EpilogTimeout", 40))
+    assert f.severity == Severity.FAIL and f.message.startswith("EpilogTimeout=40 s is shorter")
+    assert "(65 s)" in f.message and "[epilog] time_budget_s" in f.remedy
 
 
 def test_a_slurm_user_other_than_the_configs_fails(site: Site):
