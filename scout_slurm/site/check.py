@@ -394,6 +394,10 @@ def _expand(entries: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def _head(path: str) -> str:
+    """The start of a hook program, to tell scout's from the site's; "" for what is no regular
+    file (stat first: a device planted there is never opened, opening some has effects)."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        return ""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):

@@ -327,7 +327,6 @@ class SlurmSettings:
     prolog_timeout: tuple[str, int | None]
     epilog_timeout: tuple[str, int | None]
     min_job_age_s: int | None
-    controller_hosts: tuple[str, ...]  # SlurmctldHost[i], the host names without "(addr)"
     raw: Mapping[str, str]
 
     @property
@@ -374,11 +373,6 @@ def parse_show_config(text: str) -> SlurmSettings:
     user = raw.get("SlurmUser", "")
     m = re.fullmatch(r"(.*?)\((\d+)\)", user)
     name, uid = (m[1], int(m[2])) if m else (user, None)
-    hosts = tuple(
-        re.sub(r"\(.*\)$", "", v)
-        for k, v in raw.items()
-        if k.startswith("SlurmctldHost[") and v not in ("", "(null)")
-    )
     return SlurmSettings(
         version=raw["SLURM_VERSION"],
         cluster_name=raw.get("ClusterName", ""),
@@ -395,6 +389,5 @@ def parse_show_config(text: str) -> SlurmSettings:
         prolog_timeout=_timeout(raw, "PrologTimeout"),
         epilog_timeout=_timeout(raw, "EpilogTimeout"),
         min_job_age_s=_seconds(raw.get("MinJobAge", "")),
-        controller_hosts=hosts,
         raw=raw,
     )

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from scout_slurm.cli import main
 from scout_slurm.config import EvidenceConfig, SiteConfig, render_toml
@@ -128,7 +130,6 @@ def test_parse_show_config_reads_the_recorded_22_05_output():
     assert s.prolog_flags == ("Alloc",)
     assert s.prolog_timeout == s.epilog_timeout == ("PrologEpilogTimeout", 180)
     assert s.min_job_age_s == 300
-    assert s.controller_hosts == ("vm",)
     assert s.raw["PrologSlurmctld"] == "(null)"
 
 
@@ -495,3 +496,35 @@ def test_the_rendered_report_puts_the_remedy_under_its_line(site: Site):
     assert lines[i + 1].strip().startswith(f"-> chown root:root {site.evidence}")
     assert lines[-1].startswith("1 failed")
     assert stat.S_IMODE(os.stat(site.evidence).st_mode) == 0o777  # reported, not fixed
+
+
+def test_the_daemons_running_here_are_read_from_proc(tmp_path: Path):
+    for pid, comm in (("12", "slurmd\n"), ("34", "bash\n"), ("56", "slurmstepd\n")):
+        (tmp_path / pid).mkdir()
+        (tmp_path / pid / "comm").write_text(comm)
+    (tmp_path / "self").mkdir()
+    assert check.running_daemons(str(tmp_path)) == frozenset({"slurmd"})
+
+
+_LINES = FIXTURE.read_text().splitlines()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    keep=st.lists(st.booleans(), min_size=len(_LINES), max_size=len(_LINES)),
+    values=st.dictionaries(st.integers(0, len(_LINES) - 1), st.text(max_size=40), max_size=20),
+)
+def test_parse_show_config_over_mutated_output_reads_it_or_says_why(keep, values):
+    lines = []
+    for i, line in enumerate(_LINES):
+        if not keep[i]:
+            continue
+        key, sep, _ = line.partition("=")
+        lines.append(f"{key}={values[i]}" if sep and i in values else line)
+    try:
+        s = parse_show_config("\n".join(lines))
+    except SlurmError as exc:
+        assert "SLURM_VERSION" in str(exc)
+        return
+    assert all(isinstance(p, str) and p.strip() == p and p for p in s.prolog + s.epilog)
+    assert s.prolog_timeout[1] is None or s.prolog_timeout[1] >= 0
