@@ -598,7 +598,9 @@ _WHO_WRITES = {
 def tree_findings(entries: Sequence[Entry], slurm: Runner, root: str) -> list[Finding]:
     """The evidence tree's folders owned and writable as the design says (pure): the cluster, job
     and nodes/ folders root's, pending/ and results/ SlurmUser's, none writable by group or
-    others (a job's user would then forge what judges it)."""
+    others (a job's user would then forge what judges it), and all but pending/ readable and
+    enterable by others (the job's tasks reach run-N/ through them, the rerun reads its
+    resume-N.json in results/, `scout show` and the task read the node maps)."""
     bad: dict[str, list[tuple[str, str]]] = {}
     handed: list[str] = []
     for e in entries:
@@ -610,6 +612,11 @@ def tree_findings(entries: Sequence[Entry], slurm: Runner, root: str) -> list[Fi
             problem = f"writable by group or others (mode {stat.S_IMODE(e.mode):04o})"
         elif e.uid not in (owner, 0):
             problem = f"owned by uid {e.uid}"
+        elif _MODE_OF[e.kind] == "755" and e.mode & 0o005 != 0o005:
+            problem = (
+                f"not readable and enterable by others (mode {stat.S_IMODE(e.mode):04o}): the "
+                "jobs cannot reach what they read or write below it"
+            )
         elif e.uid != owner and _OWNER_OF[e.kind] == "slurm":
             handed.append(e.path)
         if problem:

@@ -278,6 +278,13 @@ def test_pending_writable_by_others_fails(site: Site):
     )
 
 
+def test_a_job_folder_others_cannot_enter_fails(site: Site):
+    os.chmod(site.job.path, 0o750)
+    f = _one_fail(site.run(), "evidence")
+    assert f"{site.job.path} not readable and enterable by others (mode 0750)" in f.message
+    assert f.remedy.startswith(f"chown root: {site.job.path} && chmod 755 {site.job.path}")
+
+
 def test_results_owned_by_a_job_user_fails(site: Site):
     os.chown(site.job.results_dir, JOB_USER, JOB_USER)
     f = _one_fail(site.run(), "evidence")
