@@ -878,7 +878,8 @@ def run_checks(
             Finding(
                 "slurm",
                 Severity.FAIL,
-                f"`scontrol show config` failed: {exc}",
+                "`scontrol show config` failed: "
+                + "; ".join(line.strip() for line in str(exc).splitlines() if line.strip()),
                 "run this on a host with Slurm's commands and slurm.conf (SLURM_CONF), with "
                 "slurmctld up; or set [slurm] bin_dir",
             )

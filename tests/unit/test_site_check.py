@@ -101,8 +101,15 @@ def _of(report: check.Report, name: str, severity: Severity) -> list[check.Findi
     return [f for f in report.findings if f.check == name and f.severity == severity]
 
 
+HOST_BOUND = {"kernel-log"}  # /dev/kmsg is this host's (a container may lack it), not the site's
+
+
+def _fails(report: check.Report) -> list[check.Finding]:
+    return [f for f in report.findings if f.severity == Severity.FAIL and f.check not in HOST_BOUND]
+
+
 def _one_fail(report: check.Report, name: str) -> check.Finding:
-    fails = [f for f in report.findings if f.severity == Severity.FAIL]
+    fails = _fails(report)
     assert [f.check for f in fails] == [name], report.render()
     return fails[0]
 
@@ -192,9 +199,7 @@ def test_a_correct_site_passes_and_nothing_is_changed(site: Site):
     report = site.run()
     after = _tree(site.prefix.parent)
     assert before == after
-    host_bound = {"kernel-log"}  # /dev/kmsg is this host's, not the site's
-    fails = [f for f in report.findings if f.severity == Severity.FAIL]
-    assert [f for f in fails if f.check not in host_bound] == [], report.render()
+    assert _fails(report) == [], report.render()
     for hook in ("Prolog", "Epilog", "EpilogSlurmctld"):
         (ok,) = _of(report, hook, Severity.OK)
         assert "scout's hook" in ok.message
@@ -231,7 +236,7 @@ def test_a_config_owned_by_a_user_fails_and_observe_only_is_said(site: Site):
 def test_a_config_in_a_folder_others_may_write_fails(site: Site):
     os.chmod(site.config.parent, 0o777)
     report = site.run()
-    fails = [f for f in report.findings if f.severity == Severity.FAIL]
+    fails = _fails(report)
     # prolog.d/ and epilog.d/ are in that folder too: root must not run what they hold either
     assert [f.check for f in fails] == ["config", "Prolog", "Epilog"], report.render()
     f = fails[0]
@@ -306,7 +311,7 @@ def test_a_nodes_folder_replaced_by_a_link_fails(site: Site):
 def test_a_missing_hook_program_fails(site: Site):
     s = dataclasses.replace(site.settings, epilog=("/nonexistent/scout-epilog",))
     report = site.run(settings=s)
-    fails = [f for f in report.findings if f.severity == Severity.FAIL]
+    fails = _fails(report)
     assert [f.check for f in fails] == ["Epilog", "Epilog"], report.render()
     assert "/nonexistent/scout-epilog does not exist" in fails[0].message
     assert "Slurm drains the node" in fails[0].message
@@ -317,7 +322,7 @@ def test_a_missing_hook_program_fails(site: Site):
 def test_a_hook_root_cannot_execute_fails(site: Site):
     wrapper = site.prefix / "libexec" / "scout" / "scout-epilog"
     os.chmod(wrapper, 0o644)
-    f = [x for x in site.run().findings if x.severity == Severity.FAIL]
+    f = _fails(site.run())
     assert [x.check for x in f][:1] == ["Epilog"]
     assert "is not executable by root" in f[0].message
     assert f[0].remedy == f"chmod 755 {wrapper}"
@@ -334,7 +339,7 @@ def test_a_controller_hook_slurm_user_cannot_execute_fails(site: Site):
 def test_a_hook_others_may_write_fails(site: Site):
     wrapper = site.prefix / "libexec" / "scout" / "scout-prolog"
     os.chmod(wrapper, 0o777)
-    f = [x for x in site.run().findings if x.severity == Severity.FAIL][0]
+    f = _fails(site.run())[0]
     assert f.check == "Prolog" and "writable by group or others" in f.message
     assert f.remedy == f"chown root:root {wrapper} && chmod 755 {wrapper}"
 
@@ -372,6 +377,20 @@ def test_no_prolog_in_slurm_conf_fails(site: Site):
     f = _one_fail(site.run(settings=dataclasses.replace(site.settings, prolog=())), "Prolog")
     assert f.message == "slurm.conf names no Prolog: scout's Prolog never runs"
     assert "Prolog= line" in f.remedy
+
+
+def test_slurm_not_answering_fails_and_the_rest_is_still_checked(site: Site):
+    def no_slurm(cfg):
+        raise SlurmError(
+            "scontrol did not answer within 20 s; is slurmctld up?",
+            argv=("/usr/bin/scontrol", "show", "config"),
+        )
+
+    report = check.run_checks(site.config, {}, show_config=no_slurm, daemons=frozenset())
+    f = _one_fail(report, "slurm")
+    assert "\n" not in f.message and "is slurmctld up?" in f.message
+    assert "SLURM_CONF" in f.remedy
+    assert {x.check for x in report.findings} >= {"config", "evidence", "nvml", "kernel-log"}
 
 
 def test_a_hook_of_a_daemon_not_here_is_skipped(site: Site):
