@@ -584,6 +584,40 @@ def site_install(prefix: Path, slurm_conf: Path) -> None:
     click.echo(site_layout.install_summary(planned, done), nl=False)
 
 
+@site.command("check")
+@_config_opt
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as one JSON object.")
+def site_check(config_path: str | None, as_json: bool) -> None:
+    """Check this host's scout install, changing nothing; exit 1 if any check FAILs.
+
+    Run it as root on the controller and on a compute node: the site config's trust (owner,
+    mode, folders above it), observe_only, Slurm's release and the slurm.conf parameters scout
+    needs (PrologFlags=Alloc, PrologEpilogTimeout, SlurmUser), scout's Prolog, Epilog and
+    EpilogSlurmctld among the programs slurm.conf names and executable by whom runs them, the
+    evidence root's owners and modes, NVML and the kernel log. One line per check (ok, warn,
+    FAIL, skip), with what to do under each that is not ok.
+
+    Example: scout site check --config /etc/scout/scout.toml
+    """
+    import os
+
+    from scout_slurm.site import check
+    from scout_slurm.slurm import ops
+
+    report = check.run_checks(
+        config_path,
+        os.environ,
+        show_config=lambda cfg: ops.show_config(
+            timeout=cfg.slurm.timeout_s, bin_dir=cfg.slurm.bin_dir
+        ),
+    )
+    if as_json:
+        click.echo(json.dumps(report.as_json(), indent=2))
+    else:
+        click.echo(report.render(), nl=False)
+    sys.exit(1 if report.failed else 0)
+
+
 @main.command("map")
 @click.argument("job_id", type=int, required=False)
 @click.option("--rank", type=int, default=None, help="Only this rank.")

@@ -31,7 +31,8 @@ def render_site_markdown() -> str:
         "variable `SCOUT_<SECTION>_<KEY>`, which beats the file, which beats the default. An "
         "unknown section or key is an error that lists the valid ones. The privileged hooks read "
         "the file only when root can trust it (README: The site config is read as sshd reads its "
-        "own). Numbers are finite and never negative; a boolean is `true` or `false` (in a "
+        "own); `scout site check` says whether they do, and what to fix. Numbers are finite "
+        "and never negative; a boolean is `true` or `false` (in a "
         "variable also 1/0, yes/no, on/off); a choice is one of its words.",
         "",
     ]

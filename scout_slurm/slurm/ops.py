@@ -10,10 +10,12 @@ from scout_slurm.slurm.hostlist import compress_hostlist
 from scout_slurm.slurm.parse import (
     JobInfo,
     NodeInfo,
+    SlurmSettings,
     format_reason,
     parse_sacct_state,
     parse_scontrol_job,
     parse_scontrol_node,
+    parse_show_config,
     parse_sinfo_json,
     parse_squeue_json,
 )
@@ -210,3 +212,10 @@ def submit_batch(
         raise SlurmError(
             "sbatch printed no job id", argv=res.argv, stderr=res.stdout + res.stderr
         ) from None
+
+
+def show_config(*, timeout: float, env: Env = None, bin_dir: str = "") -> SlurmSettings:
+    """slurm.conf as the controller holds it (`scontrol show config`)."""
+    return parse_show_config(
+        run_slurm("scontrol", ["show", "config"], timeout=timeout, env=env, bin_dir=bin_dir).stdout
+    )

@@ -297,3 +297,97 @@ def format_reason(reason: str, *, limit: int = 1000) -> str:
     """A drain reason safe to pass as one argv element: printable, one line, bounded."""
     clean = "".join(ch if ch.isprintable() else " " for ch in reason).replace("\n", " ")
     return clean[:limit]
+
+
+# `scontrol show config` prints "Key<spaces>= value", one per line, after a heading; later
+# sections (cgroup.conf, the controllers' state) follow. A key's first occurrence is slurm.conf's.
+# From 24.11 a hook's programs are numbered, one line each ("Prolog[0] = ..."): 22.05 prints
+# "Prolog = ..." (tests/fixtures/slurm-*/scontrol-show-config.txt).
+_CONFIG_LINE = re.compile(r"^([A-Za-z][A-Za-z0-9_]*(?:\[\d+\])?)\s*= ?(.*)$")
+_INDEXED = re.compile(r"^([A-Za-z][A-Za-z0-9_]*)\[(\d+)\]$")
+_SECONDS = re.compile(r"^(\d+)(?: sec)?$")
+NO_VAL16 = 65534  # what Slurm prints for a timeout left unset: no limit
+
+
+@dataclass(frozen=True)
+class SlurmSettings:
+    """What `scout site check` reads of `scontrol show config`. A hook parameter Slurm shows as
+    `(null)` is (); several programs (numbered lines, 24.11 on) are one entry each."""
+
+    version: str  # SLURM_VERSION, "22.05.8"
+    cluster_name: str
+    slurm_user: str  # the name of SlurmUser, without the "(uid)" scontrol adds
+    slurm_user_uid: int | None
+    prolog: tuple[str, ...]
+    epilog: tuple[str, ...]
+    epilog_slurmctld: tuple[str, ...]
+    prolog_flags: tuple[str, ...]
+    # (parameter, seconds) Slurm kills the Prolog / the Epilogs at: PrologTimeout and
+    # EpilogTimeout (26.05) where set, else PrologEpilogTimeout; seconds None: no limit
+    prolog_timeout: tuple[str, int | None]
+    epilog_timeout: tuple[str, int | None]
+    min_job_age_s: int | None
+    raw: Mapping[str, str]
+
+    @property
+    def release(self) -> tuple[int, int] | None:
+        m = re.match(r"(\d+)\.(\d+)", self.version)
+        return (int(m[1]), int(m[2])) if m else None
+
+
+def _programs(raw: Mapping[str, str], name: str) -> tuple[str, ...]:
+    """The programs of hook `name`: "Name = a" (22.05, maybe "a,b") or "Name[0] = a" lines."""
+    values = [raw.get(name, "")]
+    numbered = sorted(
+        (int(m[2]), v) for k, v in raw.items() if (m := _INDEXED.match(k)) and m[1] == name
+    )
+    values += [v for _, v in numbered]
+    return tuple(
+        p.strip() for v in values if v not in ("", "(null)") for p in v.split(",") if p.strip()
+    )
+
+
+def _seconds(value: str) -> int | None:
+    m = _SECONDS.match(value.strip())
+    return int(m[1]) if m else None
+
+
+def _timeout(raw: Mapping[str, str], own: str) -> tuple[str, int | None]:
+    name = own if _seconds(raw.get(own, "")) is not None else "PrologEpilogTimeout"
+    seconds = _seconds(raw.get(name, ""))
+    return name, None if seconds in (None, NO_VAL16) else seconds
+
+
+def parse_show_config(text: str) -> SlurmSettings:
+    """`scontrol show config` (recorded: tests/fixtures/slurm-*/scontrol-show-config.txt)."""
+    raw: dict[str, str] = {}
+    for line in text.splitlines():
+        m = _CONFIG_LINE.match(line)
+        if m and m[1] not in raw:
+            raw[m[1]] = m[2].strip()
+    if "SLURM_VERSION" not in raw:
+        raise SlurmError(
+            "`scontrol show config` printed no SLURM_VERSION line: is this its output? "
+            f"first line: {text.strip().splitlines()[0][:200] if text.strip() else '(empty)'!r}"
+        )
+    user = raw.get("SlurmUser", "")
+    m = re.fullmatch(r"(.*?)\((\d+)\)", user)
+    name, uid = (m[1], int(m[2])) if m else (user, None)
+    return SlurmSettings(
+        version=raw["SLURM_VERSION"],
+        cluster_name=raw.get("ClusterName", ""),
+        slurm_user=name,
+        slurm_user_uid=uid,
+        prolog=_programs(raw, "Prolog"),
+        epilog=_programs(raw, "Epilog"),
+        epilog_slurmctld=_programs(raw, "EpilogSlurmctld"),
+        prolog_flags=tuple(
+            f.strip()
+            for f in raw.get("PrologFlags", "").split(",")
+            if f.strip() not in ("", "(null)")
+        ),
+        prolog_timeout=_timeout(raw, "PrologTimeout"),
+        epilog_timeout=_timeout(raw, "EpilogTimeout"),
+        min_job_age_s=_seconds(raw.get("MinJobAge", "")),
+        raw=raw,
+    )
