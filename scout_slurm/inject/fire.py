@@ -39,8 +39,13 @@ class Injector:
         self.timing_said = False  # a recurring delay: said and recorded at its first firing only
         self.update_said = False
         self.compute_fired = 0
+        # the workers torchrun restarted (--max-restarts) are the same Slurm run's second attempt
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        self.torchrun_attempt = int(attempt) if attempt.isdigit() else 0
 
     def applies(self, step: int) -> bool:
+        if self.torchrun_attempt > 0 and self.fault.restart is not None:
+            return False  # a fault of one run fires in torchrun's first attempt (restart=any: all)
         return self.fault.applies(self.rank, step, self.restart)
 
     # -- at the end of an optimizer step -------------------------------------------------------

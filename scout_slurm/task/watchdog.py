@@ -280,6 +280,7 @@ class Watchdog:
         self.torchrun = torchrun
         self.agent: AgentRecord | None = None
         self.attempt = 0
+        self.workers: tuple[int, ...] = ()
 
     # -- state machine ------------------------------------------------------------------
     def _to(self, new: WatchState) -> None:
@@ -934,15 +935,24 @@ class Watchdog:
             return
         self.agent = record
         current = record.current
-        if current.number == self.attempt:
+        workers = record.pids()
+        if (current.number, workers) == (self.attempt, self.workers):
+            return
+        new_attempt = current.number != self.attempt
+        self.attempt, self.workers = current.number, workers
+        self.trackers.clear()  # the old workers' clocks: the new ones are on their own
+        self.next_publish = now
+        if not new_attempt:
+            # torchrun restarted the group without counting an attempt (another node's agent
+            # failed and joined the rendezvous again)
+            log.info("watchdog.torchrun_workers", rank=self.ctx.rank, pids=list(workers))
             return
         before = record.attempts[-2] if len(record.attempts) > 1 else None
-        self.attempt = current.number
-        self.trackers.clear()  # the old attempt's clocks: the new workers are on their own
-        self.next_publish = now
         why = ""
         if before is not None and before.failed():
-            w = before.failed()[0]
+            failed = before.failed()
+            # the worker that failed, not those torchrun then ended with SIGTERM
+            w = next((f for f in failed if f.signal != signal.SIGTERM), failed[0])
             why = f" after rank {w.rank} " + (
                 f"ended on signal {w.signal}" if w.signal else f"exited with code {w.exit_code}"
             )
@@ -954,11 +964,18 @@ class Watchdog:
             )
 
     def _agent_restarting(self) -> bool:
+        """torchrun is between two sets of workers: its attempt failed with restarts left, or a
+        worker it started has gone while its record still says running (it is replacing them, or
+        about to notice)."""
         if not self.torchrun:
             return False
         record = read_agent(self.shm_dir)
         current = record.current if record is not None else None
-        return current is not None and current.state == "failed" and current.restarting
+        if current is None:
+            return False
+        if current.state == "failed":
+            return current.restarting
+        return current.state == "running" and not all(_alive(p) for p in record.pids())
 
     def _worker_pids(self) -> tuple[int, ...]:
         """The agent's workers now alive and still its children (a recycled pid is not signalled):
