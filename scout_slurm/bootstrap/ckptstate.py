@@ -840,6 +840,17 @@ class CheckpointWatch:
                 f"scout: resumed rank {self.rank}: RNG streams differ from the checkpoint record: "
                 f"{', '.join(rng_bad)}\n"
             )
+        elif not same:
+            # nothing of this rank's was recorded (it did not save, or saved other components):
+            # nothing was compared, so nothing is called verified
+            self._finding(
+                False,
+                f"resume not checked: rank {self.rank} restored {note.path} (step {note.step}), "
+                f"whose record holds no signature of this rank's state"
+                + (f" (not recorded: {', '.join(unchecked)})" if unchecked else ""),
+                details,
+                info=True,
+            )
         else:
             self._finding(
                 True,

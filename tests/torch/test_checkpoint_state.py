@@ -341,3 +341,26 @@ def test_an_atomic_torch_save_is_recorded_under_its_final_name_and_resumed_bit_f
         f"restored {ckpt / 'step-5.pt'} (step 5)" in found["resume-verified-rank-0.json"]["summary"]
     )
     assert (tmp_path / "b.txt").read_text() == (tmp_path / "a.txt").read_text()
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_with_nothing_to_compare_is_not_called_verified(tmp_path):
+    """The saving rank's values stand for the others only where the replicas agreed: with no
+    agreement on record, rank 1 has nothing to compare, and says so instead of 'verified'."""
+    ckpt = tmp_path / "ckpt"
+    train = [str(TRAIN), "--steps", "6", "--step-sleep", "0", "--timeout", "30"]
+    train += ["--ckpt-dir", str(ckpt), "--ckpt-every", "5"]
+    _ok(run_ranks(train, _env(tmp_path, "a"), cwd=tmp_path / "a"))
+    (path,) = [p for p in (tmp_path / "notes").glob("*.json") if read_record(p, CheckpointNote)]
+    doc = json.loads(path.read_text())
+    for sig in doc["signatures"]:
+        sig["agreed"] = False  # as if the exchange after the save had not agreed
+    path.write_text(json.dumps(doc))
+    resume = dict(SCOUT_RESUME_CHECKPOINT=str(ckpt / "step-5.pt"), SCOUT_STEP_OFFSET="5")
+    _ok(
+        run_ranks(train, _env(tmp_path, "b", SLURM_RESTART_COUNT="1", **resume), cwd=tmp_path / "b")
+    )
+    found = _findings(tmp_path / "b")
+    assert sorted(found) == ["resume-unchecked-rank-1.json", "resume-verified-rank-0.json"], found
+    summary = found["resume-unchecked-rank-1.json"]["summary"]
+    assert summary.startswith("resume not checked: rank 1 restored") and "verified" not in summary
