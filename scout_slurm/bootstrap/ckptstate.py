@@ -41,6 +41,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -271,6 +272,9 @@ class CheckpointWatch:
             str, tuple[str, int, str]
         ] = {}  # canonical hidden name -> (saver, step, name written)
         self.names: set[str] = set()
+        # step -> (the folder, {part path: its digest}) of the checkpoint this rank is writing as
+        # several files at one step (HF Trainer: model, optimizer, scheduler, RNG files)
+        self.step_parts: dict[int, tuple[str, dict[str, Any]]] = {}
 
     # -- what the job has ------------------------------------------------------------------------
     def see_optimizer(self, opt: Any) -> None:
@@ -327,6 +331,7 @@ class CheckpointWatch:
             )
             return
         step = self.global_step() if step is None else int(step)
+        target, files, size, sha = self._with_step_parts(target, files, step)
         mine = self.now()
         note = CheckpointNote(
             path=target,
@@ -365,8 +370,37 @@ class CheckpointWatch:
                 sys.stderr.write(f"scout: checkpoint note not written: {exc!r}\n")
                 return
             if per_rank is None and self.world >= 2 and self.side is not None:
+                # a later part of the same step's checkpoint replaces the earlier note
+                self.pending = [(d, n) for d, n in self.pending if d != dest]
                 self.pending.append((dest, note))
             self._follow(canonical(target), dest)
+
+    def _with_step_parts(self, target: str, files, step: int):
+        """A file saved at the same step as another of this rank's, in a folder named for that
+        step (`checkpoint-20/`): one checkpoint of several parts, recorded as that folder with
+        each part (the note of the step holds them all, not the last file written). Otherwise
+        the file alone. Returns (path, files, size, sha) for the note."""
+        from scout_slurm.evidence.records import CheckpointFile
+
+        folder = os.path.dirname(target)
+        if os.path.isdir(target) or str(step) not in re.findall(r"\d+", os.path.basename(folder)):
+            self.step_parts.pop(step, None)
+            return target, files, sum(f.size_bytes for f in files), combined_sha(files)
+        known = self.step_parts.get(step)
+        if known is None or known[0] != folder:
+            known = (folder, {})
+            self.step_parts = {step: known}  # the newest step only: bounded
+        parts = known[1]
+        parts[target] = files[0]
+        if len(parts) == 1:
+            return target, files, files[0].size_bytes, combined_sha(files)
+        merged = tuple(
+            CheckpointFile(
+                name=os.path.relpath(p, folder), size_bytes=f.size_bytes, sha256=f.sha256
+            )
+            for p, f in sorted(parts.items())
+        )
+        return folder, merged, sum(f.size_bytes for f in merged), combined_sha(merged)
 
     def saved_collective(self, path: str, *, saver: str) -> None:
         """A save every rank made together (DCP): sign and exchange now; the lowest rank records
@@ -669,10 +703,11 @@ class CheckpointWatch:
         if self.resume_done or self.resume_loaded:
             return
         try:
-            same = os.path.realpath(os.fspath(path)) == os.path.realpath(self.resume)
+            loaded, resume = os.path.realpath(os.fspath(path)), os.path.realpath(self.resume)
         except (TypeError, ValueError):
             return
-        if same:
+        # the checkpoint itself, or a part of it (a file of the folder the resume names)
+        if loaded == resume or loaded.startswith(resume.rstrip(os.sep) + os.sep):
             self.resume_loaded = True
 
     def _rerun_checkpoints(self) -> dict[str, Any]:
@@ -1037,6 +1072,9 @@ def install(handle: Any, state: Any) -> None:
     def scout_load(f, *args, **kwargs):
         if isinstance(f, (str, os.PathLike)):
             guard.run("checkpoint watch", watch.loaded, f)
+        elif isinstance(getattr(f, "name", None), str) and os.path.isabs(f.name):
+            # a file object the job opened (Lightning, fsspec, `with open(...)`): its name
+            guard.run("checkpoint watch", watch.loaded, f.name)
         return original_load(f, *args, **kwargs)
 
     scout_load.__wrapped__ = original_load

@@ -364,3 +364,35 @@ def test_a_rank_with_nothing_to_compare_is_not_called_verified(tmp_path):
     assert sorted(found) == ["resume-unchecked-rank-1.json", "resume-verified-rank-0.json"], found
     summary = found["resume-unchecked-rank-1.json"]["summary"]
     assert summary.startswith("resume not checked: rank 1 restored") and "verified" not in summary
+
+
+@pytest.mark.timeout(120)
+def test_a_step_folder_of_several_files_is_one_checkpoint_and_a_part_loaded_by_file_object_counts(
+    tmp_path,
+):
+    """As the HF Trainer saves: five files in `checkpoint-4/` at step 4 are one record naming the
+    folder, with every part (not the last file written); the resumed run loads the parts through
+    file objects, which counts as loading the resume checkpoint."""
+    ckpt = tmp_path / "ckpt"
+    job = [str(JOBS / "train_step_folder.py"), "--ckpt", str(ckpt), "--save-at", "4"]
+    _ok(run_ranks(job, _env(tmp_path, "a"), cwd=tmp_path / "a"))
+    notes = _notes(tmp_path)
+    assert len(notes) == 1, [n.path for n in notes]
+    (note,) = notes
+    assert (note.path, note.step) == (str(ckpt / "checkpoint-4"), 4)
+    assert sorted(f.name for f in note.files) == [
+        "model.pt",
+        "optimizer.pt",
+        "rng_state_0.pth",
+        "scheduler.pt",
+        "training_args.bin",
+    ]
+    assert file_problem(note) is None  # the folder's parts as recorded
+    resume = dict(SCOUT_RESUME_CHECKPOINT=note.path, SCOUT_STEP_OFFSET="4")
+    job_b = [*job, "--resume", note.path]
+    _ok(
+        run_ranks(job_b, _env(tmp_path, "b", SLURM_RESTART_COUNT="1", **resume), cwd=tmp_path / "b")
+    )
+    found = _findings(tmp_path / "b")
+    assert "resume-verified-rank-0.json" in found, found
+    assert not any("did not load" in f["summary"] for f in found.values()), found
