@@ -42,6 +42,7 @@ import hashlib
 import logging
 import os
 import re
+import stat
 import sys
 import threading
 import time
@@ -68,6 +69,9 @@ DATA_POSITION = (
 EXCHANGE_EVERY = 50  # steps between checkpoint exchanges when the state votes are off
 # recorded checkpoints whose renames are followed (the newest); older ones keep their names
 FOLLOWED_MAX = 4096
+
+
+IN_MEMORY_S = 600.0  # how long an in-memory save waits for its file to be moved into place
 
 
 def signatures_now(
@@ -275,6 +279,9 @@ class CheckpointWatch:
         # step -> (the folder, {part path: its digest}) of the checkpoint this rank is writing as
         # several files at one step (HF Trainer: model, optimizer, scheduler, RNG files)
         self.step_parts: dict[int, tuple[str, dict[str, Any]]] = {}
+        # a torch.save into memory (Lightning, fsspec): (its size, step, when); recorded under the
+        # name a rename of a file of exactly that size gives it (the write-then-move of the bytes)
+        self.in_memory: tuple[int, int, float] | None = None
 
     # -- what the job has ------------------------------------------------------------------------
     def see_optimizer(self, opt: Any) -> None:
@@ -632,12 +639,40 @@ class CheckpointWatch:
                     del self.hidden[old]
                 self._rename_filter()
 
+    def saved_in_memory(self, size: int) -> None:
+        """torch.save wrote `size` bytes into a buffer of the job's: a checkpoint once the job
+        moves a file of that size into place (`moved`)."""
+        if size > 0:
+            self.in_memory = (size, self.global_step(), time.monotonic())
+
+    def _written_from_memory(self, dst: Any) -> bool:
+        """Whether `dst`, just moved into place, holds the bytes of the last in-memory save (same
+        size, within IN_MEMORY_S): then it is recorded as the checkpoint of that step."""
+        held, self.in_memory = self.in_memory, None
+        if held is None:
+            return False
+        size, step, at = held
+        shown = os.path.abspath(os.fsdecode(dst))
+        if time.monotonic() - at > IN_MEMORY_S or os.path.basename(shown).startswith("."):
+            return False
+        try:
+            st = os.stat(shown)
+        except OSError:
+            return False
+        if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+            self.in_memory = held  # another file moved meanwhile: the checkpoint may follow
+            return False
+        self.saved(shown, saver="torch.save (into memory, then written)", step=step)
+        return True
+
     def moved(self, src: Any, dst: Any) -> None:
         """The job renamed `src` to `dst` (it succeeded). When `src` is a checkpoint this rank
         recorded
         in this run, or a folder holding some, their records now name where they are: the same
         bytes,
         so the digests hold. Anything else costs a set lookup."""
+        if self.in_memory is not None and self._written_from_memory(dst):
+            return
         if os.fsdecode(src).rstrip(os.sep).rpartition(os.sep)[2] not in self.names:
             return
         old, new = canonical(src), canonical(dst)

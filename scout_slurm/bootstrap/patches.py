@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import faulthandler
 import functools
+import io
 import logging
 import os
 import signal
@@ -532,11 +533,20 @@ def _patch_save(rt: Runtime, handle: InstalledHooks) -> None:
             # visible name
             ckptstate.WATCH.saved_hidden(f, saver="torch.save")
 
+    def in_memory(f: Any) -> None:
+        from scout_slurm.bootstrap import ckptstate
+
+        if ckptstate.WATCH is not None:
+            ckptstate.WATCH.saved_in_memory(f.tell())
+
     @functools.wraps(original_save)
     def scout_save(obj, f, *args, **kwargs):
         result = original_save(obj, f, *args, **kwargs)
         if isinstance(f, (str, os.PathLike)):
             rt.guard.run("checkpoint record", noted, f)
+        elif isinstance(f, io.BytesIO):
+            # into memory: Lightning and fsspec write the bytes to a temporary file and move it
+            rt.guard.run("checkpoint record", in_memory, f)
         return result
 
     handle.patch(torch, "save", scout_save)
@@ -596,7 +606,7 @@ def _following_renames(rt: Runtime, fn: Callable, *, returns_dest: bool) -> Call
 
     def follow(args: tuple, kwargs: dict, result: Any) -> None:
         watch = ckptstate.WATCH
-        if watch is None or not watch.names:  # nothing recorded yet: nothing to follow
+        if watch is None or not (watch.names or watch.in_memory):  # nothing to follow
             return
         src = args[0] if args else kwargs["src"]
         dst = (

@@ -396,3 +396,28 @@ def test_a_step_folder_of_several_files_is_one_checkpoint_and_a_part_loaded_by_f
     found = _findings(tmp_path / "b")
     assert "resume-verified-rank-0.json" in found, found
     assert not any("did not load" in f["summary"] for f in found.values()), found
+
+
+@pytest.mark.timeout(180)
+def test_lightnings_own_checkpoints_are_recorded_and_its_resume_is_seen(tmp_path):
+    """Lightning's ModelCheckpoint saves into memory and has fsspec write the bytes to a temporary
+    file moved into place; its resume loads through an fsspec file object. Both are seen: one
+    record per saved step under the final name, and the resumed rank 0 verified."""
+    pytest.importorskip("lightning", reason="pip install -e '.[frameworks]' (scripts/setup.sh)")
+    ckpt = tmp_path / "ck"
+    job = [str(JOBS / "train_lightning.py"), "--steps", "12", "--every", "4", "--ckpt", str(ckpt)]
+    _ok(run_ranks(job, _env(tmp_path, "a"), cwd=tmp_path))
+    notes = {n.step: n for n in _notes(tmp_path)}
+    assert sorted(notes) == [4, 8, 12], [n.path for n in notes.values()]
+    eight = notes[8]
+    assert eight.path == str(ckpt / "epoch=0-step=8.ckpt"), eight.path
+    assert eight.saver == "torch.save (into memory, then written)"
+    assert file_problem(eight) is None
+    resume = dict(SCOUT_RESUME_CHECKPOINT=eight.path, SCOUT_STEP_OFFSET="8")
+    job_b = [*job[:-1], str(tmp_path / "ck2"), "--resume", eight.path]
+    _ok(run_ranks(job_b, _env(tmp_path, "b", SLURM_RESTART_COUNT="1", **resume), cwd=tmp_path))
+    found = _findings(tmp_path / "b")
+    assert found["resume-verified-rank-0.json"]["summary"].startswith(
+        f"resume verified: rank 0 restored {eight.path} (step 8); model, optimizer"
+    ), found
+    assert not any("did not load" in f["summary"] for f in found.values()), found
