@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-WRITE, APPEND, MKDIR, STAT = 1, 2, 3, 4
-_HEADER = struct.Struct("!BIII")  # op, mode, len(path), len(data)
+WRITE, APPEND, MKDIR, STAT, PWRITE, PWRITE_NEW = 1, 2, 3, 4, 5, 6
+_HEADER = struct.Struct("!BIQII")  # op, mode, offset, len(path), len(data)
 _PACKAGE_PARENT = os.fspath(Path(__file__).resolve().parents[2])
 
 
@@ -53,6 +53,7 @@ class _Item:
     path: str
     data: bytearray
     mode: int
+    offset: int = 0
     reply: list[Any] | None = None  # a caller waiting for the answer (probe)
     done: threading.Event | None = None
 
@@ -80,7 +81,7 @@ class EvidenceWriter:
         self.stalled = False
         self.stall_count = 0  # how many stalls began (said once each)
         self._failures: list[WriteFailure] = []
-        self._pending: OrderedDict[tuple[int, str], _Item] = OrderedDict()
+        self._pending: OrderedDict[tuple[int, str, int], _Item] = OrderedDict()
         self._inflight: _Item | None = None
         self._cond = threading.Condition()
         self._closing = False
@@ -104,11 +105,18 @@ class EvidenceWriter:
     def append(self, path: Path | str, data: bytes, *, mode: int = 0o640) -> None:
         self._put(_Item(APPEND, os.fspath(path), bytearray(data), mode))
 
+    def pwrite(
+        self, path: Path | str, data: bytes, offset: int, *, new: bool = False, mode: int = 0o644
+    ) -> None:
+        """Write `data` at `offset` of the file (a ring file's slot); `new`: truncate it first."""
+        op = PWRITE_NEW if new else PWRITE
+        self._put(_Item(op, os.fspath(path), bytearray(data), mode, offset=offset))
+
     def mkdir(self, path: Path | str, *, mode: int = 0o755) -> None:
         self._put(_Item(MKDIR, os.fspath(path), bytearray(), mode))
 
     def _put(self, item: _Item) -> None:
-        key = (item.op, item.path)
+        key = (item.op, item.path, item.offset)
         with self._cond:
             if self._broken or self._closing:
                 self._drop(1)
@@ -170,7 +178,7 @@ class EvidenceWriter:
         with self._cond:
             if self._broken:
                 return None
-            self._pending[(STAT, item.path + f"#{id(item)}")] = item
+            self._pending[(STAT, item.path, id(item))] = item
             self._cond.notify()
         if not done.wait(timeout):
             return None
@@ -263,7 +271,9 @@ class EvidenceWriter:
         assert proc is not None and proc.stdin is not None
         path = item.path.encode("utf-8", "surrogateescape")
         try:
-            proc.stdin.write(_HEADER.pack(item.op, item.mode, len(path), len(item.data)))
+            proc.stdin.write(
+                _HEADER.pack(item.op, item.mode, item.offset, len(path), len(item.data))
+            )
             proc.stdin.write(path)
             proc.stdin.write(item.data)
             proc.stdin.flush()
@@ -330,7 +340,7 @@ def _read_exact(fh, n: int) -> bytes | None:
     return out
 
 
-def _perform(op: int, path: str, data: bytes, mode: int) -> None:
+def _perform(op: int, path: str, data: bytes, mode: int, offset: int) -> None:
     if op == WRITE:
         from scout_slurm.evidence.safeio import atomic_write_bytes
 
@@ -340,6 +350,13 @@ def _perform(op: int, path: str, data: bytes, mode: int) -> None:
         fd = os.open(path, flags, mode)
         try:
             os.write(fd, data)
+        finally:
+            os.close(fd)
+    elif op in (PWRITE, PWRITE_NEW):
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(path, flags | (os.O_TRUNC if op == PWRITE_NEW else 0), mode)
+        try:
+            os.pwrite(fd, data, offset)
         finally:
             os.close(fd)
     elif op == MKDIR:
@@ -367,13 +384,13 @@ def serve() -> None:
         header = _read_exact(inp, _HEADER.size)
         if header is None:
             return
-        op, mode, n_path, n_data = _HEADER.unpack(header)
+        op, mode, offset, n_path, n_data = _HEADER.unpack(header)
         raw_path, data = _read_exact(inp, n_path), _read_exact(inp, n_data)
         if raw_path is None or data is None:
             return
         path = raw_path.decode("utf-8", "surrogateescape")
         try:
-            _perform(op, path, data, mode)
+            _perform(op, path, data, mode, offset)
             answer = "0 "
         except Exception as exc:  # noqa: BLE001 - every refusal is answered, none ends the helper
             answer = f"{_errno_of(exc)} {str(exc).replace(chr(10), ' ')[:500]}"

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scout_slurm.config import WatchdogConfig
-from scout_slurm.errors import ScoutError
+from scout_slurm.errors import EvidenceError, ScoutError
+from scout_slurm.evidence import history as history_mod
 from scout_slurm.evidence.history import HistoryWriter
 from scout_slurm.evidence.layout import PROGRESS_SNAPSHOTS, JobFolder
 from scout_slurm.evidence.records import (
@@ -43,6 +44,7 @@ from scout_slurm.evidence.store import (
     read_record,
     write_record,
 )
+from scout_slurm.evidence.writer import EvidenceWriter
 from scout_slurm.jobenv import TaskContext
 from scout_slurm.localise.stall import decide_stall
 from scout_slurm.log import get_logger
@@ -230,8 +232,14 @@ class Watchdog:
         wall: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
         init_line: str = "",
+        writer: EvidenceWriter | None = None,
     ) -> None:
         self.ctx, self.cfg, self.folder, self.child = ctx, cfg, folder, child
+        # the job's evidence writer: the loop's writes are enqueued there, never waited for (a
+        # hung evidence root stalls the writer's helper, not this loop); None: written here
+        self.writer = writer
+        self.history_seq: dict[int, int] = {}
+        self.written_seen = 0
         self.shm_dir, self.stderr_tail = shm_dir, stderr_tail
         self.clock, self.wall, self.sleep = clock, wall, sleep
         self.state = WatchState.WATCHING
@@ -301,6 +309,7 @@ class Watchdog:
             self._observe(now)
             if self._publish_due(now):
                 self._publish(now)
+            self._writer_health(now)
             if self.health.should_end_job(now):
                 return self._end_for_lost_evidence(now)
             decision = self._check_stall(now)
@@ -491,6 +500,14 @@ class Watchdog:
     def _add_history(self, rank: int, snap: ProgressSnapshot) -> None:
         """One sample into the rank's bounded ring file. It only illustrates the report, so a
         failure is logged, never counted against the job (the snapshot write above is)."""
+        if self.writer is not None:
+            seq = self.history_seq[rank] = self.history_seq.get(rank, 0) + 1
+            path = self.folder.history_path(self.ctx.restart, rank)
+            if seq == 1:
+                self.writer.pwrite(path, history_mod.encode_header(history_mod.SLOTS), 0, new=True)
+            slot = history_mod.encode_slot(history_mod.sample_of(snap, seq))
+            self.writer.pwrite(path, slot, history_mod.slot_offset(seq, history_mod.SLOTS))
+            return
         writer = self.histories.get(rank)
         if writer is None:
             writer = self.histories[rank] = HistoryWriter(
@@ -507,6 +524,9 @@ class Watchdog:
     def _write_evidence(self, path: Path, record, *, what: str) -> bool:
         """Write one record; a storage that refuses writes is said loudly in the job's stderr and
         counted towards ending the job (see evidencehealth)."""
+        if self.writer is not None:
+            self.writer.write_record(path, record)  # refusals come back in _writer_health
+            return True
         try:
             write_record(path, record)
         except ScoutError as exc:
@@ -534,6 +554,37 @@ class Watchdog:
             _say(f"scout: rank {self.ctx.rank}: evidence can be written again")
         return True
 
+    def _writer_health(self, now: float) -> None:
+        """The writer's refusals since the last look, counted as `_write_evidence` counts its own
+        (a full or read-only root ends the job by the site's policy); a hung root is no refusal:
+        the writer says it and holds the records back."""
+        if self.writer is None:
+            return
+        failures = self.writer.take_failures()
+        for f in failures:
+            exc = EvidenceError(f.message)
+            exc.__cause__ = OSError(f.errno, os.strerror(f.errno), f.path)
+            if storage_errno(exc) is None:
+                log.warning("watchdog.write_failed", rank=self.ctx.rank, error=f.message)
+            elif self.health.failed(now, f.path, exc):
+                log.error(
+                    "watchdog.evidence_unwritable",
+                    rank=self.ctx.rank,
+                    path=f.path,
+                    error=f.message,
+                    policy=self.health.policy,
+                    grace_s=self.health.grace_s,
+                )
+                _say(f"scout: rank {self.ctx.rank}: {self.health.message(now)}")
+        before, self.written_seen = self.written_seen, self.writer.written
+        if not failures and self.written_seen > before and self.health.succeeded():
+            log.warning(
+                "watchdog.evidence_writable_again",
+                rank=self.ctx.rank,
+                failures=self.health.failures,
+            )
+            _say(f"scout: rank {self.ctx.rank}: evidence can be written again")
+
     def _end_for_lost_evidence(self, now: float) -> int:
         _say(
             f"scout: rank {self.ctx.rank}: ENDING THE JOB (exit code {exitcodes.EVIDENCE_LOST}): "
@@ -558,6 +609,8 @@ class Watchdog:
         """
         if self.ctx.restart <= 0:
             return ""
+        if self.writer is not None and (self.writer.stalled or self.writer.dropped):
+            return ""  # the root does not answer: this line is not worth the exit
         try:
             before = read_record(
                 self.folder.rank_exit_path(self.ctx.restart - 1, self.ctx.rank),
