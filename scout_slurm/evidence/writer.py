@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-WRITE, APPEND, MKDIR, STAT, PWRITE, PWRITE_NEW = 1, 2, 3, 4, 5, 6
+WRITE, APPEND, MKDIR, STAT, PWRITE, PWRITE_NEW, READ, CREATE_NEW = 1, 2, 3, 4, 5, 6, 7, 8
 _HEADER = struct.Struct("!BIQII")  # op, mode, offset, len(path), len(data)
 _PACKAGE_PARENT = os.fspath(Path(__file__).resolve().parents[2])
 
@@ -112,6 +112,11 @@ class EvidenceWriter:
         op = PWRITE_NEW if new else PWRITE
         self._put(_Item(op, os.fspath(path), bytearray(data), mode, offset=offset))
 
+    def create_new(self, path: Path | str, data: bytes, *, mode: int = 0o644) -> None:
+        """Make the file appear with `data` only if nothing is there yet (a mark the first of
+        several writers sets)."""
+        self._put(_Item(CREATE_NEW, os.fspath(path), bytearray(data), mode))
+
     def mkdir(self, path: Path | str, *, mode: int = 0o755) -> None:
         self._put(_Item(MKDIR, os.fspath(path), bytearray(), mode))
 
@@ -129,6 +134,8 @@ class EvidenceWriter:
                         self._drop(1)
                         return
                     held.data += item.data
+                elif item.op == CREATE_NEW:
+                    pass  # the first mark held is the one that may appear
                 else:
                     held.data = item.data  # the newest record of a path is the one that counts
                 return
@@ -173,16 +180,28 @@ class EvidenceWriter:
     def probe(self, path: Path | str, timeout: float) -> int | None:
         """Does `path` answer? 0: it exists; an errno: it answered with that error; None: no
         answer within `timeout` (the root hangs, or the writer is stalled on it already)."""
-        done = threading.Event()
-        item = _Item(STAT, os.fspath(path), bytearray(), 0, reply=[], done=done)
-        with self._cond:
-            if self._broken:
-                return None
-            self._pending[(STAT, item.path, id(item))] = item
-            self._cond.notify()
-        if not done.wait(timeout):
+        answer = self._ask(_Item(STAT, os.fspath(path), bytearray(), 0), timeout)
+        return answer if answer is None else answer[0]
+
+    def read(
+        self, path: Path | str, timeout: float, *, max_bytes: int = 1 << 20
+    ) -> bytes | int | None:
+        """The file's bytes (at most `max_bytes`, read without following a link); an errno when
+        the root answered with an error (ENOENT: not there); None: no answer within `timeout`."""
+        answer = self._ask(_Item(READ, os.fspath(path), bytearray(), max_bytes), timeout)
+        if answer is None:
             return None
-        assert item.reply is not None
+        return answer[1] if answer[0] == 0 else answer[0]
+
+    def _ask(self, item: _Item, timeout: float) -> tuple[int, bytes] | None:
+        item.reply, item.done = [], threading.Event()
+        with self._cond:
+            if self._broken or self.stalled or len(self._pending) >= self.max_pending:
+                return None  # the root is known not to answer: no new question piles up
+            self._pending[(item.op, item.path, id(item))] = item
+            self._cond.notify()
+        if not item.done.wait(timeout):
+            return None
         return item.reply[0] if item.reply else None
 
     def close(self, timeout: float) -> bool:
@@ -191,7 +210,8 @@ class EvidenceWriter:
         flushed = self.flush(timeout)
         with self._cond:
             self._closing = True
-            lost = len(self._pending) + (self._inflight is not None)
+            held = [*self._pending.values(), *([self._inflight] if self._inflight else [])]
+            lost = sum(item.op not in (STAT, READ) for item in held)  # a question is no record
             self._cond.notify_all()
         if not flushed and lost:
             self.dropped += lost
@@ -256,17 +276,17 @@ class EvidenceWriter:
                     self._drop(n)
                 elif answer[0] == 0:
                     self.written += 1
-                elif item.op != STAT:
+                elif item.op not in (STAT, READ):
                     self._failures.append(WriteFailure(item.path, answer[0], answer[1]))
                 if item.done is not None and item.reply is not None:
                     if answer is not None:
-                        item.reply.append(answer[0])
+                        item.reply.append((answer[0], answer[2]))
                     item.done.set()
                 self._cond.notify_all()
                 if answer is None:
                     return
 
-    def _send(self, item: _Item, reader: _Replies) -> tuple[int, str] | None:
+    def _send(self, item: _Item, reader: _Replies) -> tuple[int, str, bytes] | None:
         proc = self._proc
         assert proc is not None and proc.stdin is not None
         path = item.path.encode("utf-8", "surrogateescape")
@@ -302,7 +322,12 @@ class EvidenceWriter:
                 f"({self.dropped} dropped)"
             )
         code, _, message = line.partition(" ")
-        return int(code), message
+        data = b""
+        if item.op == READ and code == "0":
+            data = reader.take(int(message))  # sent with its line: no wait on the root here
+            if data is None:
+                return None
+        return int(code), message, data
 
 
 class _Replies:
@@ -326,6 +351,16 @@ class _Replies:
         line, _, self.buf = self.buf.partition(b"\n")
         return line.decode("utf-8", "replace")
 
+    def take(self, n: int) -> bytes | None:
+        while len(self.buf) < n:
+            chunk = os.read(self.fd, max(4096, n - len(self.buf)))
+            if not chunk:
+                self.eof = True
+                return None
+            self.buf += chunk
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
 
 # ---- the helper process: the one place that touches the evidence root
 
@@ -340,8 +375,17 @@ def _read_exact(fh, n: int) -> bytes | None:
     return out
 
 
-def _perform(op: int, path: str, data: bytes, mode: int, offset: int) -> None:
-    if op == WRITE:
+def _perform(op: int, path: str, data: bytes, mode: int, offset: int) -> bytes:
+    """Do one request; the bytes of a READ, else b""."""
+    if op == READ:
+        from scout_slurm.evidence.safeio import safe_read_bytes
+
+        return safe_read_bytes(Path(path), max_bytes=mode)
+    if op == CREATE_NEW:
+        from scout_slurm.evidence.safeio import create_exclusive
+
+        create_exclusive(Path(path), data, mode=mode)
+    elif op == WRITE:
         from scout_slurm.evidence.safeio import atomic_write_bytes
 
         atomic_write_bytes(Path(path), data, mode=mode)
@@ -365,9 +409,14 @@ def _perform(op: int, path: str, data: bytes, mode: int, offset: int) -> None:
         os.stat(path)
     else:
         raise ValueError(f"unknown operation {op}")
+    return b""
 
 
 def _errno_of(exc: BaseException) -> int:
+    from scout_slurm.evidence.safeio import EvidenceMissing
+
+    if isinstance(exc, EvidenceMissing):
+        return errno_mod.ENOENT
     while exc is not None:
         if isinstance(exc, OSError) and exc.errno:
             return exc.errno
@@ -389,10 +438,11 @@ def serve() -> None:
         if raw_path is None or data is None:
             return
         path = raw_path.decode("utf-8", "surrogateescape")
+        got = b""
         try:
-            _perform(op, path, data, mode, offset)
-            answer = "0 "
+            got = _perform(op, path, data, mode, offset)
+            answer = f"0 {len(got)}" if op == READ else "0 "
         except Exception as exc:  # noqa: BLE001 - every refusal is answered, none ends the helper
             answer = f"{_errno_of(exc)} {str(exc).replace(chr(10), ' ')[:500]}"
-        out.write(answer.encode("utf-8", "replace") + b"\n")
+        out.write(answer.encode("utf-8", "replace") + b"\n" + got)
         out.flush()

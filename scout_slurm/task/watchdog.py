@@ -26,6 +26,7 @@ from pathlib import Path
 from scout_slurm.config import WatchdogConfig
 from scout_slurm.errors import EvidenceError, ScoutError
 from scout_slurm.evidence import history as history_mod
+from scout_slurm.evidence.codec import decode_record, record_to_bytes
 from scout_slurm.evidence.history import HistoryWriter
 from scout_slurm.evidence.layout import PROGRESS_SNAPSHOTS, JobFolder
 from scout_slurm.evidence.records import (
@@ -38,6 +39,7 @@ from scout_slurm.evidence.records import (
     RendezvousMark,
     StallDecision,
 )
+from scout_slurm.evidence.safeio import MAX_RECORD_BYTES
 from scout_slurm.evidence.store import (
     create_record_exclusive,
     list_records,
@@ -53,6 +55,7 @@ from scout_slurm.task import progress as progress_mod
 from scout_slurm.task.evidencehealth import EvidenceHealth, storage_errno
 
 log = get_logger("scout.watchdog")
+LOOK_S = 1.0  # how long a look at a peer's mark or decision may wait for the evidence root
 FR_WAIT_S = 2.0  # for the Flight Recorder dumps, once the stacks are in (the thread looks at 2 Hz)
 STACK_SIGNAL = signal.SIGRTMIN + 5  # the bootstrap registers faulthandler on it
 STDERR_DRAIN_S = (
@@ -375,7 +378,19 @@ class Watchdog:
             point.mine = True
             if point.since is None:
                 point.since = now
-            if not path.exists():
+            if self.writer is not None:  # the first mark stays (the helper makes it or not)
+                self.writer.create_new(
+                    path,
+                    record_to_bytes(
+                        RendezvousMark(
+                            rank=mine[0],
+                            node=self.ctx.node,
+                            step_id=self.ctx.step_id,
+                            at=self.wall(),
+                        )
+                    ),
+                )
+            elif not path.exists():
                 try:
                     create_record_exclusive(
                         path,
@@ -399,7 +414,7 @@ class Watchdog:
         if point.since is not None or now < point.next_look:
             return False
         point.next_look = now + self.cfg.publish_interval_s
-        if path.exists():
+        if self._exists(path):
             point.since = now
             log.info("watchdog.peer_passed", point=point.name, rank=self.ctx.rank, path=str(path))
         return False
@@ -632,8 +647,24 @@ class Watchdog:
     def _decision_path(self) -> Path:
         return self.folder.stall_decision_path(self.ctx.restart)
 
+    def _exists(self, path: Path) -> bool:
+        """Is a peer's mark there? Through the writer's helper, for at most LOOK_S: a root that
+        does not answer is "not yet" (the watchdog decides from what it has)."""
+        if self.writer is None:
+            return path.exists()
+        return self.writer.probe(path, LOOK_S) == 0
+
     def _existing_decision(self) -> StallDecision | None:
         path = self._decision_path()
+        if self.writer is not None:
+            data = self.writer.read(path, LOOK_S, max_bytes=MAX_RECORD_BYTES)
+            if not isinstance(data, bytes):
+                return None  # not there, or the root does not answer: no peer's decision known
+            try:
+                return decode_record(data, StallDecision, source=str(path))
+            except ScoutError as exc:
+                log.warning("watchdog.decision_unreadable", error=str(exc))
+                return None
         if not path.exists():
             return None
         try:

@@ -43,6 +43,11 @@ def test_writes_appends_and_refusals_on_a_healthy_root(tmp_path):
     assert [f.path for f in failures] == [str(tmp_path / "absent" / "x.json")]
     assert w.probe(tmp_path / "run-0", 5) == 0
     assert w.probe(tmp_path / "nothing-here", 5) == 2  # ENOENT: the root answered
+    assert w.read(tmp_path / "run-0" / "ranks" / "rank-0.json", 5) == b'{"a": 1}'
+    assert w.read(tmp_path / "nothing-here", 5) == 2
+    w.create_new(tmp_path / "mark.json", b"first")
+    w.create_new(tmp_path / "mark.json", b"second")  # the first mark stays
+    assert w.flush(10) and (tmp_path / "mark.json").read_bytes() == b"first"
     assert w.close(5) and said == [] and w.dropped == 0
 
 
@@ -86,6 +91,9 @@ def test_a_frozen_root_holds_the_newest_record_per_path_and_flushes_after_the_th
         assert len(stall) == 1 and str(root) in stall[0] and "training goes on" in stall[0]
         assert w.pending <= 8 + 1  # bounded: the newest per path, past that dropped and counted
         assert w.dropped > 0 and len([s for s in said if "drops records" in s]) == 1
+        t = time.monotonic()  # a question while stalled: no answer, at once
+        assert w.read(root / "ranks" / "before.json", 5) is None
+        assert w.probe(root / "ranks", 5) is None and time.monotonic() - t < 0.05
         fs.thaw()
         assert w.flush(20)
         assert not w.stalled
