@@ -22,6 +22,8 @@ import frozenfs
 import pytest
 import scoutjobs as sj
 
+from scout_slurm.slurm import ops
+
 pytestmark = [
     pytest.mark.slurm,
     pytest.mark.torch,
@@ -91,3 +93,38 @@ def test_a_job_keeps_training_through_a_frozen_evidence_root(lab, clean_drains, 
     shown = sj.show_json(lab, job, restart=0)
     assert shown["kind"] == "clean" and shown["suspects"] == [], shown
     assert sj.drained_nodes(lab) == {}
+
+
+@pytest.mark.timeout(400)
+def test_a_job_past_its_time_limit_on_a_frozen_root_leaves_no_node_drained(
+    lab, clean_drains, tmp_path
+):
+    """The root freezes in mid-training and stays frozen past the job's time limit and Slurm's
+    UnkillableStepTimeout (the lab's: 30 s): Slurm ends the job, and no node is drained "Kill
+    task failed" while the root is still frozen."""
+    script = sj.batch_script(lab, train_args="--steps 100000 --step-sleep 0.03")
+    env = lab.client_env()
+    with freezable(lab.paths.evidence, tmp_path) as fs:
+        job = sj.submit(lab, script, extra=("--no-requeue", "--time=1"))
+        deadline = time.monotonic() + 120
+        while last_step(sj.output(lab, job)) < 100:
+            assert time.monotonic() < deadline, sj.output(lab, job)[-3000:]
+            time.sleep(0.2)
+        fs.freeze()
+        frozen_at = time.monotonic()
+        ended = None
+        while time.monotonic() < frozen_at + 150:
+            info = ops.job_info(job, timeout=10, env=env)
+            if info.is_finished and ended is None:
+                ended = time.monotonic()
+            if ended is not None and time.monotonic() > ended + 40:
+                break  # past KillWait and UnkillableStepTimeout after the end
+            time.sleep(1)
+        drained = sj.drained_nodes(lab)  # still frozen
+        states = ops.job_info(job, timeout=10, env=env).state
+        fs.thaw()
+    out = sj.output(lab, job)
+    print(f"\nTIME LIMIT ON A FROZEN ROOT: job {states}, drained {drained}")
+    assert ended is not None, out[-3000:]
+    assert "has not answered for" in out, out[-3000:]
+    assert drained == {}, (drained, out[-3000:])
