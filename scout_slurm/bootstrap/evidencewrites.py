@@ -21,6 +21,16 @@ STACKS_PROBE_S = 5.0  # how long the stacks file's folder may take to answer at 
 _writer: EvidenceWriter | None = None
 
 
+def _forget_in_child() -> None:
+    # a forked child (a DataLoader worker) has the writer's queue but not its thread: it writes
+    # on its own thread, as before any writer
+    global _writer
+    _writer = None
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def start(root: Path | str) -> EvidenceWriter:
     """The process's writer (made once); its held records get FLUSH_AT_EXIT_S at the end."""
     global _writer

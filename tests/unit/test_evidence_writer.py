@@ -160,3 +160,29 @@ def test_the_helper_stays_out_of_the_job_environment(tmp_path, monkeypatch):
     w.write(tmp_path / "x.json", b"1")
     assert w.flush(10) and (tmp_path / "x.json").read_bytes() == b"1"
     w.close(5)
+
+
+def test_a_forked_child_of_the_training_process_writes_on_its_own_thread(tmp_path):
+    """A DataLoader worker forked from the training process has the writer's queue but not its
+    thread: its writes are made directly (not queued for a thread that is not there)."""
+    from scout_slurm.bootstrap import evidencewrites
+    from scout_slurm.evidence.records import NodeTasks
+
+    evidencewrites.start(tmp_path)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: its record must be on disk when it ends, without a flush
+            code = 1
+            try:
+                record = NodeTasks(job_id=7, restart=0, node="n1", ranks=(3,))
+                evidencewrites.write_record(tmp_path / "child.json", record)
+                code = 0 if evidencewrites.current() is None else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert read_record(tmp_path / "child.json", NodeTasks).ranks == (3,)
+        assert evidencewrites.current() is not None  # the parent keeps its writer
+    finally:
+        evidencewrites.close(5)
+        evidencewrites._writer = None
