@@ -26,7 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-WRITE, APPEND, MKDIR, STAT, PWRITE, PWRITE_NEW, READ, CREATE_NEW = 1, 2, 3, 4, 5, 6, 7, 8
+WRITE, APPEND, MKDIR, STAT, PWRITE, PWRITE_NEW, READ, CREATE_NEW, LIST, CREATED = range(1, 11)
+_ANSWERS = (STAT, READ, LIST, CREATED)  # questions: their answer is awaited, none is a record
+_WITH_DATA = (READ, LIST, CREATED)  # their answer line is followed by bytes
 _HEADER = struct.Struct("!BIQII")  # op, mode, offset, len(path), len(data)
 _PACKAGE_PARENT = os.fspath(Path(__file__).resolve().parents[2])
 
@@ -193,6 +195,39 @@ class EvidenceWriter:
             return None
         return answer[1] if answer[0] == 0 else answer[0]
 
+    def list_records(
+        self, directory: Path | str, pattern: str, cls: type, *, root: Path | str, timeout: float
+    ) -> tuple[list[Any], list[str]] | None:
+        """store.list_records of `directory`, made by the helper: the records (of a class of
+        evidence/records.py) and an error line per unusable file; None: no answer in time."""
+        import json
+
+        from scout_slurm.evidence.codec import record_from_obj
+
+        spec = {"pattern": pattern, "kind": cls.__name__, "root": os.fspath(root)}
+        item = _Item(LIST, os.fspath(directory), bytearray(json.dumps(spec).encode()), 0)
+        answer = self._ask(item, timeout)
+        if answer is None:
+            return None
+        if answer[0] != 0:
+            return [], [f"{directory}: cannot list ({os.strerror(answer[0])})"]
+        got = json.loads(answer[1])
+        records, errors = [], list(got["errors"])
+        for name, obj in got["records"]:
+            try:
+                records.append(record_from_obj(cls, obj, source=os.path.join(directory, name)))
+            except Exception as exc:  # noqa: BLE001 - the helper read it; a bad one is one line
+                errors.append(str(exc))
+        return records, errors
+
+    def create_exclusive(self, path: Path | str, data: bytes, timeout: float) -> bool | None:
+        """Make the file appear with `data` if nothing is there: True when this call made it,
+        False when something was there already, None when the root did not answer in time."""
+        answer = self._ask(_Item(CREATED, os.fspath(path), bytearray(data), 0o644), timeout)
+        if answer is None or answer[0] != 0:
+            return None
+        return answer[1] == b"1"
+
     def _ask(self, item: _Item, timeout: float) -> tuple[int, bytes] | None:
         item.reply, item.done = [], threading.Event()
         with self._cond:
@@ -211,7 +246,7 @@ class EvidenceWriter:
         with self._cond:
             self._closing = True
             held = [*self._pending.values(), *([self._inflight] if self._inflight else [])]
-            lost = sum(item.op not in (STAT, READ) for item in held)  # a question is no record
+            lost = sum(item.op not in _ANSWERS for item in held)  # a question is no record
             self._cond.notify_all()
         if not flushed and lost:
             self.dropped += lost
@@ -276,7 +311,7 @@ class EvidenceWriter:
                     self._drop(n)
                 elif answer[0] == 0:
                     self.written += 1
-                elif item.op not in (STAT, READ):
+                elif item.op not in _ANSWERS:
                     self._failures.append(WriteFailure(item.path, answer[0], answer[1]))
                 if item.done is not None and item.reply is not None:
                     if answer is not None:
@@ -323,7 +358,7 @@ class EvidenceWriter:
             )
         code, _, message = line.partition(" ")
         data = b""
-        if item.op == READ and code == "0":
+        if item.op in _WITH_DATA and code == "0":
             data = reader.take(int(message))  # sent with its line: no wait on the root here
             if data is None:
                 return None
@@ -381,10 +416,13 @@ def _perform(op: int, path: str, data: bytes, mode: int, offset: int) -> bytes:
         from scout_slurm.evidence.safeio import safe_read_bytes
 
         return safe_read_bytes(Path(path), max_bytes=mode)
-    if op == CREATE_NEW:
+    if op == LIST:
+        return _list(path, data)
+    if op in (CREATE_NEW, CREATED):
         from scout_slurm.evidence.safeio import create_exclusive
 
-        create_exclusive(Path(path), data, mode=mode)
+        made = create_exclusive(Path(path), data, mode=mode)
+        return (b"1" if made else b"0") if op == CREATED else b""
     elif op == WRITE:
         from scout_slurm.evidence.safeio import atomic_write_bytes
 
@@ -410,6 +448,22 @@ def _perform(op: int, path: str, data: bytes, mode: int, offset: int) -> bytes:
     else:
         raise ValueError(f"unknown operation {op}")
     return b""
+
+
+def _list(directory: str, spec_bytes: bytes) -> bytes:
+    import json
+
+    from scout_slurm.evidence import records as records_mod
+    from scout_slurm.evidence.codec import record_to_obj
+    from scout_slurm.evidence.store import list_named_records
+
+    spec = json.loads(spec_bytes)
+    cls = getattr(records_mod, spec["kind"])  # a record class of evidence/records.py only
+    named, errors = list_named_records(
+        Path(directory), spec["pattern"], cls, root=Path(spec["root"])
+    )
+    got = {"records": [[n, record_to_obj(r)] for n, r in named], "errors": errors}
+    return json.dumps(got).encode()
 
 
 def _errno_of(exc: BaseException) -> int:
@@ -441,7 +495,7 @@ def serve() -> None:
         got = b""
         try:
             got = _perform(op, path, data, mode, offset)
-            answer = f"0 {len(got)}" if op == READ else "0 "
+            answer = f"0 {len(got)}" if op in _WITH_DATA else "0 "
         except Exception as exc:  # noqa: BLE001 - every refusal is answered, none ends the helper
             answer = f"{_errno_of(exc)} {str(exc).replace(chr(10), ' ')[:500]}"
         out.write(answer.encode("utf-8", "replace") + b"\n" + got)

@@ -55,6 +55,7 @@ from scout_slurm.task import progress as progress_mod
 from scout_slurm.task.evidencehealth import EvidenceHealth, storage_errno
 
 log = get_logger("scout.watchdog")
+PEERS_S = 15.0  # how long reading the peers' snapshots (or making the decision) may wait
 LOOK_S = 1.0  # how long a look at a peer's mark or decision may wait for the evidence root
 FR_WAIT_S = 2.0  # for the Flight Recorder dumps, once the stacks are in (the thread looks at 2 Hz)
 STACK_SIGNAL = signal.SIGRTMIN + 5  # the bootstrap registers faulthandler on it
@@ -714,7 +715,7 @@ class Watchdog:
             self._to(WatchState.SUSPECT)
             self.suspect_since = now
             self._request_stacks()
-            self.peer_seq_at_suspect = {s.rank: s.publish_seq for s in self._peer_snapshots()}
+            self.peer_seq_at_suspect = {s.rank: s.publish_seq for s in self._peer_snapshots() or ()}
         stalled = [(t, i, th) for t, i, th in idle if stallclock.stalled(i, th)]
         for t, i, th in stalled:
             if t.rank in self.reported_stalled:
@@ -740,7 +741,13 @@ class Watchdog:
             return (
                 None  # a rank of this node is in a checkpoint save or load, within its limit: busy
             )
-        peers = {s.rank: s for s in self._peer_snapshots()}
+        snapshots = self._peer_snapshots()
+        if snapshots is None:
+            # the evidence root does not answer: no job-wide view, so no decision (the job runs
+            # on as if scout were not there; the writer has said the root hangs)
+            log.warning("watchdog.peers_unknown", rank=self.ctx.rank)
+            return None
+        peers = {s.rank: s for s in snapshots}
         # a peer whose last word was a steady heartbeat gets a steady interval more to speak
         silent = frozenset(
             r
@@ -821,19 +828,41 @@ class Watchdog:
             reasoning=reasoning,
             phase=stallclock.PHASE_STARTUP if at_startup else stallclock.PHASE_TRAINING,
         )
-        if create_record_exclusive(self._decision_path(), decision):
+        if self.writer is not None:
+            made = self.writer.create_exclusive(
+                self._decision_path(), record_to_bytes(decision), PEERS_S
+            )
+            if made is None:
+                log.warning("watchdog.decision_unwritten", rank=self.ctx.rank)
+                return None  # not recorded, so not acted on: the peers could not see it
+        else:
+            made = create_record_exclusive(self._decision_path(), decision)
+        if made:
             self.decided_here = dict(
                 peers
             )  # this watchdog says it in the job's output (_terminate)
         return self._existing_decision() or decision
 
-    def _peer_snapshots(self) -> list[ProgressSnapshot]:
-        records, errors = list_records(
-            self.folder.progress_dir(self.ctx.restart),
-            PROGRESS_SNAPSHOTS,
-            ProgressSnapshot,
-            root=self.folder.root,
-        )
+    def _peer_snapshots(self) -> list[ProgressSnapshot] | None:
+        """The peers' published snapshots; None when the evidence root did not answer in time."""
+        if self.writer is not None:
+            got = self.writer.list_records(
+                self.folder.progress_dir(self.ctx.restart),
+                PROGRESS_SNAPSHOTS,
+                ProgressSnapshot,
+                root=self.folder.root,
+                timeout=PEERS_S,
+            )
+            if got is None:
+                return None
+            records, errors = got
+        else:
+            records, errors = list_records(
+                self.folder.progress_dir(self.ctx.restart),
+                PROGRESS_SNAPSHOTS,
+                ProgressSnapshot,
+                root=self.folder.root,
+            )
         for e in errors:
             log.warning("watchdog.peer_unreadable", error=e)
         return records

@@ -16,7 +16,7 @@ import frozenfs
 import pytest
 
 from scout_slurm.evidence.records import NodeTasks
-from scout_slurm.evidence.store import read_record
+from scout_slurm.evidence.store import read_record, write_record
 from scout_slurm.evidence.writer import EvidenceWriter, _Item
 
 needs_fuse = pytest.mark.skipif(bool(frozenfs.why_not()), reason=frozenfs.why_not() or "runs")
@@ -48,6 +48,19 @@ def test_writes_appends_and_refusals_on_a_healthy_root(tmp_path):
     w.create_new(tmp_path / "mark.json", b"first")
     w.create_new(tmp_path / "mark.json", b"second")  # the first mark stays
     assert w.flush(10) and (tmp_path / "mark.json").read_bytes() == b"first"
+    assert w.create_exclusive(tmp_path / "decision.json", b"mine", 5) is True
+    assert w.create_exclusive(tmp_path / "decision.json", b"yours", 5) is False
+    assert (tmp_path / "decision.json").read_bytes() == b"mine"
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    for rank in (10, 2):
+        write_record(
+            tasks / f"rank-{rank}.json", NodeTasks(job_id=7, restart=0, node="n1", ranks=(rank,))
+        )
+    (tasks / "rank-5.json").write_text("{not json")
+    records, errors = w.list_records(tasks, "rank-*.json", NodeTasks, root=tmp_path, timeout=5)
+    assert [r.ranks for r in records] == [(2,), (10,)]  # natural order, as store.list_records
+    assert len(errors) == 1 and "rank-5.json" in errors[0]
     assert w.close(5) and said == [] and w.dropped == 0
 
 
@@ -94,6 +107,8 @@ def test_a_frozen_root_holds_the_newest_record_per_path_and_flushes_after_the_th
         t = time.monotonic()  # a question while stalled: no answer, at once
         assert w.read(root / "ranks" / "before.json", 5) is None
         assert w.probe(root / "ranks", 5) is None and time.monotonic() - t < 0.05
+        assert w.list_records(root / "ranks", "*.json", NodeTasks, root=root, timeout=5) is None
+        assert w.create_exclusive(root / "ranks" / "d.json", b"x", 5) is None
         fs.thaw()
         assert w.flush(20)
         assert not w.stalled
