@@ -28,7 +28,7 @@ from typing import Any
 
 WRITE, APPEND, MKDIR, STAT, PWRITE, PWRITE_NEW, READ, CREATE_NEW, LIST, CREATED = range(1, 11)
 _ANSWERS = (STAT, READ, LIST, CREATED)  # questions: their answer is awaited, none is a record
-_WITH_DATA = (READ, LIST, CREATED)  # their answer line is followed by bytes
+_WITH_DATA = (STAT, READ, LIST, CREATED)  # their answer line is followed by bytes
 _HEADER = struct.Struct("!BIQII")  # op, mode, offset, len(path), len(data)
 _PACKAGE_PARENT = os.fspath(Path(__file__).resolve().parents[2])
 
@@ -125,7 +125,10 @@ class EvidenceWriter:
     def _put(self, item: _Item) -> None:
         key = (item.op, item.path, item.offset)
         with self._cond:
-            if self._broken or self._closing:
+            if self._closing:
+                self.dropped += 1  # after the bounded close: the end of the process, said there
+                return
+            if self._broken:
                 self._drop(1)
                 return
             held = self._pending.get(key)
@@ -184,6 +187,11 @@ class EvidenceWriter:
         answer within `timeout` (the root hangs, or the writer is stalled on it already)."""
         answer = self._ask(_Item(STAT, os.fspath(path), bytearray(), 0), timeout)
         return answer if answer is None else answer[0]
+
+    def size(self, path: Path | str, timeout: float) -> int | None:
+        """The file's size; None when it is not there or the root did not answer in time."""
+        answer = self._ask(_Item(STAT, os.fspath(path), bytearray(), 0), timeout)
+        return int(answer[1]) if answer is not None and answer[0] == 0 else None
 
     def read(
         self, path: Path | str, timeout: float, *, max_bytes: int = 1 << 20
@@ -444,7 +452,7 @@ def _perform(op: int, path: str, data: bytes, mode: int, offset: int) -> bytes:
     elif op == MKDIR:
         os.makedirs(path, mode=mode, exist_ok=True)
     elif op == STAT:
-        os.stat(path)
+        return str(os.stat(path).st_size).encode()
     else:
         raise ValueError(f"unknown operation {op}")
     return b""

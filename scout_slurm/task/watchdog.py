@@ -871,6 +871,8 @@ class Watchdog:
         return self.folder.stacks_path(self.ctx.restart, self.ctx.rank)
 
     def _stacks_size(self) -> int:
+        if self.writer is not None:  # through the helper: a hung root answers "nothing yet"
+            return self.writer.size(self._stacks_path(), LOOK_S) or 0
         try:
             return self._stacks_path().stat().st_size
         except OSError:
@@ -883,6 +885,13 @@ class Watchdog:
         self.stacks_asked_at = self.clock()
         self.stacks_size_before = self._stacks_size()
         self.stacks_signalled = False
+        if self.writer is not None and (
+            self.writer.stalled or self.writer.probe(self._stacks_path().parent, LOOK_S) is None
+        ):
+            # the training process's dump handler writes into the root itself: on a root that
+            # does not answer it would sit there in D state, so it is not asked
+            log.warning("watchdog.stacks_not_asked", rank=self.ctx.rank, why="evidence root hung")
+            return
         for t in self.trackers.values():
             if t.view is None or not t.view.active:
                 continue  # the bootstrap's handler is only there while the record is active
