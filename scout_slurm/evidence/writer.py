@@ -194,11 +194,17 @@ class EvidenceWriter:
         return int(answer[1]) if answer is not None and answer[0] == 0 else None
 
     def read(
-        self, path: Path | str, timeout: float, *, max_bytes: int = 1 << 20
+        self,
+        path: Path | str,
+        timeout: float,
+        *,
+        max_bytes: int = 1 << 20,
+        root: Path | str | None = None,
     ) -> bytes | int | None:
         """The file's bytes (at most `max_bytes`, read without following a link); an errno when
         the root answered with an error (ENOENT: not there); None: no answer within `timeout`."""
-        answer = self._ask(_Item(READ, os.fspath(path), bytearray(), max_bytes), timeout)
+        below = os.fsencode(root) if root is not None else b""  # no link followed below it
+        answer = self._ask(_Item(READ, os.fspath(path), bytearray(below), max_bytes), timeout)
         if answer is None:
             return None
         return answer[1] if answer[0] == 0 else answer[0]
@@ -423,7 +429,8 @@ def _perform(op: int, path: str, data: bytes, mode: int, offset: int) -> bytes:
     if op == READ:
         from scout_slurm.evidence.safeio import safe_read_bytes
 
-        return safe_read_bytes(Path(path), max_bytes=mode)
+        root = Path(os.fsdecode(data)) if data else None
+        return safe_read_bytes(Path(path), max_bytes=mode, root=root)
     if op == LIST:
         return _list(path, data)
     if op in (CREATE_NEW, CREATED):

@@ -328,7 +328,7 @@ def _run_watched(
     # still runs
     bootstrap = str(BOOTSTRAP_DIR) if checks_on else ""
     env["PYTHONPATH"] = os.pathsep.join(p for p in (bootstrap, environ.get("PYTHONPATH", "")) if p)
-    resume, offset = _resume_checkpoint(folder, ctx.restart)
+    resume, offset = _resume_checkpoint(folder, ctx.restart, writer)
     if resume and not environ.get(jobconfig.RESUME_CHECKPOINT.name):
         env.update(
             jobconfig.as_environment(
@@ -516,15 +516,28 @@ def _position(record: Path | None) -> int:
     return view.coll_entered + view.coll_completed if view is not None else -1
 
 
-def _resume_checkpoint(folder: JobFolder, restart: int) -> tuple[str, int]:
-    """The checkpoint the controller chose for this run, and its step ("" when none)."""
+def _resume_checkpoint(folder: JobFolder, restart: int, writer: EvidenceWriter) -> tuple[str, int]:
+    """The checkpoint the controller chose for this run, and its step ("" when none). Read
+    through the writer's helper, for at most ROOT_PROBE_S: a root that stops answering here
+    costs the resume instruction (said), never the start."""
+    from scout_slurm.evidence.codec import decode_record
     from scout_slurm.remediation.records import ResumeInstruction
 
     path = folder.resume_path(restart)
-    if not path.exists():
+    data = writer.read(path, ROOT_PROBE_S, root=folder.root)
+    if data is None:
+        print(
+            f"scout: WARNING: the evidence root did not answer within {ROOT_PROBE_S:g} s for "
+            f"the resume instruction {path}: this run does not resume from a checkpoint scout "
+            "chose",
+            file=sys.stderr,
+            flush=True,
+        )
         return "", 0
+    if not isinstance(data, bytes):
+        return "", 0  # none written (the first run, or no recovery point)
     try:
-        r = read_record(path, ResumeInstruction, root=folder.root)
+        r = decode_record(data, ResumeInstruction, source=str(path))
         return r.checkpoint, max(0, r.step)
     except ScoutError as exc:
         log.warning("task.resume_unreadable", path=str(path), error=str(exc))

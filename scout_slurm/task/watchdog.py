@@ -658,7 +658,7 @@ class Watchdog:
     def _existing_decision(self) -> StallDecision | None:
         path = self._decision_path()
         if self.writer is not None:
-            data = self.writer.read(path, LOOK_S, max_bytes=MAX_RECORD_BYTES)
+            data = self.writer.read(path, LOOK_S, max_bytes=MAX_RECORD_BYTES, root=self.folder.root)
             if not isinstance(data, bytes):
                 return None  # not there, or the root does not answer: no peer's decision known
             try:

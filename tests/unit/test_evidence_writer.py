@@ -45,6 +45,13 @@ def test_writes_appends_and_refusals_on_a_healthy_root(tmp_path):
     assert w.probe(tmp_path / "nothing-here", 5) == 2  # ENOENT: the root answered
     assert w.read(tmp_path / "run-0" / "ranks" / "rank-0.json", 5) == b'{"a": 1}'
     assert w.read(tmp_path / "nothing-here", 5) == 2
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "x.json").write_text("{}")
+    (tmp_path / "run-0" / "planted").symlink_to(tmp_path / "elsewhere")
+    inside = tmp_path / "run-0"
+    refused = w.read(inside / "planted" / "x.json", 5, root=inside)  # a link below the root
+    assert isinstance(refused, int) and refused != 0, refused
+    assert w.read(tmp_path / "elsewhere" / "x.json", 5) == b"{}"  # the file itself is readable
     w.create_new(tmp_path / "mark.json", b"first")
     w.create_new(tmp_path / "mark.json", b"second")  # the first mark stays
     assert w.flush(10) and (tmp_path / "mark.json").read_bytes() == b"first"
