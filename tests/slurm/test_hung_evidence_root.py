@@ -42,7 +42,9 @@ def freezable(root: Path, tmp: Path) -> Iterator[frozenfs.FrozenMount]:
     try:
         procs.append(subprocess.Popen([frozenfs.BINDFS, "-f", str(root), str(inner)]))
         frozenfs._wait_mounted(inner, procs[0])
-        procs.append(subprocess.Popen([frozenfs.BINDFS, "-f", str(inner), str(root)]))
+        # over the root's own, non-empty folder: libfuse 2 wants that said
+        cover = [frozenfs.BINDFS, "-f", "-o", "nonempty", str(inner), str(root)]
+        procs.append(subprocess.Popen(cover))
         frozenfs._wait_mounted(root, procs[1])
         yield frozenfs.FrozenMount(root, inner, procs[0], procs[1])
     finally:
