@@ -48,10 +48,13 @@ class TaskLog:
     (full or read-only storage) is dropped, except an error, which goes to the job's stderr: the
     watchdog says evidence loss there loudly in any case."""
 
-    def __init__(self, path: Path, *, max_bytes: int = TASK_LOG_MAX_BYTES) -> None:
+    def __init__(self, path: Path, *, max_bytes: int = TASK_LOG_MAX_BYTES, writer=None) -> None:
         self.path, self.max_bytes = path, max_bytes
         self.written, self.dropped = 0, 0
         self.fd: int | None = None
+        # the job's evidence writer (evidence/writer.py): lines are enqueued, never written on the
+        # caller's thread, so a hung evidence root does not stall the task's loop
+        self.writer = writer
 
     def _open(self) -> int:
         if self.fd is None:
@@ -65,6 +68,16 @@ class TaskLog:
 
     def write(self, text: str) -> int:
         data = text.encode("utf-8", "replace")
+        if self.writer is not None:
+            if self.written + len(data) > self.max_bytes:
+                if self.dropped == 0:
+                    note = '{"event": "log.truncated", "level": "warning", "max_bytes": '
+                    self.writer.append(self.path, f"{note}{self.max_bytes}}}\n".encode())
+                self.dropped += 1
+            else:
+                self.writer.append(self.path, data)
+                self.written += len(data)
+            return len(text)
         try:
             fd = self._open()
             if self.written + len(data) > self.max_bytes:

@@ -187,9 +187,9 @@ class AtRest:
         )
         if self.run_dir is None:
             return
+        from scout_slurm.bootstrap.evidencewrites import write_record
         from scout_slurm.evidence.layout import RunFolder
         from scout_slurm.evidence.records import Finding, FindingKind
-        from scout_slurm.evidence.store import write_record
 
         for w in what:
             finding = Finding(

@@ -326,8 +326,8 @@ class CheckpointWatch:
         self.saved_here.add(canonical(path))
         if self.notes_dir is None:
             return
+        from scout_slurm.bootstrap.evidencewrites import mkdir, write_record
         from scout_slurm.evidence.records import CheckpointNote
-        from scout_slurm.evidence.store import write_record
 
         target = os.path.abspath(os.fspath(path))
         try:
@@ -371,7 +371,7 @@ class CheckpointWatch:
         dest = checkpoint_note_path(self.notes_dir, self.restart, step, self.rank)
         with self.lock:
             try:
-                self.notes_dir.mkdir(parents=True, exist_ok=True)
+                mkdir(self.notes_dir)
                 write_record(dest, note)
             except Exception as exc:
                 sys.stderr.write(f"scout: checkpoint note not written: {exc!r}\n")
@@ -581,7 +581,7 @@ class CheckpointWatch:
         ]
         import dataclasses
 
-        from scout_slurm.evidence.store import write_record
+        from scout_slurm.bootstrap.evidencewrites import write_record
 
         step = self.global_step()
         with (
@@ -711,8 +711,10 @@ class CheckpointWatch:
         (another save at the same step may have written `dest` since). Under the lock."""
         import dataclasses
 
+        from scout_slurm.bootstrap import evidencewrites
+        from scout_slurm.bootstrap.evidencewrites import write_record
         from scout_slurm.evidence.records import CheckpointNote
-        from scout_slurm.evidence.store import read_record, write_record
+        from scout_slurm.evidence.store import read_record
 
         def moved_note(note):
             if canonical(note.path) != key:
@@ -722,6 +724,11 @@ class CheckpointWatch:
         for i, (d, note) in enumerate(self.pending):
             if d == dest and (done := moved_note(note)) is not None:
                 self.pending[i] = (d, done)
+        if not evidencewrites.answering() or not evidencewrites.flush():
+            # the note is read back below: not from a root that does not answer (the training
+            # thread would wait on it); the note keeps the checkpoint's first name
+            sys.stderr.write(f"scout: the record {dest.name} keeps the checkpoint's old name\n")
+            return
         try:
             done = moved_note(read_record(dest, CheckpointNote))
             if done is not None:
@@ -977,8 +984,8 @@ class CheckpointWatch:
         if self.run_dir is None:
             return
         try:
+            from scout_slurm.bootstrap.evidencewrites import write_record
             from scout_slurm.evidence.records import Finding, FindingKind
-            from scout_slurm.evidence.store import write_record
 
             write_record(
                 RunFolder(self.run_dir).finding_path(name),

@@ -46,7 +46,12 @@ def end(why: Ending, message: str = "") -> NoReturn:
 
 def flush_and_exit(code: int) -> NoReturn:
     """What the job wrote reaches its output, then the process ends with `code` at once: no
-    interpreter teardown (nor any atexit handler not already run)."""
+    interpreter teardown (nor any atexit handler not already run). scout's own held records (a
+    finding just written) get a bounded flush first: a hung evidence root delays the end by
+    FLUSH_AT_EXIT_S at most."""
+    from scout_slurm.bootstrap import evidencewrites
+
+    evidencewrites.flush()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from scout_slurm.bootstrap import selfcost
+from scout_slurm.bootstrap import evidencewrites, selfcost
 from scout_slurm.bootstrap.guard import ScoutFault
 from scout_slurm.bootstrap.importhook import PatchAfterImport
 from scout_slurm.bootstrap.runtime import Runtime, say
@@ -494,7 +494,6 @@ def _note_checkpoint(rt: Runtime, path: str | os.PathLike, step: int | None, sav
         return
     from scout_slurm.evidence.layout import checkpoint_note_path
     from scout_slurm.evidence.records import CheckpointNote
-    from scout_slurm.evidence.store import write_record
 
     target = os.path.abspath(os.fspath(path))
     try:
@@ -514,8 +513,10 @@ def _note_checkpoint(rt: Runtime, path: str | os.PathLike, step: int | None, sav
         sha256=sha,
         versions=ckptstate._versions_text(),
     )
-    notes_dir.mkdir(parents=True, exist_ok=True)
-    write_record(checkpoint_note_path(notes_dir, rt.restart, int(step), rt.rank), note)
+    evidencewrites.mkdir(notes_dir)
+    evidencewrites.write_record(
+        checkpoint_note_path(notes_dir, rt.restart, int(step), rt.rank), note
+    )
 
 
 def _patch_save(rt: Runtime, handle: InstalledHooks) -> None:
@@ -689,7 +690,16 @@ def install(
 def install_from_config(config: JobConfig) -> InstalledHooks:
     """The bootstrap's entry (site/sitecustomize.py): the job's settings, read once by
     `scout_slurm.jobconfig.load()`, passed down from here."""
-    if config.stacks_file is not None:
+    if config.run_dir is not None:  # a real job: its evidence writes leave the training thread
+        evidencewrites.start(_root_of(config.run_dir))
+    if config.stacks_file is not None and not evidencewrites.probe(
+        config.stacks_file, evidencewrites.STACKS_PROBE_S
+    ):
+        say(
+            f"the evidence root does not answer: no stack dump file ({config.stacks_file}); "
+            "a stall's stacks are read from outside the process"
+        )
+    elif config.stacks_file is not None:
         fh = open(
             config.stacks_file, "a", buffering=1
         )  # kept open for faulthandler for the process's life
@@ -700,6 +710,16 @@ def install_from_config(config: JobConfig) -> InstalledHooks:
         checkpoints_dir=config.checkpoints_dir,
         config=config,
     )
+
+
+def _root_of(run_dir: Path) -> Path:
+    from scout_slurm.errors import ScoutError
+    from scout_slurm.evidence.layout import JobFolder
+
+    try:
+        return JobFolder.of_run_dir(run_dir)[0].root
+    except ScoutError:
+        return run_dir
 
 
 __all__ = [

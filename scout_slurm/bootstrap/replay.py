@@ -647,8 +647,8 @@ class Replay:
     ) -> None:
         if self.run_dir is None:
             return
+        from scout_slurm.bootstrap.evidencewrites import write_record
         from scout_slurm.evidence.records import Finding, FindingKind
-        from scout_slurm.evidence.store import write_record
 
         now = time.time()
         per_rank = "; ".join(

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from scout_slurm.bootstrap import selfcost
+from scout_slurm.bootstrap import evidencewrites, selfcost
 from scout_slurm.bootstrap.guard import Guard
 from scout_slurm.bootstrap.selfcost import COST
 from scout_slurm.bootstrap.witnesses import (
@@ -145,8 +145,8 @@ class Runtime:
             return
         if dump is None or self.progress_dir is None or self.config.run_dir is None:
             return
+        from scout_slurm.bootstrap.evidencewrites import write_bytes
         from scout_slurm.evidence.layout import RunFolder
-        from scout_slurm.evidence.store import atomic_write_bytes
         from scout_slurm.task.progress import flight_recorder_request
 
         request = flight_recorder_request(self.progress_dir, self.rank)
@@ -159,7 +159,7 @@ class Runtime:
                     continue
                 try:
                     data = dump()
-                    atomic_write_bytes(dest, data if isinstance(data, bytes) else data.encode())
+                    write_bytes(dest, data if isinstance(data, bytes) else data.encode())
                     os.unlink(request)
                 except Exception:  # evidence only: a dump that fails is not the job's problem
                     return
@@ -365,11 +365,13 @@ class Runtime:
         if self.checkpoint_watch is not None:
             self.checkpoint_watch.offset = done
         run_dir = self.config.run_dir
-        if run_dir is not None:  # the verdict reads the offset from the rank's place record
+        # the verdict reads the offset from the rank's place record (read here on the training
+        # thread, once a rerun: not while the root is known to hang)
+        if run_dir is not None and evidencewrites.answering():
             from scout_slurm.errors import ScoutError
             from scout_slurm.evidence.layout import JobFolder
             from scout_slurm.evidence.records import RankPlace
-            from scout_slurm.evidence.store import read_record, write_record
+            from scout_slurm.evidence.store import read_record
 
             try:
                 folder, restart = JobFolder.of_run_dir(run_dir)
@@ -377,7 +379,7 @@ class Runtime:
                 place = read_record(path, RankPlace)
             except ScoutError:  # no place record of the evidence tree's (a hand-run job): nothing
                 return
-            write_record(path, dataclasses.replace(place, step_offset=done))
+            evidencewrites.write_record(path, dataclasses.replace(place, step_offset=done))
 
     def after_step(self, optimizer: Any) -> None:
         w = self.writer
@@ -501,9 +503,8 @@ class Runtime:
             return
         from scout_slurm.evidence.layout import RunFolder
         from scout_slurm.evidence.records import Finding
-        from scout_slurm.evidence.store import write_record
 
-        write_record(
+        evidencewrites.write_record(
             RunFolder(run_dir).finding_path(name),
             Finding(
                 rank=self.rank,
@@ -602,9 +603,8 @@ class Runtime:
             return
         from scout_slurm.evidence.layout import RunFolder
         from scout_slurm.evidence.records import VoteCoverage
-        from scout_slurm.evidence.store import write_record
 
-        write_record(
+        evidencewrites.write_record(
             RunFolder(run_dir).coverage_path,
             VoteCoverage(
                 restart=self.restart,

@@ -100,8 +100,8 @@ def write(run_dir: Path | None, rank: int, restart: int) -> None:
     if run_dir is None or rank < 0:
         return
     try:
+        from scout_slurm.bootstrap.evidencewrites import write_record
         from scout_slurm.evidence.layout import RunFolder
-        from scout_slurm.evidence.store import write_record
 
         write_record(RunFolder(run_dir).rank_cost_path(rank), record(rank, restart))
     except Exception as exc:

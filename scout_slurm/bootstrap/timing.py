@@ -266,8 +266,8 @@ class Timing:
     def _write(self, name: str, finding: Any) -> None:
         if self.run_dir is None:
             return
+        from scout_slurm.bootstrap.evidencewrites import write_record
         from scout_slurm.evidence.layout import RunFolder
-        from scout_slurm.evidence.store import write_record
 
         try:
             write_record(RunFolder(self.run_dir).finding_path(name), finding)

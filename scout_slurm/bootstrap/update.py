@@ -469,8 +469,8 @@ class UpdateReplay:
     def _write(self, step, src, named, why, recomputed, training, meta, late) -> None:
         if self.run_dir is None:
             return
+        from scout_slurm.bootstrap.evidencewrites import write_record
         from scout_slurm.evidence.records import Finding, FindingKind
-        from scout_slurm.evidence.store import write_record
 
         gstep, now = step + self.offset, time.time()
         elements = sum(s["hi"] - s["lo"] for s in meta["segments"])

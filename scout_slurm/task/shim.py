@@ -26,7 +26,8 @@ from scout_slurm.errors import ScoutError
 from scout_slurm.evidence.digest import MAX_TASKS_PER_NODE
 from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.records import NodeTasks, RankPlace
-from scout_slurm.evidence.store import read_record, write_record
+from scout_slurm.evidence.store import read_record
+from scout_slurm.evidence.writer import EvidenceWriter
 from scout_slurm.jobconfig import Problem, problems_message, read_settings, site_defaults
 from scout_slurm.jobenv import TaskContext, task_context
 from scout_slurm.log import TaskLog, configure, get_logger, level_from_env
@@ -38,6 +39,10 @@ from scout_slurm.task.stderrtail import StderrTail
 log = get_logger("scout.task")
 BOOTSTRAP_DIR = Path(scout_slurm.__file__).parent / "bootstrap" / "site"
 PORT_BASE, PORT_SPAN = 10000, 16000
+# how long the evidence root may take to answer a first look at start, and to take the task's
+# last records (its exit record) at the end: past either, the task goes on without them
+ROOT_PROBE_S = 10.0
+EXIT_FLUSH_S = 5.0
 
 
 def master_port(job_id: int, step_id: int) -> int:
@@ -245,13 +250,34 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     ctx = task_context(environ)
     cfg = load_config(environ)
     folder = JobFolder(Path(cfg.evidence.root), ctx.cluster, ctx.job_id)
+    # every write into the root goes through this writer's helper process (evidence/writer.py)
+    writer = EvidenceWriter(folder.root)
+    if writer.probe(folder.root, ROOT_PROBE_S) is None:
+        writer.close(0)
+        return _run_unwatched(command, ctx, environ, cfg.evidence.root)
+    try:
+        return _run_watched(command, ctx, cfg, environ, folder, writer)
+    finally:
+        writer.close(EXIT_FLUSH_S)
+
+
+def _run_watched(
+    command: list[str],
+    ctx: TaskContext,
+    cfg: SiteConfig,
+    environ: Mapping[str, str],
+    folder: JobFolder,
+    writer: EvidenceWriter,
+) -> int:
     why = unprepared(folder, ctx.restart)
     if why:
         _warn_unprepared(why, ctx, environ, cfg.evidence.root)
     prepare_dirs(folder, ctx.restart)
     # from here on, scout's own log goes to the evidence folder: the job's output is the user's
     configure(
-        TaskLog(folder.task_log_path(ctx.restart, ctx.rank)), json=True, level=level_from_env()
+        TaskLog(folder.task_log_path(ctx.restart, ctx.rank), writer=writer),
+        json=True,
+        level=level_from_env(),
     )
     checks_on = settings_allow_start(ctx, cfg, environ)
     if checks_on is None:
@@ -302,7 +328,7 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     # still runs
     bootstrap = str(BOOTSTRAP_DIR) if checks_on else ""
     env["PYTHONPATH"] = os.pathsep.join(p for p in (bootstrap, environ.get("PYTHONPATH", "")) if p)
-    resume, offset = _resume_checkpoint(folder, ctx.restart)
+    resume, offset = _resume_checkpoint(folder, ctx.restart, writer)
     if resume and not environ.get(jobconfig.RESUME_CHECKPOINT.name):
         env.update(
             jobconfig.as_environment(
@@ -330,9 +356,9 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         launcher="torchrun" if launcher else "",
     )
     place = _join_hardware_map(folder, place)
-    write_record(folder.rank_place_path(ctx.restart, ctx.rank), place)
+    writer.write_record(folder.rank_place_path(ctx.restart, ctx.rank), place)
     if not launcher and ctx.local_rank == 0:
-        _write_node_tasks(folder, ctx, environ)
+        _write_node_tasks(folder, ctx, environ, writer)
 
     from scout_slurm.task.watchdog import Watchdog
 
@@ -346,7 +372,7 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     pump.start()
     import dataclasses
 
-    write_record(
+    writer.write_record(
         folder.rank_place_path(ctx.restart, ctx.rank),
         dataclasses.replace(place, child_pid=child.pid),
     )
@@ -360,6 +386,7 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         stderr_tail=tail,
         init_line=init_line,
         torchrun=launcher,
+        writer=writer,
     )
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, watchdog.on_signal)
@@ -417,7 +444,9 @@ def node_tasks(ctx: TaskContext, environ: Mapping[str, str]) -> NodeTasks | None
     return NodeTasks(job_id=ctx.job_id, restart=ctx.restart, node=ctx.node, ranks=ranks)
 
 
-def _write_node_tasks(folder: JobFolder, ctx: TaskContext, environ: Mapping[str, str]) -> None:
+def _write_node_tasks(
+    folder: JobFolder, ctx: TaskContext, environ: Mapping[str, str], writer: EvidenceWriter
+) -> None:
     """So that this node's Epilog can digest its ranks' records for the controller
     (evidence/digest.py);
     without it the controller reads every rank's files itself."""
@@ -426,11 +455,43 @@ def _write_node_tasks(folder: JobFolder, ctx: TaskContext, environ: Mapping[str,
         log.info("shim.no_node_tasks", gtids=environ.get("SLURM_GTIDS", "")[:80])
         return
     path = folder.node_tasks_path(ctx.restart, ctx.node)
+    writer.mkdir(path.parent)
+    writer.write_record(path, tasks)
+
+
+def _run_unwatched(
+    command: list[str], ctx: TaskContext, environ: Mapping[str, str], root: str
+) -> int:
+    """The evidence root did not answer a first look: run the command as if scout were not there
+    (torch's variables from Slurm's, no bootstrap, no records), said once, and end with its code.
+    Nothing here touches the root, so the task starts and ends whatever the root does."""
+    if ctx.rank == 0 or ctx.local_rank == 0:
+        print(
+            f"scout: WARNING on {ctx.node}: the evidence root {root} did not answer within "
+            f"{ROOT_PROBE_S:g} s: this task runs unwatched (no evidence, no stall watch); "
+            "training goes on",
+            file=sys.stderr,
+            flush=True,
+        )
+    nodes = expand_hostlist(ctx.step_nodelist) if ctx.step_nodelist else [ctx.node]
+    master = environ.get("MASTER_ADDR") or (own_address() if ctx.rank == 0 else nodes[0])
+    env = dict(environ)
+    env.update(torch_environment(ctx, environ, master_addr=master))
     try:
-        path.parent.mkdir(exist_ok=True)
-        write_record(path, tasks)
-    except (ScoutError, OSError) as exc:
-        log.warning("shim.node_tasks_not_written", path=str(path), error=str(exc))
+        child = subprocess.Popen(command, env=env)
+    except OSError as exc:
+        raise ScoutError(f"scout-task: cannot start {command[0]!r}: {exc}") from exc
+
+    def forward(signum: int, _frame) -> None:
+        try:
+            os.kill(child.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, forward)
+    code = child.wait()
+    return code if code >= 0 else 128 - code
 
 
 def _pump_stderr(child: subprocess.Popen, tail: StderrTail) -> None:
@@ -456,15 +517,28 @@ def _position(record: Path | None) -> int:
     return view.coll_entered + view.coll_completed if view is not None else -1
 
 
-def _resume_checkpoint(folder: JobFolder, restart: int) -> tuple[str, int]:
-    """The checkpoint the controller chose for this run, and its step ("" when none)."""
+def _resume_checkpoint(folder: JobFolder, restart: int, writer: EvidenceWriter) -> tuple[str, int]:
+    """The checkpoint the controller chose for this run, and its step ("" when none). Read
+    through the writer's helper, for at most ROOT_PROBE_S: a root that stops answering here
+    costs the resume instruction (said), never the start."""
+    from scout_slurm.evidence.codec import decode_record
     from scout_slurm.remediation.records import ResumeInstruction
 
     path = folder.resume_path(restart)
-    if not path.exists():
+    data = writer.read(path, ROOT_PROBE_S, root=folder.root)
+    if data is None:
+        print(
+            f"scout: WARNING: the evidence root did not answer within {ROOT_PROBE_S:g} s for "
+            f"the resume instruction {path}: this run does not resume from a checkpoint scout "
+            "chose",
+            file=sys.stderr,
+            flush=True,
+        )
         return "", 0
+    if not isinstance(data, bytes):
+        return "", 0  # none written (the first run, or no recovery point)
     try:
-        r = read_record(path, ResumeInstruction, root=folder.root)
+        r = decode_record(data, ResumeInstruction, source=str(path))
         return r.checkpoint, max(0, r.step)
     except ScoutError as exc:
         log.warning("task.resume_unreadable", path=str(path), error=str(exc))

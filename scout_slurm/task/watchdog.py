@@ -25,7 +25,9 @@ from pathlib import Path
 
 from scout_slurm.bootstrap.agent import AgentRecord, read_agent
 from scout_slurm.config import WatchdogConfig
-from scout_slurm.errors import ScoutError
+from scout_slurm.errors import EvidenceError, ScoutError
+from scout_slurm.evidence import history as history_mod
+from scout_slurm.evidence.codec import decode_record, record_to_bytes
 from scout_slurm.evidence.history import HistoryWriter
 from scout_slurm.evidence.layout import PROGRESS_SNAPSHOTS, JobFolder
 from scout_slurm.evidence.records import (
@@ -38,12 +40,14 @@ from scout_slurm.evidence.records import (
     RendezvousMark,
     StallDecision,
 )
+from scout_slurm.evidence.safeio import MAX_RECORD_BYTES
 from scout_slurm.evidence.store import (
     create_record_exclusive,
     list_records,
     read_record,
     write_record,
 )
+from scout_slurm.evidence.writer import EvidenceWriter
 from scout_slurm.jobenv import TaskContext
 from scout_slurm.localise.stall import decide_stall
 from scout_slurm.log import get_logger
@@ -52,6 +56,8 @@ from scout_slurm.task import progress as progress_mod
 from scout_slurm.task.evidencehealth import EvidenceHealth, storage_errno
 
 log = get_logger("scout.watchdog")
+PEERS_S = 15.0  # how long reading the peers' snapshots (or making the decision) may wait
+LOOK_S = 1.0  # how long a look at a peer's mark or decision may wait for the evidence root
 FR_WAIT_S = 2.0  # for the Flight Recorder dumps, once the stacks are in (the thread looks at 2 Hz)
 STACK_SIGNAL = signal.SIGRTMIN + 5  # the bootstrap registers faulthandler on it
 STDERR_DRAIN_S = (
@@ -232,8 +238,14 @@ class Watchdog:
         sleep: Callable[[float], None] = time.sleep,
         init_line: str = "",
         torchrun: bool = False,
+        writer: EvidenceWriter | None = None,
     ) -> None:
         self.ctx, self.cfg, self.folder, self.child = ctx, cfg, folder, child
+        # the job's evidence writer: the loop's writes are enqueued there, never waited for (a
+        # hung evidence root stalls the writer's helper, not this loop); None: written here
+        self.writer = writer
+        self.history_seq: dict[int, int] = {}
+        self.written_seen = 0
         self.shm_dir, self.stderr_tail = shm_dir, stderr_tail
         self.clock, self.wall, self.sleep = clock, wall, sleep
         self.state = WatchState.WATCHING
@@ -311,6 +323,7 @@ class Watchdog:
             self._observe(now)
             if self._publish_due(now):
                 self._publish(now)
+            self._writer_health(now)
             if self.health.should_end_job(now):
                 return self._end_for_lost_evidence(now)
             decision = self._check_stall(now)
@@ -376,7 +389,19 @@ class Watchdog:
             point.mine = True
             if point.since is None:
                 point.since = now
-            if not path.exists():
+            if self.writer is not None:  # the first mark stays (the helper makes it or not)
+                self.writer.create_new(
+                    path,
+                    record_to_bytes(
+                        RendezvousMark(
+                            rank=mine[0],
+                            node=self.ctx.node,
+                            step_id=self.ctx.step_id,
+                            at=self.wall(),
+                        )
+                    ),
+                )
+            elif not path.exists():
                 try:
                     create_record_exclusive(
                         path,
@@ -400,7 +425,7 @@ class Watchdog:
         if point.since is not None or now < point.next_look:
             return False
         point.next_look = now + self.cfg.publish_interval_s
-        if path.exists():
+        if self._exists(path):
             point.since = now
             log.info("watchdog.peer_passed", point=point.name, rank=self.ctx.rank, path=str(path))
         return False
@@ -501,6 +526,14 @@ class Watchdog:
     def _add_history(self, rank: int, snap: ProgressSnapshot) -> None:
         """One sample into the rank's bounded ring file. It only illustrates the report, so a
         failure is logged, never counted against the job (the snapshot write above is)."""
+        if self.writer is not None:
+            seq = self.history_seq[rank] = self.history_seq.get(rank, 0) + 1
+            path = self.folder.history_path(self.ctx.restart, rank)
+            if seq == 1:
+                self.writer.pwrite(path, history_mod.encode_header(history_mod.SLOTS), 0, new=True)
+            slot = history_mod.encode_slot(history_mod.sample_of(snap, seq))
+            self.writer.pwrite(path, slot, history_mod.slot_offset(seq, history_mod.SLOTS))
+            return
         writer = self.histories.get(rank)
         if writer is None:
             writer = self.histories[rank] = HistoryWriter(
@@ -517,6 +550,9 @@ class Watchdog:
     def _write_evidence(self, path: Path, record, *, what: str) -> bool:
         """Write one record; a storage that refuses writes is said loudly in the job's stderr and
         counted towards ending the job (see evidencehealth)."""
+        if self.writer is not None:
+            self.writer.write_record(path, record)  # refusals come back in _writer_health
+            return True
         try:
             write_record(path, record)
         except ScoutError as exc:
@@ -544,6 +580,37 @@ class Watchdog:
             _say(f"scout: rank {self.ctx.rank}: evidence can be written again")
         return True
 
+    def _writer_health(self, now: float) -> None:
+        """The writer's refusals since the last look, counted as `_write_evidence` counts its own
+        (a full or read-only root ends the job by the site's policy); a hung root is no refusal:
+        the writer says it and holds the records back."""
+        if self.writer is None:
+            return
+        failures = self.writer.take_failures()
+        for f in failures:
+            exc = EvidenceError(f.message)
+            exc.__cause__ = OSError(f.errno, os.strerror(f.errno), f.path)
+            if storage_errno(exc) is None:
+                log.warning("watchdog.write_failed", rank=self.ctx.rank, error=f.message)
+            elif self.health.failed(now, f.path, exc):
+                log.error(
+                    "watchdog.evidence_unwritable",
+                    rank=self.ctx.rank,
+                    path=f.path,
+                    error=f.message,
+                    policy=self.health.policy,
+                    grace_s=self.health.grace_s,
+                )
+                _say(f"scout: rank {self.ctx.rank}: {self.health.message(now)}")
+        before, self.written_seen = self.written_seen, self.writer.written
+        if not failures and self.written_seen > before and self.health.succeeded():
+            log.warning(
+                "watchdog.evidence_writable_again",
+                rank=self.ctx.rank,
+                failures=self.health.failures,
+            )
+            _say(f"scout: rank {self.ctx.rank}: evidence can be written again")
+
     def _end_for_lost_evidence(self, now: float) -> int:
         _say(
             f"scout: rank {self.ctx.rank}: ENDING THE JOB (exit code {exitcodes.EVIDENCE_LOST}): "
@@ -568,6 +635,8 @@ class Watchdog:
         """
         if self.ctx.restart <= 0:
             return ""
+        if self.writer is not None and (self.writer.stalled or self.writer.dropped):
+            return ""  # the root does not answer: this line is not worth the exit
         try:
             before = read_record(
                 self.folder.rank_exit_path(self.ctx.restart - 1, self.ctx.rank),
@@ -589,8 +658,24 @@ class Watchdog:
     def _decision_path(self) -> Path:
         return self.folder.stall_decision_path(self.ctx.restart)
 
+    def _exists(self, path: Path) -> bool:
+        """Is a peer's mark there? Through the writer's helper, for at most LOOK_S: a root that
+        does not answer is "not yet" (the watchdog decides from what it has)."""
+        if self.writer is None:
+            return path.exists()
+        return self.writer.probe(path, LOOK_S) == 0
+
     def _existing_decision(self) -> StallDecision | None:
         path = self._decision_path()
+        if self.writer is not None:
+            data = self.writer.read(path, LOOK_S, max_bytes=MAX_RECORD_BYTES, root=self.folder.root)
+            if not isinstance(data, bytes):
+                return None  # not there, or the root does not answer: no peer's decision known
+            try:
+                return decode_record(data, StallDecision, source=str(path))
+            except ScoutError as exc:
+                log.warning("watchdog.decision_unreadable", error=str(exc))
+                return None
         if not path.exists():
             return None
         try:
@@ -642,7 +727,7 @@ class Watchdog:
             self._to(WatchState.SUSPECT)
             self.suspect_since = now
             self._request_stacks()
-            self.peer_seq_at_suspect = {s.rank: s.publish_seq for s in self._peer_snapshots()}
+            self.peer_seq_at_suspect = {s.rank: s.publish_seq for s in self._peer_snapshots() or ()}
         stalled = [(t, i, th) for t, i, th in idle if stallclock.stalled(i, th)]
         for t, i, th in stalled:
             if t.rank in self.reported_stalled:
@@ -668,7 +753,13 @@ class Watchdog:
             return (
                 None  # a rank of this node is in a checkpoint save or load, within its limit: busy
             )
-        peers = {s.rank: s for s in self._peer_snapshots()}
+        snapshots = self._peer_snapshots()
+        if snapshots is None:
+            # the evidence root does not answer: no job-wide view, so no decision (the job runs
+            # on as if scout were not there; the writer has said the root hangs)
+            log.warning("watchdog.peers_unknown", rank=self.ctx.rank)
+            return None
+        peers = {s.rank: s for s in snapshots}
         # a peer whose last word was a steady heartbeat gets a steady interval more to speak
         silent = frozenset(
             r
@@ -749,19 +840,41 @@ class Watchdog:
             reasoning=reasoning,
             phase=stallclock.PHASE_STARTUP if at_startup else stallclock.PHASE_TRAINING,
         )
-        if create_record_exclusive(self._decision_path(), decision):
+        if self.writer is not None:
+            made = self.writer.create_exclusive(
+                self._decision_path(), record_to_bytes(decision), PEERS_S
+            )
+            if made is None:
+                log.warning("watchdog.decision_unwritten", rank=self.ctx.rank)
+                return None  # not recorded, so not acted on: the peers could not see it
+        else:
+            made = create_record_exclusive(self._decision_path(), decision)
+        if made:
             self.decided_here = dict(
                 peers
             )  # this watchdog says it in the job's output (_terminate)
         return self._existing_decision() or decision
 
-    def _peer_snapshots(self) -> list[ProgressSnapshot]:
-        records, errors = list_records(
-            self.folder.progress_dir(self.ctx.restart),
-            PROGRESS_SNAPSHOTS,
-            ProgressSnapshot,
-            root=self.folder.root,
-        )
+    def _peer_snapshots(self) -> list[ProgressSnapshot] | None:
+        """The peers' published snapshots; None when the evidence root did not answer in time."""
+        if self.writer is not None:
+            got = self.writer.list_records(
+                self.folder.progress_dir(self.ctx.restart),
+                PROGRESS_SNAPSHOTS,
+                ProgressSnapshot,
+                root=self.folder.root,
+                timeout=PEERS_S,
+            )
+            if got is None:
+                return None
+            records, errors = got
+        else:
+            records, errors = list_records(
+                self.folder.progress_dir(self.ctx.restart),
+                PROGRESS_SNAPSHOTS,
+                ProgressSnapshot,
+                root=self.folder.root,
+            )
         for e in errors:
             log.warning("watchdog.peer_unreadable", error=e)
         return records
@@ -770,6 +883,8 @@ class Watchdog:
         return self.folder.stacks_path(self.ctx.restart, self.ctx.rank)
 
     def _stacks_size(self) -> int:
+        if self.writer is not None:  # through the helper: a hung root answers "nothing yet"
+            return self.writer.size(self._stacks_path(), LOOK_S) or 0
         try:
             return self._stacks_path().stat().st_size
         except OSError:
@@ -782,6 +897,13 @@ class Watchdog:
         self.stacks_asked_at = self.clock()
         self.stacks_size_before = self._stacks_size()
         self.stacks_signalled = False
+        if self.writer is not None and (
+            self.writer.stalled or self.writer.probe(self._stacks_path().parent, LOOK_S) is None
+        ):
+            # the training process's dump handler writes into the root itself: on a root that
+            # does not answer it would sit there in D state, so it is not asked
+            log.warning("watchdog.stacks_not_asked", rank=self.ctx.rank, why="evidence root hung")
+            return
         for t in self.trackers.values():
             if t.view is None or not t.view.active:
                 continue  # the bootstrap's handler is only there while the record is active
