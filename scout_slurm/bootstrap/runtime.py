@@ -186,6 +186,12 @@ class Runtime:
         c = Consensus(every=cfg.consensus_every, restart=cfg.restart, **common)
         c.on_vote = self.write_coverage
         self.consensus = c
+        if cfg.sign_on_device:
+            from scout_slurm.bootstrap import signing
+
+            signing.DEVICE_ON_CPU = True
+            if self.rank == 0:
+                say("scout: CPU tensors signed by the device path (SCOUT_SIGN_ON_DEVICE)")
         self._agree_on_hasher(c.side)
         if cfg.at_rest != "off":
             self.guard.run("at-rest witness", self._start_atrest, common)
