@@ -4,12 +4,13 @@ nearest them. `join_place` reads the Prolog's map (the rim); `join_with_map` is 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from scout_slurm.evidence.layout import HARDWARE_MAP_NAME, JobFolder
 from scout_slurm.evidence.records import RankPlace
 from scout_slurm.evidence.store import read_record
 from scout_slurm.hwmap.nvml import resolve_visible_uuids
-from scout_slurm.hwmap.records import Affinity, HardwareMap, NicKind
+from scout_slurm.hwmap.records import Affinity, GpuInfo, HardwareMap, NicKind
 
 MAP_NAME = HARDWARE_MAP_NAME  # the name the Prolog writes it under (hooks/prolog.py)
 MAX_MAP_BYTES = 4 * 1024 * 1024
@@ -23,13 +24,13 @@ def _bare(uuid: str) -> str:
     return u
 
 
-def uuid_on_map(device_uuid: str, hwmap: HardwareMap) -> str | None:
+def uuid_on_map(device_uuid: str, gpus: Sequence[GpuInfo]) -> str | None:
     """The map's GPU for a UUID the rank's torch reported (bare hex as torch prints it, or
     GPU-...; a MIG instance's names its parent GPU), or None when the map has no such GPU."""
     want = _bare(device_uuid)
     if not want:
         return None
-    for gpu in hwmap.gpus:
+    for gpu in gpus:
         if gpu.uuid and _bare(gpu.uuid) == want:
             return gpu.uuid
         if any(_bare(m) == want for m in gpu.mig_uuids):
@@ -40,7 +41,7 @@ def uuid_on_map(device_uuid: str, hwmap: HardwareMap) -> str | None:
 def device_gpu(device_uuid: str, hwmap: HardwareMap | None) -> str:
     """The GPU a recorded device UUID names: the map's UUID for it, else the UUID itself in
     NVML's form (a GPU the map does not list is still that GPU, never another by index)."""
-    found = uuid_on_map(device_uuid, hwmap) if hwmap is not None else None
+    found = uuid_on_map(device_uuid, hwmap.gpus) if hwmap is not None else None
     if found:
         return found
     u = device_uuid.strip()
