@@ -155,3 +155,16 @@ def test_state_signature_on_the_device_path(monkeypatch: pytest.MonkeyPatch) -> 
     assert h.intdigest() == on_dev
     changed = [(n, _flip(t, 0, 3) if n == "b" else t) for n, t in named]
     assert signing.state_signature(changed) != on_dev
+
+
+def test_replay_recomputes_where_the_layer_lives() -> None:
+    # the captured inputs arrive as CPU tensors; the recomputation moves them to this device
+    from scout_slurm.bootstrap.replay import _cuda_rng_state, layer_device
+
+    on_meta = torch.nn.Linear(3, 3, device="meta")  # a second device CPU-only torch allows
+    assert layer_device(on_meta, dict(on_meta.named_parameters())) == torch.device("meta")
+    assert layer_device(on_meta, {}) == torch.device("meta")  # its parameters, when no weights
+    norm = torch.nn.BatchNorm1d(3, affine=False, device="meta")  # buffers only
+    assert layer_device(norm, {}) == torch.device("meta")
+    assert layer_device(torch.nn.ReLU(), {}) == torch.device("cpu")
+    assert _cuda_rng_state(torch.device("cpu")).numel() == 0  # nothing to restore off a GPU
