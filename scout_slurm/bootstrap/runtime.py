@@ -468,7 +468,11 @@ class Runtime:
         a CPU)."""
         from scout_slurm.bootstrap import deviceid
 
-        uuid = deviceid.device_uuid(self.first_weight(optimizer))
+        try:
+            weight = self.first_weight(optimizer)
+        except (IndexError, KeyError, StopIteration):  # an optimizer of no parameters: nothing
+            return
+        uuid = deviceid.device_uuid(weight)
         if uuid and self.config.run_dir is not None:
             deviceid.record(self.config.run_dir, self.rank, uuid)
 
