@@ -741,7 +741,7 @@ def main() -> int:
     ap.add_argument(
         "--backend",
         default="gloo",
-        help="gloo, or nccl with --device cuda (scripts/device_check_overhead.sh)",
+        help="gloo, or nccl with --device cuda (scripts/device_check.sh)",
     )
     ap.add_argument(
         "--device",

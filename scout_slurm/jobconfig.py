@@ -88,6 +88,14 @@ SETTINGS: tuple[Setting, ...] = (
         "note where a rank's loss first became NaN/Inf, decided at the next vote",
     ),
     Setting(
+        "SCOUT_SIGN_ON_DEVICE",
+        "sign_on_device",
+        Kind.BOOL,
+        False,
+        "sign CPU tensors by the device path a GPU's tensors take (integer lane sums) instead of "
+        "xxh3 over their bytes: the same witnesses on CPU as on a GPU (tests, the device check)",
+    ),
+    Setting(
         "SCOUT_AT_REST",
         "at_rest",
         Kind.CHOICE,
@@ -276,6 +284,7 @@ class JobConfig:
     replay_every: int = 50
     replay_max_bytes: int = REPLAY_MAX_BYTES
     finite_check: bool = True
+    sign_on_device: bool = False
     at_rest: str = "auto"
     update_replay: str = "auto"
     update_max_bytes: int = UPDATE_MAX_BYTES

@@ -22,6 +22,7 @@ ENTRY_POINTS = (
     "checkpoint record",
     "busy mark",
     "model tracker",
+    "device identity",
     "coverage record",
     "banner",
 )

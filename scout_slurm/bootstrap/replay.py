@@ -1,9 +1,11 @@
 """In-situ replay inside the training process. Compute corruption (an activation or gradient the
 hardware got wrong) spreads through the all-reduce into every replica's state, so state votes
 cannot see it. Every K optimizer steps one rank (rotating) captures one layer's input (forward
-pre-hook), the gradient of its output (tensor hook) and the RNG state; scout's side group (never a
-training communicator) broadcasts them; every rank recomputes that layer's forward and backward
-with its own live weights under deterministic algorithms, and the signatures of output, input
+pre-hook), the gradient of its output (tensor hook) and the RNG state (CPU, and the layer's GPU);
+scout's side group (never a training communicator) broadcasts them as CPU tensors; every rank moves
+them to the device of its layer and recomputes its forward and backward there with its own live
+weights under deterministic algorithms, the job's RNG streams forked around it (CPU and that
+GPU), and the signatures of output, input
 gradient and weight gradient vote by strict majority. The replay runs just before the optimizer
 step, so the weights are those the step's forward used.
 
@@ -211,6 +213,7 @@ class Replay:
                 "spec": spec,
                 "x": [t.detach().clone() for t in tensors],
                 "rng": torch.get_rng_state(),
+                "rng_cuda": _cuda_rng_state(tensors[0].device),
                 "gy": None,
                 "idx": idx,
                 "calls": 0,
@@ -312,7 +315,7 @@ class Replay:
         if self.rank == src and cap is not None:
             gy = cap["gy"] or []
             blob = pickle.dumps((cap["spec"], [g is not None for g in gy], len(cap["x"])))
-            tensors = [*cap["x"], *(g for g in gy if g is not None), cap["rng"]]
+            tensors = [*cap["x"], *(g for g in gy if g is not None), cap["rng_cuda"], cap["rng"]]
         try:
             got = broadcast_packed(self.broadcast, self.side, self.rank, src, blob, tensors)
         except PackError as exc:  # the others were told there is nothing to replay
@@ -325,10 +328,10 @@ class Replay:
             return None
         raw, sent, _ = got
         spec, has_gy, n_x = pickle.loads(raw)
-        xs, rest = sent[:n_x], iter(sent[n_x:-1])
+        xs, rest = sent[:n_x], iter(sent[n_x:-2])
         gys = [next(rest) if present else None for present in has_gy]
         # a copy: torch.set_rng_state crashed the process (SIGSEGV) on a view into the payload
-        return spec, xs, gys, sent[-1].clone()
+        return spec, xs, gys, (sent[-1].clone(), sent[-2].clone())
 
     def _arm(self, step: int) -> None:
         """The capture hooks for step `step`: on the layer whose source this rank is then, on no
@@ -528,7 +531,8 @@ class Replay:
         chunks = [torch.empty_like(padded) for _ in range(self.world)]
         self.all_gather(chunks, padded, group=self.side)
         mine = shard_group(p.device_mesh.mesh.tolist(), shard_dims[0], self.rank)
-        return torch.cat([chunks[r][: int(sizes[r])] for r in mine])
+        # gathered on the CPU (scout's side group is gloo); recomputed where the layer lives
+        return torch.cat([chunks[r][: int(sizes[r])] for r in mine]).to(local.device)
 
     def _recompute(
         self,
@@ -549,8 +553,16 @@ class Replay:
             torch.are_deterministic_algorithms_enabled(),
             torch.is_deterministic_algorithms_warn_only_enabled(),
         )
-        with torch.random.fork_rng(devices=[]):
-            torch.set_rng_state(rng)
+        # the captured inputs arrive as CPU tensors: onto the device of the layer that recomputes
+        dev = layer_device(layer, weights)
+        xs = [x.to(dev) for x in xs]
+        gys = [g.to(dev) if g is not None else None for g in gys]
+        rng_cpu, rng_cuda = rng
+        cuda = [dev] if dev.type == "cuda" else []  # the job's CUDA stream of random numbers too
+        with torch.random.fork_rng(devices=cuda, device_type="cuda"):
+            torch.set_rng_state(rng_cpu)
+            if cuda and rng_cuda.numel():
+                torch.cuda.set_rng_state(rng_cuda, dev)
             torch.use_deterministic_algorithms(True, warn_only=True)
             self.replaying = True
             try:
@@ -856,6 +868,28 @@ class _Slot:
 
 
 _PLAIN = (type(None), bool, int, float, str, bytes)
+
+
+def layer_device(layer: Any, weights: dict[str, Any]) -> Any:
+    """Where a layer computes: its (gathered) weights' device, else its parameters' or
+    buffers' (a layer without its own weights), else the CPU."""
+    import torch
+
+    for t in weights.values():
+        return t.device
+    for t in (*layer.parameters(), *layer.buffers()):
+        return t.device
+    return torch.device("cpu")
+
+
+def _cuda_rng_state(device: Any) -> Any:
+    """The CUDA generator's state of `device` (a CPU uint8 tensor), empty for any other device:
+    a replay restores it so that dropout on the GPU draws what it drew in training."""
+    import torch
+
+    if device.type != "cuda":
+        return torch.zeros(0, dtype=torch.uint8)
+    return torch.cuda.get_rng_state(device)
 
 
 def _placeholders(value: Any, tensors: list[Any]) -> Any:

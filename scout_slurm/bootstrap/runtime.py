@@ -87,6 +87,7 @@ class Runtime:
         self.final_vote = ""  # what the end-of-training vote did ("": not reached yet)
         self.banner_said = False
         self.step_count_known = False  # a rerun's first step read the optimizer's own count
+        self.device_known = False  # the first step recorded the GPU the rank's parameters are on
         self.busy_depth = 0  # nested checkpoint saves/loads (the record's busy mark)
         self.busy_lock = threading.Lock()
         self.installed: Any = None  # the patches' handle (bootstrap.patches.InstalledHooks)
@@ -186,6 +187,12 @@ class Runtime:
         c = Consensus(every=cfg.consensus_every, restart=cfg.restart, **common)
         c.on_vote = self.write_coverage
         self.consensus = c
+        if cfg.sign_on_device:
+            from scout_slurm.bootstrap import signing
+
+            signing.DEVICE_ON_CPU = True
+            if self.rank == 0:
+                say("scout: CPU tensors signed by the device path (SCOUT_SIGN_ON_DEVICE)")
         self._agree_on_hasher(c.side)
         if cfg.at_rest != "off":
             self.guard.run("at-rest witness", self._start_atrest, common)
@@ -402,6 +409,9 @@ class Runtime:
         if self.root_tracker is not None:  # the models have run their first forward by now
             self.guard.run("model tracker", self.root_tracker.remove)
             self.root_tracker = None
+        if not self.device_known:  # the model is on its device by the first step
+            self.device_known = True
+            self.guard.run("device identity", self._record_device, optimizer)
         if inj is not None:
             inj.process_fault(step, optimizer)
         for x in live:
@@ -454,6 +464,19 @@ class Runtime:
                 lambda: self.replay is not None and self.replay.replaying,
             )
             say(f"scout: {said}")
+
+    def _record_device(self, optimizer: Any) -> None:
+        """The UUID of the GPU this rank's parameters are on, into its place record (nothing on
+        a CPU)."""
+        from scout_slurm.bootstrap import deviceid
+
+        try:
+            weight = self.first_weight(optimizer)
+        except (IndexError, KeyError, StopIteration):  # an optimizer of no parameters: nothing
+            return
+        uuid = deviceid.device_uuid(weight)
+        if uuid and self.config.run_dir is not None:
+            deviceid.record(self.config.run_dir, self.rank, uuid)
 
     def first_weight(self, optimizer: Any) -> Any:
         """The first parameter of the model this rank holds: under DeepSpeed ZeRO the optimizer's

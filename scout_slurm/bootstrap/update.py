@@ -142,6 +142,7 @@ class UpdateReplay:
         self.off = "" if mode != "off" else "SCOUT_UPDATE_REPLAY=off"
         self.cursor = 0
         self.cap: dict[str, Any] | None = None
+        self.cuda_device: Any = None  # the GPU this rank's optimizer updates on (None: CPU)
         self.trusted = False
         self.pending: dict[
             int, int
@@ -192,6 +193,10 @@ class UpdateReplay:
         self.cap = None
         if not self.due(step):
             return
+        # where this rank's own update runs: the recomputation of the source's runs there too
+        self.cuda_device = next(
+            (p.device for g in optimizer.param_groups for p in g["params"] if p.is_cuda), None
+        )
         self._decide_mode()
         if self.off or self.source(step) != self.rank:
             return
@@ -372,9 +377,9 @@ class UpdateReplay:
         if meta["cls"] not in ELEMENTWISE:
             raise ValueError(f"optimizer {meta['cls']!r} is not one scout recomputes")
         cls = getattr(torch.optim, meta["cls"])
-        cuda = (
-            torch.device("cuda", torch.cuda.current_device()) if "cuda" in meta["devices"] else None
-        )
+        cuda = None
+        if "cuda" in meta["devices"]:  # this rank's GPU, not the process's current one (GPU 0)
+            cuda = self.cuda_device or torch.device("cuda", torch.cuda.current_device())
         tensors = [t.to(cuda) if kind == "cuda" else t for t, kind in zip(tensors, meta["devices"])]
         by_group: dict[int, list[tuple[dict, Any]]] = {}
         for seg in meta["segments"]:

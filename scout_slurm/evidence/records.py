@@ -154,7 +154,13 @@ class RankPlace:
     started_at: float
     step_offset: int = 0  # the step this run resumed from: progress counts from here
     launcher: str = ""  # "torchrun" when the task starts several ranks itself
-    schema_version: int = 1
+    # v2: the UUID torch reports for the GPU the rank's parameters are on (the bootstrap, at its
+    # first optimizer step; "" on CPU or before), and where gpu_uuids came from: "device" (that
+    # UUID found in the node's map), "index" (CUDA_VISIBLE_DEVICES and LOCAL_RANK), "" (not joined)
+    device_uuid: str = ""
+    gpu_from: str = ""
+    schema_version: int = 2
+    OLDEST_SCHEMA_VERSION: ClassVar[int] = 1  # v1 has neither: read as not recorded
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ builds the DeviceMesh (dimensions by name: dp_replicate, dp_shard), FSDP2 (`full
 each block and the model over the data-parallel mesh, and scout's replica
 discovery reads the replica groups from the parameters' mesh. Its forward and training need a GPU
 (its attention needs a flex BlockMask and flex attention has no CPU backward; its trainer calls
-CUDA's set_device): scripts/titan_gpu_check.sh runs them where a GPU is lent."""
+CUDA's set_device): not run anywhere yet (a fresh GPU machine lacks torchtitan)."""
 
 from __future__ import annotations
 

@@ -72,6 +72,24 @@ def test_pure_fsdp_corruption_at_rest_is_named_without_replicas(tmp_path, target
     assert f["rank"] == 1 and f["kind"] == "sdc" and "without any replica" in f["summary"], f
 
 
+@pytest.mark.timeout(300)
+def test_the_device_signature_path_names_a_flip_and_nobody_in_a_clean_run(tmp_path):
+    # the lane sums a GPU's tensors are signed by, run here on CPU tensors: low mantissa bit
+    run_dir, runs = _run(
+        tmp_path / "flip",
+        2,
+        SCOUT_SIGN_ON_DEVICE="1",
+        SCOUT_INJECT="bitflip,bit=0,rank=1,step=5,target=weights",
+    )
+    assert runs[1].returncode == SDC_EXIT, runs[1].stderr[-3000:]
+    assert "CPU tensors signed by the device path" in runs[0].stderr
+    assert list(_findings(run_dir)) == ["sdc-at-rest-weights-rank-1-step-5.json"]
+    run_dir, runs = _run(tmp_path / "clean", 2, SCOUT_SIGN_ON_DEVICE="1", steps=21)
+    assert [r.returncode for r in runs] == [0, 0], runs[0].stderr[-3000:]
+    assert "CPU tensors signed by the device path" in runs[0].stderr
+    assert _findings(run_dir) == {}
+
+
 @pytest.mark.timeout(240)
 def test_hsdp_two_replicas_the_at_rest_witness_breaks_the_tie(tmp_path):
     run_dir, runs = _run(tmp_path, 4, "--hsdp", SCOUT_INJECT="bitflip,bit=20,rank=2,step=10")

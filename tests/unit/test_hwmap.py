@@ -1164,3 +1164,95 @@ def test_render_rank_map_table_exact():
         "12    0      n3 (no map)  host-c    -            -           eth0\n"
     )
     assert render_rank_map_table([]) == "no ranks recorded\n"
+
+
+# -------------------------------------------------------------------------------------------
+# The GPU from the rank itself: torch's device UUID, joined by UUID
+# -------------------------------------------------------------------------------------------
+
+# A node of four GPUs whose NVML order is not PCI order, as the Prolog recorded it; the job was
+# given the GPUs on buses 05 and c1, and Slurm's device cgroup renumbers them 0 and 1 for the job
+CGROUP_GPUS = (
+    _gpu(0, "GPU-cccc0001-0000-0000-0000-000000000000", "0000:81:00.0"),
+    _gpu(1, "GPU-aaaa0002-0000-0000-0000-000000000000", "0000:04:00.0"),
+    _gpu(2, "GPU-bbbb0003-0000-0000-0000-000000000000", "0000:05:00.0"),
+    _gpu(3, "GPU-dddd0004-0000-0000-0000-000000000000", "0000:c1:00.0"),
+)
+
+
+def _cgroup_map():
+    vm = collect.collect_hardware_map(
+        "n1", sysfs_root=VM / "sys", proc_root=VM / "proc", nvml_loader=loader_of(FakeNvml([]))
+    )
+    return replace(vm, gpus=CGROUP_GPUS)
+
+
+@pytest.mark.parametrize(
+    "local_rank, torch_uuid, expected",
+    [
+        # torch prints the UUID bare; the job's cuda:0 is bus 05, cuda:1 bus c1
+        (0, "bbbb0003-0000-0000-0000-000000000000", "GPU-bbbb0003-0000-0000-0000-000000000000"),
+        (1, "dddd0004-0000-0000-0000-000000000000", "GPU-dddd0004-0000-0000-0000-000000000000"),
+        (1, "GPU-DDDD0004-0000-0000-0000-000000000000", "GPU-dddd0004-0000-0000-0000-000000000000"),
+    ],
+)
+def test_the_rank_own_uuid_names_its_gpu_where_the_index_rule_cannot(
+    local_rank, torch_uuid, expected
+):
+    hwmap = _cgroup_map()
+    place = replace(_place(0, "n1", []), cuda_visible_devices="0,1", local_rank=local_rank)
+    by_index = join.join_with_map(place, hwmap)
+    # the index rule reads the cgroup's "0,1" against the whole node in PCI order: buses 04, 05
+    assert by_index.gpu_from == "index"
+    assert by_index.gpu_uuids != (expected,)
+    by_device = join.join_with_map(replace(place, device_uuid=torch_uuid), hwmap)
+    assert (by_device.gpu_uuids, by_device.gpu_from) == ((expected,), "device")
+
+
+def test_a_device_uuid_the_map_lacks_is_kept_never_replaced_by_an_index():
+    hwmap = _cgroup_map()
+    place = replace(_place(0, "n1", []), cuda_visible_devices="0", device_uuid="eeee-1")
+    joined = join.join_with_map(place, hwmap)
+    assert (joined.gpu_uuids, joined.gpu_from) == (("GPU-eeee-1",), "device")
+    mig = join.join_with_map(replace(place, device_uuid=MIG_UUID), _constructed_map())
+    assert mig.gpu_uuids == (GPU1_UUID,)  # a MIG instance names its parent GPU
+
+
+def test_the_bootstrap_rewrites_its_place_with_the_device_uuid(hook_env):
+    from scout_slurm.bootstrap import deviceid
+    from scout_slurm.evidence import store
+
+    assert run_prolog() == 0
+    place = replace(_place(3, "n1", []), cuda_visible_devices="0", local_rank=0, nic="")
+    place = join.join_place(hook_env.folder, place)
+    assert (place.gpu_uuids, place.gpu_from) == ((GPU0_UUID,), "index")
+    path = hook_env.folder.rank_place_path(0, 3)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    store.write_record(path, place)
+    run_dir = hook_env.folder.run(0).path
+    bare = GPU1_UUID.removeprefix("GPU-")  # torch's form
+    new = deviceid.record(run_dir, 3, bare)
+    assert new == store.read_record(path, RankPlace)
+    assert (new.gpu_uuids, new.gpu_from, new.device_uuid, new.nic) == (
+        (GPU1_UUID,),
+        "device",
+        bare,
+        "eth1",  # the NIC nearest the GPU it uses, no longer the index rule's
+    )
+    assert deviceid.record(run_dir, 5, bare) is None  # no place of this rank's: nothing written
+
+
+def test_a_version_1_place_record_still_reads(tmp_path):
+    import json
+
+    from scout_slurm.evidence import store
+
+    path = tmp_path / "rank-0.json"
+    store.write_record(path, _place(0, "n1", ["GPU-x"]))
+    obj = json.loads(path.read_text())
+    for k in ("device_uuid", "gpu_from"):
+        obj.pop(k)
+    obj["schema_version"] = 1
+    path.write_text(json.dumps(obj))
+    old = store.read_record(path, RankPlace)
+    assert (old.device_uuid, old.gpu_from, old.gpu_uuids) == ("", "", ("GPU-x",))
