@@ -235,9 +235,9 @@ class Consensus:
     def _write_nonfinite(self, v: Any, first_steps: list[int]) -> None:
         if self.run_dir is None:
             return
+        from scout_slurm.bootstrap.evidencewrites import write_record
         from scout_slurm.evidence.layout import RunFolder
         from scout_slurm.evidence.records import Finding, FindingKind
-        from scout_slurm.evidence.store import write_record
 
         now = time.time()
         per_rank = ", ".join(
@@ -302,9 +302,9 @@ class Consensus:
     ) -> None:
         if self.run_dir is None:
             return
+        from scout_slurm.bootstrap.evidencewrites import write_record
         from scout_slurm.evidence.layout import RunFolder
         from scout_slurm.evidence.records import Finding, FindingKind
-        from scout_slurm.evidence.store import write_record
 
         now = time.time()
         group = group or tuple(range(self.world))
