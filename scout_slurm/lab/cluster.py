@@ -422,12 +422,21 @@ def render_hook(python: str, module: str, paths: LabPaths, *, log_name: str = "h
             "/bin",
         ]
     )
+    # the hook's wall time, measured from outside it, as one JSON line after its own (the budgets'
+    # measurements read it: tests/slurm/test_load.py)
+    log = f"'{paths.logs}/{log_name}'"
     return (
         "#!/bin/sh\n"
         f"export PATH='{path}'\n"
         f"export SLURM_CONF='{paths.slurm_conf}'\n"
         f"export SCOUT_CONFIG='{paths.scout_conf}'\n"
-        f"exec '{python}' -m {module} >>'{paths.logs}/{log_name}' 2>&1\n"
+        "start=$(date +%s.%N)\n"
+        f"'{python}' -m {module} >>{log} 2>&1\n"
+        "rc=$?\n"
+        f'echo "{{\\"event\\": \\"lab.hook_time\\", \\"hook\\": \\"{module}\\", '
+        f'\\"job\\": \\"$SLURM_JOB_ID\\", \\"node\\": \\"$SLURMD_NODENAME\\", '
+        f'\\"start\\": $start, \\"end\\": $(date +%s.%N), \\"rc\\": $rc}}" >>{log}\n'
+        "exit $rc\n"
     )
 
 

@@ -3,11 +3,17 @@ with no wrong drain."""
 
 from __future__ import annotations
 
+import json
+import statistics
 import time
 
 import pytest
 import scoutjobs as sj
 
+from scout_slurm.config import load_config
+from scout_slurm.evidence.store import list_records
+from scout_slurm.hooks.rootcheck import RootChecks
+from scout_slurm.lab.cluster import CONTROLLER_HOOK_LOG
 from scout_slurm.slurm import ops
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]
@@ -47,3 +53,45 @@ def test_twenty_jobs_failing_at_once(lab, clean_drains):
         assert acts.status.value == "applied"
     assert set(drained) == expected_nodes  # no node drained that no job's verdict named
     assert all(r.startswith("scout: crash rank ") for r in drained.values())
+
+    _hooks_kept_their_budgets(lab, [job for job, _ in jobs])
+
+
+def _hooks_kept_their_budgets(lab, jobs: list[int]) -> None:
+    """Every hook of the 20 jobs within its budget, measured from outside the hook (the lab's hook
+    wrappers write each hook's wall time), and each root check within `root_check_s`; the figures
+    are printed for the notes."""
+    cfg = load_config({}, path=lab.paths.scout_conf)
+    budget = {
+        "scout_slurm.hooks.prolog": cfg.prolog.time_budget_s,
+        "scout_slurm.hooks.epilog": cfg.epilog.time_budget_s,
+        "scout_slurm.hooks.controller": cfg.epilog.time_budget_s,
+    }
+    wanted = {str(j) for j in jobs}
+    took: dict[str, list[float]] = {}
+    for name in ("hooks.log", CONTROLLER_HOOK_LOG):
+        for line in (lab.paths.logs / name).read_text(errors="replace").splitlines():
+            if '"lab.hook_time"' not in line:
+                continue
+            t = json.loads(line)
+            if t["job"] in wanted:
+                took.setdefault(t["hook"], []).append(t["end"] - t["start"])
+    assert set(took) == set(budget), took.keys()
+    assert len(took["scout_slurm.hooks.controller"]) == len(jobs)
+    for hook, seconds in sorted(took.items()):
+        print(
+            f"{hook}: {len(seconds)} runs, median {statistics.median(seconds):.2f} s, "
+            f"max {max(seconds):.2f} s (budget {budget[hook]:g} s)"
+        )
+        assert max(seconds) <= budget[hook] + 5, (hook, sorted(seconds)[-3:])
+    checks = []
+    for job in jobs:
+        folder = sj.folder(lab, job)
+        for node_dir in folder.nodes_dir.iterdir() if folder.nodes_dir.is_dir() else ():
+            found, errors = list_records(node_dir, "rootcheck-*.json", RootChecks, root=folder.root)
+            assert not errors, errors
+            checks += [r.seconds for r in found]
+    assert checks, "no root checks ran: the crashes named nodes, whose Epilogs check them"
+    limit = cfg.drain.root_check_s
+    print(f"root checks: {len(checks)}, max {max(checks):.2f} s (root_check_s {limit:g})")
+    assert max(checks) <= limit + 1
