@@ -93,3 +93,30 @@ def summary(positions: dict[int, tuple[LedgerPosition, ...]], world: int) -> lis
         shown = ", ".join(str(r) for r in missing[:16]) + (" ..." if len(missing) > 16 else "")
         lines.append(f"no Flight Recorder dump from ranks {shown}")
     return lines
+
+
+def behind_in_ledger(
+    positions: dict[int, tuple[LedgerPosition, ...]], world: int
+) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """The ranks torch's Flight Recorder shows behind in the default process group (pure): at most
+    half of the ranks, which never enqueued the collective every other rank waits inside (a rank
+    blocked inside a collective waits for one that is not there: with two ranks, the one outside
+    is named). Needs a dump from every rank; ((), ()) when the dumps do not say it (all equal,
+    some missing, no group 0, more than half behind, or a rank ahead not waiting)."""
+    group = {r: next((p for p in ps if p.group == "0"), None) for r, ps in positions.items()}
+    if world < 2 or len(group) != world or any(p is None for p in group.values()):
+        return (), ()
+    newest = max(p.last_enqueued for p in group.values())
+    if newest < 0:
+        return (), ()
+    waiting = [r for r, p in group.items() if p.last_enqueued == newest and p.inside]
+    behind = tuple(sorted(r for r, p in group.items() if p.last_enqueued < newest))
+    if not behind or len(behind) * 2 > world or len(waiting) + len(behind) != world:
+        return (), ()
+    op = group[waiting[0]].op or "a collective"
+    reasons = [
+        f"torch's Flight Recorder: {len(waiting)} of {world} ranks wait inside {op} #{newest} "
+        "of the default group"
+    ]
+    reasons += [f"{group[r].describe()}: it never enqueued #{newest}" for r in behind[:8]]
+    return behind, tuple(reasons)

@@ -166,10 +166,12 @@ def gather_evidence(
             "torchrun: ranks are placed by their progress records (one Slurm task per node)"
         )
         places = []
+    ledger = read_ledger(folder, restart, world_size) if decision is not None else {}
     return JobEvidence(
         job_id=folder.job_id,
         restart=restart,
         world_size=world_size,
+        ledger=ledger,
         places=by_rank(places, "place"),
         exits=by_rank(exits, "exit record"),
         snapshots=by_rank(snaps, "progress"),
@@ -180,6 +182,37 @@ def gather_evidence(
         coverage=coverage,
         abridged=frozenset() if torchrun else frozenset(r for r in digested if 0 <= r < world_size),
     )
+
+
+MAX_LEDGER_DUMPS = 256  # Flight Recorder dumps read for a verdict (a larger job: none read)
+
+
+def read_ledger(folder: JobFolder, restart: int, world: int, *, limit: int = MAX_LEDGER_DUMPS):
+    """rank -> its places in its process groups, from the Flight Recorder dumps the ranks wrote
+    on the watchdogs' request (untrusted: each read whole, bounded, or skipped); {} when there
+    are none or more ranks than `limit` (the verdict then goes without them)."""
+    from scout_slurm.evidence import flightrec
+    from scout_slurm.evidence.safeio import list_names_below, safe_read_bytes
+
+    if world > limit:
+        return {}
+    try:
+        names = set(list_names_below(folder.run(restart).stacks_dir, folder.root))
+    except EvidenceError:
+        return {}
+    positions = {}
+    for rank in range(world):
+        path = folder.flight_recorder_path(restart, rank)
+        if path.name not in names:
+            continue
+        try:
+            data = safe_read_bytes(path, max_bytes=flightrec.MAX_DUMP_BYTES, root=folder.root)
+        except EvidenceError:
+            continue
+        found = flightrec.read_dump(data, rank)
+        if found:
+            positions[rank] = found
+    return positions
 
 
 def with_full_records(ev: JobEvidence, folder: JobFolder, ranks) -> JobEvidence:

@@ -635,6 +635,9 @@ class JobEvidence:
     # without times; gather.with_full_records reads the whole records of the ones that matter
     abridged: frozenset[int] = frozenset()
     coverage: VoteCoverage | None = None  # which of scout's checks ran (the lowest rank's record)
+    # torch's Flight Recorder dumps of a stall, rank -> its place in each process group
+    # (evidence/flightrec.py LedgerPosition); read only when the watchdogs decided a stall
+    ledger: Mapping[int, tuple] = field(default_factory=dict)
 
     def node_of(self, rank: int) -> str:
         if rank in self.places:

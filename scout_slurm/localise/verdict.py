@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from scout_slurm.evidence.cascade import CASCADE_PATTERNS, mentions_peer_failure  # noqa: F401 (re-exported)
+from scout_slurm.evidence.flightrec import behind_in_ledger
 from scout_slurm.evidence.records import (
     ChildState,
     ExitRecord,
@@ -53,6 +54,7 @@ CRASH_SIGNALS = {
 
 class Rule(str, enum.Enum):
     SDC_VOTE = "sdc-vote"
+    STALL_LEDGER = "stall-ledger"
     STALL_NO_CULPRIT = "stall-no-culprit"
     STALL_CRASHED = "stall-crashed"
     STALL_STOPPED = "stall-stopped"
@@ -93,6 +95,14 @@ RULES: dict[Rule, VerdictRule] = {
         0.9,
         "a strict majority of equivalent replicas disagreed with the named rank(s); checked "
         "first, as it happens",
+    ),
+    Rule.STALL_LEDGER: VerdictRule(
+        "a stall decision naming no rank; torch's Flight Recorder dumps of every rank show a "
+        "strict minority that never enqueued the collective all the others wait inside",
+        VerdictKind.HANG,
+        0.85,
+        "scout's own record cannot see functional collectives or those inside compiled graphs; "
+        "torch's ledger does",
     ),
     Rule.STALL_NO_CULPRIT: VerdictRule(
         "a stall decision naming no rank",
@@ -614,6 +624,25 @@ def _from_stall_decision(
         dict.fromkeys(r for r in d.culprits if 0 <= r < ev.world_size)
     )  # the file is the job's: no duplicates
     if not culprits:
+        behind, why = behind_in_ledger(dict(ev.ledger), ev.world_size)
+        if behind:
+            hit = rule(Rule.STALL_LEDGER)
+            suspects = [
+                Suspect(r, ev.node_of(r), hit.kind, hit.confidence, (*why, *d.reasoning))
+                for r in behind
+            ]
+            return _verdict(
+                ev,
+                hit.kind,
+                suspects,
+                hit.confidence,
+                reasoning
+                + [f"rank(s) {', '.join(map(str, behind))} stopped making progress first"]
+                + list(why)
+                + list(d.reasoning),
+                now=now,
+                first_at=d.at,
+            )
         hit = rule(Rule.STALL_NO_CULPRIT)
         return _verdict(
             ev,

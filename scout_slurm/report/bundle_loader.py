@@ -131,30 +131,7 @@ def load_flight_recorder(folder: JobFolder, run: int, world: int) -> list[str]:
     """What torch's Flight Recorder dumps of the run say of each rank's place in its collectives
     (report lines; [] when no rank left one). At most 64 dumps are read, suspects' or not."""
     from scout_slurm.evidence import flightrec
-    from scout_slurm.evidence.safeio import list_names_below
+    from scout_slurm.evidence.gather import read_ledger
 
-    try:
-        names = list_names_below(folder.run(run).stacks_dir, folder.root)
-    except EvidenceError:
-        return []
-    ranks = sorted(
-        int(n[len("flight-recorder-rank-") : -len(".json")])
-        for n in names
-        if n.startswith("flight-recorder-rank-")
-        and n.endswith(".json")
-        and n[len("flight-recorder-rank-") : -len(".json")].isdigit()
-    )
-    positions = {}
-    for rank in ranks[:64]:
-        try:
-            data = safe_read_bytes(
-                folder.flight_recorder_path(run, rank),
-                max_bytes=flightrec.MAX_DUMP_BYTES,
-                root=folder.root,
-            )
-        except EvidenceError:
-            continue
-        found = flightrec.read_dump(data, rank)
-        if found:
-            positions[rank] = found
+    positions = read_ledger(folder, run, min(world, 64), limit=64)
     return flightrec.summary(positions, world)

@@ -149,15 +149,18 @@ class RankTracker:
         return self.view is not None and self.view.entered_init
 
     def entered_collective(self) -> bool:
-        """Has the process entered a collective (the job's first, or one of scout's after it)?"""
-        return self.view is not None and self.view.coll_entered > 0
+        """Has the process entered a collective (the job's first, or one of scout's after it)?
+        An optimizer step counts as past it: a job whose collectives scout's record cannot see
+        (functional ones, those inside compiled graphs) is still training, on the stall clock."""
+        v = self.view
+        return v is not None and (v.coll_entered > 0 or v.opt_steps > 0)
 
     def between_init_and_first_collective(self) -> bool:
         """Past init_process_group (its record's writer opened when init returned) and in no
         collective
         yet. A rank still waiting at the rendezvous is not: its clock runs as a waiting rank's."""
         v = self.view
-        return v is not None and v.pid > 0 and v.coll_entered == 0
+        return v is not None and v.pid > 0 and v.coll_entered == 0 and v.opt_steps == 0
 
     def idle_s(
         self,

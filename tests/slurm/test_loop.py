@@ -135,3 +135,28 @@ def test_record_naming_a_node_outside_the_allocation_drains_nothing(lab, clean_d
     assert sj.drained_nodes(lab) == {}
     assert any("outside the job's allocation" in h for h in acts.held_back), acts
     assert not [a for a in acts.actions if a.kind.value == "drain"]
+
+
+@pytest.mark.timeout(240)
+def test_a_hang_behind_functional_collectives_is_named_from_torchs_flight_recorder(
+    lab, clean_drains
+):
+    """The job's collectives are torch's functional ones, which scout's own record does not see:
+    every rank looks stopped at the same point. The Flight Recorder dumps, taken before anything
+    is killed, show rank 1 never enqueued the all_reduce its peers wait in: rank 1 is named."""
+    script = sj.batch_script(
+        lab,
+        train=sj.TRAIN.parent / "train_funcol.py",
+        train_args="--steps 400",
+        scout_args="--scout-stall-floor=4 --scout-inject=sleep,rank=1,step=5",
+    )
+    job = sj.submit(lab, script, extra=("--no-requeue",))
+    sj.wait_finished(lab, job)
+    v = sj.verdict(lab, job, 0)
+    text = " ".join(v.reasoning)
+    assert v.kind.value == "hang" and [s.rank for s in v.suspects] == [1], (
+        v,
+        sj.output(lab, job)[-3000:],
+    )
+    assert "Flight Recorder" in text and "never enqueued" in text, text
+    assert v.suspects[0].node == sj.places(lab, job)[1].node

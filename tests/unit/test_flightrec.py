@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scout_slurm.evidence.flightrec import read_dump, summary
+from scout_slurm.evidence.flightrec import behind_in_ledger, read_dump, summary
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "flight_recorder"
 
@@ -52,3 +52,34 @@ def test_any_json_a_job_plants_is_read_or_refused_never_raised(obj):
     dump = {"pg_status": {"0": obj}, "entries": [obj]}
     found = read_dump(json.dumps(dump).encode(), 3)
     assert all(p.rank == 3 for p in found)
+
+
+def _positions(ranks: dict[int, int]) -> dict:
+    """rank -> the positions of the recorded dump of `ranks[rank]` (0: inside #6, 1: after #5)."""
+    return {r: read_dump(_real(src), r) for r, src in ranks.items()}
+
+
+def test_the_rank_that_never_enqueued_what_the_others_wait_in_is_behind():
+    behind, why = behind_in_ledger(_positions({0: 0, 1: 1}), 2)
+    assert behind == (1,)
+    assert why[0] == (
+        "torch's Flight Recorder: 1 of 2 ranks wait inside gloo:all_reduce #6 of the default group"
+    ), why
+    assert (
+        why[1] == "rank 1: outside any collective, after gloo:all_reduce #5: it never enqueued #6"
+    )
+    four = _positions({0: 0, 1: 0, 2: 1, 3: 0})
+    assert behind_in_ledger(four, 4)[0] == (2,)
+
+
+@pytest.mark.parametrize(
+    "ranks, world",
+    [
+        ({0: 0, 1: 0}, 2),  # every rank waits at the same place: nobody behind
+        ({0: 1, 1: 1}, 2),  # every rank outside, equal
+        ({0: 0, 1: 1}, 3),  # rank 2 left no dump: the ledger does not say
+        ({0: 0, 1: 1, 2: 1}, 3),  # more than half behind
+    ],
+)
+def test_the_ledger_names_nobody_when_it_does_not_say(ranks, world):
+    assert behind_in_ledger(_positions(ranks), world) == ((), ())

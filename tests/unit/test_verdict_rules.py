@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from scout_slurm.evidence.flightrec import read_dump
 from scout_slurm.evidence.records import ChildState, Finding, FindingKind, StallDecision
 from scout_slurm.localise.verdict import RULES, Rule, explain, localise, render_rules_markdown
 from tests.unit.test_verdict import (
@@ -40,7 +41,17 @@ def all_clean(world: int = 4) -> list:
 AGREED = tuple(entry(s) for s in range(1, 9))
 ODD = tuple(entry(s) for s in range(1, 6)) + (entry(6, "broadcast", 64),)
 
+
 # one plain input a rule, and the ranks it names
+def _fr_dump(rank: int) -> bytes:
+    return (
+        Path(__file__).resolve().parents[1]
+        / "fixtures"
+        / "flight_recorder"
+        / f"gloo-2ranks-rank-{rank}.json"
+    ).read_bytes()
+
+
 EXAMPLES = {
     Rule.SDC_VOTE: (
         evidence(
@@ -52,6 +63,15 @@ EXAMPLES = {
                     rank=1, node="n1", kind=FindingKind.SDC, at=NOW - 9, summary="weights differ"
                 )
             ],
+        ),
+        [1],
+    ),
+    # torch's Flight Recorder (real gloo dumps): rank 0 waits inside all_reduce #6, rank 1 never
+    # enqueued it; scout's own record saw both at the same point (a functional collective)
+    Rule.STALL_LEDGER: (
+        dataclasses.replace(
+            evidence(2, decision=stall()),
+            ledger={r: read_dump(_fr_dump(r), r) for r in (0, 1)},
         ),
         [1],
     ),
