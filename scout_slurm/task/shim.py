@@ -224,6 +224,37 @@ def banner(ctx: TaskContext, cfg: SiteConfig, environ: Mapping[str, str], folder
     )
 
 
+FR_BUFFER_NAMES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")  # new, old name
+FR_DUMP_NAMES = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+FR_BUFFER = 2000  # torch's own default where it records by default (2.13)
+
+
+def flight_recorder_env(environ: Mapping[str, str], stacks_dir: Path) -> dict[str, str]:
+    """What the shim adds so that torch's Flight Recorder keeps the collective ledger and torch's
+    own dump (on NCCL's collective timeout) lands in the run's evidence, unless the job set it
+    under either of torch's names (pure)."""
+    out = {}
+    if not any(n in environ for n in FR_BUFFER_NAMES):
+        out[FR_BUFFER_NAMES[0]] = str(FR_BUFFER)
+    if not any(n in environ for n in FR_DUMP_NAMES):
+        out[FR_DUMP_NAMES[0]] = str(stacks_dir / "torch-flight-recorder-rank-")
+    return out
+
+
+def ledger_words(environ: Mapping[str, str]) -> str:
+    """Which collective ledger the job has, for the banner (pure)."""
+    size = next((environ[n] for n in FR_BUFFER_NAMES if n in environ), str(FR_BUFFER)).strip()
+    if size in ("0", ""):
+        return (
+            "collective ledger: scout's own record only (the job set Flight Recorder's buffer to "
+            "0: functional and compiled collectives are not seen)"
+        )
+    return (
+        f"collective ledger: torch's Flight Recorder ({size} entries, read on a stall) beside "
+        "scout's own record"
+    )
+
+
 def init_banner(ctx: TaskContext, cfg: SiteConfig, environ: Mapping[str, str]) -> str:
     """The line rank 0's watchdog prints when its process enters init_process_group: the stall rule
     and the checks that run from there (pure). The cadences are the job's JobConfig's
@@ -241,7 +272,7 @@ def init_banner(ctx: TaskContext, cfg: SiteConfig, environ: Mapping[str, str]) -
         f"optimizer step: the start-up limit, {w.startup_grace_s:g} s; a rank not yet at "
         "init_process_group "
         f"only once a peer waits there); state votes {votes}; in-situ replay {replay}; timing "
-        f"votes {timing}"
+        f"votes {timing}; {ledger_words(environ)}"
     )
 
 
@@ -324,6 +355,8 @@ def _run_watched(
     )
     for name, text in site_defaults(cfg).items():
         env.setdefault(name, text)  # the job's own setting wins
+    for name, text in flight_recorder_env(environ, folder.stacks_dir(ctx.restart)).items():
+        env.setdefault(name, text)  # torch's ledger on, its own dumps into the evidence
     # in-job checks off (settings not valid, on_bad_setting = "disable"): no bootstrap; the watchdog
     # still runs
     bootstrap = str(BOOTSTRAP_DIR) if checks_on else ""

@@ -105,6 +105,9 @@ def test_the_init_banner_says_what_is_on_once_rank_0_enters_init(tmp_path):
         and "in-situ replay off" in line
         and "timing votes every 25 steps" in line
     )
+    assert "collective ledger: torch's Flight Recorder (2000 entries, read on a stall)" in line
+    off = init_banner(ctx, cfg, dict(env, TORCH_NCCL_TRACE_BUFFER_SIZE="0"))
+    assert "collective ledger: scout's own record only" in off
     assert "\n" not in line
     assert "unreadable (SCOUT_CONSENSUS_EVERY='ten')" in init_banner(
         ctx, cfg, dict(env, SCOUT_CONSENSUS_EVERY="ten")
@@ -158,3 +161,16 @@ def test_scout_show_on_a_job_with_no_scout_records_says_so_and_fails(tmp_path, m
         assert res.exit_code == 1, res.output
         assert "no scout records" in res.output and "did not run under scout-srun" in res.output
         assert "clean" not in res.output
+
+
+def test_the_shim_turns_flight_recorder_on_unless_the_job_set_it(tmp_path):
+    from scout_slurm.task.shim import flight_recorder_env
+
+    stacks = tmp_path / "run-0" / "stacks"
+    assert flight_recorder_env({}, stacks) == {
+        "TORCH_FR_BUFFER_SIZE": "2000",
+        "TORCH_FR_DUMP_TEMP_FILE": str(stacks / "torch-flight-recorder-rank-"),
+    }
+    # the job's own values, under either of torch's names, win
+    theirs = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "0", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/tmp/x"}
+    assert flight_recorder_env(theirs, stacks) == {}
