@@ -39,11 +39,30 @@ _LITERALS = (
     "watchdog caught collective operation timeout",
 )
 _GAPPED_GUARD = "processgroupnccl"
+# torch's NCCL heartbeat monitor on this rank: its own NCCL watchdog thread made no progress (a
+# CUDA or NCCL call hung here), not a peer's failure. Its message names
+# TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC beside "ProcessGroupNCCL", which the gapped pattern would take
+# for a peer's timeout: a line saying this is never a cascade line.
+OWN_WATCHDOG = re.compile(
+    r"Heartbeat monitor timed out|watchdog got stuck for|TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC|"
+    r"no heartbeat of its watchdog",
+    re.I,
+)
 _GAPPED = re.compile(r"ProcessGroupNCCL.*(timeout|abort)", re.I)  # '.' stops at a line end
 
 
+def is_own_watchdog(line: str) -> bool:
+    """Does the line say this rank's own NCCL watchdog is stuck (torch's heartbeat monitor)?"""
+    if line.isascii():
+        low = line.lower()
+        if "heartbeat" not in low and "stuck" not in low:
+            return False
+    return OWN_WATCHDOG.search(line) is not None
+
+
 def mentions_peer_failure(lines: Sequence[str]) -> bool:
-    """True when any line matches CASCADE_PATTERNS. The lines are joined with newlines: no
+    """True when any line that is not the rank's own watchdog's (`is_own_watchdog`) matches
+    CASCADE_PATTERNS. The lines are joined with newlines: no
     pattern spans a newline ('.' does not match one), so a match in the text is a match in a
     line. For ASCII text lower() is exactly re.I's folding; other text goes to the regex."""
     if not lines:
@@ -51,12 +70,21 @@ def mentions_peer_failure(lines: Sequence[str]) -> bool:
     # The peer's failure is usually the tail's last line: found there, the 40-line join and lower()
     # are not needed (3 us -> 0.5 us a call; the controller asks for every rank of a job 3 times).
     last = lines[-1]
-    if last.isascii():
+    if last.isascii() and not is_own_watchdog(last):
         low = last.lower()
         for literal in _LITERALS:
             if literal in low:
                 return True
     text = "\n".join(lines)
+    own = (
+        ("heartbeat" in (low := text.lower()) or "stuck" in low)
+        if text.isascii()
+        else OWN_WATCHDOG.search(text) is not None
+    )
+    if own:
+        kept = [line for line in lines if not is_own_watchdog(line)]
+        if len(kept) < len(lines):
+            return mentions_peer_failure(kept)
     if not text.isascii():
         return CASCADE_PATTERNS.search(text) is not None
     low = text.lower()
