@@ -160,3 +160,38 @@ def test_a_hang_behind_functional_collectives_is_named_from_torchs_flight_record
     )
     assert "Flight Recorder" in text and "never enqueued" in text, text
     assert v.suspects[0].node == sj.places(lab, job)[1].node
+
+
+@pytest.mark.timeout(300)
+def test_hangs_of_asynchronous_collectives_and_of_a_short_torch_timeout_are_named(
+    lab, clean_drains
+):
+    """NCCL-shaped on CPU: collectives started with async_op=True and waited for at the end of
+    the step (the CPU runs ahead): rank 1 stops before enqueuing its step-6 collectives and is
+    named. And a job whose own collective timeout (6 s) fires before scout's stall floor (30 s):
+    its peers fail on torch's timeout, and rank 1 is still named, not called one of many."""
+    asynchronous = sj.submit(
+        lab,
+        sj.batch_script(
+            lab,
+            train=sj.TRAIN.parent / "train_async.py",
+            train_args="--steps 400",
+            scout_args="--scout-stall-floor=4 --scout-inject=sleep,rank=1,step=5",
+        ),
+        extra=("--no-requeue",),
+    )
+    short_timeout = sj.submit(
+        lab,
+        sj.batch_script(
+            lab,
+            train_args="--steps 400 --timeout 6",
+            scout_args="--scout-stall-floor=30 --scout-inject=sleep,rank=1,step=5",
+        ),
+        extra=("--no-requeue",),
+    )
+    for job in (asynchronous, short_timeout):
+        sj.wait_finished(lab, job)
+        v = sj.verdict(lab, job, 0)
+        assert [s.rank for s in v.suspects] == [1], (job, v, sj.output(lab, job)[-3000:])
+        assert v.kind.value in ("hang", "crash"), v
+        assert v.suspects[0].node == sj.places(lab, job)[1].node
