@@ -275,3 +275,53 @@ def test_fsdp2_rank_asleep_in_its_step_is_a_hang_named_by_rank_and_node(lab, cle
         sj.folder(lab, job).progress_path(0, 0).read_text()
     )  # a waiting peer's last published progress
     assert "all_gather_single" in peer or "reduce_scatter_single" in peer, peer[-2000:]
+
+
+@pytest.mark.timeout(480)
+def test_fsdp2_stopped_hsdp_asleep_and_compiled_ddp_asleep_are_hangs_named_by_rank_and_node(
+    lab, clean_drains
+):
+    """Issue 41's other shapes, at 2 x 2 each: an FSDP2 rank stopped (SIGSTOP) after step 5; an
+    HSDP rank (replicate x shard) asleep after step 5; a torch.compile'd DDP rank (aot_eager)
+    asleep after step 6. Each is a hang of exactly that rank on its node."""
+    fsdp2 = JOBS / "train_fsdp2.py"
+    floor = f"--scout-stall-floor={STALL_FLOOR}"
+    jobs = {
+        "fsdp2 stopped": (
+            sj.submit(
+                lab,
+                sj.batch_script(
+                    lab,
+                    train=fsdp2,
+                    train_args="--steps 400 --timeout 600",
+                    scout_args=f"{floor} --scout-inject=stop,rank=3,step=5",
+                ),
+                extra=("--no-requeue",),
+            ),
+            3,
+        ),
+        "hsdp asleep": (
+            sj.submit(
+                lab,
+                sj.batch_script(
+                    lab,
+                    train=fsdp2,
+                    train_args="--steps 400 --hsdp --timeout 600",
+                    scout_args=f"{floor} --scout-inject=sleep,rank=2,step=5",
+                ),
+                extra=("--no-requeue",),
+            ),
+            2,
+        ),
+        "compiled asleep": (
+            _compiled_job(lab, "aot_eager", steps=400, inject="sleep,rank=1,step=6"),
+            1,
+        ),
+    }
+    for what, (job, rank) in jobs.items():
+        sj.wait_finished(lab, job, timeout=400)
+        shown = sj.show_json(lab, job, restart=0)
+        assert shown["kind"] == "hang", (what, shown, sj.output(lab, job)[-3000:])
+        assert [(s["rank"], s["node"]) for s in shown["suspects"]] == [
+            (rank, sj.places(lab, job)[rank].node)
+        ], (what, shown)
