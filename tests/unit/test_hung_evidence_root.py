@@ -135,3 +135,37 @@ def test_the_prolog_keeps_its_budget_on_a_hung_evidence_root(tmp_path, monkeypat
         assert "prolog.folder_timeout" in events, events.keys()
         assert events["prolog.folder_timeout"]["abandoned"] is True
     bounded.reap_abandoned()
+
+
+def test_an_nvml_call_that_never_returns_does_not_hold_the_node_epilog(tmp_path, monkeypatch):
+    """A GPU fallen off the bus can leave NVML's calls hanging: a stand-in NVML library whose init
+    never returns (in the Epilog's own node-evidence collection, the real one) costs the Epilog
+    its budget at most, then it exits 0 and says which stage hung."""
+    import sys
+    import types
+
+    fake = types.ModuleType("pynvml")
+
+    class NVMLError(Exception):
+        pass
+
+    def hang() -> None:
+        time.sleep(3600)
+
+    fake.NVMLError, fake.nvmlInit = NVMLError, hang
+    monkeypatch.setitem(sys.modules, "pynvml", fake)  # the forked collection inherits it
+    root = tmp_path / "evidence"
+    site = Site(tmp_path, root, tmp_path / "scout.toml", tmp_path / "nobin")
+    site.nobin.mkdir()
+    site.write_config()
+    text = site.config.read_text()
+    site.config.write_text(
+        text.replace("[epilog]\ntime_budget_s = 20", f"[epilog]\ntime_budget_s = {BUDGET_S:g}")
+    )
+    write_job_tree(site.job_dir)
+    code, took = timed(lambda: epilog.main(environ=site.env("epilog")))
+    assert code == 0 and took < BUDGET_S + SLACK_S, took
+    events = {e["event"]: e for e in local_events(site, "epilog")}
+    hung = events["epilog.evidence_hung"]
+    assert hung["stage"] == "collecting this node's evidence" and hung["budget_s"] == BUDGET_S, hung
+    bounded.reap_abandoned()
