@@ -99,7 +99,7 @@ class Consensus:
             optimizer  # for the end-of-training vote (released at destroy_process_group)
         )
         self.steps = step
-        if step % self.every != 0:
+        if (step + self.offset) % self.every != 0:  # the global step's schedule (a rerun's too)
             return
         self._vote(step, optimizer, original_all_gather, original_barrier)
 

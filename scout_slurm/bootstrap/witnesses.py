@@ -137,7 +137,8 @@ class StateVoteWitness(_Quiet):
         self.consensus, self.side_ops = consensus, side_ops
 
     def works_after(self, step: int) -> bool:
-        return _every(self.consensus.every, step)
+        # on the job's global step: a rerun from step 20 votes at 50 as the first run would have
+        return _every(self.consensus.every, step + self.consensus.offset)
 
     def after_step(self, step: int, optimizer: Any) -> None:
         self.consensus.maybe_vote(step, optimizer, *self.side_ops())

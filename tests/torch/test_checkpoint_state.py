@@ -421,3 +421,14 @@ def test_lightnings_own_checkpoints_are_recorded_and_its_resume_is_seen(tmp_path
         f"resume verified: rank 0 restored {eight.path} (step 8); model, optimizer"
     ), found
     assert not any("did not load" in f["summary"] for f in found.values()), found
+
+
+@pytest.mark.timeout(120)
+def test_a_reruns_state_votes_follow_the_global_step(tmp_path):
+    """A rerun from step 20 with votes every 25 steps votes at global step 25 (its own 5th step),
+    as the first run would have, and at its end: 2 votes, not only the end-of-training one."""
+    job = [str(TRAIN), "--steps", "10", "--step-sleep", "0", "--timeout", "30"]
+    rerun = dict(SCOUT_STEP_OFFSET="20", SLURM_RESTART_COUNT="1", SCOUT_CONSENSUS_EVERY="25")
+    _ok(run_ranks(job, _env(tmp_path, "a", **rerun), cwd=tmp_path))
+    cov = json.loads((tmp_path / "a" / "votes.json").read_text())
+    assert (cov["votes"], cov["steps"], cov["last_vote_step"]) == (2, 30, 30), cov
