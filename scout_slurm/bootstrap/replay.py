@@ -70,6 +70,7 @@ class Replay:
         self.offset = offset
         self.roots: list[Any] = []
         self.layers: list[tuple[str, Any]] | None = None
+        self.tied: set[int] = set()  # ids of parameters two layers share
         self.groups: list[tuple[int, ...]] = []
         self.said: set[tuple[str, ...]] = set()  # what was said in the job's output once already
         self.layer_clean: dict[int, int] = {}  # layer index -> the last step a replay of it passed
@@ -126,7 +127,16 @@ class Replay:
             return
         self.groups = replica_layout(self.roots, self.world)[0]
         skipped = []
-        for name, m in parameterised_leaves(self.roots):
+        leaves = parameterised_leaves(self.roots)
+        # tied weights (an embedding and the output layer sharing one): the training-time weight
+        # gradient sums every use, so it is not set against one layer's recomputation
+        holders: dict[int, list[str]] = {}
+        for name, m in leaves:
+            for p in m.parameters(recurse=False):
+                holders.setdefault(id(p), []).append(name)
+        self.tied = {i for i, names in holders.items() if len(names) > 1}
+        tied_names = sorted({"/".join(n) for n in holders.values() if len(n) > 1})
+        for name, m in leaves:
             params = list(m.parameters(recurse=False))
             nbytes = 2 * sum(
                 p.numel() * p.element_size() for p in params
@@ -169,6 +179,12 @@ class Replay:
             say(
                 f"in-situ replay every {self.every} steps over layers {[n for n, _ in self.layers]}"
                 + (f"; not replayed: {'; '.join(skipped)}" if skipped else "")
+                + (
+                    f"; tied weights ({', '.join(tied_names)}): replayed, their training-time "
+                    "weight gradient (the sum of every use) not compared with one layer's"
+                    if tied_names
+                    else ""
+                )
             )
 
     def _say_once(self, key: tuple[str, ...], msg: str) -> None:
@@ -287,6 +303,12 @@ class Replay:
         import torch
 
         params = [(n, p) for n, p in layer.named_parameters(recurse=False) if p.requires_grad]
+        if any(id(p) in self.tied for _, p in params):
+            return (
+                cap["out_sig"],
+                0,
+                "its weight is tied to another layer's (the gradient sums both)",
+            )
         if not params or any(is_dtensor(p) for _, p in params):
             return (
                 cap["out_sig"],

@@ -147,3 +147,22 @@ def test_torchtitan_debug_model_fsdp2_and_mesh_discovery_on_cpu(tmp_path):
         assert said["fsdp"] and said["mesh"] == ["dp_replicate", "dp_shard"], said
         assert said["groups"] == [[0, 2], [1, 3]], said
         assert "dimensions ('dp_replicate', 'dp_shard')" in said["how"], said
+
+
+@pytest.mark.timeout(200)
+def test_tied_embedding_layers_are_replayed_and_a_clean_run_names_nobody(tmp_path):
+    """The output layer shares the embedding's weight (GPT-2's wte and lm_head): both are
+    replayed; their training-time weight gradient, the sum of both uses, is not set against one
+    layer's recomputation (it was, and said to differ 'by compiled or fused kernels')."""
+    run_dir, runs = _run(tmp_path, "train_tied.py", 2)
+    for r in runs:
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "compiled or fused" not in r.stderr and "could not recompute" not in r.stderr, (
+            r.stderr[-3000:]
+        )
+    said = runs[0].stderr
+    assert "over layers ['wte', 'mix', 'lm_head']" in said, said[-3000:]
+    assert "tied weights (wte/lm_head): replayed" in said, said[-3000:]
+    cov = _coverage(run_dir)
+    assert cov["replay_rounds"] == 6 and cov["replay_failed_rounds"] == 0, cov
+    assert _sdc_compute(run_dir) == []
