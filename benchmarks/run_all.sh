@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every benchmarks/*.py in turn with the project's virtual environment and prints what each
 # prints. Goes on after a failure and exits non-zero if any failed. PYTHON=... overrides the
-# interpreter. The figures depend on the machine and on what else runs on it: see README.md.
+# interpreter. The figures depend on the machine and on what else runs on it: see docs/MEASUREMENTS.md.
 set -u -o pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

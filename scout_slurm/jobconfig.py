@@ -54,7 +54,7 @@ def _parse_checks(text: str) -> frozenset[str]:
     return parse_broken(text)
 
 
-# The one table. Order is the README's.
+# The one table. Order is docs/USERS.md's.
 SETTINGS: tuple[Setting, ...] = (
     Setting(
         "SCOUT_CONSENSUS_EVERY",
@@ -354,7 +354,7 @@ def unknown_name(name: str, known: frozenset[str]) -> Problem:
     hint = (
         f"did you mean {close[0]}?"
         if close
-        else "see the README's in-job settings for the valid names"
+        else "see docs/USERS.md, In-job settings, for the valid names"
     )
     return Problem(name, "", f"unknown scout setting; {hint}")
 
@@ -442,13 +442,13 @@ def problems_message(problems: tuple[Problem, ...] | list[Problem], *, disabled:
             "scout: the job runs with scout's in-job checks OFF (state votes, replay, timing "
             "votes, "
             "checkpoint records); the watchdog still watches for stalls and crashes. Fix or unset "
-            "the variables above (README: In-job settings)."
+            "the variables above (docs/USERS.md: In-job settings)."
         )
     else:
         lines.append(
             'scout: the job is not started (the site\'s [watchdog] on_bad_setting = "fail"). '
             "Fix or "
-            "unset the variables above (README: In-job settings)."
+            "unset the variables above (docs/USERS.md: In-job settings)."
         )
     lines.append(bar)
     return "\n".join(lines)
@@ -465,7 +465,7 @@ def _default_text(s: Setting) -> str:
 
 
 def render_markdown() -> str:
-    """The README's knob reference, generated from the table (pure)."""
+    """docs/USERS.md's knob reference, generated from the table (pure)."""
     rows = ["| variable | set by | default | accepts | what it does |", "|---|---|---|---|---|"]
     for s in SETTINGS:
         rows.append(

@@ -1,5 +1,5 @@
 """The two generated references, rendered from the settings' declarations: the in-job settings
-(README.md, between the knobs markers) and the site config (docs/SITE-CONFIG.md).
+(docs/USERS.md, between the knobs markers) and the site config (docs/SITE-CONFIG.md).
 `python -m scout_slurm.reference` rewrites both; tests/unit/test_settings.py fails when either is
 stale.
 """
@@ -15,6 +15,7 @@ from scout_slurm.settings import Setting, format_value
 
 KNOBS_BEGIN, KNOBS_END = "<!-- knobs:begin -->\n", "<!-- knobs:end -->"
 SITE_REFERENCE = Path("docs") / "SITE-CONFIG.md"
+USERS_REFERENCE = Path("docs") / "USERS.md"
 
 
 def render_site_markdown() -> str:
@@ -30,9 +31,9 @@ def render_site_markdown() -> str:
         "command-line flag beats an environment "
         "variable `SCOUT_<SECTION>_<KEY>`, which beats the file, which beats the default. An "
         "unknown section or key is an error that lists the valid ones. The privileged hooks read "
-        "the file only when root can trust it (README: The site config is read as sshd reads its "
-        "own); `scout site check` says whether they do, and what to fix. Numbers are finite "
-        "and never negative; a boolean is `true` or `false` (in a "
+        "the file only when root can trust it (docs/SITE-ADMIN.md: The site config is read as sshd "
+        "reads its own); `scout site check` says whether they do, and what to fix. Numbers are "
+        "finite and never negative; a boolean is `true` or `false` (in a "
         "variable also 1/0, yes/no, on/off); a choice is one of its words.",
         "",
     ]
@@ -66,10 +67,10 @@ def _cell(text: str) -> str:
 
 
 def with_knobs(readme: str) -> str:
-    """README.md's text with its knobs block replaced by the rendered in-job table (pure)."""
+    """docs/USERS.md's text with its knobs block replaced by the rendered in-job table (pure)."""
     pattern = re.compile(re.escape(KNOBS_BEGIN) + ".*?" + re.escape(KNOBS_END), re.S)
     if not pattern.search(readme):
-        raise ValueError(f"README.md lacks the {KNOBS_BEGIN.strip()} / {KNOBS_END} block")
+        raise ValueError(f"{USERS_REFERENCE} lacks the {KNOBS_BEGIN.strip()} / {KNOBS_END} block")
     block = KNOBS_BEGIN + jobconfig.render_markdown() + KNOBS_END
     return pattern.sub(lambda _: block, readme, count=1)
 
@@ -77,7 +78,7 @@ def with_knobs(readme: str) -> str:
 def write(root: Path) -> list[Path]:
     """Rewrite both references under the checkout `root`; the files that changed."""
     changed = []
-    readme = root / "README.md"
+    readme = root / USERS_REFERENCE
     for path, text in (
         (readme, with_knobs(readme.read_text())),
         (root / SITE_REFERENCE, render_site_markdown()),

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-# .venv-bare: a job's Python as the README allows for a site's own torch: the pinned torch and this
+# .venv-bare: a job's Python as docs/USERS.md allows for a site's own torch: the pinned torch and this
 # package without the `job` extra (so no xxhash, no numpy). tests/torch/test_bare_python.py runs a
 # job under it. About 20 to 40 s when made (the torch wheel is on this machine's disk), 2 s after.
 bare_python="${PYTHON:-python3}"

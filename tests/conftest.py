@@ -45,7 +45,7 @@ def pytest_addoption(parser):
         default="",
         metavar="RELEASE",
         help="Slurm release of the session lab every tests/slurm test uses: the host's (default), "
-        "24.11 or 26.05 (run from a cached Debian root, see README 'Slurm versions')",
+        "24.11 or 26.05 (run from a cached Debian root, see docs/SITE-ADMIN.md 'Slurm versions')",
     )
     parser.addoption(
         "--slurm-releases",

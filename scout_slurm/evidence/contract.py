@@ -1,6 +1,6 @@
 """The evidence contract in one place: every versioned record type, grouped by who writes it, with
 the file it lives in (built by evidence/layout.py) and the schema versions this scout writes and
-reads. README's evidence-records table is rendered from here (`render_markdown`).
+reads. docs/HOW-IT-WORKS.md's evidence-records table is rendered from here (`render_markdown`).
 
 Records are named as "module:Class" below scout_slurm and loaded only when asked (`RecordType.cls`),
 so that this module, like the rest of evidence/, imports nothing from the layers above it.
@@ -284,7 +284,8 @@ def by_writer(writer: Writer) -> tuple[RecordType, ...]:
 
 
 def render_markdown() -> str:
-    """The README's evidence-records table (tests/unit/test_evidence_contract.py keeps it equal)."""
+    """docs/HOW-IT-WORKS.md's evidence-records table (tests/unit/test_evidence_contract.py keeps
+    it equal)."""
     out = []
     for writer in Writer:
         out += [f"**Written by {writer.value}.** {WHO[writer]}", ""]

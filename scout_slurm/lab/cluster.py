@@ -244,8 +244,8 @@ def lab_site_config(spec: LabSpec) -> SiteConfig:
         epilog=EpilogConfig(time_budget_s=60.0, wait_for_nodes_s=5.0),
         remediation=RemediationConfig(min_confidence=0.8, max_drain_fraction=0.5, restart_limit=2),
         # the lab's injected faults are software (no root check can honestly corroborate them), and
-        # its demo and loop tests show drain, requeue and resume: the old rule here, stated in the
-        # README; tests/slurm/test_drain_rule.py switches the lab to the site default
+        # its demo and loop tests show drain, requeue and resume: the old rule here, stated in
+        # docs/OPERATORS.md; tests/slurm/test_drain_rule.py switches the lab to the site default
         drain=DrainConfig(drain_on="job-evidence"),
     )
 

@@ -48,7 +48,7 @@ CRASH_SIGNALS = {
 
 # --- the decision as a table ---------------------------------------------------------------------
 # `localise` consults these rules in this order; the first whose evidence is present decides the
-# kind and the confidence. The README's verdict section is rendered from this table
+# kind and the confidence. docs/HOW-IT-WORKS.md's verdict section is rendered from this table
 # (`render_rules_markdown`; tests/unit/test_verdict_rules.py keeps the two equal).
 
 
@@ -248,7 +248,7 @@ RULES: dict[Rule, VerdictRule] = {
 
 
 def render_rules_markdown() -> str:
-    """The table above as the README shows it (between its verdict-rules markers)."""
+    """The table above as docs/HOW-IT-WORKS.md shows it (between its verdict-rules markers)."""
     out = [
         "| order | rule | evidence | verdict | confidence | why |",
         "|---:|---|---|---|---:|---|",

@@ -31,7 +31,7 @@ from scout_slurm.errors import ConfigError, ScoutError, UntrustedPath
 from scout_slurm.slurm.parse import SlurmSettings
 from scout_slurm.trust import command_problem, directory_problem, resolve_trusted
 
-# The releases scout is tested on (README, "Slurm versions"): the lab runs each of them.
+# The releases scout is tested on (docs/SITE-ADMIN.md, "Slurm versions"): the lab runs each of them.
 TESTED_RELEASES = ((22, 5), (24, 11), (26, 5))
 # Slurm kills a Prolog or Epilog at PrologEpilogTimeout and drains the node: the hooks' own
 # budgets must end this much earlier (their children are abandoned, then they log and exit).

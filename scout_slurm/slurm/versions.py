@@ -1,7 +1,7 @@
 """What differs between the Slurm releases scout runs on, in one place: every choice the door's
 callers make by release is a field of `Dialect`, and `dialect()` says which applies.
 
-Measured on Debian's 22.05.8, 24.11.5 and 26.05.5 (README, "Slurm versions"):
+Measured on Debian's 22.05.8, 24.11.5 and 26.05.5 (docs/SITE-ADMIN.md, "Slurm versions"):
 - `sinfo --json` lists every node under "nodes" in 22.05; from 23.02 on it lists partition x state
   groups under "sinfo" instead, and the per-node list is `scontrol show node --json`
   (`scontrol --json` does not exist in 22.05).

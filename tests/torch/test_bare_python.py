@@ -1,4 +1,4 @@
-"""A job whose Python has torch and nothing else, as the README allows for a site's own torch
+"""A job whose Python has torch and nothing else, as docs/USERS.md allows for a site's own torch
 (`scout-slurm` installed without the `job` extra: no xxhash, no numpy): scout's bootstrap watches a
 real 2-rank gloo job there and never harms it. Its checkpoints (a plain torch.save and an atomic
 save renamed into place) are recorded with signatures, and the state votes run.

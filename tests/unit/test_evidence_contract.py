@@ -1,7 +1,7 @@
 """The evidence contract (scout_slurm/evidence/contract.py) lists every versioned record type
 exactly
-once, with versions that are the classes' own; README's table is rendered from it; evidence/ reads
-and writes records without importing the layers above it."""
+once, with versions that are the classes' own; docs/HOW-IT-WORKS.md's table is rendered from it;
+evidence/ reads and writes records without importing the layers above it."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from scout_slurm.evidence import layout
 from scout_slurm.evidence.contract import RECORDS, Writer, render_markdown
 
 PACKAGE = Path(__file__).resolve().parents[2] / "scout_slurm"
-README = PACKAGE.parent / "README.md"
+HOW_IT_WORKS = PACKAGE.parent / "docs" / "HOW-IT-WORKS.md"
 BLOCK = re.compile(r"<!-- evidence-records:begin -->\n(.*?)<!-- evidence-records:end -->", re.S)
 
 
@@ -94,12 +94,13 @@ def test_the_job_writes_into_its_runs_and_checkpoints_only():
             assert r.file.startswith(("results/", "../pending/")), r
 
 
-def test_readme_shows_the_contract_as_rendered():
-    found = BLOCK.search(README.read_text())
-    assert found, f"{README}: no <!-- evidence-records:begin --> ... end block"
+def test_how_it_works_shows_the_contract_as_rendered():
+    found = BLOCK.search(HOW_IT_WORKS.read_text())
+    assert found, f"{HOW_IT_WORKS}: no <!-- evidence-records:begin --> ... end block"
     assert found.group(1) == render_markdown(), (
-        "README's evidence-records block differs from scout_slurm/evidence/contract.py: paste the "
-        "output of `python -c 'from scout_slurm.evidence.contract import render_markdown as r; "
+        "docs/HOW-IT-WORKS.md's evidence-records block differs from "
+        "scout_slurm/evidence/contract.py: paste the output of "
+        "`python -c 'from scout_slurm.evidence.contract import render_markdown as r; "
         'print(r(), end="")\'`'
     )
 

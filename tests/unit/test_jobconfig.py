@@ -1,6 +1,6 @@
 """The in-job settings (scout_slurm/jobconfig.py): one table, a typed JobConfig, the start-up check
-of the job's SCOUT_* variables that the shim says once, the README's generated knob reference, and
-the in-job exit policy (bootstrap/exitpolicy.py)."""
+of the job's SCOUT_* variables that the shim says once, docs/USERS.md's generated knob reference,
+and the in-job exit policy (bootstrap/exitpolicy.py)."""
 
 from __future__ import annotations
 
@@ -227,12 +227,13 @@ def test_the_table_names_every_field_once():
     assert timing == set(TimingRules.__dataclass_fields__) - {"schema_version"}
 
 
-def test_readme_knob_reference_is_the_rendered_table():
-    text = (ROOT / "README.md").read_text()
+def test_users_doc_knob_reference_is_the_rendered_table():
+    text = (ROOT / "docs" / "USERS.md").read_text()
     m = re.search(r"<!-- knobs:begin -->\n(.*?)<!-- knobs:end -->", text, re.S)
-    assert m, "README.md lacks the <!-- knobs:begin --> / <!-- knobs:end --> block"
+    assert m, "docs/USERS.md lacks the <!-- knobs:begin --> / <!-- knobs:end --> block"
     assert m.group(1) == render_markdown(), (
-        "README's knob reference differs from jobconfig.render_markdown(): paste the rendered table"
+        "docs/USERS.md's knob reference differs from jobconfig.render_markdown(): paste the "
+        "rendered table"
     )
 
 

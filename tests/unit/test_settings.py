@@ -158,14 +158,15 @@ def test_the_example_site_config_is_declared_and_valid():
         names = {s.name for s in config.SECTIONS[section]}
         assert set(values) <= names, f"{path}: [{section}] {sorted(set(values) - names)}"
     cfg = parse_config(data, source=str(path))
-    # the README tells a site to start observing only: the example it copies must say so
+    # the README's site quickstart tells a site to start observing only: the example it copies
+    # must say so
     assert cfg.remediation.observe_only is True, f"{path}: ship observe_only = true"
 
 
 def test_the_references_are_generated_from_the_declarations():
-    readme = (ROOT / "README.md").read_text()
-    assert reference.with_knobs(readme) == readme, (
-        "README.md's knobs block is stale: run `python -m scout_slurm.reference`"
+    users = (ROOT / reference.USERS_REFERENCE).read_text()
+    assert reference.with_knobs(users) == users, (
+        f"{reference.USERS_REFERENCE}'s knobs block is stale: run `python -m scout_slurm.reference`"
     )
     site = (ROOT / reference.SITE_REFERENCE).read_text()
     assert site == reference.render_site_markdown(), (
@@ -176,7 +177,7 @@ def test_the_references_are_generated_from_the_declarations():
         for s in settings:
             assert f"| `{s.name}` |" in site
     for s in jobconfig.SETTINGS:
-        assert f"| `{s.name}` |" in readme
+        assert f"| `{s.name}` |" in users
 
 
 def test_as_environment_writes_what_the_job_reads_back():

@@ -1,5 +1,6 @@
 """The localiser's rule table: every row decides at least one plain input, with the kind and the
-confidence the table states, and the README's verdict section shows the table as rendered."""
+confidence the table states, and docs/HOW-IT-WORKS.md's verdict section shows the table as
+rendered."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from tests.unit.test_verdict import (
     snap,
 )
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+HOW_IT_WORKS = Path(__file__).resolve().parents[2] / "docs" / "HOW-IT-WORKS.md"
 BLOCK = re.compile(r"<!-- verdict-rules:begin -->\n(.*?)<!-- verdict-rules:end -->", re.S)
 
 
@@ -213,14 +214,14 @@ def test_rules_are_consulted_in_table_order():
         assert positions == sorted(positions), (rule, consulted)
 
 
-def test_readme_shows_the_rule_table_as_rendered():
-    found = BLOCK.search(README.read_text())
+def test_how_it_works_shows_the_rule_table_as_rendered():
+    found = BLOCK.search(HOW_IT_WORKS.read_text())
     assert found, (
-        f"{README}: no <!-- verdict-rules:begin --> ... <!-- verdict-rules:end --> block in "
+        f"{HOW_IT_WORKS}: no <!-- verdict-rules:begin --> ... <!-- verdict-rules:end --> block in "
         "the verdict section"
     )
     assert found.group(1) == render_rules_markdown(), (
-        "README's verdict-rules block differs from the table in "
+        "docs/HOW-IT-WORKS.md's verdict-rules block differs from the table in "
         "scout_slurm/localise/verdict.py: paste the output "
         "of `python -c 'from scout_slurm.localise.verdict import render_rules_markdown as r; "
         'print(r(), end="")\'`'
