@@ -575,6 +575,9 @@ class Runtime:
                 f"fault injected: {fault.kind}",
                 step=fault.step,
             )
+            # the fault may end this process at once (SIGKILL, a segfault): the record lands
+            # first, within a bound, as it did when evidence writes were synchronous
+            evidencewrites.flush(INJECTION_FLUSH_S)
         except Exception as exc:
             say(f"scout: injection not recorded: {exc!r}")
 
@@ -738,6 +741,9 @@ class Runtime:
             self.final_vote = "not made: the process ended without reaching destroy_process_group"
             self.write_coverage(force=True)
             selfcost.write(self.config.run_dir, self.rank, self.restart)
+
+
+INJECTION_FLUSH_S = 2.0  # how long an injection waits for its own record to land
 
 
 def _beat_hook(writer: progress_mod.ProgressWriter) -> Any:
