@@ -458,7 +458,9 @@ def _patch_optimizer(rt: Runtime, handle: InstalledHooks) -> None:
 
     @selfcost.timed
     def scout_pre_step_hook(optimizer, args, kwargs):
-        rt.guard.run("optimizer hooks", rt.before_step, optimizer)
+        # optimizer.step(closure): the forward and backward run inside the step (Lightning)
+        closure = kwargs.get("closure", args[0] if args else None)
+        rt.guard.run("optimizer hooks", rt.before_step, optimizer, closure=callable(closure))
 
     @selfcost.timed
     def scout_step_hook(optimizer, args, kwargs):

@@ -80,6 +80,7 @@ class Runtime:
         self.atrest: Any = None
         self.update: Any = None
         self.root_tracker: RootTracker | None = None
+        self.closure_steps = False  # the job steps with optimizer.step(closure) (Lightning)
         self.witnesses: list[Witness] = []
         self.checkpoint_watch: Any = None  # bootstrap.ckptstate's watch, once installed
         self.injector: Injector | None = None
@@ -329,8 +330,11 @@ class Runtime:
     # -- optimizer steps
     # -----------------------------------------------------------------------------
 
-    def before_step(self, optimizer: Any) -> None:
-        if not self.banner_said:
+    def before_step(self, optimizer: Any, *, closure: bool = False) -> None:
+        if closure and not self.closure_steps:
+            self.closure_steps = True
+            self.guard.run("in-situ replay", self._closure_steps)
+        if not self.banner_said and not self.closure_steps:
             self.banner_said = True
             self.guard.run("banner", self.model_banner)
         if self.writer is None:
@@ -388,7 +392,25 @@ class Runtime:
                 return
             evidencewrites.write_record(path, dataclasses.replace(place, step_offset=done))
 
+    def _closure_steps(self) -> None:
+        """optimizer.step(closure) (Lightning's loop): the step's forward and backward run inside
+        the step, after scout's pre-step hook, so the in-situ replay (which recomputes at that
+        hook what the step's forward computed, with the same weights) has nothing of this step to
+        recompute; it is off, said once. The banner waits for the end of the first step, when
+        the model has run its first forward (inside the closure)."""
+        if self.replay is not None and self.guard.on("in-situ replay"):
+            why = (
+                "the job steps with optimizer.step(closure) (Lightning): its forward runs inside "
+                "the step, after the moment the replay recomputes it"
+            )
+            self.guard.off["in-situ replay"] = why
+            if self.rank == 0:
+                say(f"scout: in-situ replay not run: {why}; state votes and the rest run")
+
     def after_step(self, optimizer: Any) -> None:
+        if not self.banner_said:  # optimizer.step(closure): the model ran inside the first step
+            self.banner_said = True
+            self.guard.run("banner", self.model_banner)
         w = self.writer
         if w is None:
             return

@@ -432,3 +432,24 @@ def test_a_reruns_state_votes_follow_the_global_step(tmp_path):
     _ok(run_ranks(job, _env(tmp_path, "a", **rerun), cwd=tmp_path))
     cov = json.loads((tmp_path / "a" / "votes.json").read_text())
     assert (cov["votes"], cov["steps"], cov["last_vote_step"]) == (2, 30, 30), cov
+
+
+@pytest.mark.timeout(180)
+def test_lightnings_closure_step_turns_the_replay_off_once_and_the_banner_sees_its_ddp(tmp_path):
+    """Lightning steps with optimizer.step(closure): the forward runs inside the step. The replay
+    says once why it does not run; the framework line, said after the first step, names the DDP
+    model Lightning built (it said 'no model seen' when said before the closure ran)."""
+    pytest.importorskip("lightning", reason="pip install -e '.[frameworks]' (scripts/setup.sh)")
+    job = [str(JOBS / "train_lightning.py"), "--steps", "12", "--every", "100"]
+    runs = run_ranks(
+        [*job, "--ckpt", str(tmp_path / "ck")],
+        _env(tmp_path, "a", SCOUT_CONSENSUS_EVERY="5", SCOUT_REPLAY_EVERY="2"),
+        cwd=tmp_path,
+    )
+    _ok(runs)
+    said = runs[0].stderr
+    assert said.count("in-situ replay not run: the job steps with optimizer.step(closure)") == 1
+    assert "no DDP, FSDP2 or DeepSpeed model seen" not in said, said[-3000:]
+    assert "scout: framework: torch DDP" in said, said[-3000:]
+    cov = json.loads((tmp_path / "a" / "votes.json").read_text())
+    assert cov["votes"] >= 2 and "in-situ replay" in str(cov["checks_off"]), cov
