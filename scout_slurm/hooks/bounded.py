@@ -81,11 +81,15 @@ def run_bounded(
     name: str,
     log: Any = None,
     clock: Callable[[], float] = time.monotonic,
+    patience_s: float = 0.0,
 ) -> BoundedRun:
     """Run `fn(report)` in a forked child for at most `seconds`. `report(**fields)` sends a JSON
     object to the parent at once (what was found so far, which stage the child is in); `fn`'s
-    return value, JSON-able, is the result. Never blocks past the deadline plus REAP_GRACE_S."""
-    return BoundedChild(fn, name=name, clock=clock).wait(seconds, log=log)
+    return value, JSON-able, is the result. `patience_s`: more time, once, for a child that is
+    only slow at the deadline (running or waiting, not in uninterruptible sleep: a loaded node,
+    not a hung file system). Never blocks past the deadline (and the patience) plus
+    REAP_GRACE_S."""
+    return BoundedChild(fn, name=name, clock=clock).wait(seconds, log=log, patience_s=patience_s)
 
 
 class BoundedChild:
@@ -117,10 +121,12 @@ class BoundedChild:
         os.close(wr)
         os.close(ewr)
 
-    def wait(self, seconds: float, *, log: Any = None) -> BoundedRun:
-        """Its outcome, within `seconds` from now (+ REAP_GRACE_S if it must be killed)."""
+    def wait(self, seconds: float, *, log: Any = None, patience_s: float = 0.0) -> BoundedRun:
+        """Its outcome, within `seconds` from now (+ `patience_s` once when it is only slow, +
+        REAP_GRACE_S if it must be killed)."""
         clock, pid = self.clock, self.pid
         deadline = clock() + max(0.0, seconds)
+        patience = max(0.0, patience_s)
         lines = _Lines()
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         # poll, not select: a hook run inside a busy process may hold fds past FD_SETSIZE
@@ -132,6 +138,9 @@ class BoundedChild:
         try:
             while open_fds:
                 left = deadline - clock()
+                if left <= 0 and patience and not process_state(pid).startswith("D"):
+                    deadline, patience = deadline + patience, 0.0  # slow, not stuck: once more
+                    left = deadline - clock()
                 if left <= 0:
                     break
                 for fd, _ in poller.poll(min(left, 0.5) * 1000):

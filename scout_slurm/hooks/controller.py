@@ -56,6 +56,7 @@ def main(*, environ: Mapping[str, str] | None = None) -> int:
             min(PROBE_S, budget / 4),
             name="evidence root probe",
             log=log,
+            patience_s=budget / 4,  # a loaded node's slow look is not a hung root (D state is)
         )
         if probe.status == TIMED_OUT:
             log.error(

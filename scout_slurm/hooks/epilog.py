@@ -322,6 +322,7 @@ def run(environ: Mapping[str, str], *, collect: Callable | None = None) -> int:
         min(PROBE_S, budget / 4),
         name="evidence root probe",
         log=log,
+        patience_s=budget / 4,  # a loaded node's slow look is not a hung root (only D state is)
     )
     root_hung = probe.status == TIMED_OUT
     if root_hung:
