@@ -24,6 +24,8 @@ import pytest
 import scoutjobs as sj
 
 from scout_slurm.config import DrainConfig, parse_config, render_toml
+from scout_slurm.evidence.store import read_record
+from scout_slurm.hooks.rootcheck import RootChecks
 from scout_slurm.slurm import ops
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]
@@ -308,6 +310,10 @@ def test_a_root_visible_hardware_error_drains_on_the_first_incident(lab, site):
     ]
     nodes = sj.folder(lab, job).nodes_dir
     assert (nodes / "n4" / "rootcheck-0.json").exists()
+    # the root checks kept their own bound ([drain] root_check_s, 10 s in this test's site)
+    checks = read_record(nodes / "n4" / "rootcheck-0.json", RootChecks)
+    print(f"root checks on n4: {checks.seconds:.2f} s (root_check_s 10)")
+    assert 0 < checks.seconds <= 10 + 1, checks.seconds
     assert not (
         nodes / "n3" / "rootcheck-0.json"
     ).exists()  # never on a node the verdict did not name
