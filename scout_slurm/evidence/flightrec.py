@@ -98,11 +98,11 @@ def summary(positions: dict[int, tuple[LedgerPosition, ...]], world: int) -> lis
 def behind_in_ledger(
     positions: dict[int, tuple[LedgerPosition, ...]], world: int
 ) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """The ranks torch's Flight Recorder shows behind in the default process group (pure): at most
-    half of the ranks, which never enqueued the collective every other rank waits inside (a rank
-    blocked inside a collective waits for one that is not there: with two ranks, the one outside
-    is named). Needs a dump from every rank; ((), ()) when the dumps do not say it (all equal,
-    some missing, no group 0, more than half behind, or a rank ahead not waiting)."""
+    """The ranks torch's Flight Recorder shows behind in the default process group (pure): a
+    strict minority that never enqueued the collective every other rank waits inside (as the
+    progress rule, one of two is no majority: see docs/HOW-IT-WORKS.md, "Two ranks"). Needs a dump
+    from every rank; ((), ()) when the dumps do not say it (all equal, some missing, no group 0,
+    half or more behind, or a rank ahead not waiting)."""
     group = {r: next((p for p in ps if p.group == "0"), None) for r, ps in positions.items()}
     if world < 2 or len(group) != world or any(p is None for p in group.values()):
         return (), ()
@@ -111,7 +111,7 @@ def behind_in_ledger(
         return (), ()
     waiting = [r for r, p in group.items() if p.last_enqueued == newest and p.inside]
     behind = tuple(sorted(r for r, p in group.items() if p.last_enqueued < newest))
-    if not behind or len(behind) * 2 > world or len(waiting) + len(behind) != world:
+    if not behind or len(behind) * 2 >= world or len(waiting) + len(behind) != world:
         return (), ()
     op = group[waiting[0]].op or "a collective"
     reasons = [

@@ -60,10 +60,10 @@ def _positions(ranks: dict[int, int]) -> dict:
 
 
 def test_the_rank_that_never_enqueued_what_the_others_wait_in_is_behind():
-    behind, why = behind_in_ledger(_positions({0: 0, 1: 1}), 2)
+    behind, why = behind_in_ledger(_positions({0: 0, 1: 1, 2: 0}), 3)
     assert behind == (1,)
     assert why[0] == (
-        "torch's Flight Recorder: 1 of 2 ranks wait inside gloo:all_reduce #6 of the default group"
+        "torch's Flight Recorder: 2 of 3 ranks wait inside gloo:all_reduce #6 of the default group"
     ), why
     assert (
         why[1] == "rank 1: outside any collective, after gloo:all_reduce #5: it never enqueued #6"
@@ -75,6 +75,7 @@ def test_the_rank_that_never_enqueued_what_the_others_wait_in_is_behind():
 @pytest.mark.parametrize(
     "ranks, world",
     [
+        ({0: 0, 1: 1}, 2),  # one of two behind: no majority (as the progress rule)
         ({0: 0, 1: 0}, 2),  # every rank waits at the same place: nobody behind
         ({0: 1, 1: 1}, 2),  # every rank outside, equal
         ({0: 0, 1: 1}, 3),  # rank 2 left no dump: the ledger does not say

@@ -67,12 +67,12 @@ EXAMPLES = {
         ),
         [1],
     ),
-    # torch's Flight Recorder (real gloo dumps): rank 0 waits inside all_reduce #6, rank 1 never
-    # enqueued it; scout's own record saw both at the same point (a functional collective)
+    # torch's Flight Recorder (real gloo dumps): ranks 0 and 2 wait inside all_reduce #6, rank 1
+    # never enqueued it; scout's own record saw all at the same point (a functional collective)
     Rule.STALL_LEDGER: (
         dataclasses.replace(
-            evidence(2, decision=stall()),
-            ledger={r: read_dump(_fr_dump(r), r) for r in (0, 1)},
+            evidence(3, decision=stall()),
+            ledger={r: read_dump(_fr_dump(min(r, 1) if r < 2 else 0), r) for r in (0, 1, 2)},
         ),
         [1],
     ),
