@@ -185,6 +185,7 @@ def gather_evidence(
 
 
 MAX_LEDGER_DUMPS = 256  # Flight Recorder dumps read for a verdict (a larger job: none read)
+MAX_LEDGER_BYTES = 64 << 20  # all of them together: past it the rest are not read (job-written)
 
 
 def read_ledger(folder: JobFolder, restart: int, world: int, *, limit: int = MAX_LEDGER_DUMPS):
@@ -200,15 +201,20 @@ def read_ledger(folder: JobFolder, restart: int, world: int, *, limit: int = MAX
         names = set(list_names_below(folder.run(restart).stacks_dir, folder.root))
     except EvidenceError:
         return {}
-    positions = {}
+    positions, left = {}, MAX_LEDGER_BYTES
     for rank in range(world):
         path = folder.flight_recorder_path(restart, rank)
         if path.name not in names:
             continue
         try:
-            data = safe_read_bytes(path, max_bytes=flightrec.MAX_DUMP_BYTES, root=folder.root)
+            data = safe_read_bytes(
+                path, max_bytes=min(flightrec.MAX_DUMP_BYTES, left), root=folder.root
+            )
         except EvidenceError:
             continue
+        left -= len(data)
+        if left <= 0:
+            break
         found = flightrec.read_dump(data, rank)
         if found:
             positions[rank] = found

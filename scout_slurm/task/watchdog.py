@@ -1044,7 +1044,7 @@ class Watchdog:
             while self.clock() < deadline:
                 if status is None:
                     status = self._reap()
-                if status is not None and not any(_alive(w) for w in workers):
+                if status is not None and all(proc_state(w) is ChildState.EXITED for w in workers):
                     return status
                 self.sleep(0.05)
         if status is None:
@@ -1094,13 +1094,15 @@ class Watchdog:
         about to notice)."""
         if not self.torchrun:
             return False
-        record = read_agent(self.shm_dir)
+        record = self.agent  # read by _follow_agent in this same turn of the loop
         current = record.current if record is not None else None
         if current is None:
             return False
         if current.state == "failed":
             return current.restarting
-        return current.state == "running" and not all(_alive(p) for p in record.pids())
+        return current.state == "running" and any(
+            proc_state(p) is ChildState.EXITED for p in record.pids()
+        )
 
     def _worker_pids(self) -> tuple[int, ...]:
         """The agent's workers now alive and still its children (a recycled pid is not signalled):
@@ -1229,16 +1231,6 @@ def _parent(pid: int) -> int:
         return int(data[data.rindex(b")") + 2 :].split()[1])
     except (OSError, ValueError, IndexError):
         return 0
-
-
-def _alive(pid: int) -> bool:
-    """Whether `pid` still runs (a zombie does not: its parent has yet to reap it)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read(4096)
-        return data[data.rindex(b")") + 2 : data.rindex(b")") + 3] not in (b"Z", b"X")
-    except (OSError, ValueError):
-        return False
 
 
 def same_bug(record: ExitRecord, before: ExitRecord | None, run_before: int) -> str:

@@ -146,8 +146,8 @@ def test_a_hang_behind_functional_collectives_is_named_from_torchs_flight_record
     is killed, show rank 1 never enqueued the all_reduce its peers wait in: rank 1 is named."""
     script = sj.batch_script(
         lab,
-        train=sj.TRAIN.parent / "train_funcol.py",
-        train_args="--steps 400",
+        train=sj.TRAIN.parent / "train_manual_dp.py",
+        train_args="--steps 400 --collectives funcol",
         scout_args="--scout-stall-floor=4 --scout-inject=sleep,rank=1,step=5",
     )
     job = sj.submit(lab, script, extra=("--no-requeue",))
@@ -174,8 +174,8 @@ def test_hangs_of_asynchronous_collectives_and_of_a_short_torch_timeout_are_name
         lab,
         sj.batch_script(
             lab,
-            train=sj.TRAIN.parent / "train_async.py",
-            train_args="--steps 400",
+            train=sj.TRAIN.parent / "train_manual_dp.py",
+            train_args="--steps 400 --collectives async",
             scout_args="--scout-stall-floor=4 --scout-inject=sleep,rank=1,step=5",
         ),
         extra=("--no-requeue",),
