@@ -323,3 +323,26 @@ def closed_loop(lab: Lab, inject: str, rank: int, kind: str) -> tuple[int, Path]
     rerun_at = min(p.started_at for p in run1.values())
     print(f"\nLOOP {kind}: failure -> rerun started on other nodes in {rerun_at - failed_at:.1f} s")
     return job, final
+
+
+def hook_nodes(lab: Lab, job_id: int) -> dict[str, set[str]]:
+    """Where each hook ran for `job_id`, from the logs: "site-prolog"/"site-epilog" (the lab's
+    stand-in for a site's own programs, beside scout's) and scout's hook modules (the lab's
+    wrappers log each run's wall time: `lab.hook_time`)."""
+    from scout_slurm.lab.cluster import SITE_HOOK_LOG
+
+    ran: dict[str, set[str]] = {}
+    site = lab.paths.logs / SITE_HOOK_LOG
+    for line in site.read_text(errors="replace").splitlines() if site.exists() else ():
+        kind, _, rest = line.partition(" ")
+        fields = dict(f.split("=", 1) for f in rest.split() if "=" in f)
+        if fields.get("job") == str(job_id):
+            ran.setdefault(f"site-{kind}", set()).add(fields.get("node", ""))
+    log = lab.paths.logs / "hooks.log"
+    for line in log.read_text(errors="replace").splitlines() if log.exists() else ():
+        if '"lab.hook_time"' not in line:
+            continue
+        rec = json.loads(line)
+        if rec.get("job") == str(job_id):
+            ran.setdefault(rec["hook"], set()).add(rec["node"])
+    return ran

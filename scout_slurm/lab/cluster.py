@@ -310,8 +310,11 @@ def render_slurm_conf(
     """slurm.conf for the lab (pure)."""
     hooks = ""
     if spec.hooks:
+        # as a site with programs of its own runs scout (docs/SITE-ADMIN.md): Prolog= and Epilog=
+        # name a folder glob holding scout's hook beside a stand-in for the site's own (NHC, a
+        # DCGM epilog), the form every release tested takes
         hooks = (
-            f"Prolog={paths.hooks / 'prolog'}\nEpilog={paths.hooks / 'epilog'}\n"
+            f"Prolog={paths.hooks / 'prolog.d'}/*\nEpilog={paths.hooks / 'epilog.d'}/*\n"
             f"EpilogSlurmctld={paths.hooks / 'epilog-slurmctld'}\n"
         )
     ctl_addr = NETNS_CTL_ADDR if spec.netns else "127.0.0.1"
@@ -437,6 +440,23 @@ def render_hook(python: str, module: str, paths: LabPaths, *, log_name: str = "h
         f'\\"job\\": \\"$SLURM_JOB_ID\\", \\"node\\": \\"$SLURMD_NODENAME\\", '
         f'\\"start\\": $start, \\"end\\": $(date +%s.%N), \\"rc\\": $rc}}" >>{log}\n'
         "exit $rc\n"
+    )
+
+
+# The lab's hook folders (Prolog=HOOKS/prolog.d/*, Epilog=HOOKS/epilog.d/*): scout's hook linked
+# beside a stand-in for a site's own program, which logs each run to SITE_HOOK_LOG and exits 0
+SITE_HOOK = "10-site-own"
+SCOUT_HOOK_LINK = "50-scout"
+SITE_HOOK_LOG = "site-hooks.log"
+
+
+def render_site_hook(kind: str, paths: LabPaths) -> str:
+    """The stand-in for a site's own Prolog or Epilog (NHC, a DCGM epilog): one line per run."""
+    return (
+        "#!/bin/sh\n"
+        f'echo "{kind} job=$SLURM_JOB_ID node=$SLURMD_NODENAME" '
+        f">>'{paths.logs}/{SITE_HOOK_LOG}'\n"
+        "exit 0\n"
     )
 
 
@@ -1048,6 +1068,15 @@ class Lab:
                 )
             )
             hook.chmod(0o755)
+        for kind in ("prolog", "epilog"):
+            folder = p.hooks / f"{kind}.d"
+            folder.mkdir(exist_ok=True)
+            site_hook = folder / SITE_HOOK
+            site_hook.write_text(render_site_hook(kind, p))
+            site_hook.chmod(0o755)
+            scout_link = folder / SCOUT_HOOK_LINK
+            scout_link.unlink(missing_ok=True)
+            scout_link.symlink_to(p.hooks / kind)
         key = p.munge_dir / "munge.key"
         if not key.exists():
             subprocess.run(

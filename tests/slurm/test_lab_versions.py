@@ -83,6 +83,17 @@ def test_crash_loop_then_map(release_lab, clean_release_drains):
         maps[restart] = {node for node, _ in ranks.values()}
     drained = sj.places(release_lab, job, 0)[2].node
     assert drained in maps[0] and drained not in maps[1] and len(maps[1]) == 2
+    # scout's Prolog and Epilog ran beside the lab's stand-in for a site's own (Prolog= and Epilog=
+    # name a folder glob, as the snippet does) on every node of both runs
+    nodes = maps[0] | maps[1]
+    ran = sj.hook_nodes(release_lab, job)
+    for hook in (
+        "site-prolog",
+        "site-epilog",
+        "scout_slurm.hooks.prolog",
+        "scout_slurm.hooks.epilog",
+    ):
+        assert ran.get(hook) == nodes, (hook, ran, nodes)
 
 
 @pytest.mark.torch

@@ -25,6 +25,17 @@ def test_crash_loop(lab, clean_drains):
     job, final = sj.closed_loop(lab, "exit,rank=2,step=25,code=3", 2, "crash")
     # the resumed run ends with the same parameters, bit for bit, as a run that never failed
     assert final.read_text() == _uninterrupted(lab)
+    # scout's Prolog and Epilog ran beside the lab's stand-in for a site's own on every node of
+    # both runs (Prolog= and Epilog= name a folder glob, as the snippet does)
+    nodes = {sj.places(lab, job, r)[k].node for r in (0, 1) for k in range(4)}
+    ran = sj.hook_nodes(lab, job)
+    for hook in (
+        "site-prolog",
+        "site-epilog",
+        "scout_slurm.hooks.prolog",
+        "scout_slurm.hooks.epilog",
+    ):
+        assert ran.get(hook) == nodes, (hook, ran, nodes)
 
 
 @pytest.mark.timeout(300)

@@ -45,14 +45,97 @@ def _owner(pid: int) -> int:
     return os.stat(f"/proc/{pid}").st_uid
 
 
-@pytest.mark.timeout(300)
-def test_crash_loop_as_a_site_and_the_job_cannot_write_what_judges_it(lab, clean_drains):
-    """slurmctld runs as `slurm`, the job as an unprivileged user: the controller Epilog (as slurm)
-    reads the job's evidence, localises, drains, requeues and resumes exactly as before, and the
-    job's user gets EACCES on the verdict, the actions, the node records and the results folder."""
+@pytest.fixture()
+def hooks_from_the_wheel(lab, tmp_path_factory):
+    """A site laid out from the wheel alone, as docs/SITE-ADMIN.md says: the wheel built from this
+    tree, installed into a fresh virtual environment (no source tree on its path), `scout site
+    install --prefix` run from it, the lab's site config copied in; the lab's Prolog, Epilog and
+    controller Epilog pointed at the layout's wrappers for the test, then back. The lab's hook
+    folders keep their stand-in for a site's own Prolog and Epilog beside scout's."""
     import pwd
+    import shutil
+
+    from scout_slurm.lab.cluster import SCOUT_HOOK_LINK
 
     _as_site(lab)
+    base = lab.paths.root / f"site-{time.time_ns()}"
+    base.mkdir(mode=0o755)
+    wheels = base / "dist"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
+        + ["-w", str(wheels), str(_TREE)],
+        check=True,
+        timeout=300,
+        cwd=base,
+    )
+    (wheel,) = wheels.glob("scout_slurm-*.whl")
+    venv = base / "venv"
+    subprocess.run(["/usr/bin/python3", "-m", "venv", str(venv)], check=True, timeout=120)
+    # the hooks' dependencies only (click, structlog, nvidia-ml-py: from the package index)
+    subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
+        + ["--disable-pip-version-check", str(wheel)],
+        check=True,
+        timeout=600,
+        cwd=base,
+    )
+    where = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import scout_slurm; print(scout_slurm.__file__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+        cwd="/",
+    ).stdout.strip()
+    assert where.startswith(f"{venv}/lib/") and "site-packages" in where, where
+    prefix = base / "site"
+    subprocess.run(
+        [str(venv / "bin" / "scout"), "site", "install", "--prefix", str(prefix)]
+        + ["--slurm-conf", str(lab.paths.slurm_conf)],
+        check=True,
+        timeout=120,
+        cwd="/",
+    )
+    shutil.copyfile(lab.paths.scout_conf, prefix / "etc" / "scout" / "scout.toml")
+    ctl_log = prefix / "var" / "log" / "scout" / "scout-epilog-slurmctld.log"
+    ctl_log.touch()
+    slurm = pwd.getpwnam(lab.users["slurm_user"])
+    os.chown(ctl_log, slurm.pw_uid, slurm.pw_gid)
+    wrappers = prefix / "libexec" / "scout"
+    swaps = {
+        lab.paths.hooks / "prolog.d" / SCOUT_HOOK_LINK: wrappers / "scout-prolog",
+        lab.paths.hooks / "epilog.d" / SCOUT_HOOK_LINK: wrappers / "scout-epilog",
+        lab.paths.hooks / "epilog-slurmctld": wrappers / "scout-epilog-slurmctld",
+    }
+    kept = {}
+    try:
+        for i, (path, target) in enumerate(swaps.items()):
+            os.link(path, base / f"kept-{i}", follow_symlinks=False)
+            kept[path] = base / f"kept-{i}"
+            tmp = path.with_name(f".{path.name}.swap")
+            tmp.symlink_to(target)
+            os.replace(tmp, path)
+        yield prefix
+    finally:
+        for path, old in kept.items():
+            os.replace(old, path)
+
+
+_TREE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.timeout(600)
+def test_crash_loop_as_a_site_and_the_job_cannot_write_what_judges_it(
+    lab, clean_drains, hooks_from_the_wheel
+):
+    """slurmctld runs as `slurm`, the job as an unprivileged user, the hooks are the ones `scout
+    site install` laid out from the wheel, beside a site's own Prolog and Epilog: the controller
+    Epilog (as slurm) reads the job's evidence, localises, drains, requeues and resumes exactly as
+    before, the site's programs run on every node of both runs, and the job's user gets EACCES on
+    the verdict, the actions, the node records and the results folder."""
+    import pwd
+
+    prefix = hooks_from_the_wheel
     slurm_uid = pwd.getpwnam(lab.users["slurm_user"]).pw_uid
     ctld = int((lab.paths.run / "slurmctld.pid").read_text())
     assert _owner(ctld) == slurm_uid, "slurmctld does not run as SlurmUser"
@@ -95,9 +178,22 @@ def test_crash_loop_as_a_site_and_the_job_cannot_write_what_judges_it(lab, clean
         f.pending_path(0),
     ):
         assert _write_as(user, p) == errno.EACCES, p
-    # and the controller's own log is where SlurmUser writes it, with the plan applied
-    ctl_log = (lab.paths.logs / "hooks-slurmctld.log").read_text(errors="replace")
+    # and the controller's own log is where SlurmUser writes it, the layout's log, with the plan
+    # applied; the lab's own hook wrappers did not run for this job (they log each run's time)
+    logs = prefix / "var" / "log" / "scout"
+    ctl_log = (logs / "scout-epilog-slurmctld.log").read_text(errors="replace")
     assert f'"job": {job}, "verdict": "crash", "status": "applied"' in ctl_log
+    for name in ("scout-prolog.log", "scout-epilog.log"):
+        assert f"{job}" in (logs / name).read_text(errors="replace"), name
+    for name in ("hooks.log", "hooks-slurmctld.log"):
+        lab_log = lab.paths.logs / name
+        text = lab_log.read_text(errors="replace") if lab_log.exists() else ""
+        assert f'"job": "{job}"' not in text, name
+    # the site's own Prolog and Epilog ran beside scout's on every node of both runs (the job was
+    # requeued once: each node of run 0 and of run 1, Prolog and Epilog)
+    nodes = {sj.places(lab, job, r)[k].node for r in (0, 1) for k in range(4)}
+    ran = sj.hook_nodes(lab, job)
+    assert ran == {"site-prolog": nodes, "site-epilog": nodes}, (ran, nodes)
 
 
 def _running_scout_job(lab, *, scout_args: str = "", steps: int = 100000) -> int:
