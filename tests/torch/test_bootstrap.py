@@ -81,9 +81,12 @@ def run_ranks(
     world: int = 2,
     deadline_s: float = 60.0,
     python: str = sys.executable,
+    after_a_failure_s: float | None = None,
 ) -> list[RankRun]:
     """Start `world` ranks of `python argv...` as a gloo job on 127.0.0.1, wait for them until the
-    deadline, and kill (by pid) any of them still running then."""
+    deadline, and kill (by pid) any of them still running then. `after_a_failure_s`: once a rank
+    has exited non-zero, the others get that long before they are killed (a test whose peers can
+    only wait out their collective timeout then, as under a launcher that ends the job)."""
     cwd.mkdir(parents=True, exist_ok=True)
     port = free_port()
     procs: list[subprocess.Popen] = []
@@ -113,6 +116,12 @@ def run_ranks(
                     )
                 )
         end = time.monotonic() + deadline_s
+        if after_a_failure_s is not None:
+            while time.monotonic() < end and any(p.poll() is None for p in procs):
+                if any(p.poll() not in (None, 0) for p in procs):
+                    end = min(end, time.monotonic() + after_a_failure_s)
+                    break
+                time.sleep(0.2)
         for p in procs:
             try:
                 codes.append(p.wait(timeout=max(0.1, end - time.monotonic())))

@@ -131,6 +131,8 @@ def test_a_transient_fault_present_before_its_layers_first_comparison_is_named_u
         cwd=run_dir,
         world=4,
         deadline_s=200,
+        # its peers can only wait out their collective timeout once rank 1 has ended itself
+        after_a_failure_s=15,
     )
     assert runs[1].returncode == SDC_EXIT, runs[1].stderr[-3000:]
     found = {n: f for n, f in _sdc(run_dir).items() if n.startswith("sdc-")}
