@@ -9,14 +9,19 @@ looks outside, at where the packages are installed).
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from scout_slurm.errors import ScoutError
 
-# pyxis's srun options (its `srun --help` section) that make a step a container step
+# pyxis's srun options (its `srun --help` section) that make a step a container step; pyxis reads
+# each also from PYXIS_<NAME> in the environment where the option is not given (its mounts too,
+# only where no --container-mounts is)
 PYXIS_SELECTORS = ("container-image", "container-name")
+PYXIS_ENV = {
+    n: "PYXIS_" + n.upper().replace("-", "_") for n in (*PYXIS_SELECTORS, "container-mounts")
+}
 # pyxis's options that take a value, as srun's own long options do
 PYXIS_WITH_VALUE = frozenset(
     "container-image container-mounts container-workdir container-name container-save "
@@ -125,9 +130,9 @@ def _option_values(options: Sequence[str], name: str) -> list[tuple[int, str, bo
     return found
 
 
-def is_container_step(options: Sequence[str]) -> bool:
+def is_container_step(options: Sequence[str], environ: Mapping[str, str]) -> bool:
     """Does srun run this step inside a pyxis container? (pure)"""
-    return any(_option_values(options, n) for n in PYXIS_SELECTORS)
+    return any(_option_values(options, n) or environ.get(PYXIS_ENV[n]) for n in PYXIS_SELECTORS)
 
 
 def _mountable(path: str, what: str) -> str:
@@ -187,18 +192,24 @@ def _check_user_mounts(user: Sequence[Mount], ours: Sequence[Mount]) -> list[Mou
 
 
 def container_step(
-    srun_options: Sequence[str], command: Sequence[str], install: ScoutInstall
+    srun_options: Sequence[str],
+    command: Sequence[str],
+    install: ScoutInstall,
+    environ: Mapping[str, str],
 ) -> ContainerStep:
     """srun's options and start words for a pyxis step (pure). scout's mounts go after the user's
-    in the last `--container-mounts` given (or a new one), so that the user's are kept whether
-    pyxis reads one or every occurrence."""
+    in the last `--container-mounts` given, or in a new one that starts with the user's
+    PYXIS_CONTAINER_MOUNTS (pyxis reads that only where no option is given, so it is carried
+    over)."""
     options = list(srun_options)
     given = _option_values(options, "container-mounts")
-    user = [m for _, text, _ in given for m in parse_mounts(text)]
+    from_env = "" if given else environ.get(PYXIS_ENV["container-mounts"], "").strip(",")
+    texts = [text for _, text, _ in given] or [from_env]
+    user = [m for text in texts for m in parse_mounts(text)]
     ours = _check_user_mounts(user, scout_mounts(install))
     added = ",".join(m.spec() for m in ours)
     if not given:
-        options.append(f"--container-mounts={added}")
+        options.append(f"--container-mounts={from_env + ',' if from_env else ''}{added}")
     elif ours:
         at, text, inline = given[-1]
         joined = f"{text.rstrip(',')},{added}" if text.strip(",") else added

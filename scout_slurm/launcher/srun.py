@@ -81,7 +81,9 @@ def usage() -> str:
         "Runs COMMAND under srun with scout's per-task watchdog: write scout-srun where the",
         "sbatch script said srun. Every option that is not scout's passes to srun unchanged",
         "(see `srun --help`); the first word that is not an option starts the command, as does --.",
-        "srun's exit status and signals are the job's.",
+        "srun's exit status and signals are the job's. With pyxis's --container-image the shim",
+        "runs inside the image from read-only mounts scout-srun adds to --container-mounts; under",
+        "`apptainer exec` it stays outside and binds the bootstrap in (docs/USERS.md, Containers).",
         "",
         "scout options:",
     ]
@@ -197,16 +199,21 @@ def split_args(argv: Sequence[str]) -> LaunchPlan:
 
 
 def srun_argv(
-    plan: LaunchPlan, python: str, install: containers.ScoutInstall | None = None
+    plan: LaunchPlan,
+    python: str,
+    install: containers.ScoutInstall | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> list[str]:
-    """srun's arguments (pure). A pyxis container step (`--container-image`, `--container-name`)
-    runs the shim inside the image, from `install` mounted there (launcher/containers.py)."""
+    """srun's arguments (pure). A pyxis container step (`--container-image`, `--container-name`
+    or their PYXIS_* variables in `environ`) runs the shim inside the image, from `install`
+    mounted there (launcher/containers.py)."""
+    environ = environ or {}
     if plan.off:
         return [*plan.srun_options, *plan.command]
-    if containers.is_container_step(plan.srun_options):
+    if containers.is_container_step(plan.srun_options, environ):
         if install is None:
             raise ScoutError("scout-srun: a container step needs scout's install to mount")
-        step = containers.container_step(plan.srun_options, plan.command, install)
+        step = containers.container_step(plan.srun_options, plan.command, install, environ)
         return [*step.srun_options, *step.start]
     return [*plan.srun_options, python, "-m", "scout_slurm.task.shim", "--", *plan.command]
 
@@ -267,8 +274,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         env = dict(os.environ)
         env.update(plan.scout_env)
-        in_container = not plan.off and containers.is_container_step(plan.srun_options)
-        args = srun_argv(plan, sys.executable, container_install(env) if in_container else None)
+        in_container = not plan.off and containers.is_container_step(plan.srun_options, env)
+        install = container_install(env) if in_container else None
+        args = srun_argv(plan, sys.executable, install, env)
         if not plan.off and not env.get("MASTER_PORT"):
             # one port for the step's rendezvous, drawn at random here (not from the public job id,
             # which another user can read and squat on), new for every step and every rerun

@@ -28,8 +28,8 @@ OURS = (
 )
 
 
-def argv(*words: str) -> list[str]:
-    return srun.srun_argv(srun.split_args(list(words)), "/venv/bin/python", INSTALL)
+def argv(*words: str, environ: dict[str, str] | None = None) -> list[str]:
+    return srun.srun_argv(srun.split_args(list(words)), "/venv/bin/python", INSTALL, environ)
 
 
 def options_and_start(args: list[str]) -> tuple[list[str], list[str]]:
@@ -93,6 +93,18 @@ def test_a_named_container_is_a_container_step_too():
 def test_the_users_mounts_are_kept(given, expected):
     opts, _ = options_and_start(argv("--container-image", "img", *given, "python", "t.py"))
     assert opts == ["--container-image", "img", *expected]
+
+
+def test_pyxis_variables_make_a_container_step_and_their_mounts_are_kept():
+    environ = {"PYXIS_CONTAINER_IMAGE": "img", "PYXIS_CONTAINER_MOUNTS": "/data:/data,"}
+    opts, start = options_and_start(argv("-N2", "python", "t.py", environ=environ))
+    # pyxis reads PYXIS_CONTAINER_MOUNTS only where no --container-mounts is: carried over
+    assert opts == ["-N2", f"--container-mounts=/data:/data,{OURS}"]
+    assert start[-2:] == ["python", "t.py"]
+    opts, _ = options_and_start(
+        argv("--container-mounts=/x:/x", "python", environ={"PYXIS_CONTAINER_NAME": "n"})
+    )
+    assert opts == [f"--container-mounts=/x:/x,{OURS}"]
 
 
 def test_a_user_mount_of_the_same_evidence_root_replaces_scouts():

@@ -95,7 +95,7 @@ def test_pyxis_shape_the_shim_and_the_bootstrap_run_in_the_images_python(tmp_pat
     # scout-srun's own plan for this step, from this install
     install = containers.scout_install(str(evidence), str(config))
     plan = srun.split_args(["--container-image=img", "python3", "-c", CHILD])
-    args = srun.srun_argv(plan, sys.executable, install)
+    args = srun.srun_argv(plan, sys.executable, install, {})
     mounts_at = next(i for i, a in enumerate(args) if a.startswith("--container-mounts="))
     mounts = containers.parse_mounts(args[mounts_at].split("=", 1)[1])
     start = args[mounts_at + 1 :]
