@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from scout_slurm import config, jobconfig
 from scout_slurm.errors import ScoutError
+from scout_slurm.launcher import containers
 
 # srun 22.05 short options that take a value (from `srun --help`); the others are flags
 SHORT_WITH_VALUE = frozenset("AbBcCdDeFGiJLmMnNopqrStTwWx")
@@ -36,6 +37,7 @@ switches task-epilog task-prolog thread-spec threads threads-per-core time time-
 tres-per-task uid wait wait-all-nodes? wckey x11? exclude cpus-per-gpu array
 """.split()
 ) - {x for x in "contiguous-? quit-on-interrupt? reboot? resv-ports? wait-all-nodes? x11?".split()}
+LONG_WITH_VALUE |= containers.PYXIS_WITH_VALUE  # pyxis's SPANK options, where a site has them
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,9 @@ def usage() -> str:
         "Runs COMMAND under srun with scout's per-task watchdog: write scout-srun where the",
         "sbatch script said srun. Every option that is not scout's passes to srun unchanged",
         "(see `srun --help`); the first word that is not an option starts the command, as does --.",
-        "srun's exit status and signals are the job's.",
+        "srun's exit status and signals are the job's. With pyxis's --container-image the shim",
+        "runs inside the image from read-only mounts scout-srun adds to --container-mounts; under",
+        "`apptainer exec` it stays outside and binds the bootstrap in (docs/USERS.md, Containers).",
         "",
         "scout options:",
     ]
@@ -194,11 +198,32 @@ def split_args(argv: Sequence[str]) -> LaunchPlan:
     return LaunchPlan(tuple(srun), command, env, off, dry)
 
 
-def srun_argv(plan: LaunchPlan, python: str) -> list[str]:
-    """srun's arguments (pure)."""
+def srun_argv(
+    plan: LaunchPlan,
+    python: str,
+    install: containers.ScoutInstall | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> list[str]:
+    """srun's arguments (pure). A pyxis container step (`--container-image`, `--container-name`
+    or their PYXIS_* variables in `environ`) runs the shim inside the image, from `install`
+    mounted there (launcher/containers.py)."""
+    environ = environ or {}
     if plan.off:
         return [*plan.srun_options, *plan.command]
+    if containers.is_container_step(plan.srun_options, environ):
+        if install is None:
+            raise ScoutError("scout-srun: a container step needs scout's install to mount")
+        step = containers.container_step(plan.srun_options, plan.command, install, environ)
+        return [*step.srun_options, *step.start]
     return [*plan.srun_options, python, "-m", "scout_slurm.task.shim", "--", *plan.command]
+
+
+def container_install(environ: Mapping[str, str]) -> containers.ScoutInstall:
+    """What a pyxis step mounts: the shim's packages, the site config the job would read and its
+    evidence root (reads the config: the one look outside, beside importlib's)."""
+    path = environ.get(config.CONFIG_ENV) or str(config.DEFAULT_CONFIG_PATH)
+    cfg = config.load_config(environ)
+    return containers.scout_install(cfg.evidence.root, path if os.path.isfile(path) else "")
 
 
 def pick_master_port(rng: random.Random, is_free: Callable[[int], bool], *, tries: int = 32) -> int:
@@ -247,9 +272,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             print(f"scout-srun (scout-slurm) {__version__}")
             return 0
-        args = srun_argv(plan, sys.executable)
         env = dict(os.environ)
         env.update(plan.scout_env)
+        in_container = not plan.off and containers.is_container_step(plan.srun_options, env)
+        install = container_install(env) if in_container else None
+        args = srun_argv(plan, sys.executable, install, env)
         if not plan.off and not env.get("MASTER_PORT"):
             # one port for the step's rendezvous, drawn at random here (not from the public job id,
             # which another user can read and squat on), new for every step and every rerun

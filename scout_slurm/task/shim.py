@@ -32,7 +32,7 @@ from scout_slurm.jobconfig import Problem, problems_message, read_settings, site
 from scout_slurm.jobenv import TaskContext, task_context
 from scout_slurm.log import TaskLog, configure, get_logger, level_from_env
 from scout_slurm.slurm.hostlist import expand_hostlist
-from scout_slurm.task import exitcodes
+from scout_slurm.task import apptainer, exitcodes
 from scout_slurm.task import progress as progress_mod
 from scout_slurm.task.stderrtail import StderrTail
 
@@ -321,7 +321,9 @@ def _run_watched(
     )
     shutil.rmtree(shm, ignore_errors=True)
     shm.mkdir(mode=0o700, parents=True)
-    launcher = is_torchrun(command)
+    # `apptainer exec IMAGE python train.py`: the shim stays on the host, the training runs inside
+    container = apptainer.parse_exec(command)
+    launcher = is_torchrun(container.inner if container is not None else command)
     # without the bootstrap nothing would advance a progress record: with in-job checks off the
     # watchdog watches the child's exit only. With them on, the record is watched from the start,
     # but a rank that never enters init_process_group is on no clock (task/stallclock.py)
@@ -368,6 +370,9 @@ def _run_watched(
                 {jobconfig.RESUME_CHECKPOINT: resume, jobconfig.STEP_OFFSET: offset}
             )
         )
+
+    if container is not None and checks_on:
+        command = _into_container(container, command, ctx, env, environ, [folder.path, shm])
 
     place = RankPlace(
         job_id=ctx.job_id,
@@ -420,6 +425,7 @@ def _run_watched(
         init_line=init_line,
         torchrun=launcher,
         writer=writer,
+        pid_namespace=container is not None and container.pid_namespace,
     )
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, watchdog.on_signal)
@@ -429,6 +435,39 @@ def _run_watched(
         pump.join(timeout=2)
         shutil.rmtree(shm, ignore_errors=True)
     return code
+
+
+def _into_container(
+    container: apptainer.ContainerExec,
+    command: list[str],
+    ctx: TaskContext,
+    env: dict[str, str],
+    environ: Mapping[str, str],
+    binds_rw: Sequence[Path],
+) -> list[str]:
+    """The bootstrap into an Apptainer/Singularity container (task/apptainer.py): `env` gets the
+    variables that carry it, the command gets the binds. What cannot be done is said once a node;
+    the task then runs with the exit watch alone."""
+    launch = apptainer.with_bootstrap(
+        container,
+        command,
+        package_dir=str(Path(scout_slurm.__file__).parent),
+        binds_rw=[str(p) for p in binds_rw],
+        shim_env=env,
+        environ=environ,
+    )
+    notes = [launch.problem] if launch.problem else []
+    log.info(
+        "shim.container",
+        runtime=container.runtime,
+        pid_namespace=container.pid_namespace,
+        problem=launch.problem,
+    )
+    if notes and ctx.local_rank == 0:
+        for note in notes:
+            print(f"scout: WARNING on {ctx.node}: {note}", file=sys.stderr, flush=True)
+    env.update(launch.env)
+    return list(launch.command)
 
 
 def settings_allow_start(

@@ -242,8 +242,14 @@ class Watchdog:
         init_line: str = "",
         torchrun: bool = False,
         writer: EvidenceWriter | None = None,
+        pid_namespace: bool = False,
     ) -> None:
         self.ctx, self.cfg, self.folder, self.child = ctx, cfg, folder, child
+        # the child is a container runtime whose processes have their own PID namespace
+        # (apptainer --pid/--containall): the pid a progress record holds is the container's,
+        # translated to the host's before scout reads /proc or signals it (task/apptainer.py)
+        self.pid_namespace = pid_namespace
+        self.host_pids: dict[int, int] = {}
         # the job's evidence writer: the loop's writes are enqueued there, never waited for (a
         # hung evidence root stalls the writer's helper, not this loop); None: written here
         self.writer = writer
@@ -435,7 +441,16 @@ class Watchdog:
 
     def _training_pid(self, tracker: RankTracker) -> int:
         v = tracker.view
-        return v.pid if v is not None and v.pid > 0 else self.child.pid
+        if v is None or v.pid <= 0:
+            return self.child.pid
+        if not self.pid_namespace:
+            return v.pid
+        if v.pid not in self.host_pids:
+            found = host_pid(v.pid, self.child.pid)
+            if found is None:
+                return self.child.pid  # not found (yet): the runtime, never a stranger
+            self.host_pids[v.pid] = found
+        return self.host_pids[v.pid]
 
     def snapshot(
         self, tracker: RankTracker, now: float, *, exited: bool = False
@@ -1223,10 +1238,38 @@ class Watchdog:
         return code if code >= 0 else 128 + signum
 
 
-def _parent(pid: int) -> int:
+def host_pid(ns_pid: int, ancestor: int, proc: str = "/proc") -> int | None:
+    """The host's pid of the process that its own PID namespace calls `ns_pid`, among the
+    descendants of `ancestor` (the NSpid line of /proc/PID/status: the host's pid first, the
+    innermost namespace's last); None when there is none."""
+    try:
+        names = os.listdir(proc)
+    except OSError:
+        return None
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"{proc}/{name}/status", "rb") as fh:
+                status = fh.read(8192).decode("ascii", "replace")
+        except OSError:
+            continue
+        line = next((x for x in status.splitlines() if x.startswith("NSpid:")), "")
+        fields = line.split()[1:]
+        if len(fields) < 2 or fields[-1] != str(ns_pid):
+            continue
+        pid, seen = int(name), 0
+        while pid > 1 and seen < 64:  # up the tree to the runtime, never past init
+            pid, seen = _parent(pid, proc), seen + 1
+            if pid == ancestor:
+                return int(name)
+    return None
+
+
+def _parent(pid: int, proc: str = "/proc") -> int:
     """The parent pid of `pid` (0 when it is gone or unreadable)."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
+        with open(f"{proc}/{pid}/stat", "rb") as f:
             data = f.read(4096)
         return int(data[data.rindex(b")") + 2 :].split()[1])
     except (OSError, ValueError, IndexError):
