@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -319,10 +320,16 @@ def test_host_pid_finds_a_real_process_in_its_own_pid_namespace():
     )
     try:
         assert proc.stdout.readline() == "started\n"
-        found = host_pid(2, proc.pid)  # sh is pid 1 inside, sleep pid 2
-        assert found is not None
-        with open(f"/proc/{found}/cmdline", "rb") as fh:
-            assert fh.read().split(b"\0")[0] == b"sleep"
+        # sh is pid 1 inside, sleep pid 2; its fork may not have run exec yet (a loaded machine:
+        # the command line is still sh's for a moment)
+        deadline, argv0 = time.monotonic() + 10, b""
+        while argv0 != b"sleep" and time.monotonic() < deadline:
+            found = host_pid(2, proc.pid)
+            assert found is not None
+            with open(f"/proc/{found}/cmdline", "rb") as fh:
+                argv0 = fh.read().split(b"\0")[0]
+            time.sleep(0.05)
+        assert argv0 == b"sleep"
     finally:
         proc.kill()  # --kill-child: the namespace's init and its sleep go with it
         proc.wait()
