@@ -142,11 +142,27 @@ class Runtime:
         try:
             import torch
 
-            dump = getattr(torch._C._distributed_c10d, "_dump_fr_trace_json", None)
+            c10d = torch._C._distributed_c10d
+            with_stacks = getattr(c10d, "_dump_fr_trace", None)
+            as_json = getattr(c10d, "_dump_fr_trace_json", None)
         except (ImportError, AttributeError):
             return
-        if dump is None or self.progress_dir is None or self.config.run_dir is None:
+        if with_stacks is None and as_json is None:
             return
+        if self.progress_dir is None or self.config.run_dir is None:
+            return
+
+        def dump() -> Any:
+            # torch's pickle with the stack traces (collectives on, not only active ones: the
+            # peers' position needs the completed ones too); its JSON where the pickle fails
+            if with_stacks is not None:
+                try:
+                    return with_stacks(True, True, False)
+                except Exception:
+                    if as_json is None:
+                        raise
+            return as_json()
+
         from scout_slurm.bootstrap.evidencewrites import write_bytes
         from scout_slurm.evidence.layout import RunFolder
         from scout_slurm.task.progress import flight_recorder_request

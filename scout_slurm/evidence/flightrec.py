@@ -1,6 +1,13 @@
 """torch's Flight Recorder dump of a rank, read for what it says of the rank's place in each
 process group's collectives (pure): the last collective it enqueued and the last that completed,
-and what that collective was. The dump is the job's file (untrusted): read whole or not at all.
+and what that collective was (its op, tensor sizes and the call site in the job's code). The dump
+is the job's file (untrusted): read whole or not at all.
+
+Two forms: the JSON of `_dump_fr_trace_json` (no stack traces) and the pickle torch writes on
+NCCL's collective timeout and `_dump_fr_trace` returns (with them). A pickle is read by an
+unpickler that refuses every global: torch's dumps are plain dicts, lists, strings and numbers,
+and a pickle that names any class or function (the only way unpickling runs code) is refused
+whole, never loaded.
 
 Flight Recorder sees what scout's own record cannot: functional collectives, collectives inside
 compiled graphs, and on NCCL the device's progress (`last_completed` from CUDA events), not the
@@ -8,7 +15,9 @@ CPU's."""
 
 from __future__ import annotations
 
+import io
 import json
+import pickle
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +33,8 @@ class LedgerPosition:
     last_enqueued: int  # collective sequence number, -1 when none
     last_completed: int
     op: str  # profiling name of the last enqueued one ("gloo:all_reduce"), "" when not in the dump
+    sizes: str = ""  # its input tensors ("Float[4]"), "" when not in the dump
+    site: str = ""  # where the job's code called it ("train.py:14 in train_step"): pickle dumps
 
     @property
     def inside(self) -> bool:
@@ -36,10 +47,77 @@ class LedgerPosition:
         if self.inside:
             return (
                 f"rank {self.rank}: inside {self.op or 'a collective'} #{self.last_enqueued}{group}"
-                f" (completed up to #{self.last_completed})"
+                f" (completed up to #{self.last_completed}){self.what()}"
             )
         after = f"{self.op or '?'} #{self.last_enqueued}"
         return f"rank {self.rank}: outside any collective, after {after}{group}"
+
+    def what(self) -> str:
+        """ "; input Float[4], called at train.py:14 in train_step", or "" when the dump said
+        neither."""
+        parts = [f"input {self.sizes}"] if self.sizes else []
+        if self.site:
+            parts.append(f"called at {self.site}")
+        return f"; {', '.join(parts)}" if parts else ""
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Plain containers and scalars only: any global (class, function) refuses the whole file."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"a global ({module[:40]}.{name[:40]}) in a dump")
+
+
+def _load(data: bytes) -> Any:
+    if data[:1] == b"\x80":  # a pickle (protocol 2 or later), as torch writes its dumps
+        try:
+            return _PlainUnpickler(io.BytesIO(data)).load()
+        except Exception:  # noqa: BLE001 (a planted pickle may raise any error): not a dump
+            return None
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+
+
+def _sizes(entry: dict) -> str:
+    """ "Float[4], Float[2, 3]" from an entry's input sizes and dtypes (bounded)."""
+    sizes, dtypes = entry.get("input_sizes"), entry.get("input_dtypes")
+    if not isinstance(sizes, (list, tuple)):
+        return ""
+    dtypes = dtypes if isinstance(dtypes, (list, tuple)) else []
+    out = []
+    for i, shape in enumerate(list(sizes)[:4]):
+        if not isinstance(shape, (list, tuple)) or not all(isinstance(n, int) for n in shape):
+            return ""
+        dtype = dtypes[i] if i < len(dtypes) and isinstance(dtypes[i], str) else "?"
+        out.append(f"{dtype[:16]}[{', '.join(str(n) for n in list(shape)[:8])}]")
+    more = f" and {len(sizes) - 4} more" if len(sizes) > 4 else ""
+    return ", ".join(out) + more
+
+
+# the frames of torch's own wrappers and of scout's, above the job's call site
+_NOT_THE_JOBS = ("/torch/", "/scout_slurm/", "/site-packages/")
+
+
+def _site(entry: dict) -> str:
+    """The innermost frame of the job's own code that called the collective ("" when none)."""
+    frames = entry.get("frames")
+    if not isinstance(frames, (list, tuple)):
+        return ""
+    frames = [
+        f for f in list(frames)[:64] if isinstance(f, dict) and isinstance(f.get("filename"), str)
+    ]
+    # the job's own file first; else the innermost framework frame (Lightning's loop), not torch's
+    for skip in (_NOT_THE_JOBS, _NOT_THE_JOBS[:2]):
+        for f in frames:
+            name = f["filename"]
+            if any(part in name for part in skip):
+                continue
+            short = "/".join(name.split("/")[-2:])[-80:]
+            fn = f.get("name") if isinstance(f.get("name"), str) else "?"
+            return f"{short}:{_int(f.get('line'))} in {fn[:60]}"
+    return ""
 
 
 def _int(value: Any) -> int:
@@ -52,31 +130,33 @@ def _int(value: Any) -> int:
 
 def read_dump(data: bytes, rank: int) -> tuple[LedgerPosition, ...]:
     """The rank's position in each process group ((): not a dump this reader understands)."""
-    try:
-        dump = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return ()
+    dump = _load(data)
     if not isinstance(dump, dict) or not isinstance(dump.get("pg_status"), dict):
         return ()
     entries = dump.get("entries") if isinstance(dump.get("entries"), list) else []
-    names: dict[tuple[str, int], str] = {}
+    names: dict[tuple[str, int], tuple[str, str, str]] = {}
     for e in entries:
         if isinstance(e, dict) and isinstance(e.get("profiling_name"), str):
-            names[(str(e.get("pg_id", "")), _int(e.get("collective_seq_id")))] = e[
-                "profiling_name"
-            ][:80]
+            names[(str(e.get("pg_id", "")), _int(e.get("collective_seq_id")))] = (
+                e["profiling_name"][:80],
+                _sizes(e),
+                _site(e),
+            )
     out = []
     for group, status in sorted(dump["pg_status"].items(), key=lambda kv: str(kv[0]))[:64]:
         if not isinstance(status, dict):
             continue
         enqueued = _int(status.get("last_enqueued_collective"))
+        op, sizes, site = names.get((str(group), enqueued), ("", "", ""))
         out.append(
             LedgerPosition(
                 rank=rank,
                 group=str(group)[:40],
                 last_enqueued=enqueued,
                 last_completed=_int(status.get("last_completed_collective")),
-                op=names.get((str(group), enqueued), ""),
+                op=op,
+                sizes=sizes,
+                site=site,
             )
         )
     return tuple(out)
@@ -113,10 +193,10 @@ def behind_in_ledger(
     behind = tuple(sorted(r for r, p in group.items() if p.last_enqueued < newest))
     if not behind or len(behind) * 2 >= world or len(waiting) + len(behind) != world:
         return (), ()
-    op = group[waiting[0]].op or "a collective"
+    first = group[waiting[0]]
     reasons = [
-        f"torch's Flight Recorder: {len(waiting)} of {world} ranks wait inside {op} #{newest} "
-        "of the default group"
+        f"torch's Flight Recorder: {len(waiting)} of {world} ranks wait inside "
+        f"{first.op or 'a collective'} #{newest} of the default group{first.what()}"
     ]
     reasons += [f"{group[r].describe()}: it never enqueued #{newest}" for r in behind[:8]]
     return behind, tuple(reasons)

@@ -202,9 +202,19 @@ def read_ledger(folder: JobFolder, restart: int, world: int, *, limit: int = MAX
     except EvidenceError:
         return {}
     positions, left = {}, MAX_LEDGER_BYTES
+    run = folder.run(restart)
     for rank in range(world):
-        path = folder.flight_recorder_path(restart, rank)
-        if path.name not in names:
+        # the dump scout asked for before it acted; else the one torch wrote itself when its NCCL
+        # watchdog fired first (where the shim pointed it: never a path the job named)
+        path = next(
+            (
+                p
+                for p in (run.flight_recorder_path(rank), run.torch_flight_recorder_path(rank))
+                if p.name in names
+            ),
+            None,
+        )
+        if path is None:
             continue
         try:
             data = safe_read_bytes(

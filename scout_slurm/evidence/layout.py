@@ -18,6 +18,8 @@ from pathlib import Path
 
 from scout_slurm.errors import EvidenceError
 
+TORCH_FR_DUMP_PREFIX = "torch-flight-recorder-rank-"  # torch appends the rank
+
 _CLUSTER_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _NODE_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
@@ -348,8 +350,14 @@ class RunFolder:
         return self.stacks_dir / f"rank-{int(rank)}.txt"
 
     def flight_recorder_path(self, rank: int) -> Path:
-        """torch's Flight Recorder of the rank (its JSON dump), taken when its stacks were."""
-        return self.stacks_dir / f"flight-recorder-rank-{int(rank)}.json"
+        """torch's Flight Recorder of the rank, taken on the watchdog's request when its stacks
+        were: torch's pickle with stack traces, or its JSON where torch has only that."""
+        return self.stacks_dir / f"flight-recorder-rank-{int(rank)}.dump"
+
+    def torch_flight_recorder_path(self, rank: int) -> Path:
+        """The dump torch itself writes on NCCL's collective timeout, where the shim pointed it
+        (TORCH_FR_DUMP_TEMP_FILE, task/shim.py: the prefix, then the rank)."""
+        return self.stacks_dir / f"{TORCH_FR_DUMP_PREFIX}{int(rank)}"
 
 
 def node_digest_name(restart: int) -> str:

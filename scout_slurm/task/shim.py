@@ -24,7 +24,7 @@ from scout_slurm import jobconfig
 from scout_slurm.config import CONFIG_ENV, SiteConfig, load_config
 from scout_slurm.errors import ScoutError
 from scout_slurm.evidence.digest import MAX_TASKS_PER_NODE
-from scout_slurm.evidence.layout import JobFolder
+from scout_slurm.evidence.layout import TORCH_FR_DUMP_PREFIX, JobFolder
 from scout_slurm.evidence.records import NodeTasks, RankPlace
 from scout_slurm.evidence.store import read_record
 from scout_slurm.evidence.writer import EvidenceWriter
@@ -237,7 +237,7 @@ def flight_recorder_env(environ: Mapping[str, str], stacks_dir: Path) -> dict[st
     if not any(n in environ for n in FR_BUFFER_NAMES):
         out[FR_BUFFER_NAMES[0]] = str(FR_BUFFER)
     if not any(n in environ for n in FR_DUMP_NAMES):
-        out[FR_DUMP_NAMES[0]] = str(stacks_dir / "torch-flight-recorder-rank-")
+        out[FR_DUMP_NAMES[0]] = str(stacks_dir / TORCH_FR_DUMP_PREFIX)
     return out
 
 

@@ -170,6 +170,9 @@ def test_a_hang_behind_functional_collectives_is_named_from_torchs_flight_record
         sj.output(lab, job)[-3000:],
     )
     assert "Flight Recorder" in text and "never enqueued" in text, text
+    # the collective the peers wait in, with its tensors and where the job's code called it (from
+    # torch's own dump with its stack traces)
+    assert "; input Float[" in text and "called at jobs/train_manual_dp.py:" in text, text
     assert v.suspects[0].node == sj.places(lab, job)[1].node
 
 
