@@ -526,15 +526,15 @@ def _patch_save(rt: Runtime, handle: InstalledHooks) -> None:
 
     original_save = torch.save
 
-    def noted(f: Any) -> None:
+    def noted(f: Any, saver: str = "torch.save") -> None:
         from scout_slurm.bootstrap import ckptstate
 
         if not os.path.basename(os.fspath(f)).startswith("."):
-            _note_checkpoint(rt, f, None, "torch.save")
+            _note_checkpoint(rt, f, None, saver)
         elif ckptstate.WATCH is not None:
             # a save to a hidden name (".NAME.tmp"): no checkpoint yet; recorded when renamed to a
             # visible name
-            ckptstate.WATCH.saved_hidden(f, saver="torch.save")
+            ckptstate.WATCH.saved_hidden(f, saver=saver)
 
     def in_memory(f: Any) -> None:
         from scout_slurm.bootstrap import ckptstate
@@ -553,11 +553,49 @@ def _patch_save(rt: Runtime, handle: InstalledHooks) -> None:
         return result
 
     handle.patch(torch, "save", scout_save)
+    _patch_safetensors(rt, handle, noted)
     from scout_slurm.bootstrap import (
         ckptstate,
     )  # DCP saves, loads, schedulers, the replicas' agreement
 
     rt.guard.run("checkpoint watch", ckptstate.install, handle, rt)
+
+
+def _patch_safetensors(rt: Runtime, handle: InstalledHooks, noted: Callable[..., None]) -> None:
+    """safetensors' `save_file` (Hugging Face's `model.safetensors`; `save_model` calls it) is
+    recorded as torch.save is: a part of the step's checkpoint. Patched in safetensors.torch and
+    under every name an imported module bound it to, or when safetensors.torch is imported."""
+
+    def patch(module: Any) -> None:
+        original = getattr(module, "save_file", None)
+        if original is None:
+            return
+
+        @functools.wraps(original)
+        def scout_save_file(tensors, filename, *args, **kwargs):
+            result = original(tensors, filename, *args, **kwargs)
+            if isinstance(filename, (str, os.PathLike)):
+                rt.guard.run("checkpoint record", noted, filename, "safetensors")
+            return result
+
+        handle.patch(module, "save_file", scout_save_file)
+        # a module that imported it before scout's hooks went in holds its own name for it
+        # (transformers: `from safetensors.torch import save_file as safe_save_file`)
+        for name, mod in list(sys.modules.items()):
+            if name == module.__name__ or not isinstance(getattr(mod, "__dict__", None), dict):
+                continue
+            for attr, value in list(mod.__dict__.items()):
+                if value is original:
+                    handle.patch(mod, attr, scout_save_file)
+
+    if "safetensors.torch" in sys.modules:
+        patch(sys.modules["safetensors.torch"])
+        return
+    from scout_slurm.bootstrap.importhook import PatchAfterImport
+
+    finder = PatchAfterImport({"safetensors.torch": patch})
+    sys.meta_path.insert(0, finder)
+    handle.on_remove(lambda: finder in sys.meta_path and sys.meta_path.remove(finder))
 
 
 def _patch_busy(rt: Runtime, handle: InstalledHooks) -> None:

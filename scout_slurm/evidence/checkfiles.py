@@ -120,8 +120,15 @@ def _check_open_file(fd: int, note: CheckpointNote, digest_budget: int) -> FileC
     return FileCheck(None, hashed_bytes=total)
 
 
+# savers of one file at a time: a folder recorded from them (a step folder, `checkpoint-20/`) lists
+# this rank's parts only; other ranks' parts (`rng_state_1.pth`) and files written without torch
+# (`trainer_state.json`, `config.json`) share the folder
+PER_FILE_SAVERS = ("torch.save", "safetensors", "torch.save (into memory, then written)")
+
+
 def _folder_check(note: CheckpointNote, digest_budget: int) -> FileCheck:
-    """A checkpoint folder (DCP): every recorded file still there, unchanged, and no file added."""
+    """A checkpoint folder: every recorded file still there, unchanged; and, where the record is
+    the whole folder (DCP's collective save), no file added."""
     if len(note.files) > MAX_FOLDER_FILES:
         return FileCheck(
             f"{note.path}: the record lists {len(note.files)} files, more than scout checks "
@@ -152,6 +159,8 @@ def _folder_check(note: CheckpointNote, digest_budget: int) -> FileCheck:
             return FileCheck(
                 f"{note.path} (one of {len(note.files)} files): {result.problem}", hashed, size_only
             )
+    if note.saver in PER_FILE_SAVERS:
+        return FileCheck(None, hashed, size_only)
     seen = 0
     for dirpath, _dirnames, names in os.walk(root, followlinks=False):
         seen += len(names)

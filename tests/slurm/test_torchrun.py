@@ -21,18 +21,29 @@ pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 
 
+HF_TRAINER = sj.TRAIN.parent / "train_hf.py"
+
+
 def _torchrun_job(
-    lab, *, port: int, steps: int, scout: str = "", torchrun: str = "", nodes: int = 2
+    lab,
+    *,
+    port: int,
+    steps: int,
+    scout: str = "",
+    torchrun: str = "",
+    nodes: int = 2,
+    train: str = "",
 ) -> int:
     """A torchrun job of `nodes` nodes x 2 workers; `port`: its rendezvous port (above the
-    lab's)."""
+    lab's); `train`: the training script and its arguments (default: the demo's script)."""
+    train = train or f"{sj.TRAIN} --steps {steps}"
     script = f"""#!/bin/bash
 export OMP_NUM_THREADS=1
 export PATH={Path(sys.executable).parent}:$PATH
 scout-srun --scout-stall-floor=4 --scout-consensus-every=5 {scout} -N{nodes} --ntasks-per-node=1 \\
     {TORCHRUN} --nnodes {nodes} --nproc-per-node 2 --rdzv-backend c10d {torchrun} \\
     --rdzv-endpoint 127.0.0.1:{lab.spec.port_base + port} --rdzv-id $SLURM_JOB_ID \\
-    {sj.TRAIN} --steps {steps}
+    {train}
 """
     return sj.submit(lab, script, nodes=nodes, tasks_per_node=1, extra=("--no-requeue",))
 
@@ -56,8 +67,19 @@ def _workers_left(steps: int) -> list[int]:
 
 @pytest.mark.timeout(300)
 def test_a_clean_torchrun_job_is_clean_and_a_workers_exit_is_named_with_its_code(lab, clean_drains):
-    clean = _torchrun_job(lab, port=9, steps=16)
-    crash = _torchrun_job(lab, port=10, steps=40, scout="--scout-inject=exit,rank=2,step=5,code=3")
+    """The Hugging Face Trainer under torchrun (transformers 5, its own loop, checkpoint folders,
+    2 nodes x 2 workers): clean is clean; a worker's exit is named with its code."""
+    pytest.importorskip("transformers", reason="pip install -e '.[frameworks]' (scripts/setup.sh)")
+    out = lab.paths.work / f"hf-{time.time_ns()}"
+    hf = f"{HF_TRAINER} --steps 16 --save-every 10 --out {out}"
+    clean = _torchrun_job(lab, port=9, steps=16, train=hf + "-clean")
+    crash = _torchrun_job(
+        lab,
+        port=10,
+        steps=40,
+        scout="--scout-inject=exit,rank=2,step=5,code=3",
+        train=f"{HF_TRAINER} --steps 40 --save-every 100 --out {out}-crash",
+    )
     sj.wait_finished(lab, clean)
     sj.wait_finished(lab, crash)
     v = sj.verdict(lab, clean, 0)

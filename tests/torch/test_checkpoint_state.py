@@ -472,3 +472,43 @@ def test_lightnings_closure_step_turns_the_replay_off_once_and_the_banner_sees_i
     assert "scout: framework: torch DDP" in said, said[-3000:]
     cov = json.loads((tmp_path / "a" / "votes.json").read_text())
     assert cov["votes"] >= 2 and "in-situ replay" in str(cov["checks_off"]), cov
+
+
+@pytest.mark.timeout(420)
+def test_the_hf_trainers_own_checkpoint_folders_are_recorded_whole_and_its_resume_is_verified(
+    tmp_path,
+):
+    """The Hugging Face Trainer itself (transformers 5, a small GPT-2 with tied weights, 2 ranks
+    over gloo): each `checkpoint-N/` is one record per rank naming the folder, `model.safetensors`
+    among its parts (written by safetensors, not torch.save); the resumed run, through the
+    Trainer's own `resume_from_checkpoint`, is verified; the tied embedding's replay names
+    nobody."""
+    pytest.importorskip("transformers", reason="pip install -e '.[frameworks]' (scripts/setup.sh)")
+    out = tmp_path / "out"
+    job = [str(JOBS / "train_hf.py"), "--steps", "20", "--save-every", "10", "--out", str(out)]
+    _ok(run_ranks(job, _env(tmp_path, "a"), cwd=tmp_path, deadline_s=DEADLINE_S))
+    notes = [n for n in _notes(tmp_path) if n.rank == 0]
+    assert sorted((n.step, n.path) for n in notes) == [
+        (10, str(out / "checkpoint-10")),
+        (20, str(out / "checkpoint-20")),
+    ], [(n.step, n.path, n.rank) for n in _notes(tmp_path)]
+    ten = next(n for n in notes if n.step == 10)
+    parts = sorted(f.name for f in ten.files)
+    for part in ("model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state_0.pth"):
+        assert part in parts, parts
+    assert file_problem(ten) is None
+    assert not list((tmp_path / "a" / "findings").glob("sdc-*")), "a clean run named a rank"
+    resume = dict(SCOUT_RESUME_CHECKPOINT=ten.path, SCOUT_STEP_OFFSET="10")
+    _ok(
+        run_ranks(
+            [*job[:-1], str(tmp_path / "out2")],
+            _env(tmp_path, "b", SLURM_RESTART_COUNT="1", **resume),
+            cwd=tmp_path,
+            deadline_s=DEADLINE_S,
+        )
+    )
+    found = _findings(tmp_path / "b")
+    assert found["resume-verified-rank-0.json"]["summary"].startswith(
+        f"resume verified: rank 0 restored {ten.path} (step 10)"
+    ), found
+    assert not any("did not load" in f["summary"] for f in found.values()), found

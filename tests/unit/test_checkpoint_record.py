@@ -218,10 +218,16 @@ def test_dcp_folder_digests_and_changes(tmp_path):
         os.path.join("sub", "__1_0.distcp"),
     ]
     assert size == 4 + 5 + 5 and sha == combined_sha(files)
-    note = dataclasses.replace(v2(path=str(ck)), files=files, size_bytes=size, sha256=sha)
+    note = dataclasses.replace(
+        v2(path=str(ck)), files=files, size_bytes=size, sha256=sha, saver="dcp.save"
+    )
     assert file_problem(note) is None
     (ck / "extra").write_bytes(b"x")
     assert "'extra' was not there" in file_problem(note)
+    # a step folder recorded from one rank's per-file saves lists that rank's parts only: another
+    # rank's part (the HF Trainer's rng_state_1.pth) or a JSON written without torch is no change
+    for saver in ("torch.save", "safetensors"):
+        assert file_problem(dataclasses.replace(note, saver=saver)) is None
     os.unlink(ck / "extra")
     (ck / "sub" / "__1_0.distcp").write_bytes(b"rank!")
     assert "changed on disk after its record" in file_problem(note)
