@@ -412,6 +412,10 @@ def _write_evidence(folder: JobFolder, ctx, cfg: SiteConfig, evidence, report, *
 def main(*, environ: Mapping[str, str] | None = None, collect: Callable | None = None) -> int:
     """0 unless `[epilog] drain_on_local_hardware_error` is set and this node logged a hardware
     error (then 1). The keyword arguments are test seams; Slurm runs it with none."""
+    from scout_slurm.entry import answered
+
+    if environ is None and answered("scout-epilog"):
+        return 0
     configure()
     try:
         return run(os.environ if environ is None else environ, collect=collect)

@@ -332,6 +332,10 @@ def main(
 
     The keyword arguments are test seams; Slurm runs it with none.
     """
+    from scout_slurm.entry import answered
+
+    if environ is None and answered("scout-prolog"):
+        return 0
     environ = os.environ if environ is None else environ
     scout_log.configure()
     log = scout_log.get_logger("scout.prolog")

@@ -638,6 +638,10 @@ def _join_hardware_map(folder: JobFolder, place: RankPlace) -> RankPlace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from scout_slurm.entry import answered
+
+    if answered("scout-task", argv):
+        return 0
     # until the evidence folder is known, only what the user must see reaches the job's stderr
     configure(level=level_from_env(logging.WARNING))
     try:

@@ -45,9 +45,19 @@ NEVER_ON_HOSTS = (
     "scout_slurm.bootstrap",
 )
 
+# third-party modules are counted where scout's own modules import them (an `import` statement in
+# a scout_slurm module): a core dependency's own optional imports (structlog imports rich when it is
+# installed, as the frameworks extra's transformers brings it) are not the hosts' dependencies
 _PROBE = r"""
-import importlib, json, pkgutil, sys
+import builtins, importlib, json, pkgutil, sys
 before = set(sys.modules)
+direct = set()
+_import = builtins.__import__
+def _seen(name, globals=None, locals=None, fromlist=(), level=0):
+    if level == 0 and str((globals or {}).get("__name__", "")).startswith("scout_slurm"):
+        direct.add(name.split(".")[0])
+    return _import(name, globals, locals, fromlist, level)
+builtins.__import__ = _seen
 names = list(MODULES)
 for pkg in PACKAGES:
     mod = importlib.import_module(pkg)
@@ -55,7 +65,7 @@ for pkg in PACKAGES:
 for name in names:
     importlib.import_module(name)
 loaded = sorted(set(sys.modules) - before)
-third = sorted({m.split(".")[0] for m in loaded if m.split(".")[0] not in sys.stdlib_module_names
+third = sorted({m for m in direct if m not in sys.stdlib_module_names
                 and not m.startswith(("scout_slurm", "_"))})
 print(json.dumps({"names": names, "loaded": loaded, "third_party": third}))
 """
