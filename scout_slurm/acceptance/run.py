@@ -1020,7 +1020,12 @@ def _run_steps(
                 error=numeric.error or "no evidence folder",
             ),
             workload,
-            cannot=num_cannot or ("" if workload.is_builtin or saved_before else ck_step.detail),
+            cannot=num_cannot
+            or (
+                ck_step.detail
+                if ck_step.status is Status.SKIPPED and not (workload.is_builtin or saved_before)
+                else ""
+            ),
         )
     )
 

@@ -484,7 +484,7 @@ def judge_checkpoints(
     if ck is None:
         return StepResult("6", title, Status.FAIL, detail="no checkpoint listing")
     first_run = [r for r in ck.rows if r.run == 0]
-    if not workload.is_builtin and not first_run and (ck.error or workload.checkpoints == 0):
+    if not workload.is_builtin and not first_run and not ck.error and not workload.checkpoints:
         return StepResult("6", title, Status.SKIPPED, detail=never_saved(ck.fault_step))
     if ck.error:
         return StepResult("6", title, Status.FAIL, detail=ck.error)

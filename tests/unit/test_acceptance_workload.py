@@ -97,8 +97,9 @@ def test_a_workload_that_never_saves_skips_the_checkpoint_step():
     none = dataclasses.replace(BUYER, checkpoints=0)
     r = judge_checkpoints(ck(rows=(), recovery_step=-1, rule=""), none)
     assert r.status is Status.SKIPPED and "saved no checkpoint scout saw" in r.detail
-    r = judge_checkpoints(ck(rows=(), error="no checkpoints recorded for job 7"), none)
-    assert r.status is Status.SKIPPED
+    # a listing that could not be read is no sign the workload never saves
+    r = judge_checkpoints(ck(rows=(), error="no verdict: checkpoints not listed"), none)
+    assert r.status is Status.FAIL
     # the built-in job always saves: the same listing fails there
     assert judge_checkpoints(ck(rows=(), recovery_step=-1)).status is Status.FAIL
 
