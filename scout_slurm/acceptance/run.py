@@ -852,6 +852,8 @@ def _run_steps(
         # the listing as the controller saw it, before the rerun writes over the same file names
         ck_holder.append(acc.query_checkpoints(job, folder, fault_step))
 
+    if acc.opts.train_command:
+        echo(f"training with the buyer's command: {acc.opts.train_command}")
     echo("[step 1] start: a clean training job across the nodes (also the reference for step 7)")
     p_clean = acc.start_case(
         "clean",
@@ -1150,7 +1152,7 @@ def write_reports(
     }
     (opts.out_dir / "acceptance.json").write_text(json.dumps(obj, indent=2))
     (opts.out_dir / "acceptance.md").write_text(
-        render_markdown(steps, cases, started, finished, passed)
+        render_markdown(steps, cases, started, finished, passed, opts.train_command)
     )
     try:
         html = render_html(steps, cases, started, finished, opts, bundles)
@@ -1160,13 +1162,23 @@ def write_reports(
 
 
 def render_markdown(
-    steps: list[StepResult], cases: list[CaseRun], started: float, finished: float, passed: bool
+    steps: list[StepResult],
+    cases: list[CaseRun],
+    started: float,
+    finished: float,
+    passed: bool,
+    train_command: str = "",
 ) -> str:
     t = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started))
+    workload = (
+        f"The buyer's training command (`--train`): `{train_command}`"
+        if train_command
+        else "The built-in training job."
+    )
     lines = [
         f"# scout acceptance: {'PASSED' if passed else 'FAILED'}",
         "",
-        f"Started {t}, took {finished - started:.0f} s.",
+        f"Started {t}, took {finished - started:.0f} s. {workload}",
         "",
         summary_table(steps),
         "## Cases",

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from scout_slurm.acceptance.run import check_train_command
+from scout_slurm.acceptance.run import check_train_command, render_markdown
 from scout_slurm.acceptance.steps import (
     CheckpointRow,
     LoadResult,
@@ -219,3 +219,10 @@ def test_the_train_command_is_one_shell_line():
     for bad, says in (("python 'train.py", "not a shell command line"), ("a\nb", "line breaks")):
         with pytest.raises(ValueError, match=says):
             check_train_command(bad)
+
+
+def test_the_report_names_the_workload_it_ran():
+    steps = [judge_naming([stall()])]
+    md = render_markdown(steps, [stall()], 0.0, 60.0, True, "python train.py --steps 30")
+    assert "The buyer's training command (`--train`): `python train.py --steps 30`" in md
+    assert "The built-in training job." in render_markdown(steps, [stall()], 0.0, 60.0, True)
