@@ -487,6 +487,15 @@ def demo(fault: str, nodes: int, port_base: int, keep: bool, slurm: str, state_d
     is_flag=True,
     help="lab: one network namespace per node (root), so step 3d slows one node's link with tc.",
 )
+@click.option(
+    "--train",
+    "train_command",
+    default="",
+    metavar="COMMAND",
+    help="Your training command instead of the built-in job, run by scout-srun in each job's "
+    "batch shell (so $SLURM_JOB_ID keeps jobs' checkpoints apart). Faults are injected by "
+    "scout, no edit to the script; each step says what it could not show with it.",
+)
 def acceptance(
     out_dir: Path,
     quick: bool,
@@ -504,11 +513,26 @@ def acceptance(
     lab_port_base: int,
     one_at_a_time: bool,
     netns: bool,
+    train_command: str,
 ) -> None:
     """The acceptance test: witnessed steps (training across nodes, the map, injected stall,
     slowdown and numerical fault, detection times, naming, checkpoints, bit-exact resume, all
-    again under load), each PASS, FAIL or SKIPPED with figures. Exit 0 only if none failed."""
-    from scout_slurm.acceptance.run import AcceptanceOptions, run_acceptance
+    again under load), each PASS, FAIL or SKIPPED with figures. Exit 0 only if none failed.
+
+    With --train, the steps run your own training command (train at least 20 steps; faults at
+    steps 6 to 12): a step it cannot show (no checkpoints saved, SCOUT_RESUME_CHECKPOINT not
+    read, training too short, no replicas to vote) is SKIPPED with the reason, never passed.
+
+    \b
+    Example:
+      scout acceptance --quick --train 'python train.py --steps 30 --ckpt-dir ck-$SLURM_JOB_ID'
+    """
+    from scout_slurm.acceptance.run import AcceptanceOptions, check_train_command, run_acceptance
+
+    try:
+        train_command = check_train_command(train_command)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--train") from exc
 
     opts = AcceptanceOptions(
         out_dir=out_dir,
@@ -527,6 +551,7 @@ def acceptance(
         job_timeout_s=job_timeout,
         side_by_side=not one_at_a_time,
         netns=netns,
+        train_command=train_command,
     )
     sys.exit(run_acceptance(opts, echo=click.echo))
 

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -32,6 +33,7 @@ from scout_slurm.acceptance.steps import (
     ResumeResult,
     Status,
     StepResult,
+    Workload,
     fmt_s,
     is_right,
     judge_checkpoints,
@@ -45,15 +47,18 @@ from scout_slurm.acceptance.steps import (
     naming,
     overall,
     summary_table,
+    workload_cannot,
 )
 from scout_slurm.errors import ScoutError
 from scout_slurm.evidence.layout import RANK_PLACES, JobFolder
 from scout_slurm.evidence.records import (
+    CheckpointNote,
     Finding,
     FindingKind,
     RankPlace,
     StallDecision,
     Verdict,
+    VoteCoverage,
     is_fault_injection,
 )
 from scout_slurm.evidence.store import list_records, read_record
@@ -81,6 +86,8 @@ _DETECTING = {
     FindingKind.STRAGGLER,
 }
 _RESUMED = re.compile(r"^rank 0: resumed from (\S+) at step (\d+)$", re.M)
+# scout's own finding on each rank of a rerun (bootstrap/ckptstate.py): what it restored
+_RESTORED = re.compile(r"^resume verified: rank \d+ restored (\S+) \(step \d+\)")
 
 
 @dataclass(frozen=True)
@@ -104,6 +111,9 @@ class AcceptanceOptions:
     python: str = sys.executable
     side_by_side: bool = True  # two jobs at a time (the lab has four nodes; a job takes two)
     netns: bool = False  # lab: one network namespace per node, so one node's link can be slowed
+    # the buyer's training command (a shell command line, run by scout-srun in each job's batch
+    # shell) instead of the built-in job; "": the built-in job
+    train_command: str = ""
     schema_version: int = 1
 
 
@@ -139,7 +149,7 @@ class Acceptance:
         self.tag = f"{int(time.time())}-{os.getpid()}"
         self.drained: list[str] = []
         self.bundles: list = []  # IncidentBundle of each faulty run, for acceptance.html
-        text = TRAIN.read_text()
+        text = "" if opts.train_command else TRAIN.read_text()
         self.has_sched = '"--sched"' in text
         self.has_rng = "get_rng_state" in text
         self.steps = 20 if opts.quick else 30
@@ -160,7 +170,7 @@ export OMP_NUM_THREADS=1
 export PATH={Path(py).parent}:$PATH
 {pre}
 echo "== run ${{SLURM_RESTART_COUNT:-0}} of job $SLURM_JOB_ID on nodes $SLURM_JOB_NODELIST"
-scout-srun {scout} {py} {TRAIN} {train}
+scout-srun {scout} {self.opts.train_command or f"{py} {TRAIN} {train}"}
 """
 
     def _train_args(self, *, ckpt: Path | None, out: Path | None, steps: int | None = None) -> str:
@@ -420,7 +430,12 @@ scout-srun {scout} {py} {TRAIN} {train}
         return CheckpointResult(job, fault_step, fss, rows, point, steps[0] if steps else -1, rule)
 
     def resume_result(
-        self, case: CaseRun, folder: JobFolder, ref: Path, final: Path
+        self,
+        case: CaseRun,
+        folder: JobFolder,
+        ref: Path,
+        final: Path,
+        clean_folder: JobFolder | None = None,
     ) -> ResumeResult:
         info = self._job_info(case.job_id)
         out = self.output(case.job_id)
@@ -449,6 +464,26 @@ scout-srun {scout} {py} {TRAIN} {train}
             + (["RNG (torch, python, numpy)"] if self.has_rng else [])
         )
         restarts = info.restart_count if info is not None else len(folder.restarts()) - 1
+        if self.opts.train_command:
+            # a buyer's workload writes no digest of its own: what the rerun restored is scout's
+            # record of it, and its end state the last checkpoint record both runs signed
+            restored = [m.group(1) for s in checks if (m := _RESTORED.match(s))]
+            final_digest, reference_digest, compared = "", "", ()
+            if clean_folder is not None:
+                final_digest, reference_digest, compared = last_common_state(
+                    (folder, 1), (clean_folder, 0)
+                )
+            return ResumeResult(
+                job_id=case.job_id,
+                restarts=restarts,
+                final_state=case.final_state,
+                resumed_from=restored[0] if restored else "",
+                recovery_point=chosen,
+                final_digest=final_digest,
+                reference_digest=reference_digest,
+                compared=compared,
+                resume_check=checks,
+            )
         return ResumeResult(
             job_id=case.job_id,
             restarts=restarts,
@@ -460,6 +495,81 @@ scout-srun {scout} {py} {TRAIN} {train}
             compared=tuple(compared),
             resume_check=checks,
         )
+
+
+def check_train_command(command: str) -> str:
+    """The buyer's --train command as it goes into the batch script: one shell command line that
+    parses; raises ValueError saying what is wrong."""
+    command = command.strip()
+    if not command:
+        return ""
+    if "\n" in command or "\r" in command:
+        raise ValueError("one command line, without line breaks")
+    try:
+        argv = shlex.split(command)
+    except ValueError as exc:
+        raise ValueError(f"{command!r} is not a shell command line: {exc}") from None
+    if not argv:
+        raise ValueError("the command is empty")
+    return command
+
+
+def checkpoint_states(folder: JobFolder, restart: int) -> dict[int, dict[str, str]]:
+    """The state each checkpoint record of one run signed, by step: component -> the replicas'
+    majority signature (or the saving rank's). Records without signatures are left out."""
+    notes, _ = list_records(
+        folder.checkpoints_dir,
+        f"run-{restart}-step-*-rank-*.json",
+        CheckpointNote,
+        root=folder.root,
+    )
+    out: dict[int, dict[str, str]] = {}
+    for n in notes:
+        sigs = {g.component: g.majority or g.saved for g in n.signatures}
+        sigs = {c: v for c, v in sigs.items() if v and not c.startswith("rng_")}
+        if sigs:
+            out.setdefault(n.step, {}).update(sigs)
+    return out
+
+
+def last_common_state(
+    run: tuple[JobFolder, int], reference: tuple[JobFolder, int]
+) -> tuple[str, str, tuple[str, ...]]:
+    """The last step both runs saved with signatures: (run's digest, reference's, components)."""
+    mine, theirs = checkpoint_states(*run), checkpoint_states(*reference)
+    common = sorted(set(mine) & set(theirs))
+    if not common:
+        return "", "", ()
+    step = common[-1]
+    comps = tuple(sorted(set(mine[step]) & set(theirs[step])))
+    if not comps:
+        return "", "", ()
+
+    def digest(sigs: dict[str, str]) -> str:
+        return f"step {step}: " + ", ".join(f"{c} {sigs[c][:16]}" for c in comps)
+
+    return digest(mine[step]), digest(theirs[step]), (f"step {step}",) + comps
+
+
+def read_workload(command: str, clean: JobFolder | None, numeric: JobFolder | None) -> Workload:
+    """What the training offered: its steps and replicas (the clean run's vote coverage), and
+    the checkpoints the numerical case's first run recorded."""
+    steps, replicas, saved = -1, 0, 0
+    if clean is not None:
+        try:
+            cov = read_record(clean.coverage_path(0), VoteCoverage, root=clean.root)
+            steps, replicas = cov.steps, cov.replicas
+        except (ScoutError, OSError):
+            pass
+    if numeric is not None:
+        saved = len(checkpoint_records(numeric, 0))
+    return Workload(command=command, steps=steps, replicas=replicas, checkpoints=saved)
+
+
+def checkpoint_records(folder: JobFolder, restart: int) -> list[Path]:
+    """The checkpoint records of one run, signed or not."""
+    d = folder.checkpoints_dir
+    return sorted(d.glob(f"run-{restart}-step-*-rank-*.json")) if d.is_dir() else []
 
 
 def read_case(case: CaseRun, folder: JobFolder, restart: int) -> CaseRun:
@@ -742,6 +852,8 @@ def _run_steps(
         # the listing as the controller saw it, before the rerun writes over the same file names
         ck_holder.append(acc.query_checkpoints(job, folder, fault_step))
 
+    if acc.opts.train_command:
+        echo(f"training with the buyer's command: {acc.opts.train_command}")
     echo("[step 1] start: a clean training job across the nodes (also the reference for step 7)")
     p_clean = acc.start_case(
         "clean",
@@ -774,7 +886,31 @@ def _run_steps(
     report(judge_map(acc.query_map(clean.job_id) if clean.job_id else None))
     numeric = acc.finish_case(p_num)
     all_cases.append(numeric)
-    report(judge_injection("3c", "inject a reversible numerical perturbation", numeric))
+    workload = read_workload(
+        acc.opts.train_command,
+        acc.folder(clean.job_id) if clean.job_id else None,
+        acc.folder(numeric.job_id) if numeric.job_id else None,
+    )
+    if not workload.is_builtin:
+        echo(
+            f"  the workload: trained to step {workload.steps if workload.steps >= 0 else '?'}, "
+            f"replica groups of {workload.replicas or '?'}, {workload.checkpoints} checkpoint "
+            "record(s) in the numerical case's first run"
+        )
+    shown: dict[str, bool] = {}  # case name -> step 3 could show it with this workload
+
+    def report_fault(step: str, title: str, case: CaseRun, cannot: str) -> StepResult:
+        result = judge_injection(step, title, case, cannot=cannot)
+        shown[case.name] = result.status is not Status.SKIPPED
+        report(result)
+        return result
+
+    num_step = report_fault(
+        "3c",
+        "inject a reversible numerical perturbation",
+        numeric,
+        workload_cannot(workload, at_step=fault_step, needs_steps=fault_step + 1, votes=True),
+    )
 
     # phase B: a process stall (3a) beside a bounded compute slowdown (3b, timing votes)
     stall_rank, slow_rank = 1 % world, world - 1
@@ -803,11 +939,17 @@ def _run_steps(
     if pair:
         stall = acc.finish_case(p_stall)
     all_cases.append(stall)
-    report(judge_injection("3a", "inject a process stall", stall))
+    stall_cannot = workload_cannot(workload, at_step=8)
+    report_fault("3a", "inject a process stall", stall, stall_cannot)
     if p_slow is not None:
         slow = acc.finish_case(p_slow)
         all_cases.append(slow)
-        report(judge_injection("3b", "inject a bounded compute slowdown", slow))
+        report_fault(
+            "3b",
+            "inject a bounded compute slowdown",
+            slow,
+            workload_cannot(workload, at_step=6, needs_steps=16),
+        )
     else:
         report(
             StepResult(
@@ -843,25 +985,31 @@ def _run_steps(
             folder,
             1,
         )
-    injected = [c for c in (stall, slow, numeric, link) if c is not None]
+    ran = [c for c in (stall, slow, numeric, link) if c is not None]
+    injected = [c for c in ran if shown.get(c.name, True)]
+    not_shown = [c.name for c in ran if not shown.get(c.name, True)]
     cleans = [c for c in (clean, rerun_clean) if c is not None]
-    report(judge_measurements(injected, cleans))
-    report(judge_naming(injected))
-    report(
-        judge_checkpoints(
-            ck_holder[0]
-            if ck_holder
-            else CheckpointResult(
-                numeric.job_id,
-                fault_step,
-                -1,
-                error=numeric.error or "no verdict: checkpoints not listed",
-            )
+    report(judge_measurements(injected, cleans, not_shown=not_shown))
+    report(judge_naming(injected, not_shown=not_shown))
+    num_cannot = num_step.detail if num_step.status is Status.SKIPPED else ""
+    ck = (
+        ck_holder[0]
+        if ck_holder
+        else CheckpointResult(
+            numeric.job_id,
+            fault_step,
+            -1,
+            error=numeric.error or "no verdict: checkpoints not listed",
         )
     )
+    ck_step = judge_checkpoints(ck, workload, cannot=num_cannot)
+    # a workload that saved nothing before the fault leaves nothing to resume from
+    saved_before = any(r.run == 0 and r.step < fault_step for r in ck.rows)
+    report(ck_step)
+    clean_folder = acc.folder(clean.job_id) if clean.job_id else None
     report(
         judge_resume(
-            acc.resume_result(numeric, folder, ref, final)
+            acc.resume_result(numeric, folder, ref, final, clean_folder)
             if folder is not None and not numeric.error
             else ResumeResult(
                 numeric.job_id,
@@ -872,7 +1020,14 @@ def _run_steps(
                 "",
                 "",
                 error=numeric.error or "no evidence folder",
-            )
+            ),
+            workload,
+            cannot=num_cannot
+            or (
+                ck_step.detail
+                if ck_step.status is Status.SKIPPED and not (workload.is_builtin or saved_before)
+                else ""
+            ),
         )
     )
 
@@ -928,7 +1083,7 @@ def _run_steps(
         f"in {load.seconds:.0f} s"
     )
     all_cases += loaded
-    report(judge_under_load(load, loaded))
+    report(judge_under_load(load, loaded, cannot=stall_cannot))
     if rerun_clean is not None:
         all_cases.append(rerun_clean)
     return sorted(steps, key=lambda s: s.step), all_cases
@@ -997,7 +1152,7 @@ def write_reports(
     }
     (opts.out_dir / "acceptance.json").write_text(json.dumps(obj, indent=2))
     (opts.out_dir / "acceptance.md").write_text(
-        render_markdown(steps, cases, started, finished, passed)
+        render_markdown(steps, cases, started, finished, passed, opts.train_command)
     )
     try:
         html = render_html(steps, cases, started, finished, opts, bundles)
@@ -1007,13 +1162,23 @@ def write_reports(
 
 
 def render_markdown(
-    steps: list[StepResult], cases: list[CaseRun], started: float, finished: float, passed: bool
+    steps: list[StepResult],
+    cases: list[CaseRun],
+    started: float,
+    finished: float,
+    passed: bool,
+    train_command: str = "",
 ) -> str:
     t = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started))
+    workload = (
+        f"The buyer's training command (`--train`): `{train_command}`"
+        if train_command
+        else "The built-in training job."
+    )
     lines = [
         f"# scout acceptance: {'PASSED' if passed else 'FAILED'}",
         "",
-        f"Started {t}, took {finished - started:.0f} s.",
+        f"Started {t}, took {finished - started:.0f} s. {workload}",
         "",
         summary_table(steps),
         "## Cases",

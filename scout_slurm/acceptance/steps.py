@@ -172,6 +172,47 @@ class LoadResult:
     schema_version: int = 1
 
 
+@dataclass(frozen=True)
+class Workload:
+    """The training the steps ran: the built-in job (`command` "") or the buyer's `--train`
+    command, and what its runs showed it offers. A step judges a buyer's workload by these facts:
+    what it cannot show with it is SKIPPED with the reason, never passed."""
+
+    command: str = ""  # the buyer's training command; "": the built-in job
+    steps: int = -1  # the last optimizer step the clean run completed (-1: not recorded)
+    replicas: int = 0  # the largest replica group the state votes compared (1: none; 0: unknown)
+    checkpoints: int = 0  # checkpoint records of the numerical case's first run
+    schema_version: int = 1
+
+    @property
+    def is_builtin(self) -> bool:
+        return not self.command
+
+
+def workload_cannot(w: Workload, *, at_step: int, needs_steps: int = 0, votes: bool = False) -> str:
+    """Why this workload cannot show a fault injected at `at_step` whose detection needs training
+    to reach `needs_steps` ("" if nothing stands in the way): training that ends before that, or
+    (numerical faults, found by the state votes) no replicas to compare, or two, where one
+    against one names nobody."""
+    need = max(at_step, needs_steps)
+    if w.steps >= 0 and w.steps < need:
+        return (
+            f"the workload's training ended at step {w.steps}; this fault is injected at step "
+            f"{at_step} and needs training to reach step {need} to be seen (train longer)"
+        )
+    if votes and w.replicas == 1:
+        return (
+            "the workload has no replicas to vote: every rank holds a state of its own (world "
+            "size 1 per replica group), so a numerical fault has nothing to be compared with"
+        )
+    if votes and w.replicas == 2:
+        return (
+            "the workload's replica groups hold two ranks: one against one is no majority, so "
+            "the state vote cannot name the rank (run >= 3 replicas)"
+        )
+    return ""
+
+
 # -- formatting ----------------------------------------------------------------------------
 
 
@@ -321,9 +362,11 @@ def judge_map(m: MapResult | None) -> StepResult:
 
 
 def judge_injection(
-    step: str, title: str, case: CaseRun | None, *, skip_reason: str = ""
+    step: str, title: str, case: CaseRun | None, *, skip_reason: str = "", cannot: str = ""
 ) -> StepResult:
-    """One injected fault: it fired (the bootstrap recorded it) and a verdict followed."""
+    """One injected fault: it fired (the bootstrap recorded it) and a verdict followed. `cannot`:
+    why the workload cannot show this fault (workload_cannot); it turns a fault that never fired,
+    or a verdict that is not right, into SKIPPED with that reason."""
     if skip_reason:
         return StepResult(step, title, Status.SKIPPED, detail=skip_reason)
     if case is None:
@@ -332,6 +375,8 @@ def judge_injection(
         return StepResult(step, title, Status.FAIL, detail=case.error)
     figures = f"job {case.job_id}: {case.fault}"
     if case.injected_at <= 0:
+        if cannot:
+            return StepResult(step, title, Status.SKIPPED, figures, cannot)
         return StepResult(
             step, title, Status.FAIL, figures, "no injection record: the fault never fired"
         )
@@ -339,11 +384,27 @@ def judge_injection(
         return StepResult(
             step, title, Status.FAIL, figures, "the fault fired but no verdict was written"
         )
+    if cannot and not is_right(case)[0]:
+        return StepResult(
+            step, title, Status.SKIPPED, figures, f"fired; verdict {naming(case)}; {cannot}"
+        )
     return StepResult(step, title, Status.PASS, figures, f"fired; verdict {case.verdict_kind}")
 
 
-def judge_measurements(injected: Sequence[CaseRun], clean: Sequence[CaseRun]) -> StepResult:
+def judge_measurements(
+    injected: Sequence[CaseRun], clean: Sequence[CaseRun], *, not_shown: Sequence[str] = ()
+) -> StepResult:
+    """`injected`: the faults step 3 showed; `not_shown`: those the workload could not (step 3
+    said why), named in the figures."""
     title = "time to detection and localisation, false positives, what the incident kept"
+    if not injected and not_shown:
+        return StepResult(
+            "4",
+            title,
+            Status.SKIPPED,
+            detail="no injected fault could be shown with this workload (step 3 says why): "
+            + ", ".join(not_shown),
+        )
     parts, problems = [], []
     for c in injected:
         kept = (
@@ -363,6 +424,8 @@ def judge_measurements(injected: Sequence[CaseRun], clean: Sequence[CaseRun]) ->
             problems.append(f"{c.name}: the incident record kept no files")
     false_pos = [c for c in clean if not is_right(c)[0]]
     parts.append(f"false positives: {len(false_pos)} of {len(clean)} clean runs")
+    if not_shown:
+        parts.append("not shown with this workload: " + ", ".join(not_shown))
     figures = "; ".join(parts)
     if not injected:
         problems.append("no injected case to measure")
@@ -377,8 +440,16 @@ def judge_measurements(injected: Sequence[CaseRun], clean: Sequence[CaseRun]) ->
     )
 
 
-def judge_naming(injected: Sequence[CaseRun]) -> StepResult:
+def judge_naming(injected: Sequence[CaseRun], *, not_shown: Sequence[str] = ()) -> StepResult:
     title = "each fault named as a rank, node, group or component, and right"
+    if not injected and not_shown:
+        return StepResult(
+            "5",
+            title,
+            Status.SKIPPED,
+            detail="no injected fault could be shown with this workload (step 3 says why): "
+            + ", ".join(not_shown),
+        )
     if not injected:
         return StepResult("5", title, Status.FAIL, detail="no injected case")
     lines, wrong = [], []
@@ -387,19 +458,36 @@ def judge_naming(injected: Sequence[CaseRun]) -> StepResult:
         lines.append(f"{c.name}: {naming(c)} ({'right' if ok else 'WRONG'})")
         if not ok:
             wrong.append(f"{c.name}: {why}")
+    if not_shown:
+        lines.append("not shown with this workload: " + ", ".join(not_shown))
     status = Status.FAIL if wrong else Status.PASS
     return StepResult(
         "5", title, status, "; ".join(lines), "; ".join(wrong) or "every fault named right"
     )
 
 
-def judge_checkpoints(ck: CheckpointResult | None) -> StepResult:
+def judge_checkpoints(
+    ck: CheckpointResult | None, workload: Workload = Workload(), *, cannot: str = ""
+) -> StepResult:
+    """`cannot`: why the workload could not show the numerical fault these checkpoints are
+    placed around ("": it did). A buyer's workload that saves nothing scout saw, or nothing
+    before or after the fault, is SKIPPED with that reason; the built-in job always saves."""
     title = "checkpoints before and after the event; the rule that chose the recovery point"
+    if cannot:
+        return StepResult(
+            "6",
+            title,
+            Status.SKIPPED,
+            detail=f"the numerical fault could not be shown with this workload ({cannot}): no "
+            "event to place checkpoints around",
+        )
     if ck is None:
         return StepResult("6", title, Status.FAIL, detail="no checkpoint listing")
+    first_run = [r for r in ck.rows if r.run == 0]
+    if not workload.is_builtin and not first_run and not ck.error and not workload.checkpoints:
+        return StepResult("6", title, Status.SKIPPED, detail=never_saved(ck.fault_step))
     if ck.error:
         return StepResult("6", title, Status.FAIL, detail=ck.error)
-    first_run = [r for r in ck.rows if r.run == 0]
     before = [r for r in first_run if r.step < ck.fault_step]
     after = [r for r in first_run if r.step >= ck.fault_step]
     figures = (
@@ -408,6 +496,19 @@ def judge_checkpoints(ck: CheckpointResult | None) -> StepResult:
         + ", ".join(f"step {r.step} {r.status}" for r in sorted(first_run, key=lambda r: r.step))
         + f"; recovery point step {ck.recovery_step if ck.recovery_step >= 0 else '?'}"
     )
+    if not workload.is_builtin and (not before or not after):
+        return StepResult(
+            "6",
+            title,
+            Status.SKIPPED,
+            figures,
+            "the workload saved no checkpoint "
+            + ("before" if not before else "after")
+            + f" the fault at step {ck.fault_step} (it saves at steps "
+            + ",".join(str(r.step) for r in sorted(first_run, key=lambda r: r.step))
+            + "): "
+            + ("nothing to recover to" if not before else "nothing for the rule to reject"),
+        )
     problems = []
     if not before:
         problems.append("no checkpoint before the fault")
@@ -438,10 +539,30 @@ def judge_checkpoints(ck: CheckpointResult | None) -> StepResult:
     return StepResult("6", title, Status.PASS, figures, f"rule: {ck.rule}")
 
 
-def judge_resume(r: ResumeResult | None) -> StepResult:
+def never_saved(fault_step: int) -> str:
+    return (
+        "the workload saved no checkpoint scout saw (torch.save, torch.distributed.checkpoint or "
+        f"scout_slurm.checkpoint.note) in its first run, which the fault hit at step {fault_step}"
+    )
+
+
+NOT_LOADED = "did not load the resume checkpoint"  # bootstrap/ckptstate.py, the rerun's finding
+
+
+def judge_resume(
+    r: ResumeResult | None, workload: Workload = Workload(), *, cannot: str = ""
+) -> StepResult:
+    """The built-in job: its final state digest against an uninterrupted run's. A buyer's
+    workload: the rerun loaded the checkpoint scout chose (SCOUT_RESUME_CHECKPOINT) and scout's
+    own check of the restored state verified it; a workload that ignores the variable is SKIPPED
+    and says so. `cannot`: why the workload gave no checkpoint to resume from (step 6)."""
+    if not workload.is_builtin:
+        return _judge_resume_workload(r, cannot)
     title = (
         "resume; model, optimizer, scheduler and RNG state equal the expected record (bit for bit)"
     )
+    if cannot:
+        return StepResult("7", title, Status.SKIPPED, detail=f"nothing to resume from: {cannot}")
     if r is None:
         return StepResult("7", title, Status.FAIL, detail="no resumed run")
     if r.error:
@@ -486,7 +607,105 @@ def judge_resume(r: ResumeResult | None) -> StepResult:
     )
 
 
-def judge_under_load(load: LoadResult | None, cases: Sequence[CaseRun]) -> StepResult:
+def _differing(digest: str, reference: str) -> list[str]:
+    """The components two `step S: component signature, ...` digests disagree on."""
+
+    def parts(d: str) -> dict[str, str]:
+        body = d.split(": ", 1)[-1]
+        return dict(p.split(" ", 1) for p in body.split(", ") if " " in p)
+
+    if digest == reference:
+        return []
+    mine, theirs = parts(digest), parts(reference)
+    return sorted(c for c in mine.keys() | theirs.keys() if mine.get(c) != theirs.get(c)) or [
+        "the step"
+    ]
+
+
+def _judge_resume_workload(r: ResumeResult | None, cannot: str) -> StepResult:
+    title = "resume from scout's checkpoint; the restored state equals its record (bit for bit)"
+    if cannot:
+        return StepResult("7", title, Status.SKIPPED, detail=f"nothing to resume from: {cannot}")
+    if r is None:
+        return StepResult("7", title, Status.FAIL, detail="no resumed run")
+    if r.error:
+        return StepResult("7", title, Status.FAIL, detail=r.error)
+    verified = [s for s in r.resume_check if resume_outcome(s) is ResumeOutcome.VERIFIED]
+    mismatch = [s for s in r.resume_check if resume_outcome(s) is ResumeOutcome.MISMATCH]
+    ignored = [s for s in r.resume_check if NOT_LOADED in s]
+    figures = (
+        f"job {r.job_id}: {r.restarts} restart(s), {r.final_state}; scout chose "
+        f"{r.recovery_point or '-'}; the rerun restored {r.resumed_from or '-'}; "
+        f"{len(verified)} of {len(r.resume_check)} rank records say resume verified"
+    )
+    problems = []
+    if r.final_state != "COMPLETED":
+        problems.append(f"the resumed run ended {r.final_state or 'unknown'}")
+    if r.restarts < 1:
+        problems.append("the job was not requeued")
+    elif not r.recovery_point:
+        problems.append("scout gave the rerun no checkpoint (no resume instruction)")
+    if mismatch:
+        problems.append("scout's restored-state check: " + "; ".join(mismatch))
+    if problems:
+        return StepResult("7", title, Status.FAIL, figures, "; ".join(problems))
+    if ignored and not verified:
+        return StepResult(
+            "7",
+            title,
+            Status.SKIPPED,
+            figures,
+            f"the workload ignores SCOUT_RESUME_CHECKPOINT: the rerun did not load "
+            f"{r.recovery_point} ({ignored[0]}); a script that loads it when set resumes where "
+            "scout chose (docs/USERS.md)",
+        )
+    if not verified:
+        return StepResult(
+            "7",
+            title,
+            Status.FAIL,
+            figures,
+            "no rank of the rerun recorded a verified restored state"
+            + (f": {r.resume_check[0]}" if r.resume_check else ""),
+        )
+    if r.resumed_from != r.recovery_point:
+        return StepResult(
+            "7",
+            title,
+            Status.FAIL,
+            figures,
+            f"the rerun restored {r.resumed_from}, scout chose {r.recovery_point}",
+        )
+    # the workload's own determinism decides whether its end state matches an uninterrupted
+    # run's (a script that restores no data position or RNG differs): a figure, not a condition
+    final = "the end state was not compared with an uninterrupted run's"
+    if r.final_digest and r.reference_digest:
+        differ = _differing(r.final_digest, r.reference_digest)
+        final = (
+            f"the rerun's last checkpoint record {'DIFFERS from' if differ else 'equals'} the "
+            f"clean run's at the same step ({', '.join(r.compared) or '-'})"
+            + (
+                f" in {', '.join(differ)}: the workload's own resume is not bit-exact (e.g. a "
+                "data loader that restarts its epoch)"
+                if differ
+                else ""
+            )
+        )
+    elif r.compared:
+        final += f" ({r.compared[0]})"
+    return StepResult(
+        "7",
+        title,
+        Status.PASS,
+        figures,
+        f"scout's restored-state check: {verified[0]}; {final}",
+    )
+
+
+def judge_under_load(
+    load: LoadResult | None, cases: Sequence[CaseRun], *, cannot: str = ""
+) -> StepResult:
+    """`cannot`: why the workload cannot show the fault repeated under load (as step 3a)."""
     title = "repeated (reduced set) under network and storage load"
     if load is None:
         return StepResult("8", title, Status.FAIL, detail="no load was started")
@@ -504,6 +723,9 @@ def judge_under_load(load: LoadResult | None, cases: Sequence[CaseRun]) -> StepR
             for c in cases
         )
     )
+    unshown = [c for c in cases if c.fault and (c.injected_at <= 0 or not is_right(c)[0])]
+    if cannot and unshown and not any(c.error for c in unshown):
+        return StepResult("8", title, Status.SKIPPED, figures, f"{unshown[0].name}: {cannot}")
     problems = []
     if load.error:
         problems.append(load.error)

@@ -267,6 +267,9 @@ RECORDS: tuple[RecordType, ...] = (
         "acceptance.steps:LoadResult", _T, "scout acceptance", "in memory: the under-load step"
     ),
     RecordType(
+        "acceptance.steps:Workload", _T, "scout acceptance", "in memory: what --train offered"
+    ),
+    RecordType(
         "report.html:AcceptanceReport", _T, "scout acceptance", "in memory: acceptance.html"
     ),
     RecordType("report.html:AcceptanceCheck", _T, "scout acceptance", "in AcceptanceReport"),

@@ -1,9 +1,13 @@
 """A Lightning 2.x job as its users write it (LightningModule, Trainer with DDP on CPU over gloo,
 Lightning's own ModelCheckpoint): started one process per rank (RANK, LOCAL_RANK, WORLD_SIZE set,
 as scout-task or torchrun give them), so Lightning launches nothing itself. `--resume PATH` passes
-PATH to `Trainer.fit(ckpt_path=...)`, which loads it through fsspec."""
+PATH to `Trainer.fit(ckpt_path=...)`, which loads it through fsspec; without it, the checkpoint
+scout chose for a requeued run (SCOUT_RESUME_CHECKPOINT, the resume contract of docs/USERS.md).
+Under Slurm, Lightning checks `--nodes` and `--devices` against SLURM_NNODES and
+SLURM_NTASKS_PER_NODE."""
 
 import argparse
+import os
 
 import lightning as L
 import torch
@@ -30,13 +34,16 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--ckpt", required=True)
     ap.add_argument("--every", type=int, default=4)
-    ap.add_argument("--resume", default=None)
+    ap.add_argument("--resume", default=os.environ.get("SCOUT_RESUME_CHECKPOINT") or None)
+    ap.add_argument("--nodes", type=int, default=1)
+    ap.add_argument("--devices", type=int, default=2)
     args = ap.parse_args()
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(512, 8), torch.randn(512, 1))
     trainer = L.Trainer(
         accelerator="cpu",
-        devices=2,
+        devices=args.devices,
+        num_nodes=args.nodes,
         strategy="ddp",
         max_steps=args.steps,
         logger=False,
