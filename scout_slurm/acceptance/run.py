@@ -50,7 +50,7 @@ from scout_slurm.acceptance.steps import (
     workload_cannot,
 )
 from scout_slurm.errors import ScoutError
-from scout_slurm.evidence.layout import RANK_PLACES, JobFolder
+from scout_slurm.evidence.layout import RANK_PLACES, JobFolder, checkpoint_notes_glob
 from scout_slurm.evidence.records import (
     CheckpointNote,
     Finding,
@@ -519,7 +519,7 @@ def checkpoint_states(folder: JobFolder, restart: int) -> dict[int, dict[str, st
     majority signature (or the saving rank's). Records without signatures are left out."""
     notes, _ = list_records(
         folder.checkpoints_dir,
-        f"run-{restart}-step-*-rank-*.json",
+        checkpoint_notes_glob(restart),
         CheckpointNote,
         root=folder.root,
     )
@@ -569,7 +569,7 @@ def read_workload(command: str, clean: JobFolder | None, numeric: JobFolder | No
 def checkpoint_records(folder: JobFolder, restart: int) -> list[Path]:
     """The checkpoint records of one run, signed or not."""
     d = folder.checkpoints_dir
-    return sorted(d.glob(f"run-{restart}-step-*-rank-*.json")) if d.is_dir() else []
+    return sorted(d.glob(checkpoint_notes_glob(restart))) if d.is_dir() else []
 
 
 def read_case(case: CaseRun, folder: JobFolder, restart: int) -> CaseRun:

@@ -365,6 +365,11 @@ def node_digest_name(restart: int) -> str:
     return f"ranks-{int(restart)}.json"
 
 
+def checkpoint_notes_glob(restart: int) -> str:
+    """The names of run `restart`'s checkpoint notes in checkpoints/ (checkpoint_note_path)."""
+    return f"run-{int(restart)}-step-*-rank-*.json"
+
+
 def checkpoint_note_path(checkpoints_dir: Path, restart: int, step: int, rank: int) -> Path:
     """A checkpoint note in checkpoints/ (JobFolder.checkpoints_dir, or SCOUT_CHECKPOINTS_DIR in
     the job): the rank's record of a checkpoint it saved at `step` of run `restart`."""
