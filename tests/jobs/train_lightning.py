@@ -1,12 +1,16 @@
 """A Lightning 2.x job as its users write it (LightningModule, Trainer with DDP on CPU over gloo,
 Lightning's own ModelCheckpoint): started one process per rank (RANK, LOCAL_RANK, WORLD_SIZE set,
 as scout-task or torchrun give them), so Lightning launches nothing itself. `--resume PATH` passes
-PATH to `Trainer.fit(ckpt_path=...)`, which loads it through fsspec."""
+PATH to `Trainer.fit(ckpt_path=...)`, which loads it through fsspec. `--devices D --nodes N`: the
+ranks per node and nodes (on Slurm, Lightning reads its own SLURM_* variables and checks them);
+without `--ckpt` no checkpoint is saved; `--destroy`: destroy_process_group() after the fit, as a
+script that cleans up itself."""
 
 import argparse
 
 import lightning as L
 import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader, TensorDataset
 
 
@@ -28,27 +32,37 @@ class Tiny(L.LightningModule):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--ckpt", required=True)
+    ap.add_argument("--ckpt", default=None)
     ap.add_argument("--every", type=int, default=4)
     ap.add_argument("--resume", default=None)
+    ap.add_argument("--devices", type=int, default=2)
+    ap.add_argument("--nodes", type=int, default=1)
+    ap.add_argument("--destroy", action="store_true")
     args = ap.parse_args()
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(512, 8), torch.randn(512, 1))
     trainer = L.Trainer(
         accelerator="cpu",
-        devices=2,
+        devices=args.devices,
+        num_nodes=args.nodes,
         strategy="ddp",
         max_steps=args.steps,
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
+        enable_checkpointing=args.ckpt is not None,
         callbacks=[
             L.pytorch.callbacks.ModelCheckpoint(
                 dirpath=args.ckpt, every_n_train_steps=args.every, save_top_k=-1
             )
-        ],
+        ]
+        if args.ckpt is not None
+        else [],
     )
     trainer.fit(Tiny(), DataLoader(data, batch_size=8), ckpt_path=args.resume)
+    print(f"rank {trainer.global_rank}: done", flush=True)
+    if args.destroy:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
