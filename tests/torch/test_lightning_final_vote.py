@@ -63,3 +63,36 @@ def test_a_bitflip_after_the_last_periodic_vote_is_named_by_lightnings_final_vot
     assert "rank 1's state differs from the replicas' majority at step 12" in runs[1].stderr, runs[
         1
     ].stderr[-3000:]
+
+
+@pytest.mark.timeout(240)
+def test_a_rank_late_to_the_teardown_vote_makes_it_skipped_not_a_hang(tmp_path):
+    """Rank 1 sleeps 8 s as the fit ends (a long last save); the vote waits 2 s: no vote, said in
+    the coverage, and both ranks finish."""
+    runs, cov, _ = _run(
+        tmp_path, 2, "--end-sleep", "1,8", SCOUT_CONSENSUS_EVERY="5", SCOUT_FINAL_VOTE_TIMEOUT_S="2"
+    )
+    assert [r.returncode for r in runs] == [0, 0], runs[0].stderr[-3000:]
+    assert cov["final_vote"].startswith("not made: not every rank arrived within 2 s"), cov
+    assert (cov["votes"], cov["last_vote_step"]) == (2, 10), cov
+
+
+@pytest.mark.timeout(240)
+def test_a_fit_that_raises_makes_no_vote_at_its_teardown(tmp_path):
+    runs, cov, _ = _run(tmp_path, 2, "--raise-at", "7", SCOUT_CONSENSUS_EVERY="5")
+    assert all(r.returncode == 1 for r in runs), [r.returncode for r in runs]
+    assert "the job's own error at step 7" in runs[0].stderr, runs[0].stderr[-3000:]
+    assert cov["final_vote"] == (
+        "not made: Lightning's Trainer teardown ran while RuntimeError was raised"
+    ), cov
+
+
+@pytest.mark.timeout(240)
+def test_scouts_failure_at_the_teardown_is_said_once_and_the_fit_finishes(tmp_path):
+    runs, cov, _ = _run(tmp_path, 2, SCOUT_CONSENSUS_EVERY="5", SCOUT_BREAK="end of training")
+    assert [r.returncode for r in runs] == [0, 0], runs[0].stderr[-3000:]
+    said = runs[0].stderr
+    assert said.count("scout's end of training failed inside scout on") == 1, said[-3000:]
+    assert "rank 0: done" in runs[0].stdout, runs[0].stdout[-2000:]
+    assert any(off.startswith("end of training:") for off in cov["checks_off"]), cov
+    assert cov["final_vote"].startswith("not made"), cov
