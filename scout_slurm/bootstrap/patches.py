@@ -298,8 +298,16 @@ def _patch_lightning(rt: Runtime, handle: InstalledHooks, module: Any) -> None:
     """Lightning with gloo never calls destroy_process_group, so its end-of-training vote is made
     when the Trainer tears a fit down: before Lightning unwraps its DDP model, with the group still
     up. Once per run: a later destroy_process_group (or a second fit) finds the vote made."""
-    trainer = module.Trainer
-    original = trainer._teardown
+    trainer = getattr(module, "Trainer", None)
+    original = getattr(trainer, "_teardown", None)
+    if original is None:
+        # a Lightning without this private method: said, and the end-of-training check stays on
+        # for destroy_process_group
+        say(
+            f"scout: {module.__name__}.Trainer has no _teardown: no end-of-training vote when a "
+            "fit ends (only at destroy_process_group)"
+        )
+        return
 
     @functools.wraps(original)
     def scout_trainer_teardown(self: Any, *args: Any, **kwargs: Any) -> Any:
