@@ -290,6 +290,47 @@ def _patch_distributed(rt: Runtime, handle: InstalledHooks, dist: Any) -> None:
             handle.patch(dist, name, wrapped)
 
 
+# Lightning's Trainer, in both of its packages: a fit ends in `Trainer._teardown` on every rank
+LIGHTNING_TRAINERS = ("lightning.pytorch.trainer.trainer", "pytorch_lightning.trainer.trainer")
+
+
+def _patch_lightning(rt: Runtime, handle: InstalledHooks, module: Any) -> None:
+    """Lightning with gloo never calls destroy_process_group, so its end-of-training vote is made
+    when the Trainer tears a fit down: before Lightning unwraps its DDP model, with the group still
+    up. Once per run: a later destroy_process_group (or a second fit) finds the vote made."""
+    trainer = getattr(module, "Trainer", None)
+    original = getattr(trainer, "_teardown", None)
+    if original is None:
+        # a Lightning without this private method: said, and the end-of-training check stays on
+        # for destroy_process_group
+        say(
+            f"scout: {module.__name__}.Trainer has no _teardown: no end-of-training vote when a "
+            "fit ends (only at destroy_process_group)"
+        )
+        return
+
+    @functools.wraps(original)
+    def scout_trainer_teardown(self: Any, *args: Any, **kwargs: Any) -> Any:
+        rt.guard.run("end of training", _lightning_ending, rt, self)
+        return original(self, *args, **kwargs)
+
+    handle.patch(trainer, "_teardown", scout_trainer_teardown)
+
+
+def _lightning_ending(rt: Runtime, trainer: Any) -> None:
+    fn = getattr(getattr(trainer, "state", None), "fn", None)
+    # validate, test and predict end here too: only the end of a fit is the end of training
+    if rt.final_vote or getattr(fn, "value", fn) != "fit":
+        return
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        return
+    # the progress record stays active (not as at destroy_process_group): the script may go on to
+    # trainer.test() and its collectives, still watched for stalls
+    rt.end_of_training(where="Lightning's Trainer teardown")
+
+
 def _ending(rt: Runtime) -> None:
     if rt.writer is not None:
         rt.writer.deactivate()  # done with collectives: the watchdog stops watching for stalls
@@ -720,6 +761,15 @@ def install(
             on_agent(sys.modules[name])
         else:
             targets[name] = on_agent
+
+    def on_lightning(module: Any) -> None:
+        rt.guard.run("end of training", _patch_lightning, rt, handle, module)
+
+    for name in LIGHTNING_TRAINERS:
+        if name in sys.modules:
+            on_lightning(sys.modules[name])
+        else:
+            targets[name] = on_lightning
     if targets:
         finder = PatchAfterImport(targets)
         sys.meta_path.insert(0, finder)

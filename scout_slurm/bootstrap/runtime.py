@@ -698,18 +698,16 @@ class Runtime:
     # -- the end
     # ---------------------------------------------------------------------------------------
 
-    def end_of_training(self) -> None:
-        """At destroy_process_group (every rank): the replicas vote on their state once more, so the
-        final model is checked even in a run shorter than K steps; the coverage record says what
-        ran.
+    def end_of_training(self, where: str = "destroy_process_group") -> None:
+        """At destroy_process_group, or at Lightning's Trainer teardown after a fit with the group
+        still up (`where`, every rank): the replicas vote on their state once more, so the final
+        model is checked even in a run shorter than K steps; the coverage record says what ran.
         Not while an exception is being raised (a `finally:` after a failure: no collective
         then)."""
         c = self.consensus if self.guard.on("state vote") else None
         raised = sys.exc_info()[0]
         if raised is not None:
-            self.final_vote = (
-                f"not made: destroy_process_group ran while {raised.__name__} was raised"
-            )
+            self.final_vote = f"not made: {where} ran while {raised.__name__} was raised"
         elif c is None:
             self.final_vote = (
                 (

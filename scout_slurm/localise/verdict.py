@@ -175,13 +175,13 @@ RULES: dict[Rule, VerdictRule] = {
         "scout saw none of its ranks",
     ),
     Rule.CLEAN: VerdictRule(
-        "every rank exited cleanly; scout's checks ran",
+        "every rank exited cleanly; a state vote or replay ran",
         VerdictKind.CLEAN,
         1.0,
         "nothing found by the checks that ran (the verdict lists them)",
     ),
     Rule.UNCHECKED: VerdictRule(
-        "every rank exited cleanly; none of scout's checks ran",
+        "every rank exited cleanly; no state vote or replay ran (timing alone does not count)",
         VerdictKind.UNCHECKED,
         1.0,
         "nothing was found because nothing was looked at: `unchecked`, never `clean`",
@@ -458,7 +458,8 @@ def _clean_or_unchecked(
 ) -> Verdict:
     """Every rank exited cleanly: `clean` says nothing was found by the checks that ran, and lists
     them; with none (votes off, a run shorter than K without its end-of-training vote) it is
-    `unchecked`, never `clean`; a run that loaded a checkpoint scout rejected is `tainted`."""
+    `unchecked`, never `clean` (also when only timing votes ran: they do not look at the state);
+    a run that loaded a checkpoint scout rejected is `tainted`."""
     cov = ev.coverage
     if cov is not None and cov.checks_ran:
         hit = rule(Rule.CLEAN)
@@ -473,7 +474,8 @@ def _clean_or_unchecked(
     why = (
         "no record of scout's checks in this run"
         if cov is None
-        else "none of scout's checks ran in this run: " + "; ".join(cov.lines())
+        else "no state vote or replay ran in this run (timing votes alone do not check the "
+        "model's state): " + "; ".join(cov.lines())
     )
     hit = rule(Rule.UNCHECKED)
     return _verdict(

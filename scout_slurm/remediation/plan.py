@@ -242,7 +242,7 @@ def build_plan(
         return Plan((), ("the run was clean: nothing to do",))
     if verdict.kind == VerdictKind.UNCHECKED:
         return Plan(
-            (), ("no rank failed and none of scout's checks ran (unchecked): nothing to do",)
+            (), ("no rank failed and no state vote or replay ran (unchecked): nothing to do",)
         )
     if verdict.kind == VerdictKind.TAINTED:
         return Plan(

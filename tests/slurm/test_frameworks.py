@@ -2,8 +2,9 @@
 2 nodes x 2 ranks unless said): DeepSpeed ZeRO-1/2 (a clean run with a 40 s start-up between
 `initialize` and the first step completes untouched with the tests' 4 s stall floor; state votes
 run; a weight bitflip is `sdc` with rank and node; SIGSTOP and a crash are named exactly),
-Megatron-Core's parallel layers (votes and replay run; SIGSTOP named), and torchrun-launched DDP
-(a weight bitflip named by rank and node). A framework that is not installed skips, saying so
+Megatron-Core's parallel layers (votes and replay run; SIGSTOP named), torchrun-launched DDP
+(a weight bitflip named by rank and node) and Lightning (a 40-step bitflip named by the vote at
+its Trainer's teardown). A framework that is not installed skips, saying so
 (`pip install -e '.[frameworks]'`, which scripts/setup.sh does)."""
 
 from __future__ import annotations
@@ -26,9 +27,14 @@ STALL_FLOOR = 4.0
 JOBS = sj.TRAIN.parent
 DEEPSPEED = JOBS / "train_deepspeed.py"
 MEGATRON = JOBS / "train_megatron.py"
+LIGHTNING = JOBS / "train_lightning.py"
 needs_deepspeed = pytest.mark.skipif(
     importlib.util.find_spec("deepspeed") is None,
     reason="deepspeed is not installed (pip install -e '.[frameworks]')",
+)
+needs_lightning = pytest.mark.skipif(
+    importlib.util.find_spec("lightning") is None,
+    reason="lightning is not installed (pip install -e '.[frameworks]')",
 )
 needs_megatron = pytest.mark.skipif(
     importlib.util.find_spec("megatron.core") is None,
@@ -181,6 +187,34 @@ scout-srun --scout-consensus-every=5 \\
     assert shown["kind"] == "sdc", (shown, sj.output(lab, job)[-3000:])
     node = json.loads(sj.folder(lab, job).progress_path(0, 3).read_text())["node"]
     assert [(s["rank"], s["node"]) for s in shown["suspects"]] == [(3, node)], shown
+
+
+@needs_lightning
+@pytest.mark.timeout(300)
+def test_lightning_40_step_weight_bitflip_is_sdc_by_its_end_of_training_vote(lab, clean_drains):
+    """Issue 43: 40 Lightning steps with the default K = 50 (no periodic vote) and gloo, where
+    Lightning never calls destroy_process_group: the vote at the Trainer's teardown names the rank
+    whose weights were flipped at step 6 (it was called `clean` on one timing round)."""
+    t0 = time.monotonic()
+    script = sj.batch_script(
+        lab,
+        train=LIGHTNING,
+        train_args="--steps 40 --devices 2 --nodes 2",
+        scout_args="--scout-inject=bitflip,bit=23,rank=2,step=6,target=weights",
+    )
+    job = sj.submit(lab, script, extra=("--no-requeue",))
+    sj.wait_finished(lab, job, timeout=240)
+    print(f"\nLIGHTNING 40-step bitflip job: {time.monotonic() - t0:.1f} s")
+    shown = sj.show_json(lab, job, restart=0)
+    out = sj.output(lab, job)
+    node = sj.places(lab, job)[2].node
+    assert shown["kind"] == "sdc", (shown, out[-3000:])
+    assert [(s["rank"], s["node"]) for s in shown["suspects"]] == [(2, node)], shown
+    cov = shown["coverage"]
+    assert cov["votes"] == 1 and cov["votes_every"] == 50 and cov["last_vote_step"] == 40, cov
+    assert cov["final_vote"].startswith("at step 40: replicas disagreed"), cov
+    assert "rank 2's state differs from the replicas' majority at step 40" in out, out[-3000:]
+    assert _drained(lab).get(node, "").startswith(f"scout: sdc rank 2 job {job}"), _drained(lab)
 
 
 def _compiled_job(lab, backend: str, *, steps: int, inject: str = "", nodes: int = 2) -> int:

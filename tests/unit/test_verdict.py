@@ -4,6 +4,8 @@ and a clean run names nobody."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -597,6 +599,57 @@ def test_a_run_no_check_looked_at_is_unchecked_not_clean(coverage):
     assert any("not checked" in line for line in v.reasoning), v.reasoning
     if coverage is not None:
         assert any("state votes (off): 0" in line for line in v.reasoning), v.reasoning
+
+
+def test_a_run_whose_only_check_was_timing_is_unchecked_and_says_what_did_not_run():
+    """Issue 43: a 40-step Lightning run with no periodic vote (K = 50) and no end-of-training
+    vote had one timing round and was called `clean`; timing votes say how fast the ranks were,
+    not whether their state is right."""
+    only_timing = VoteCoverage(
+        restart=0,
+        votes=0,
+        last_clean_step=-1,
+        last_vote_step=-1,
+        replay_rounds=None,
+        timing_rounds=1,
+        votes_every=50,
+        timing_every=25,
+        steps=40,
+        final_vote="not made: the process ended without reaching destroy_process_group",
+    )
+    assert not only_timing.checks_ran
+    v = localise(
+        evidence(
+            4,
+            exits=[exited(r, progress=snap(r)) for r in range(4)],
+            job_exit_code=0,
+            coverage=only_timing,
+        ),
+        now=NOW,
+    )
+    assert v.kind == VerdictKind.UNCHECKED and v.suspects == ()
+    why = next(line for line in v.reasoning if line.startswith("no state vote or replay ran"))
+    assert "timing votes alone do not check the model's state" in why, why
+    for said in (
+        "state votes (every 50 steps): 0",
+        "end-of-training vote: not made",
+        "in-situ replay: off",
+        "timing votes (every 25 steps): 1 rounds",
+    ):
+        assert said in why, why
+    # one state vote with replicas makes the same run `clean`
+    voted = dataclasses.replace(only_timing, votes=1, last_clean_step=40, last_vote_step=40)
+    assert voted.checks_ran
+    v = localise(
+        evidence(
+            4,
+            exits=[exited(r, progress=snap(r)) for r in range(4)],
+            job_exit_code=0,
+            coverage=voted,
+        ),
+        now=NOW,
+    )
+    assert v.kind == VerdictKind.CLEAN
 
 
 def test_no_scout_records_at_all():
