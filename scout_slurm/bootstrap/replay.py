@@ -7,7 +7,9 @@ them to the device of its layer and recomputes its forward and backward there wi
 weights under deterministic algorithms, the job's RNG streams forked around it (CPU and that
 GPU), and the signatures of output, input
 gradient and weight gradient vote by strict majority. The replay runs just before the optimizer
-step, so the weights are those the step's forward used.
+step, so the weights are those the step's forward used. Only layers whose recomputation can be
+exact are replayed (bootstrap.determinism), and a mismatch ends a rank only on a layer that has
+agreed on every rank before: a first one on a layer that never agreed leaves it out instead.
 
 The models themselves (wrappers, replicas, compiled or not) are bootstrap.frameworks'. Imports
 torch; runs only in the job's Python.
