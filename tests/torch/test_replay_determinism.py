@@ -24,7 +24,7 @@ SDC_EXIT = 88
 UNREPRODUCED = "did not reproduce before it ever agreed"
 
 
-def _run(tmp_path: Path, steps: int = 12, **scout: str):
+def _run(tmp_path: Path, steps: int = 12, world: int = 3, noisy: str = "2", **scout: str):
     run_dir = tmp_path / "run"
     (run_dir / "findings").mkdir(parents=True)
     env = scout_env(
@@ -35,10 +35,13 @@ def _run(tmp_path: Path, steps: int = 12, **scout: str):
         **scout,
     )
     runs = run_ranks(
-        [str(JOBS / "train_unreproducible.py"), "--steps", str(steps), "--timeout", "60"],
+        [
+            str(JOBS / "train_unreproducible.py"),
+            *("--steps", str(steps), "--noisy-ranks", noisy, "--timeout", "60"),
+        ],
         env,
         cwd=run_dir,
-        world=3,
+        world=world,
         deadline_s=180,
     )
     findings = {
@@ -88,3 +91,16 @@ def test_a_bitflip_after_the_layer_agreed_still_ends_the_rank(tmp_path):
     # the unreproducible layer was still left out, without ending anyone
     assert sum(UNREPRODUCED in r.stderr for r in runs) == 1
     assert set(findings) == {"sdc-compute-rank-2-step-2.json", "sdc-compute-rank-1-step-6.json"}
+
+
+@pytest.mark.timeout(240)
+def test_two_ranks_whose_recomputations_both_wobble_are_left_out_once(tmp_path):
+    """Two ranks, noise on both (as atomics would make it): no majority, so the finding is
+    inconclusive, as before; the layer is left out after it, said once, and nobody ends."""
+    run_dir, runs, findings = _run(tmp_path, world=2, noisy="all")
+    assert [r.returncode for r in runs] == [0, 0], runs[0].stderr[-3000:]
+    assert sum(r.stderr.count(UNREPRODUCED) for r in runs) == 1
+    # one round of wobbly compared (step 2); its later turns ran none
+    assert [n for n in findings if "compute" in n] == ["inconclusive-compute-output-step-2.json"]
+    cov = json.loads((run_dir / "votes.json").read_text())
+    assert [n.split(":")[0] for n in cov["replay_not_checked"]] == ["wobbly"], cov
