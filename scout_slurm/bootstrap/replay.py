@@ -99,10 +99,10 @@ class Replay:
         # layers whose recomputations matched on every rank at least once in this run: only there
         # does a mismatch end a rank (a kernel that differs by rank looks like a fault at first)
         self.agreed: set[int] = set()
-        # layer index -> why it is no longer replayed (the same on every rank: decided on gathered
-        # values); and the layers the determinism policy left out at start, with why
+        # layer index -> why it is not replayed (the same on every rank: decided on gathered
+        # values): the determinism policy's verdict at the first round, or a first mismatch
         self.excluded: dict[int, str] = {}
-        self.inexact: list[tuple[str, str]] = []
+        self.policy_applied = False
         self.guard: Any = None  # the runtime's guard (bootstrap.guard), around the capture hooks
 
     def add_root(self, root: Any, *, compiled: bool = False) -> None:
@@ -184,7 +184,6 @@ class Replay:
                 )
             else:
                 self.layers.append((name, m))
-        self._apply_determinism_policy()
         if self.rank == 0:
             say(
                 f"in-situ replay every {self.every} steps over layers {[n for n, _ in self.layers]}"
@@ -201,7 +200,11 @@ class Replay:
         """Leave out the layers whose recomputation cannot repeat training's bits
         (bootstrap.determinism), on every rank alike: each rank decides on its own settings and
         GPU, the decisions are gathered over the side group, and a layer any rank cannot recompute
-        exactly is replayed nowhere. Said once per reason, by rank 0."""
+        exactly is replayed nowhere. Run at the first replay round, where every rank meets scout's
+        side group anyway (not at the first step: a rank stuck there would leave its peers in
+        scout's exchange rather than the job's), with the job's switches as training set them.
+        Said once per reason, by rank 0; the layers keep their turns in the rotation (its order
+        is the same on every rank from the first step on)."""
         import torch
 
         from scout_slurm.bootstrap.determinism import (
@@ -220,16 +223,13 @@ class Replay:
         flags = torch.tensor([1 if r else 0 for r in mine] + [0], dtype=torch.int64)
         gathered = [torch.zeros_like(flags) for _ in range(self.world)]
         self.all_gather(gathered, flags, group=self.side)
-        keep, by_reason = [], {}
-        for i, (name, m) in enumerate(layers):
+        by_reason: dict[str, list[str]] = {}
+        for i, (name, _) in enumerate(layers):
             others = [r for r in range(self.world) if int(gathered[r][i])]
-            if not others:
-                keep.append((name, m))
-                continue
-            why = mine[i] or f"not exact on rank(s) {others} (their settings or GPUs)"
-            self.inexact.append((name, why))
-            by_reason.setdefault(why, []).append(name)
-        self.layers = keep
+            if others:
+                why = mine[i] or f"not exact on rank(s) {others} (their settings or GPUs)"
+                self.excluded[i] = why
+                by_reason.setdefault(why, []).append(name)
         if self.rank == 0:
             for why, names in by_reason.items():
                 self._say_once(
@@ -241,10 +241,7 @@ class Replay:
     def not_checked(self) -> tuple[str, ...]:
         """The layers the replay does not check, with why (for the run's coverage record)."""
         names = [n for n, _ in self.layers or ()]
-        return tuple(
-            [f"{n}: {why}" for n, why in self.inexact]
-            + [f"{names[i]}: {why}" for i, why in sorted(self.excluded.items())]
-        )
+        return tuple(f"{names[i]}: {why}" for i, why in sorted(self.excluded.items()))
 
     def _say_once(self, key: tuple[str, ...], msg: str) -> None:
         if key not in self.said:
@@ -483,6 +480,9 @@ class Replay:
     def _before_step(self, step: int) -> None:
         self._prepare(step)
         plan = self._plan(step) if self.layers and step >= self.ready_from else None
+        if plan is not None and not self.policy_applied:
+            self.policy_applied = True
+            self._apply_determinism_policy()
         if plan is None or plan.layer_index in self.excluded:
             return
         import torch

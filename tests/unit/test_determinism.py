@@ -96,3 +96,47 @@ def test_read_settings_reads_this_torch_and_tolerates_missing_switches(monkeypat
     s = read_settings()
     assert s.float32_matmul_precision is None and s.sm_counts == ()
     assert s.cudnn_benchmark is None and s.cudnn_deterministic is None
+
+
+def test_the_replay_leaves_out_on_every_rank_what_any_rank_cannot_recompute_exactly(
+    monkeypatch, capsys
+):
+    """Rank 0 of two, its layers taken for CUDA ones: its own settings leave out the EmbeddingBag;
+    the ranks' GPUs differ (132 and 114 multiprocessors), which leaves out the Linear; rank 1 also
+    flags the LayerNorm, so rank 0 leaves it out too (every rank replays the same layers)."""
+    from scout_slurm.bootstrap import determinism, replay
+
+    peer = [torch.tensor([114]), torch.tensor([0, 0, 1, 0])]  # rank 1's SM count, then its flags
+
+    def all_gather(out, t, group=None):
+        out[0].copy_(t)
+        out[1].copy_(peer.pop(0))
+
+    r = replay.Replay(
+        every=1,
+        rank=0,
+        world=2,
+        side=None,
+        run_dir=None,
+        node="n0",
+        originals={"broadcast": None, "all_gather": all_gather, "barrier": None},
+        current_step=lambda: 1,
+    )
+    r.layers = [("bag", nn.EmbeddingBag(10, 4)), ("fc", nn.Linear(4, 4)), ("norm", nn.LayerNorm(4))]
+    monkeypatch.setattr(replay, "layer_device", lambda m, w: torch.device("cuda"))
+    monkeypatch.setattr(determinism, "multiprocessor_count", lambda d: 132)
+    r._apply_determinism_policy()
+    assert peer == [] and sorted(r.excluded) == [0, 1, 2]
+    assert r.not_checked() == (
+        "bag: EmbeddingBag's CUDA backward accumulates with atomic adds (no deterministic kernel "
+        "in every mode)",
+        "fc: the ranks' GPUs differ in multiprocessor count ([114, 132]): cuBLAS and cuDNN choose "
+        "kernels by it",
+        "norm: not exact on rank(s) [1] (their settings or GPUs)",
+    )
+    said = capsys.readouterr().err.splitlines()
+    assert len(said) == 3 and all("not replayed" in line for line in said), said
+    assert said[2] == (
+        "scout: in-situ replay: layer(s) ['norm'] not replayed: their recomputation cannot repeat "
+        "training's bits (not exact on rank(s) [1] (their settings or GPUs))"
+    )
