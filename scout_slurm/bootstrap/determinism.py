@@ -16,6 +16,11 @@ and the list in `torch.use_deterministic_algorithms`'s docstring):
   process and may pick different ones on different ranks (or for the replay than in training),
   and cuBLAS/cuDNN heuristics depend on the GPU's multiprocessor count, so ranks on GPUs of
   different sizes (other models, MIG slices) split work differently.
+- cuBLAS on one stream is not a reason: NVIDIA's cuBLAS docs ("Results reproducibility")
+  promise the same bits at every run on GPUs of one architecture and multiprocessor count, with
+  multiple streams needing a fixed workspace (CUBLAS_WORKSPACE_CONFIG); the replay runs on one.
+  The TF32 switches and the float32 matmul precision are read and kept in the settings for the
+  same reason they are not a cause: they choose the precision, not a per-process kernel.
 - On the CPU, a rank with the same thread count computes the same bits (measured,
   TORCH-FACTS.md): nothing is excluded there.
 """
