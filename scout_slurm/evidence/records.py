@@ -365,7 +365,7 @@ class VoteCoverage:
     # layers the in-situ replay does not check, "layer: why" (its recomputation cannot be exact,
     # or it did not reproduce before it ever agreed: bootstrap.determinism, bootstrap.replay)
     replay_not_checked: tuple[str, ...] = ()
-    schema_version: int = 2
+    schema_version: int = 3
     OLDEST_SCHEMA_VERSION: ClassVar[int] = 1
 
     @property
