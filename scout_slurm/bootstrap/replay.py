@@ -7,7 +7,9 @@ them to the device of its layer and recomputes its forward and backward there wi
 weights under deterministic algorithms, the job's RNG streams forked around it (CPU and that
 GPU), and the signatures of output, input
 gradient and weight gradient vote by strict majority. The replay runs just before the optimizer
-step, so the weights are those the step's forward used.
+step, so the weights are those the step's forward used. Only layers whose recomputation can be
+exact are replayed (bootstrap.determinism), and a mismatch ends a rank only on a layer that has
+agreed on every rank before: a first one on a layer that never agreed leaves it out instead.
 
 The models themselves (wrappers, replicas, compiled or not) are bootstrap.frameworks'. Imports
 torch; runs only in the job's Python.
@@ -94,6 +96,13 @@ class Replay:
             0  # the next step whose `before_step` has work (the caller skips the others)
         )
         self.compiled = ""  # which model runs compiled ("": none): nothing is replayed then
+        # layers whose recomputations matched on every rank at least once in this run: only there
+        # does a mismatch end a rank (a kernel that differs by rank looks like a fault at first)
+        self.agreed: set[int] = set()
+        # layer index -> why it is not replayed (the same on every rank: decided on gathered
+        # values): the determinism policy's verdict at the first round, or a first mismatch
+        self.excluded: dict[int, str] = {}
+        self.policy_applied = False
         self.guard: Any = None  # the runtime's guard (bootstrap.guard), around the capture hooks
 
     def add_root(self, root: Any, *, compiled: bool = False) -> None:
@@ -186,6 +195,53 @@ class Replay:
                     else ""
                 )
             )
+
+    def _apply_determinism_policy(self) -> None:
+        """Leave out the layers whose recomputation cannot repeat training's bits
+        (bootstrap.determinism), on every rank alike: each rank decides on its own settings and
+        GPU, the decisions are gathered over the side group, and a layer any rank cannot recompute
+        exactly is replayed nowhere. Run at the first replay round, where every rank meets scout's
+        side group anyway (not at the first step: a rank stuck there would leave its peers in
+        scout's exchange rather than the job's), with the job's switches as training set them.
+        Said once per reason, by rank 0; the layers keep their turns in the rotation (its order
+        is the same on every rank from the first step on)."""
+        import torch
+
+        from scout_slurm.bootstrap.determinism import (
+            inexact_reason,
+            multiprocessor_count,
+            read_settings,
+        )
+
+        layers = self.layers or []
+        devices = [layer_device(m, {}) for _, m in layers]
+        sm = max((multiprocessor_count(d) for d in devices), default=0)
+        counts = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
+        self.all_gather(counts, torch.tensor([sm], dtype=torch.int64), group=self.side)
+        settings = read_settings(tuple(int(c) for c in counts if int(c) > 0))
+        mine = [inexact_reason(m, d.type, settings) for (_, m), d in zip(layers, devices)]
+        flags = torch.tensor([1 if r else 0 for r in mine] + [0], dtype=torch.int64)
+        gathered = [torch.zeros_like(flags) for _ in range(self.world)]
+        self.all_gather(gathered, flags, group=self.side)
+        by_reason: dict[str, list[str]] = {}
+        for i, (name, _) in enumerate(layers):
+            others = [r for r in range(self.world) if int(gathered[r][i])]
+            if others:
+                why = mine[i] or f"not exact on rank(s) {others} (their settings or GPUs)"
+                self.excluded[i] = why
+                by_reason.setdefault(why, []).append(name)
+        if self.rank == 0:
+            for why, names in by_reason.items():
+                self._say_once(
+                    ("inexact", why),
+                    f"in-situ replay: layer(s) {names} not replayed: their recomputation cannot "
+                    f"repeat training's bits ({why})",
+                )
+
+    def not_checked(self) -> tuple[str, ...]:
+        """The layers the replay does not check, with why (for the run's coverage record)."""
+        names = [n for n, _ in self.layers or ()]
+        return tuple(f"{names[i]}: {why}" for i, why in sorted(self.excluded.items()))
 
     def _say_once(self, key: tuple[str, ...], msg: str) -> None:
         if key not in self.said:
@@ -363,7 +419,7 @@ class Replay:
             h.remove()
         self.handles = []
         plan = self._plan(step) if self.layers and step >= self.ready_from else None
-        if plan is None or plan.source != self.rank:
+        if plan is None or plan.source != self.rank or plan.layer_index in self.excluded:
             return
         idx = plan.layer_index
         m = self.layers[idx][1]
@@ -424,7 +480,10 @@ class Replay:
     def _before_step(self, step: int) -> None:
         self._prepare(step)
         plan = self._plan(step) if self.layers and step >= self.ready_from else None
-        if plan is None:
+        if plan is not None and not self.policy_applied:
+            self.policy_applied = True
+            self._apply_determinism_policy()
+        if plan is None or plan.layer_index in self.excluded:
             return
         import torch
 
@@ -523,6 +582,26 @@ class Replay:
                 "later comparison on this layer agrees",
             )
         witness = [w for w in differs if w not in untrusted]
+        # a layer whose recomputations have not yet matched on every rank is not known to compute
+        # alike everywhere (different GPUs, a kernel non-deterministic in ways the policy does not
+        # list): its first mismatch is evidence, written as before, but ends no rank, and the layer
+        # is replayed no more (decided on gathered values: the same on every rank)
+        agreed_before = plan.layer_index in self.agreed
+        if all(v.outcome is VoteOutcome.AGREE for v in votes):
+            self.agreed.add(plan.layer_index)
+        elif not agreed_before:
+            why = (
+                f"did not reproduce before it ever agreed (step {step}): treated as "
+                "non-deterministic, not as a fault"
+            )
+            self.excluded[plan.layer_index] = why
+            if self.rank == 0:
+                self._say_once(
+                    ("unreproduced", name),
+                    f"replay of layer {name!r} at step {step}: the ranks' recomputations differ "
+                    f"and no earlier replay of it agreed on every rank: it {why}; no rank is "
+                    f"ended for it and layer {name!r} is no longer replayed",
+                )
         self._conclude(
             votes,
             plan,
@@ -532,6 +611,7 @@ class Replay:
             time.perf_counter() - t0,
             witness,
             late,
+            agreed_before,
         )
 
     def _full(self, p: Any) -> Any:
@@ -634,6 +714,7 @@ class Replay:
         dt: float,
         witness: list[str] = (),
         late: list[tuple[int, int, str]] = (),
+        agreed_before: bool = True,
     ) -> None:
         gstep = step + self.offset
         confirmed = sorted(
@@ -659,11 +740,17 @@ class Replay:
                 dt,
                 witness,
                 [(r, st + self.offset, w) for r, st, w in late],
+                agreed_before,
             )
         # the finding is on disk before the outlier leaves: the Epilogs act on it
         self.barrier(group=self.side)
-        if self.rank in confirmed and ends(Ending.SDC, self.sdc_policy):
-            voted = any(self.rank in v.outliers for v in votes if v.outcome is VoteOutcome.SDC)
+        # outvoted on a layer that never agreed: named above, not ended (see `_before_step`); the
+        # source's own values differing are compared only once trusted (`trust`): they end it
+        voted = agreed_before and any(
+            self.rank in v.outliers for v in votes if v.outcome is VoteOutcome.SDC
+        )
+        own = (witness and self.rank == plan.source) or any(r == self.rank for r, _, _ in late)
+        if (voted or own) and ends(Ending.SDC, self.sdc_policy):
             first = min([at for r, at, _ in late if r == self.rank] or [step])
             why = (
                 f"rank {self.rank}'s recomputation of layer {name!r} differs from the "
@@ -677,7 +764,18 @@ class Replay:
             end(Ending.SDC)
 
     def _write(
-        self, votes, confirmed, unsure, plan, name, step, sigs, dt, witness=(), late=()
+        self,
+        votes,
+        confirmed,
+        unsure,
+        plan,
+        name,
+        step,
+        sigs,
+        dt,
+        witness=(),
+        late=(),
+        agreed_before=True,
     ) -> None:
         if self.run_dir is None:
             return
@@ -785,6 +883,14 @@ class Replay:
                             f"{self.world} replicas at step {step}: compute corruption, which "
                             "may have begun as early "
                             f"as step {since} ({bound.split(': ', 1)[1]})"
+                            + (
+                                ""
+                                if agreed_before
+                                else "; no earlier replay of this layer had agreed on every "
+                                "rank, so a kernel that computes otherwise on that rank (another "
+                                "GPU, a non-deterministic kernel) would look the same: the rank "
+                                "was not ended and the layer is no longer replayed"
+                            )
                         ),
                         details=common,
                         step=step,

@@ -658,6 +658,7 @@ class Runtime:
             a.checks if a is not None else None,
             at_rest_stopped,
             tuple(sorted(g.off)),
+            r.not_checked() if r else (),
         )
         if key == self.coverage_written and not force:
             return
@@ -692,6 +693,7 @@ class Runtime:
                 at_rest_windows=key[6],
                 at_rest_stopped=key[7],
                 checks_off=tuple(f"{name}: {why}"[:300] for name, why in sorted(g.off.items())),
+                replay_not_checked=tuple(why[:300] for why in key[9]),
             ),
         )
 

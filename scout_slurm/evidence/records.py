@@ -362,7 +362,10 @@ class VoteCoverage:
     # own
     # code, or an exchange with the other ranks that failed)
     checks_off: tuple[str, ...] = ()
-    schema_version: int = 2
+    # layers the in-situ replay does not check, "layer: why" (its recomputation cannot be exact,
+    # or it did not reproduce before it ever agreed: bootstrap.determinism, bootstrap.replay)
+    replay_not_checked: tuple[str, ...] = ()
+    schema_version: int = 3
     OLDEST_SCHEMA_VERSION: ClassVar[int] = 1
 
     @property
@@ -411,6 +414,7 @@ class VoteCoverage:
                     else ""
                 )
             )
+            out += [f"in-situ replay: not checked: {why}" for why in self.replay_not_checked]
         if self.update_rounds is not None:
             out.append(
                 f"optimizer update replay ({every(self.votes_every)}): {self.update_rounds} rounds"

@@ -22,16 +22,20 @@ pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]
 
 FSDP2 = Path(__file__).resolve().parent.parent / "jobs" / "train_fsdp2.py"
 
+# the last field: whether the faulty layer had agreed on every rank at an earlier replay. Only
+# then does the mismatch end the rank (exit 88); a layer whose very first replay differs may be a
+# kernel that computes otherwise on that rank's GPU, so the finding is written (the verdict names
+# the rank) but the rank runs on and the layer is replayed no more (issue 44)
 CASES = [
-    # DDP, layers 0 and 2: layer 0 is first replayed after step 3 at step 6, from rank 1: the faulty
-    # rank is the source
-    ("ddp", "scale,factor=1.5,rank=1,step=3,every=1,target=activations", 1, 6),
+    # DDP, layers 0 and 2: layer 0 agreed at step 2, is replayed after step 3 at step 6, from rank
+    # 1: the faulty rank is the source
+    ("ddp", "scale,factor=1.5,rank=1,step=3,every=1,target=activations", 1, 6, True),
     # DDP, rank 0, the gradient entering layer 0's backward (source of step 6 is rank 1)
-    ("ddp", "noise,sigma=1e-3,rank=0,step=3,every=1,target=gradients", 0, 6),
-    # HSDP 2x2, layers 0, 2, 4: layer 2 is replayed at step 4 from rank 1
-    ("hsdp", "sign,element=3,rank=2,step=3,until=12,target=activations,layer=2", 2, 4),
-    # pure FSDP2: layer 4 is replayed at step 6 from rank 2
-    ("fsdp", "noise,sigma=1e-3,rank=1,step=3,every=1,target=gradients,layer=4", 1, 6),
+    ("ddp", "noise,sigma=1e-3,rank=0,step=3,every=1,target=gradients", 0, 6, True),
+    # HSDP 2x2, layers 0, 2, 4: layer 2 is first replayed at step 4 from rank 1, after the onset
+    ("hsdp", "sign,element=3,rank=2,step=3,until=12,target=activations,layer=2", 2, 4, False),
+    # pure FSDP2: layer 4 is first replayed at step 6 from rank 2, after the onset
+    ("fsdp", "noise,sigma=1e-3,rank=1,step=3,every=1,target=gradients,layer=4", 1, 6, False),
 ]
 
 
@@ -53,9 +57,13 @@ def _findings(lab, job) -> list[Finding]:
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize(
-    "mode,fault,rank,step", CASES, ids=[f"{c[0]}-rank{c[2]}-{c[1].split(',')[0]}" for c in CASES]
+    "mode,fault,rank,step,agreed",
+    CASES,
+    ids=[f"{c[0]}-rank{c[2]}-{c[1].split(',')[0]}" for c in CASES],
 )
-def test_replay_names_the_rank_whose_compute_is_corrupt(lab, clean_drains, mode, fault, rank, step):
+def test_replay_names_the_rank_whose_compute_is_corrupt(
+    lab, clean_drains, mode, fault, rank, step, agreed
+):
     job = sj.submit(
         lab,
         _script(
@@ -73,10 +81,15 @@ def test_replay_names_the_rank_whose_compute_is_corrupt(lab, clean_drains, mode,
     # only the replay saw it: the state votes (every 2 steps) agreed, the corruption having spread
     assert [(f.rank, f.component, f.step) for f in sdc] == [(rank, "compute", step)], sdc
     assert "compute corruption" in sdc[0].summary
-    assert (
-        f"rank {rank}'s recomputation of layer" in out
-        and f"at step {step}; ending this rank (exit 88)" in out
-    ), out[-3000:]
+    if agreed:
+        assert (
+            f"rank {rank}'s recomputation of layer" in out
+            and f"at step {step}; ending this rank (exit 88)" in out
+        ), out[-3000:]
+    else:
+        assert "ending this rank" not in out, out[-3000:]
+        assert "did not reproduce before it ever agreed" in out, out[-3000:]
+        assert "the rank was not ended" in sdc[0].summary
 
 
 @pytest.mark.timeout(180)

@@ -1106,3 +1106,27 @@ def test_a_check_the_guard_switched_off_is_listed_as_not_run_and_names_nobody():
         "stopped during the run (scout's guard switched it off): state vote: ValueError: x"
         in cov.lines()
     )
+
+
+def test_coverage_lists_the_layers_the_replay_did_not_check():
+    cov = VoteCoverage(
+        restart=0,
+        votes=2,
+        last_clean_step=10,
+        last_vote_step=10,
+        replay_rounds=8,
+        replay_every=1,
+        replay_not_checked=(
+            "emb: EmbeddingBag's CUDA backward accumulates with atomic adds",
+            "wobbly: did not reproduce before it ever agreed (step 2): treated as "
+            "non-deterministic, not as a fault",
+        ),
+    )
+    lines = cov.lines()
+    assert "in-situ replay (every 1 steps): 8 rounds" in lines
+    assert (
+        "in-situ replay: not checked: wobbly: did not reproduce before it ever agreed (step 2): "
+        "treated as non-deterministic, not as a fault" in lines
+    )
+    assert sum(line.startswith("in-situ replay: not checked: ") for line in lines) == 2
+    assert not any("not checked" in line for line in VoteCoverage(0, 1, 1, 1, 1).lines())
