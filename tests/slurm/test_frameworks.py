@@ -221,8 +221,15 @@ def _compiled_job(lab, backend: str, *, steps: int, inject: str = "", nodes: int
     scout_args = f"--scout-stall-floor={STALL_FLOOR} --scout-consensus-every=5" + (
         f" --scout-inject={inject}" if inject else ""
     )
+    # inductor's compile cache in the job's own folder: its default (/tmp/torchinductor_USER)
+    # follows $USER, and the fresh-clone CI saw a job user's run take root's, whose lock files it
+    # may not open (PermissionError inside inductor's ISA check)
+    pre = f"export TORCHINDUCTOR_CACHE_DIR={lab.paths.work}/inductor-$SLURM_JOB_ID"
     script = sj.batch_script(
-        lab, train_args=f"--steps {steps} --step-sleep 0 --compile {backend}", scout_args=scout_args
+        lab,
+        train_args=f"--steps {steps} --step-sleep 0 --compile {backend}",
+        scout_args=scout_args,
+        pre=pre,
     )
     return sj.submit(lab, script, nodes=nodes, extra=("--no-requeue",))
 
