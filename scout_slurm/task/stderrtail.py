@@ -77,6 +77,9 @@ class TracebackReader:
         return None
 
 
+_RANK_PREFIX = re.compile(r"\[rank(\d{1,7})\]:")
+
+
 class StderrTail(deque):
     """The last `maxlen` lines (a deque, as the watchdog has always read it) and the last
     exception seen. `position` reads the rank's progress when an exception line arrives."""
@@ -89,6 +92,11 @@ class StderrTail(deque):
         wall: Callable[[], float] = time.time,
     ) -> None:
         super().__init__(maxlen=maxlen)
+        # torchrun's workers share the task's stderr; torch prefixes each line a rank prints of its
+        # uncaught exception with "[rankN]:". Each rank's lines are kept apart too, so that a worker
+        # whose peer failed first is read as a cascade from its own lines (64 ranks a task at most)
+        self.by_rank: dict[int, deque] = {}
+        self._maxlen = maxlen
         self._reader = TracebackReader()
         self._position, self._wall = position, wall
         self.last_exception: ExceptionSeen | None = None
@@ -103,9 +111,18 @@ class StderrTail(deque):
         before it exited are in the tail before its exit record is written."""
         return self._ended.wait(timeout)
 
+    def of_rank(self, rank: int) -> tuple[str, ...]:
+        """The last lines the task's output attributes to torch rank `rank` ("[rankN]:")."""
+        return tuple(self.by_rank.get(rank, ()))
+
     def feed(self, line: str) -> None:
         line = line.rstrip("\n")[:500]
         self.append(line)
+        m = _RANK_PREFIX.match(line)
+        if m is not None:
+            rank = int(m.group(1))
+            if rank in self.by_rank or len(self.by_rank) < 64:
+                self.by_rank.setdefault(rank, deque(maxlen=self._maxlen)).append(line)
         found = self._reader.feed(line)
         if found is not None:
             try:

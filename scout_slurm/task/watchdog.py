@@ -1159,7 +1159,7 @@ class Watchdog:
                     at=self.wall(),
                     killed_by_scout=killed_by_scout and current.state == "running",
                     last_progress=snaps.get(w.rank),
-                    stderr_tail=tuple(self.stderr_tail) if blamed else (),
+                    stderr_tail=tuple(self.stderr_tail) if blamed else self._worker_tail(w.rank),
                     external_termination=bool(self.external_signal) or by_torchrun,
                     exception=seen.line if blamed and seen is not None else "",
                     exception_position=seen.position if blamed and seen is not None else -1,
@@ -1167,6 +1167,13 @@ class Watchdog:
                 )
             )
         return out
+
+    def _worker_tail(self, rank: int) -> tuple[str, ...]:
+        """The lines of the task's output that torch attributed to worker `rank` (its uncaught
+        exception, "[rankN]: ..."): a worker that failed on its peer's broken connection reads as
+        a cascade from them."""
+        of_rank = getattr(self.stderr_tail, "of_rank", None)
+        return of_rank(rank) if of_rank is not None else ()
 
     def _on_exit(
         self,

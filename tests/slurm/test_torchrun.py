@@ -68,15 +68,21 @@ def _workers_left(steps: int) -> list[int]:
 @pytest.mark.timeout(300)
 def test_a_clean_torchrun_job_is_clean_and_a_workers_exit_is_named_with_its_code(lab, clean_drains):
     """The Hugging Face Trainer under torchrun (transformers 5, its own loop, checkpoint folders,
-    2 nodes x 2 workers) is clean; the demo's script with a worker's exit is named with its code.
-    The same exit in the HF Trainer was `inconclusive` in 2 of 3 runs: its peers failed on the
-    broken connection with code 1 before torchrun stopped them, and a torchrun worker's exit
-    record has no output of its own to read that as a cascade (issue 43, left open)."""
+    2 nodes x 2 workers): clean is clean; a worker's exit is named with its code. Its peers fail
+    on the broken connection with code 1 (before torchrun stops them): each worker's own lines of
+    the task's output ("[rankN]:") make those cascades (it was `inconclusive` in 2 of 3 runs when
+    only a lone failing worker got the task's output)."""
     pytest.importorskip("transformers", reason="pip install -e '.[frameworks]' (scripts/setup.sh)")
     out = lab.paths.work / f"hf-{time.time_ns()}"
     hf = f"{HF_TRAINER} --steps 16 --save-every 10 --out {out}"
-    clean = _torchrun_job(lab, port=9, steps=16, train=hf)
-    crash = _torchrun_job(lab, port=10, steps=40, scout="--scout-inject=exit,rank=2,step=5,code=3")
+    clean = _torchrun_job(lab, port=9, steps=16, train=hf + "-clean")
+    crash = _torchrun_job(
+        lab,
+        port=10,
+        steps=40,
+        scout="--scout-inject=exit,rank=2,step=5,code=3",
+        train=f"{HF_TRAINER} --steps 40 --save-every 100 --out {out}-crash",
+    )
     sj.wait_finished(lab, clean)
     sj.wait_finished(lab, crash)
     v = sj.verdict(lab, clean, 0)
