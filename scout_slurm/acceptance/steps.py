@@ -561,22 +561,14 @@ def judge_resume(
     title = (
         "resume; model, optimizer, scheduler and RNG state equal the expected record (bit for bit)"
     )
-    if cannot:
-        return StepResult("7", title, Status.SKIPPED, detail=f"nothing to resume from: {cannot}")
-    if r is None:
-        return StepResult("7", title, Status.FAIL, detail="no resumed run")
-    if r.error:
-        return StepResult("7", title, Status.FAIL, detail=r.error)
+    if (early := _resume_not_run(r, cannot, title)) is not None:
+        return early
     figures = (
         f"job {r.job_id}: {r.restarts} restart(s), {r.final_state}; resumed from "
         f"{r.resumed_from or '-'}; "
         f"compared {', '.join(r.compared) or '-'}"
     )
-    problems = []
-    if r.final_state != "COMPLETED":
-        problems.append(f"the resumed run ended {r.final_state or 'unknown'}")
-    if r.restarts < 1:
-        problems.append("the job was not requeued")
+    problems = _rerun_problems(r)
     if not r.resumed_from:
         problems.append("the rerun did not say which checkpoint it resumed from")
     elif r.recovery_point and r.resumed_from != r.recovery_point:
@@ -622,14 +614,31 @@ def _differing(digest: str, reference: str) -> list[str]:
     ]
 
 
-def _judge_resume_workload(r: ResumeResult | None, cannot: str) -> StepResult:
-    title = "resume from scout's checkpoint; the restored state equals its record (bit for bit)"
+def _resume_not_run(r: ResumeResult | None, cannot: str, title: str) -> StepResult | None:
+    """Step 7 when there was nothing to resume from, no rerun or a failed one; else None."""
     if cannot:
         return StepResult("7", title, Status.SKIPPED, detail=f"nothing to resume from: {cannot}")
     if r is None:
         return StepResult("7", title, Status.FAIL, detail="no resumed run")
     if r.error:
         return StepResult("7", title, Status.FAIL, detail=r.error)
+    return None
+
+
+def _rerun_problems(r: ResumeResult) -> list[str]:
+    """What is wrong with the requeued run itself (its end, whether it was requeued at all)."""
+    problems = []
+    if r.final_state != "COMPLETED":
+        problems.append(f"the resumed run ended {r.final_state or 'unknown'}")
+    if r.restarts < 1:
+        problems.append("the job was not requeued")
+    return problems
+
+
+def _judge_resume_workload(r: ResumeResult | None, cannot: str) -> StepResult:
+    title = "resume from scout's checkpoint; the restored state equals its record (bit for bit)"
+    if (early := _resume_not_run(r, cannot, title)) is not None:
+        return early
     verified = [s for s in r.resume_check if resume_outcome(s) is ResumeOutcome.VERIFIED]
     mismatch = [s for s in r.resume_check if resume_outcome(s) is ResumeOutcome.MISMATCH]
     ignored = [s for s in r.resume_check if NOT_LOADED in s]
@@ -638,12 +647,8 @@ def _judge_resume_workload(r: ResumeResult | None, cannot: str) -> StepResult:
         f"{r.recovery_point or '-'}; the rerun restored {r.resumed_from or '-'}; "
         f"{len(verified)} of {len(r.resume_check)} rank records say resume verified"
     )
-    problems = []
-    if r.final_state != "COMPLETED":
-        problems.append(f"the resumed run ended {r.final_state or 'unknown'}")
-    if r.restarts < 1:
-        problems.append("the job was not requeued")
-    elif not r.recovery_point:
+    problems = _rerun_problems(r)
+    if r.restarts >= 1 and not r.recovery_point:
         problems.append("scout gave the rerun no checkpoint (no resume instruction)")
     if mismatch:
         problems.append("scout's restored-state check: " + "; ".join(mismatch))

@@ -17,30 +17,26 @@ from scout_slurm.lab.cluster import Lab, LabSpec
 pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]
 
 
-@pytest.mark.timeout(420)
-def test_scout_acceptance_quick_passes_every_step(tmp_path):
-    out = tmp_path / "report"
+def _acceptance(tmp_path: Path, *extra: str, timeout: float):
+    """`scout acceptance --quick EXTRA` with its own lab: (the process, seconds, the report)."""
     t0 = time.monotonic()
     res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "scout_slurm.cli",
-            "acceptance",
-            "--quick",
-            "-o",
-            str(out),
-            "--lab-state-dir",
-            str(tmp_path / "lab"),
-        ],
+        [sys.executable, "-m", "scout_slurm.cli", "acceptance", "--quick", *extra]
+        + ["-o", str(tmp_path / "report"), "--lab-state-dir", str(tmp_path / "lab")],
         capture_output=True,
         text=True,
-        timeout=400,
+        timeout=timeout,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     took = time.monotonic() - t0
+    return res, took, json.loads((tmp_path / "report" / "acceptance.json").read_text())
+
+
+@pytest.mark.timeout(420)
+def test_scout_acceptance_quick_passes_every_step(tmp_path):
+    out = tmp_path / "report"
+    res, took, report = _acceptance(tmp_path, timeout=400)
     text = res.stdout + res.stderr
-    report = json.loads((out / "acceptance.json").read_text())
     status = {s["step"]: s["status"] for s in report["steps"]}
     assert status == {
         "1": "PASS",
@@ -112,35 +108,13 @@ def test_scout_acceptance_quick_on_a_buyers_lightning_script(tmp_path):
     (tests/jobs/train_hf.py) passes the same way (run by hand, 180 s: 10 PASS, the slow link
     SKIPPED on this lab); not run here for CI time."""
     pytest.importorskip("lightning", reason="pip install -e '.[frameworks]' (scripts/setup.sh)")
-    out = tmp_path / "report"
     script = Path(__file__).resolve().parent.parent / "jobs" / "train_lightning.py"
     train = (
         f"{sys.executable} {script} --steps 20 --every 4 --nodes 2 --devices 2 "
         f"--ckpt {tmp_path}/ck-$SLURM_JOB_ID"
     )
-    t0 = time.monotonic()
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "scout_slurm.cli",
-            "acceptance",
-            "--quick",
-            "--train",
-            train,
-            "-o",
-            str(out),
-            "--lab-state-dir",
-            str(tmp_path / "lab"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=580,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    took = time.monotonic() - t0
+    res, took, report = _acceptance(tmp_path, "--train", train, timeout=580)
     text = res.stdout + res.stderr
-    report = json.loads((out / "acceptance.json").read_text())
     steps = {s["step"]: s for s in report["steps"]}
     assert {k: s["status"] for k, s in steps.items()} == WORKLOAD_STATUS, text[-6000:]
     for s in steps.values():
