@@ -96,6 +96,12 @@ class StderrTail(deque):
         # uncaught exception with "[rankN]:". Each rank's lines are kept apart too, so that a worker
         # whose peer failed first is read as a cascade from its own lines (64 ranks a task at most)
         self.by_rank: dict[int, deque] = {}
+        # the lines no rank prefixed (torchrun's own, a worker's before init_process_group)
+        self.unprefixed: deque = deque(maxlen=maxlen)
+        # the last exceptions of each rank's own lines (key: the rank; None: the lines no rank
+        # prefixed), each read from those lines alone: the ranks' tracebacks interleave
+        self._readers: dict[int | None, TracebackReader] = {}
+        self._exceptions: dict[int | None, deque] = {}
         self._maxlen = maxlen
         self._reader = TracebackReader()
         self._position, self._wall = position, wall
@@ -115,6 +121,19 @@ class StderrTail(deque):
         """The last lines the task's output attributes to torch rank `rank` ("[rankN]:")."""
         return tuple(self.by_rank.get(rank, ()))
 
+    def exceptions_of(self, rank: int | None) -> tuple[ExceptionSeen, ...]:
+        """The last exceptions (4 at most, oldest first) torch rank `rank` printed on its own lines
+        ("[rankN]: ..."; None: on lines no rank prefixed), their positions unknown (-1: the task's
+        progress is not that worker's)."""
+        return tuple(self._exceptions.get(rank, ()))
+
+    def _read_apart(self, key: int | None, line: str) -> None:
+        reader = self._readers.setdefault(key, TracebackReader())
+        found = reader.feed(line)
+        if found is not None:
+            seen = ExceptionSeen(found, -1, self._wall(), reader.raised_at)
+            self._exceptions.setdefault(key, deque(maxlen=4)).append(seen)
+
     def feed(self, line: str) -> None:
         line = line.rstrip("\n")[:500]
         self.append(line)
@@ -123,6 +142,10 @@ class StderrTail(deque):
             rank = int(m.group(1))
             if rank in self.by_rank or len(self.by_rank) < 64:
                 self.by_rank.setdefault(rank, deque(maxlen=self._maxlen)).append(line)
+                self._read_apart(rank, line)
+        else:
+            self.unprefixed.append(line)
+            self._read_apart(None, line)
         found = self._reader.feed(line)
         if found is not None:
             try:

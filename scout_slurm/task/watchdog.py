@@ -1133,7 +1133,6 @@ class Watchdog:
         *,
         killed_by_scout: bool,
         snaps: dict[int, ProgressSnapshot],
-        seen,
     ) -> list[ExitRecord]:
         """One exit record per worker of torchrun's last attempt, from the agent's record (empty
         when there is none: the workers' exits are then not known)."""
@@ -1148,6 +1147,13 @@ class Watchdog:
             stopped = w.exit_code is None and not w.signal  # torchrun ended it, or scout, or Slurm
             by_torchrun = current.state == "failed" and w not in own
             blamed = w in own and len(own) == 1
+            # a worker's own lines ("[rankN]:") are its evidence, never another worker's; the
+            # lone failing worker also gets the lines no rank prefixed (torchrun's summary, its
+            # own before init_process_group), but not torchrun's exception as its own
+            tail, mine = self._worker_lines(w.rank), self._worker_exception(w.rank)
+            if blamed:
+                tail += self._worker_lines(None)[-20:]
+                mine = mine or self._worker_exception(None)
             out.append(
                 ExitRecord(
                     rank=w.rank,
@@ -1159,19 +1165,28 @@ class Watchdog:
                     at=self.wall(),
                     killed_by_scout=killed_by_scout and current.state == "running",
                     last_progress=snaps.get(w.rank),
-                    stderr_tail=tuple(self.stderr_tail) if blamed else self._worker_tail(w.rank),
+                    stderr_tail=tail,
                     external_termination=bool(self.external_signal) or by_torchrun,
-                    exception=seen.line if blamed and seen is not None else "",
-                    exception_position=seen.position if blamed and seen is not None else -1,
-                    exception_at=seen.raised_at if blamed and seen is not None else "",
+                    exception=mine.line if mine is not None else "",
+                    exception_position=mine.position if mine is not None else -1,
+                    exception_at=mine.raised_at if mine is not None else "",
                 )
             )
         return out
 
-    def _worker_tail(self, rank: int) -> tuple[str, ...]:
+    def _worker_exception(self, rank: int | None):
+        """The last exception worker `rank` printed on its own lines (None: on the lines no rank
+        prefixed), not torchrun's summary of a failed worker; None when there is none."""
+        of = getattr(self.stderr_tail, "exceptions_of", None)
+        seen = [e for e in (of(rank) if of is not None else ()) if not _launchers(e.line)]
+        return seen[-1] if seen else None
+
+    def _worker_lines(self, rank: int | None) -> tuple[str, ...]:
         """The lines of the task's output that torch attributed to worker `rank` (its uncaught
-        exception, "[rankN]: ..."): a worker that failed on its peer's broken connection reads as
-        a cascade from them."""
+        exception, "[rankN]: ..."; None: the lines no rank prefixed): a worker that failed on its
+        peer's broken connection reads as a cascade from them."""
+        if rank is None:
+            return tuple(getattr(self.stderr_tail, "unprefixed", ()))
         of_rank = getattr(self.stderr_tail, "of_rank", None)
         return of_rank(rank) if of_rank is not None else ()
 
@@ -1214,9 +1229,7 @@ class Watchdog:
         )
         if self.torchrun:
             # the task's own rank is not a torch rank: each worker's record instead
-            workers = self._worker_exits(
-                status, killed_by_scout=killed_by_scout, snaps=snaps, seen=seen
-            )
+            workers = self._worker_exits(status, killed_by_scout=killed_by_scout, snaps=snaps)
             if not workers:
                 log.warning("watchdog.torchrun_exits_unknown", rank=self.ctx.rank, code=code)
             for w in workers:
@@ -1271,6 +1284,15 @@ def host_pid(ns_pid: int, ancestor: int, proc: str = "/proc") -> int | None:
             if pid == ancestor:
                 return int(name)
     return None
+
+
+# torchrun raises this whenever a worker failed: the launcher's exception, not the worker's
+_LAUNCHER_EXCEPTION = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
+
+
+def _launchers(line: str) -> bool:
+    """Is this exception line torchrun's own (its summary of a failed worker)?"""
+    return line.startswith(_LAUNCHER_EXCEPTION)
 
 
 def _parent(pid: int, proc: str = "/proc") -> int:

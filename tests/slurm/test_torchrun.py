@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import scoutjobs as sj
 
+from scout_slurm.localise.verdict import is_cascade
+
 pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 
@@ -100,6 +102,10 @@ def test_a_clean_torchrun_job_is_clean_and_a_workers_exit_is_named_with_its_code
     # its neighbour was stopped by torchrun after rank 2 failed (the other node's workers failed
     # in their next collective: cascades); none of them is a suspect
     assert exits[3].external_termination and exits[3].signal == 15, exits[3]
+    # every other worker's exit reads as a cascade from its own lines, whatever the timing (CI
+    # once saw rank 1's code-1 exit named: its record held torchrun's summary, not its lines)
+    assert all(is_cascade(e) for r, e in exits.items() if r != 2), exits
+    assert "ChildFailedError" not in exits[2].exception, exits[2]  # torchrun's, not the worker's
     node = json.loads(sj.folder(lab, crash).progress_path(0, 2).read_text())["node"]
     assert v.suspects[0].node == node
     assert "exit code 3" in " ".join(v.reasoning) or "code 3" in " ".join(v.reasoning), v.reasoning

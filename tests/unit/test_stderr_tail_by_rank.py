@@ -5,9 +5,18 @@ under torchrun, 2 nodes x 2 workers, rank 2 exiting with code 3 (job 23341 of th
 
 from __future__ import annotations
 
+import re
+import subprocess
+from pathlib import Path
+
+from scout_slurm.bootstrap.agent import AgentRecord, Attempt, WorkerExit
+from scout_slurm.config import WatchdogConfig
+from scout_slurm.evidence.layout import JobFolder
 from scout_slurm.evidence.records import ExitRecord
+from scout_slurm.jobenv import TaskContext
 from scout_slurm.localise.verdict import is_cascade
 from scout_slurm.task.stderrtail import StderrTail
+from scout_slurm.task.watchdog import Watchdog
 
 RECORDED = [
     "[rank1]: Traceback (most recent call last):",
@@ -60,3 +69,88 @@ def test_ranks_kept_apart_are_bounded():
         for i in range(10):
             tail.feed(f"[rank{rank}]: line {i}")
     assert len(tail.by_rank) == 64 and all(len(d) == 5 for d in tail.by_rank.values())
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "torchrun"
+
+
+def _exits_of_task(tmp_path: Path, stream: str, workers: tuple[WorkerExit, ...]) -> dict:
+    """The exit records a torchrun task's watchdog writes for its workers, from that task's
+    recorded output (lines of a real lab run: the HF Trainer under torchrun, 2 nodes x 2
+    workers, rank 2 exiting with code 3 at step 5) and torchrun's record of how each ended."""
+    tail = StderrTail(40)
+    for line in (FIXTURES / stream).read_text().splitlines():
+        tail.feed(line)
+    folder = JobFolder(tmp_path / "evidence", "lab", 7)
+    child = subprocess.Popen(["true"])
+    child.wait()
+    ctx = TaskContext(
+        job_id=7,
+        step_id=0,
+        rank=0,
+        world_size=2,
+        local_rank=0,
+        node_index=0,
+        node="n1",
+        step_nodelist="n[1-2]",
+        tasks_per_node="1(x2)",
+        cluster="lab",
+        restart=0,
+        cuda_visible_devices="",
+    )
+    wd = Watchdog(
+        ctx=ctx,
+        cfg=WatchdogConfig(),
+        folder=folder,
+        child=child,
+        shm_dir=tmp_path,  # no agent record there: the one set below is read
+        stderr_tail=tail,
+        torchrun=True,
+    )
+    wd.agent = AgentRecord(max_restarts=0, attempts=(Attempt(0, "failed", workers),))
+    return {e.rank: e for e in wd._worker_exits(256, killed_by_scout=False, snaps={})}
+
+
+def test_a_lone_failing_worker_with_a_broken_connection_is_a_cascade(tmp_path):
+    """n1's task: rank 1 exited with code 1 on gloo's broken connection, then torchrun stopped
+    rank 0. Rank 1 is its task's lone failing worker: its record holds its own lines (with
+    torchrun's summary after them), so it reads as a cascade; torchrun's ChildFailedError is
+    not its exception (CI once named rank 1 when its record held torchrun's summary alone)."""
+    exits = _exits_of_task(
+        tmp_path,
+        "hf-exit3-task-n1.txt",
+        (WorkerExit(0, 0, 19243, None, 15), WorkerExit(1, 1, 19246, 1, 0)),
+    )
+    one = exits[1]
+    assert is_cascade(one) and "Connection closed by peer" in one.exception, one
+    assert any(line.startswith("[rank1]:") for line in one.stderr_tail)
+    assert not any(line.startswith("[rank0]:") for line in one.stderr_tail)
+    assert is_cascade(exits[0]) and exits[0].signal == 15
+
+
+def test_the_worker_that_failed_first_is_not_a_cascade_whatever_its_neighbour_printed(tmp_path):
+    """n2's task: rank 2 exited with code 3 (no traceback: os._exit), torchrun stopped rank 3,
+    whose own lines show the broken connection. Rank 2's record holds none of rank 3's lines
+    and no exception of torchrun's: it failed on its own."""
+    exits = _exits_of_task(
+        tmp_path,
+        "hf-exit3-task-n2.txt",
+        (WorkerExit(2, 0, 19244, 3, 0), WorkerExit(3, 1, 19247, None, 15)),
+    )
+    two = exits[2]
+    assert not is_cascade(two) and two.exit_code == 3 and two.exception == "", two
+    assert not any(line.startswith("[rank3]:") for line in two.stderr_tail), two.stderr_tail
+    assert any(re.search(r"exitcode\s*: 3 ", line) for line in two.stderr_tail), two.stderr_tail
+    assert is_cascade(exits[3])
+
+
+def test_exceptions_are_read_per_rank_when_tracebacks_interleave():
+    tail = StderrTail()
+    for line in RECORDED:
+        tail.feed(line)
+    (one,) = tail.exceptions_of(1)
+    (zero,) = tail.exceptions_of(0)
+    assert "Connection closed by peer" in one.line and "Connection reset by peer" in zero.line
+    assert one.raised_at.endswith("train_hf.py:63 in <module>")
+    assert zero.raised_at.endswith("train_hf.py:57 in main")
+    assert tail.exceptions_of(None) == () and len(tail.unprefixed) == 40
