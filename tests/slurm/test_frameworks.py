@@ -1,5 +1,5 @@
 """Issue 22: the frameworks users train with, under scout-srun on the real lab cluster (CPU, gloo,
-2 nodes x 2 ranks unless said): DeepSpeed ZeRO-1/2 (a clean run with a 40 s start-up between
+2 nodes x 2 ranks unless said): DeepSpeed ZeRO-1/2 (a clean run with a 20 s start-up between
 `initialize` and the first step completes untouched with the tests' 4 s stall floor; state votes
 run; a weight bitflip is `sdc` with rank and node; SIGSTOP and a crash are named exactly),
 Megatron-Core's parallel layers (votes and replay run; SIGSTOP named), torchrun-launched DDP
@@ -59,18 +59,18 @@ def _drained(lab) -> dict[str, str]:
 def test_deepspeed_zero1_and_zero2_clean_with_slow_start(lab, clean_drains):
     jobs = {}
     t0 = time.monotonic()
-    for zero in (1, 2):  # both at once: each waits 40 s at start
+    for zero in (1, 2):  # both at once: each waits 20 s at start (5 stall floors)
         script = sj.batch_script(
             lab,
             train=DEEPSPEED,
-            train_args=f"--zero {zero} --startup-sleep 40 --steps 20",
+            train_args=f"--zero {zero} --startup-sleep 20 --steps 20",
             scout_args=f"--scout-stall-floor={STALL_FLOOR} --scout-consensus-every=5",
         )
         jobs[zero] = sj.submit(lab, script, extra=("--no-requeue",))
     for job in jobs.values():
         sj.wait_finished(lab, job, timeout=360)
     print(
-        "\nDEEPSPEED ZeRO-1 and ZeRO-2 with a 40 s start-up, side by side: "
+        "\nDEEPSPEED ZeRO-1 and ZeRO-2 with a 20 s start-up, side by side: "
         f"{time.monotonic() - t0:.1f} s"
     )
     for zero, job in jobs.items():

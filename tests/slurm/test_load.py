@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from pathlib import Path
 
 import pytest
 import scoutjobs as sj
@@ -20,7 +21,9 @@ JOBS = 20
 
 @pytest.mark.timeout(600)
 def test_twenty_jobs_failing_at_once(lab, clean_drains):
-    start_at = time.time() + 90  # every job waits for this moment, then fails at its step 3
+    # every job says it is ready, then waits for the word go (given once all are ready, 90 s at
+    # most, as a fixed 90 s wait did before), then fails at its step 3
+    go = lab.paths.work / f"load-go-{time.time_ns()}"
     jobs = []
     for i in range(JOBS):
         rank = i % 2
@@ -28,12 +31,18 @@ def test_twenty_jobs_failing_at_once(lab, clean_drains):
             lab,
             train_args="--steps 40 --step-sleep 0.05",
             scout_args=f"--scout-inject=sigkill,rank={rank},step=3",
-            pre=f"sleep $(( {int(start_at)} - $(date +%s) > 0 ? {int(start_at)} - $(date +%s) : 0 "
-            "))",
+            pre=f"touch {go}.ready-$SLURM_JOB_ID; "
+            f"for _ in $(seq 1500); do [ -e {go} ] && break; sleep 0.2; done",
         )
         jobs.append(
             (sj.submit(lab, script, nodes=1, tasks_per_node=2, extra=("--no-requeue",)), rank)
         )
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if all(Path(f"{go}.ready-{job}").exists() for job, _ in jobs):
+            break
+        time.sleep(0.2)
+    go.touch()
     for job, _ in jobs:
         sj.wait_finished(lab, job, timeout=500)
     drained = {

@@ -2,7 +2,8 @@
 from direct process evidence, on the real lab cluster (CPU, gloo) with the tests' shortened stall
 floor (4 s) and the lab's start-up limit.
 
-- a DDP job that sleeps 40 s between its first collectives and its first step completes untouched;
+- a DDP job that sleeps 20 s (5 stall floors) between its first collectives and its first step
+  completes untouched;
 - a rank that hangs before its first step is named by the start-up limit as a `startup hang`, with
 stacks;
 - 2 nodes x 1 rank: SIGSTOP, SIGKILL and exit named exactly with the right kind; a rank that only
@@ -42,7 +43,7 @@ def test_slow_start_after_first_collectives_completes_untouched(lab, clean_drain
     script = sj.batch_script(
         lab,
         train=SLOW_START,
-        train_args="--startup-sleep 40 --steps 20",
+        train_args="--startup-sleep 20 --steps 20",
         scout_args=f"--scout-stall-floor={STALL_FLOOR}",
     )
     t0 = time.monotonic()
@@ -56,7 +57,7 @@ def test_slow_start_after_first_collectives_completes_untouched(lab, clean_drain
     shown = sj.show_json(lab, job, restart=0)
     assert shown["kind"] == "clean" and shown["suspects"] == [], shown
     print(
-        f"\nSLOW START: 40 s start-up, stall floor {STALL_FLOOR} s: job completed in "
+        f"\nSLOW START: 20 s start-up, stall floor {STALL_FLOOR} s: job completed in "
         f"{took:.1f} s untouched"
     )
     _no_drains(lab)
