@@ -153,13 +153,13 @@ def test_two_ranks_a_rank_that_only_sleeps_is_inconclusive(lab, clean_drains):
 
 @pytest.mark.timeout(300)
 def test_a_long_save_and_a_long_evaluation_are_busy_not_hung(lab, clean_drains):
-    """Rank 0 spends 15 s in torch.save while the others wait in the next all-reduce, then every
-    rank evaluates for 15 s without a collective: with a 4 s floor neither is a stall (the save
+    """Rank 0 spends 10 s in torch.save while the others wait in the next all-reduce, then every
+    rank evaluates for 10 s without a collective: with a 4 s floor neither is a stall (the save
     marks the record busy; every forward restarts the idle clock)."""
     script = sj.batch_script(
         lab,
         train=SLOW_START,
-        train_args="--startup-sleep 0 --steps 20 --slow-save 15 --eval-seconds 15",
+        train_args="--startup-sleep 0 --steps 20 --slow-save 10 --eval-seconds 10",
         scout_args=f"--scout-stall-floor={STALL_FLOOR}",
     )
     job = sj.submit(lab, script, extra=("--no-requeue",))
