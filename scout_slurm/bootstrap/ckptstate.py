@@ -38,6 +38,7 @@ last given to a DistributedSampler. The data loader's own position is not visibl
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -110,9 +111,8 @@ def signatures_now(
         out["scheduler"] = _bytes_sig(
             [sorted((k, v) for k, v in s.state_dict().items()) for s in schedulers]
         )
-    out["rng_cpu"] = _bytes_sig([byte_view(torch.get_rng_state())])  # no numpy: the job may lack it
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        out["rng_cuda"] = _bytes_sig([byte_view(s) for s in torch.cuda.get_rng_state_all()])
+    out["rng_cpu"] = rng_signature("rng_cpu")  # no numpy: the job may lack it
+    out["rng_cuda"] = rng_signature("rng_cuda")
     out["rng_python"] = _bytes_sig([random.getstate()])
     np = sys.modules.get("numpy")
     if np is not None:
@@ -120,6 +120,18 @@ def signatures_now(
         out["rng_numpy"] = _bytes_sig([st[0], st[1].tobytes(), st[2:]])
     out["data"] = _bytes_sig([f"step={step}", f"epoch={sampler_epoch}"])
     return out
+
+
+def rng_signature(component: str) -> str:
+    """The signature of torch's CPU ("rng_cpu") or CUDA ("rng_cuda") generator now; "" for CUDA
+    before the job initialised it (reading it would initialise CUDA)."""
+    import torch
+
+    if component == "rng_cpu":
+        return _bytes_sig([byte_view(torch.get_rng_state())])
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return _bytes_sig([byte_view(s) for s in torch.cuda.get_rng_state_all()])
+    return ""
 
 
 def software_versions():
@@ -255,6 +267,10 @@ class CheckpointWatch:
         self.node = node
         self.resume_loaded = False
         self.resume_done = not self.resume
+        # torch's generators as the job's own code set them before its first resumed step (the
+        # HF Trainer and Lightning restore them from the checkpoint; a forward's dropout then
+        # draws from them before the first optimizer step, where the resume is checked)
+        self.rng_restored: dict[str, str] = {}
         # a rerun: the checkpoints the controller rejected that are still on storage (read at the
         # first load), those this rank loaded, and the paths it saved itself in this run
         self.rejected: dict[str, Any] | None = None
@@ -739,6 +755,15 @@ class CheckpointWatch:
             )
 
     # -- the resume -------------------------------------------------------------------------------
+    def rng_set(self, component: str) -> None:
+        """The job set torch's `component` generator ("rng_cpu", "rng_cuda") before its first
+        resumed step: the state it restored, compared with the record instead of the state at
+        that step."""
+        if not self.resume_done:
+            sig = rng_signature(component)
+            if sig:
+                self.rng_restored[component] = sig
+
     def loaded(self, path: Any) -> None:
         """torch.load / dcp.load of `path` was called."""
         self._check_rejected(path)
@@ -884,7 +909,7 @@ class CheckpointWatch:
                 info=True,
             )
             return
-        same, bad, unchecked = compare(note, self.rank, self.now())
+        same, bad, unchecked = compare(note, self.rank, {**self.now(), **self.rng_restored})
         details = tuple(
             [f"matches: {', '.join(same) or 'nothing'}"]
             + ([f"not recorded for this rank: {', '.join(unchecked)}"] if unchecked else [])
@@ -1061,6 +1086,42 @@ def dcp_path(args: tuple, kwargs: dict, io_key: str) -> str | None:
 WATCH: CheckpointWatch | None = None
 
 
+# callers whose setting of a generator is not the job restoring its checkpoint: scout's replay,
+# and torch's fork_rng putting back the state it forked from
+_NOT_A_RESTORE = ("scout_slurm.", "torch.random", "torch.cuda.random")
+
+
+def _watch_rng_restores(handle: Any, guard: Any, watch: CheckpointWatch) -> None:
+    """Until the first resumed step, note the state the job's own code gives torch's generators
+    (torch.set_rng_state, torch.cuda.set_rng_state[_all], under each name the job may call)."""
+    import torch
+
+    def wrap(original: Any, component: str) -> Any:
+        @functools.wraps(original)
+        def scout_set_rng_state(*args, **kwargs):
+            result = original(*args, **kwargs)
+            if not watch.resume_done:
+                caller = sys._getframe(1).f_globals.get("__name__", "")
+                if not caller.startswith(_NOT_A_RESTORE):
+                    guard.run("checkpoint watch", watch.rng_set, component)
+            return result
+
+        return scout_set_rng_state
+
+    cpu = wrap(torch.random.set_rng_state, "rng_cpu")
+    handle.patch(torch.random, "set_rng_state", cpu)
+    handle.patch(torch, "set_rng_state", cpu)
+    cuda_random = getattr(torch.cuda, "random", None)
+    for name in ("set_rng_state", "set_rng_state_all"):
+        original = getattr(torch.cuda, name, None)
+        if original is None:
+            continue
+        cuda = wrap(original, "rng_cuda")
+        handle.patch(torch.cuda, name, cuda)
+        if cuda_random is not None and getattr(cuda_random, name, None) is original:
+            handle.patch(cuda_random, name, cuda)
+
+
 def install(handle: Any, state: Any) -> None:
     """Called once from the hooks at init_process_group (every rank): the watch, its side group,
     and the patches it needs (torch.load, DCP save/load, LR schedulers, DistributedSampler epochs,
@@ -1121,6 +1182,8 @@ def install(handle: Any, state: Any) -> None:
 
     scout_load.__wrapped__ = original_load
     handle.patch(torch, "load", scout_load)
+    if watch.resume:
+        _watch_rng_restores(handle, guard, watch)
 
     from torch.optim import lr_scheduler
 

@@ -3,8 +3,9 @@
 `initialize` and the first step completes untouched with the tests' 4 s stall floor; state votes
 run; a weight bitflip is `sdc` with rank and node; SIGSTOP and a crash are named exactly),
 Megatron-Core's parallel layers (votes and replay run; SIGSTOP named), torchrun-launched DDP
-(a weight bitflip named by rank and node) and Lightning (a 40-step bitflip named by the vote at
-its Trainer's teardown). A framework that is not installed skips, saying so
+(a weight bitflip named by rank and node), Lightning (a 40-step bitflip named by the vote at
+its Trainer's teardown) and the Hugging Face Trainer (a crash at step 25 rerun from its
+`checkpoint-20/`, the resume verified). A framework that is not installed skips, saying so
 (`pip install -e '.[frameworks]'`, which scripts/setup.sh does)."""
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ JOBS = sj.TRAIN.parent
 DEEPSPEED = JOBS / "train_deepspeed.py"
 MEGATRON = JOBS / "train_megatron.py"
 LIGHTNING = JOBS / "train_lightning.py"
+HF_TRAINER = JOBS / "train_hf.py"
 needs_deepspeed = pytest.mark.skipif(
     importlib.util.find_spec("deepspeed") is None,
     reason="deepspeed is not installed (pip install -e '.[frameworks]')",
@@ -35,6 +37,10 @@ needs_deepspeed = pytest.mark.skipif(
 needs_lightning = pytest.mark.skipif(
     importlib.util.find_spec("lightning") is None,
     reason="lightning is not installed (pip install -e '.[frameworks]')",
+)
+needs_transformers = pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None,
+    reason="transformers is not installed (pip install -e '.[frameworks]')",
 )
 needs_megatron = pytest.mark.skipif(
     importlib.util.find_spec("megatron.core") is None,
@@ -366,3 +372,54 @@ def test_fsdp2_stopped_hsdp_asleep_and_compiled_ddp_asleep_are_hangs_named_by_ra
         assert [(s["rank"], s["node"]) for s in shown["suspects"]] == [
             (rank, sj.places(lab, job)[rank].node)
         ], (what, shown)
+
+
+@needs_transformers
+@pytest.mark.timeout(360)
+def test_hf_trainer_crash_at_25_reruns_from_its_checkpoint_20_verified(lab, clean_drains):
+    """Issue 43: the Hugging Face Trainer started one process per task (2 nodes x 2 ranks, its own
+    loop and `checkpoint-N/` folders, no edit for scout): rank 1 exits with code 3 at step 25;
+    the verdict names it, its node is drained, the job is requeued without it and the Trainer
+    resumes through its own `resume_from_checkpoint` from `checkpoint-20/`, the folder scout
+    names: rank 0's restored state (model, optimizer, scheduler, data position, the generators
+    the Trainer restores) equals the record."""
+    out_dir = lab.paths.work / f"hf-loop-{time.time_ns()}"
+    script = sj.batch_script(
+        lab,
+        train=HF_TRAINER,
+        train_args=f"--steps 30 --save-every 10 --out {out_dir}",
+        scout_args=f"--scout-stall-floor={STALL_FLOOR} --scout-inject=exit,rank=1,step=25,code=3",
+    )
+    t0 = time.monotonic()
+    job = sj.submit(lab, script)
+    sj.wait_finished(lab, job, restart=0, timeout=240)
+    v0 = sj.show_json(lab, job, restart=0)
+    node = sj.places(lab, job, 0)[1].node
+    out = sj.output(lab, job)
+    assert v0["kind"] == "crash" and [(s["rank"], s["node"]) for s in v0["suspects"]] == [
+        (1, node)
+    ], (v0, out[-3000:])
+    assert list(_drained(lab)) == [node], _drained(lab)
+    info = sj.wait_completed(lab, job, timeout=240)
+    out = sj.output(lab, job)
+    assert info.state == "COMPLETED" and info.restart_count == 1, (info, out[-3000:])
+    assert node in info.excluded_nodes, info
+    acts = sj.actions(lab, job, 0)
+    resume = [a for a in acts.actions if a.kind.value == "resume_from"]
+    assert len(resume) == 1 and resume[0].target == str(out_dir / "checkpoint-20"), acts
+    # rank 0 saved the model and optimizer (the Trainer saves them on its main process): its
+    # restored state is verified, the generators the Trainer restored among it; the other ranks'
+    # records hold no state of theirs, so nothing is called verified there
+    findings = sj.folder(lab, job).run_dir(1) / "findings"
+    zero = json.loads((findings / "resume-verified-rank-0.json").read_text())["summary"]
+    assert zero.startswith(f"resume verified: rank 0 restored {out_dir}/checkpoint-20 (step 20)")
+    assert "rng_cpu" in zero and "differ" not in zero, zero
+    assert "RNG streams differ" not in out, out[-3000:]
+    for r in (1, 2, 3):
+        other = json.loads((findings / f"resume-unchecked-rank-{r}.json").read_text())["summary"]
+        assert other.startswith(f"resume not checked: rank {r} restored {out_dir}/checkpoint-20")
+    assert "rank 0: done at step 30" in out, out[-3000:]
+    assert sj.show_json(lab, job, restart=1)["kind"] in ("clean", "unchecked")
+    print(
+        f"\nHF TRAINER LOOP: crash at 25 -> rerun from checkpoint-20: {time.monotonic() - t0:.1f} s"
+    )
