@@ -1096,14 +1096,16 @@ def _watch_rng_restores(handle: Any, guard: Any, watch: CheckpointWatch) -> None
     (torch.set_rng_state, torch.cuda.set_rng_state[_all], under each name the job may call)."""
     import torch
 
+    def noted(caller: Any, component: str) -> None:
+        if not str(caller.f_globals.get("__name__", "")).startswith(_NOT_A_RESTORE):
+            watch.rng_set(component)
+
     def wrap(original: Any, component: str) -> Any:
         @functools.wraps(original)
         def scout_set_rng_state(*args, **kwargs):
-            result = original(*args, **kwargs)
+            result = original(*args, **kwargs)  # the job's call first, whatever scout does
             if not watch.resume_done:
-                caller = sys._getframe(1).f_globals.get("__name__", "")
-                if not caller.startswith(_NOT_A_RESTORE):
-                    guard.run("checkpoint watch", watch.rng_set, component)
+                guard.run("checkpoint watch", noted, sys._getframe(1), component)
             return result
 
         return scout_set_rng_state
