@@ -1,10 +1,10 @@
-"""torchrun under scout-srun (one Slurm task per node, two workers each) on the real lab: each
-worker is a rank with its own exit record (from torchrun's agent, scout_slurm/bootstrap/agent.py),
-so a clean run is clean, a worker's exit is named with its code, a stalled or stopped worker is
-named and no worker is left behind. torchrun's own restarts (--max-restarts) are recorded per
-attempt from a real torchrun in tests/torch/test_torchrun_agent.py: on this one machine torchrun's
-second attempt fails its gloo start without scout too when a worker dies early (measured), so it is
-not a lab test here."""
+"""torchrun under scout-srun (one Slurm task per node, two workers each) on the real lab, running
+the Hugging Face Trainer (transformers 5, its own loop): each worker is a rank with its own exit
+record (from torchrun's agent, scout_slurm/bootstrap/agent.py), so a clean run is clean, a worker's
+exit is named with its code, a stalled or stopped worker is named and no worker is left behind.
+torchrun's own restarts (--max-restarts) are recorded per attempt from a real torchrun in
+tests/torch/test_torchrun_agent.py: on this one machine torchrun's second attempt fails its gloo
+start without scout too when a worker dies early (measured), so it is not a lab test here."""
 
 from __future__ import annotations
 
@@ -50,9 +50,10 @@ scout-srun --scout-stall-floor=4 --scout-consensus-every=5 {scout} -N{nodes} --n
     return sj.submit(lab, script, nodes=nodes, tasks_per_node=1, extra=("--no-requeue",))
 
 
-def _workers_left(steps: int) -> list[int]:
-    """Training processes of a job (its unique --steps) still running on this machine."""
-    mine = f"{sj.TRAIN} --steps {steps}".encode()
+def _workers_left(marker: str) -> list[int]:
+    """Training processes of a job (`marker`: a part of its command line no other job has) still
+    running on this machine."""
+    mine = marker.encode()
     left = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -113,7 +114,17 @@ def test_a_clean_torchrun_job_is_clean_and_a_workers_exit_is_named_with_its_code
 
 @pytest.mark.timeout(300)
 def test_a_stopped_worker_is_named_and_no_worker_is_left_behind(lab, clean_drains):
-    stopped = _torchrun_job(lab, port=11, steps=433, scout="--scout-inject=stop,rank=3,step=5")
+    """The Hugging Face Trainer under torchrun, worker rank 3 stopped (SIGSTOP) at step 5: named
+    as a hang on its node, and scout ends the stopped worker with its agent."""
+    pytest.importorskip("transformers", reason="pip install -e '.[frameworks]' (scripts/setup.sh)")
+    out = lab.paths.work / f"hf-stop-{time.time_ns()}"
+    stopped = _torchrun_job(
+        lab,
+        port=11,
+        steps=433,
+        scout="--scout-inject=stop,rank=3,step=5",
+        train=f"{HF_TRAINER} --steps 433 --save-every 1000 --out {out}",
+    )
     t0 = time.monotonic()
     sj.wait_finished(lab, stopped)
     took = time.monotonic() - t0
@@ -125,7 +136,7 @@ def test_a_stopped_worker_is_named_and_no_worker_is_left_behind(lab, clean_drain
     node = json.loads(sj.folder(lab, stopped).progress_path(0, 3).read_text())["node"]
     assert shown["suspects"][0]["node"] == node
     # scout ended the stopped worker with its agent: nothing keeps the step's output open
-    assert _workers_left(433) == [], "a worker outlived its job"
+    assert _workers_left(f"--out {out}") == [], "a worker outlived its job"
     exits = sj.exits(lab, stopped)
     assert sorted(exits) == [0, 1, 2, 3] and exits[3].killed_by_scout, exits.get(3)
     print(f"stopped worker: job ended {took:.1f} s after submission")
