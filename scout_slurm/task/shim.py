@@ -405,7 +405,7 @@ def _run_watched(
     except OSError as exc:
         raise ScoutError(f"scout-task: cannot start {command[0]!r}: {exc}") from exc
     own_record = shm / f"rank-{ctx.rank}.bin" if watch_progress else None
-    tail = StderrTail(40, position=lambda: _position(own_record))
+    tail = StderrTail(40, position=lambda: _position(own_record), per_rank=launcher)
     pump = threading.Thread(target=_pump_stderr, args=(child, tail), daemon=True)
     pump.start()
     import dataclasses

@@ -90,11 +90,14 @@ class StderrTail(deque):
         *,
         position: Callable[[], int] = lambda: -1,
         wall: Callable[[], float] = time.time,
+        per_rank: bool = False,
     ) -> None:
         super().__init__(maxlen=maxlen)
         # torchrun's workers share the task's stderr; torch prefixes each line a rank prints of its
-        # uncaught exception with "[rankN]:". Each rank's lines are kept apart too, so that a worker
-        # whose peer failed first is read as a cascade from its own lines (64 ranks a task at most)
+        # uncaught exception with "[rankN]:". With `per_rank` (a torchrun task) each rank's lines
+        # are kept apart too, so that a worker whose peer failed first is read as a cascade from
+        # its own lines (64 ranks a task at most); a task that is one rank reads each line once
+        self._per_rank = per_rank
         self.by_rank: dict[int, deque] = {}
         # the lines no rank prefixed (torchrun's own, a worker's before init_process_group)
         self.unprefixed: deque = deque(maxlen=maxlen)
@@ -127,6 +130,17 @@ class StderrTail(deque):
         progress is not that worker's)."""
         return tuple(self._exceptions.get(rank, ()))
 
+    def _keep_apart(self, line: str) -> None:
+        m = _RANK_PREFIX.match(line)
+        if m is None:
+            self.unprefixed.append(line)
+            self._read_apart(None, line)
+            return
+        rank = int(m.group(1))
+        if rank in self.by_rank or len(self.by_rank) < 64:
+            self.by_rank.setdefault(rank, deque(maxlen=self._maxlen)).append(line)
+            self._read_apart(rank, line)
+
     def _read_apart(self, key: int | None, line: str) -> None:
         reader = self._readers.setdefault(key, TracebackReader())
         found = reader.feed(line)
@@ -137,15 +151,8 @@ class StderrTail(deque):
     def feed(self, line: str) -> None:
         line = line.rstrip("\n")[:500]
         self.append(line)
-        m = _RANK_PREFIX.match(line)
-        if m is not None:
-            rank = int(m.group(1))
-            if rank in self.by_rank or len(self.by_rank) < 64:
-                self.by_rank.setdefault(rank, deque(maxlen=self._maxlen)).append(line)
-                self._read_apart(rank, line)
-        else:
-            self.unprefixed.append(line)
-            self._read_apart(None, line)
+        if self._per_rank:
+            self._keep_apart(line)
         found = self._reader.feed(line)
         if found is not None:
             try:

@@ -51,7 +51,7 @@ def _record(rank: int, tail: tuple[str, ...]) -> ExitRecord:
 
 
 def test_each_workers_lines_are_kept_apart_and_read_as_a_cascade():
-    tail = StderrTail()
+    tail = StderrTail(per_rank=True)
     for line in RECORDED:
         tail.feed(line)
     assert not any("Connection" in line for line in tail)  # gone from the shared 40 lines
@@ -64,7 +64,7 @@ def test_each_workers_lines_are_kept_apart_and_read_as_a_cascade():
 
 
 def test_ranks_kept_apart_are_bounded():
-    tail = StderrTail(maxlen=5)
+    tail = StderrTail(maxlen=5, per_rank=True)
     for rank in range(200):
         for i in range(10):
             tail.feed(f"[rank{rank}]: line {i}")
@@ -78,7 +78,7 @@ def _exits_of_task(tmp_path: Path, stream: str, workers: tuple[WorkerExit, ...])
     """The exit records a torchrun task's watchdog writes for its workers, from that task's
     recorded output (lines of a real lab run: the HF Trainer under torchrun, 2 nodes x 2
     workers, rank 2 exiting with code 3 at step 5) and torchrun's record of how each ended."""
-    tail = StderrTail(40)
+    tail = StderrTail(40, per_rank=True)
     for line in (FIXTURES / stream).read_text().splitlines():
         tail.feed(line)
     folder = JobFolder(tmp_path / "evidence", "lab", 7)
@@ -145,7 +145,7 @@ def test_the_worker_that_failed_first_is_not_a_cascade_whatever_its_neighbour_pr
 
 
 def test_exceptions_are_read_per_rank_when_tracebacks_interleave():
-    tail = StderrTail()
+    tail = StderrTail(per_rank=True)
     for line in RECORDED:
         tail.feed(line)
     (one,) = tail.exceptions_of(1)
@@ -154,3 +154,11 @@ def test_exceptions_are_read_per_rank_when_tracebacks_interleave():
     assert one.raised_at.endswith("train_hf.py:63 in <module>")
     assert zero.raised_at.endswith("train_hf.py:57 in main")
     assert tail.exceptions_of(None) == () and len(tail.unprefixed) == 40
+
+
+def test_a_task_that_is_one_rank_reads_each_line_once():
+    """Without torchrun the task's rank is its process: nothing is kept apart."""
+    tail = StderrTail()
+    for line in RECORDED:
+        tail.feed(line)
+    assert tail.by_rank == {} and len(tail.unprefixed) == 0 and tail.exceptions_of(1) == ()
